@@ -1,0 +1,38 @@
+# Two entry points for people: `make demo` (the main job) and `make test` (everything CI runs).
+# Both work on a fresh Debian machine as root: they install what is missing, then run.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+PIP   := $(VENV)/bin/pip
+DEBS  := iproute2 ethtool iperf3 iputils-ping openvswitch-switch openssh-server openssh-client
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench deps clean
+
+deps: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip >/dev/null
+	# CPU wheel first: nothing later may pull the CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[controller,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m topoctl.demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check controller agent tests bench
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/agent_apply.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,386 @@
+"""HostState: the complete desired network state of one host (the agent's half of the plan).
+
+Typed pydantic models that reject unknown keys. Every value is parsed and range-checked here, so
+the rest of the agent works on canonical values: addresses as `a.b.c.d/len` strings, networks
+with host bits clear, rates as integer bit/s, tables and priorities as integers. Errors come out
+of `load_host_state` as `StateError`, one line per problem, each naming its YAML path
+(`routes[3].nexthops[0].via: not an IPv4 address`).
+
+The controller imports this module to render plans: one schema, two users.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    model_validator,
+)
+
+# --- ownership marks: everything the agent creates carries one of these -------------------------
+RT_PROTO = 76  # route/rule/address protocol number; the kernel's own are < 20, routing daemons >= 42
+RULE_PRIORITY_MIN, RULE_PRIORITY_MAX = 1000, 32765  # 0, 32766, 32767 are the kernel's defaults
+TC_MAJOR = 0x7470  # HTB root handle "7470:" ("tp"), only on interfaces listed under qos
+TABLE_NAMES = {"main": 254, "default": 253}
+LOCAL_TABLE = 255
+
+
+class StateError(ValueError):
+    """Invalid desired state; `problems` is a list of (yaml_path, message)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(f"{p}: {m}" if p else m for p, m in problems))
+
+
+# --- scalar types --------------------------------------------------------------------------------
+_IFNAME = re.compile(r"^[A-Za-z0-9_.:@+-]{1,15}$")
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
+_RATE_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def _ifname(v: str) -> str:
+    if not isinstance(v, str) or not _IFNAME.match(v) or v in (".", ".."):
+        raise ValueError(f"not an interface name (1-15 of [A-Za-z0-9_.:@+-]): {v!r}")
+    return v
+
+
+def _mac(v: str) -> str:
+    v = str(v).lower()
+    if not _MAC.match(v):
+        raise ValueError(f"not a MAC address: {v!r}")
+    return v
+
+
+def _ipv4(v: Any) -> str:
+    try:
+        return str(ipaddress.IPv4Address(str(v)))
+    except ValueError:
+        raise ValueError(f"not an IPv4 address: {v!r}") from None
+
+
+def _ipv4_interface(v: Any) -> str:
+    """`a.b.c.d/len` (host address plus prefix length); a bare address means /32."""
+    try:
+        return str(ipaddress.IPv4Interface(str(v)))
+    except ValueError:
+        raise ValueError(f"not an IPv4 address with prefix length: {v!r}") from None
+
+
+def _ipv4_network(v: Any) -> str:
+    """A network with host bits clear; `default` is 0.0.0.0/0; a bare address means /32."""
+    s = str(v)
+    if s == "default":
+        return "0.0.0.0/0"
+    try:
+        return str(ipaddress.IPv4Network(s, strict=True))
+    except ValueError as e:
+        if "host bits set" in str(e):
+            raise ValueError(f"{s} has host bits set") from None
+        raise ValueError(f"not an IPv4 network: {v!r}") from None
+
+
+def parse_rate(v: Any) -> int:
+    """Rates as tc writes them (`100mbit`, `1.5gbit`, `800kbit`) or integers, in bit/s.
+
+    `bps` means bytes per second, as in tc(8)."""
+    if isinstance(v, bool):
+        raise ValueError(f"not a rate: {v!r}")
+    if isinstance(v, int):
+        bits = v
+    else:
+        m = _RATE.match(str(v))
+        if not m:
+            raise ValueError(f"not a rate (e.g. 100mbit, 2gbit): {v!r}")
+        bits = float(m.group(1)) * _RATE_SCALE[m.group(2).lower()]
+        if (m.group(3) or "bit").lower() == "bps":
+            bits *= 8
+        bits = int(round(bits))
+    if not 8 <= bits <= 4 * 10**12:
+        raise ValueError(f"rate out of range (8bit .. 4tbit): {v!r}")
+    return bits
+
+
+def format_rate(bits: int) -> str:
+    for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits % scale == 0:
+            return f"{bits // scale}{unit}"
+    return f"{bits}bit"
+
+
+def _table(v: Any) -> int:
+    if isinstance(v, str) and v in TABLE_NAMES:
+        return TABLE_NAMES[v]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"not a routing table (an integer, main or default): {v!r}")
+    if v == LOCAL_TABLE or not 1 <= v < 2**32:
+        raise ValueError(f"table {v} out of range (1..2^32-1, not 255/local)")
+    return v
+
+
+IfName = Annotated[str, AfterValidator(_ifname)]
+Mac = Annotated[str, AfterValidator(_mac)]
+IPv4 = Annotated[str, AfterValidator(_ipv4)]
+IPv4Iface = Annotated[str, AfterValidator(_ipv4_interface)]
+IPv4Net = Annotated[str, AfterValidator(_ipv4_network)]
+Rate = Annotated[int, BeforeValidator(parse_rate), PlainSerializer(format_rate, return_type=str)]
+Table = Annotated[int, BeforeValidator(_table)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+# --- the schema ----------------------------------------------------------------------------------
+class Interface(_Model):
+    """An existing link the agent configures (it never creates or renames links)."""
+
+    name: IfName
+    mac: Mac | None = None  # asserted: the link called `name` must have this MAC
+    addresses: list[IPv4Iface] = Field(default_factory=list)
+    mtu: Annotated[int, Field(ge=68, le=65535)] | None = None
+    up: bool | None = None
+
+    @model_validator(mode="after")
+    def _unique_addresses(self) -> Interface:
+        if len(set(self.addresses)) != len(self.addresses):
+            raise ValueError("addresses: listed twice")
+        return self
+
+
+class Sysctl(_Model):
+    ip_forward: bool | None = None
+    rp_filter: dict[IfName, Annotated[int, Field(ge=0, le=2)]] = Field(default_factory=dict)
+
+
+class Nexthop(_Model):
+    via: IPv4 | None = None
+    dev: IfName | None = None
+    weight: Annotated[int, Field(ge=1, le=256)] = 1
+
+    @model_validator(mode="after")
+    def _some_target(self) -> Nexthop:
+        if self.via is None and self.dev is None:
+            raise ValueError("a next hop needs via, dev or both")
+        return self
+
+
+class Route(_Model):
+    """One route: a single next hop (`via`/`dev`) or weighted multipath (`nexthops`)."""
+
+    dst: IPv4Net
+    table: Table = 254
+    metric: Annotated[int, Field(ge=0, lt=2**32)] = 0
+    via: IPv4 | None = None
+    dev: IfName | None = None
+    nexthops: list[Nexthop] = Field(default_factory=list)
+    src: IPv4 | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Route:
+        if self.nexthops:
+            if self.via is not None or self.dev is not None:
+                raise ValueError("give either via/dev or nexthops, not both")
+            if len(self.nexthops) < 2:
+                raise ValueError("nexthops: needs two or more; a single next hop is via/dev")
+            if len({(n.via, n.dev) for n in self.nexthops}) != len(self.nexthops):
+                raise ValueError("nexthops: the same next hop is listed twice")
+        elif self.via is None and self.dev is None:
+            raise ValueError("a route needs via, dev or nexthops")
+        return self
+
+    @property
+    def key(self) -> tuple[int, str, int]:
+        return (self.table, self.dst, self.metric)
+
+    def hops(self) -> list[Nexthop]:
+        """Next hops in one canonical form (single-hop routes as a one-element list)."""
+        if self.nexthops:
+            return sorted(self.nexthops, key=lambda n: (n.via or "", n.dev or ""))
+        return [Nexthop(via=self.via, dev=self.dev)]
+
+
+class Rule(_Model):
+    """A policy rule that looks up `table`; `from`/`to` absent means all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    priority: Annotated[int, Field(ge=RULE_PRIORITY_MIN, le=RULE_PRIORITY_MAX)]
+    from_: IPv4Net | None = Field(default=None, alias="from")
+    to: IPv4Net | None = None
+    fwmark: Annotated[int, Field(ge=1, lt=2**32)] | None = None
+    iif: IfName | None = None
+    oif: IfName | None = None
+    table: Table
+
+
+class QosClass(_Model):
+    """Egress traffic of the interface towards `dst` gets `rate`, borrowing up to `ceil`."""
+
+    id: Annotated[int, Field(ge=2, le=0xFFFF)] | None = None  # HTB minor; default: position + 2
+    dst: IPv4Net
+    rate: Rate
+    ceil: Rate | None = None  # default: the link rate
+
+
+class Qos(_Model):
+    """Per-destination egress QoS: an HTB tree, one class per destination, u32 dst filters."""
+
+    dev: IfName
+    driver: Literal["tc"] = "tc"
+    rate: Rate  # the link rate: root class; classes borrow up to their ceil below it
+    classes: list[QosClass] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _fits_link(self) -> Qos:
+        problems = []
+        ids = [c.id for c in self.classes if c.id is not None]
+        if len(set(ids)) != len(ids):
+            problems.append("classes: two classes share an id")
+        dsts = [c.dst for c in self.classes]
+        if len(set(dsts)) != len(dsts):
+            problems.append("classes: two classes share a dst")
+        for i, c in enumerate(self.classes):
+            if c.rate > self.rate:
+                problems.append(f"classes[{i}].rate: {format_rate(c.rate)} is above the link rate "
+                                f"{format_rate(self.rate)}")
+            if c.ceil is not None and c.ceil > self.rate:
+                problems.append(f"classes[{i}].ceil: {format_rate(c.ceil)} is above the link rate "
+                                f"{format_rate(self.rate)}")
+            if c.ceil is not None and c.ceil < c.rate:
+                problems.append(f"classes[{i}].ceil: below its rate")
+        total = sum(c.rate for c in self.classes)
+        if total > self.rate:
+            problems.append(f"classes: rates sum to {format_rate(total)}, above the link rate "
+                            f"{format_rate(self.rate)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def resolved_classes(self) -> list[QosClass]:
+        """Classes with their id and ceil filled in (ids default to position + 2)."""
+        used = {c.id for c in self.classes if c.id is not None}
+        out, nxt = [], 2
+        for c in self.classes:
+            cid = c.id
+            if cid is None:
+                while nxt in used:
+                    nxt += 1
+                cid, nxt = nxt, nxt + 1
+            out.append(QosClass(id=cid, dst=c.dst, rate=c.rate, ceil=c.ceil or self.rate))
+        return out
+
+
+class Forwarding(_Model):
+    """How this host forwards traffic for others (TopoOpt's host-based forwarding).
+
+    `kernel`: IP forwarding in the kernel. `tc-offload`: RoCE NICs forward in hardware through tc
+    flower rules with pedit; rendered and validated here, applied only where the kernel has them."""
+
+    mode: Literal["kernel", "tc-offload"] = "kernel"
+
+
+class HostState(_Model):
+    interfaces: list[Interface] = Field(default_factory=list)
+    sysctl: Sysctl = Field(default_factory=Sysctl)
+    routes: list[Route] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=list)
+    qos: list[Qos] = Field(default_factory=list)
+    forwarding: Forwarding | None = None
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> HostState:
+        problems = _duplicates("interfaces", [i.name for i in self.interfaces], "name")
+        problems += _duplicates("routes", [r.key for r in self.routes], "table/dst/metric")
+        problems += _duplicates("rules", [r.priority for r in self.rules], "priority")
+        problems += _duplicates("qos", [q.dev for q in self.qos], "dev")
+        if problems:
+            raise StateError(problems)
+        return self
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def _duplicates(section: str, keys: list, what: str) -> list[tuple[str, str]]:
+    seen: dict = {}
+    out = []
+    for i, k in enumerate(keys):
+        if k in seen:
+            out.append((f"{section}[{i}]", f"same {what} as {section}[{seen[k]}]"))
+        else:
+            seen[k] = i
+    return out
+
+
+# --- loading -------------------------------------------------------------------------------------
+def yaml_path(loc: tuple) -> str:
+    """('routes', 3, 'nexthops', 0, 'via') -> 'routes[3].nexthops[0].via'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "from_":
+            out += ".from"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _problems(err: ValidationError, prefix: str) -> list[tuple[str, str]]:
+    out = []
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and "[" in p)]  # drop union tags
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        ctx_err = e.get("ctx", {}).get("error")
+        if isinstance(ctx_err, StateError):
+            base = ".".join(filter(None, [prefix, yaml_path(tuple(loc))]))
+            out += [(".".join(filter(None, [base, p])) if p else base, m)
+                    for p, m in ctx_err.problems]
+            continue
+        path = yaml_path(tuple(loc))
+        out.append((".".join(filter(None, [prefix, path])), msg))
+    return out
+
+
+def parse_host_state(data: Any, prefix: str = "") -> HostState:
+    """Validate plain data (as loaded from YAML) into a HostState; `prefix` is prepended to
+    every error path (the controller passes `hosts.h3`)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise StateError([(prefix, f"expected a mapping of HostState keys, got {type(data).__name__}")])
+    try:
+        return HostState.model_validate(data)
+    except ValidationError as e:
+        raise StateError(_problems(e, prefix)) from None
+
+
+def load_yaml(text: str, source: str = "<input>") -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(e, "problem", None) or str(e)
+        raise StateError([("", f"{source}: malformed YAML at {where}: {problem}")]) from None
+
+
+def load_host_state(text: str, source: str = "<input>") -> HostState:
+    return parse_host_state(load_yaml(text, source))

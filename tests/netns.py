@@ -1,0 +1,47 @@
+"""Throwaway network namespaces for tests: real kernel state, always removed.
+
+Names start with `tpt-` (topoctl test) so a crashed run's leftovers are found and removed by the
+next run, and nothing can collide with the machine's own networking. Addresses used by tests live
+in 10.231.0.0/16, which nothing else on the machine uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+PREFIX = "tpt-"
+
+
+def sh(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def ns_exec(ns: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return sh(["ip", "netns", "exec", ns, *cmd], check=check)
+
+
+def ip_json(ns: str, *args: str) -> list:
+    """What iproute2 (an independent reader) reports, as JSON."""
+    out = sh(["ip", "-n", ns, "-j", *args]).stdout
+    return json.loads(out) if out.strip() else []
+
+
+def tc_json(ns: str, *args: str) -> list:
+    out = sh(["tc", "-n", ns, "-j", *args]).stdout
+    return json.loads(out) if out.strip() else []
+
+
+def list_netns() -> list[str]:
+    out = sh(["ip", "-j", "netns", "list"], check=False).stdout
+    return [n["name"] for n in json.loads(out)] if out.strip() else []
+
+
+def remove_leftovers(prefix: str = PREFIX) -> None:
+    for name in list_netns():
+        if name.startswith(prefix):
+            sh(["ip", "netns", "del", name], check=False)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
