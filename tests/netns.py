@@ -38,8 +38,13 @@ def list_netns() -> list[str]:
 
 
 def remove_leftovers(prefix: str = PREFIX) -> None:
+    """Remove namespaces of test runs that died (names are PREFIX<pid>-<n>); a run still alive
+    (another pytest on the same machine) keeps its own."""
     for name in list_netns():
-        if name.startswith(prefix):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-")[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or not os.path.exists(f"/proc/{pid}")):
             sh(["ip", "netns", "del", name], check=False)
 
 
