@@ -28,7 +28,8 @@ from pydantic import (
 )
 
 # --- ownership marks: everything the agent creates carries one of these -------------------------
-RT_PROTO = 76  # route/rule/address protocol number; the kernel's own are < 20, routing daemons >= 42
+# route/rule/address protocol number: the kernel's own are < 20, routing daemons >= 42
+RT_PROTO = 76
 RULE_PRIORITY_MIN, RULE_PRIORITY_MAX = 1000, 32765  # 0, 32766, 32767 are the kernel's defaults
 TC_MAJOR = 0x7470  # HTB root handle "7470:" ("tp"), only on interfaces listed under qos
 TABLE_NAMES = {"main": 254, "default": 253}
@@ -149,7 +150,7 @@ class Interface(_Model):
     name: IfName
     mac: Mac | None = None  # asserted: the link called `name` must have this MAC
     addresses: list[IPv4Iface] = Field(default_factory=list)
-    mtu: Annotated[int, Field(ge=68, le=65535)] | None = None
+    mtu: Annotated[int, Field(ge=68, le=65536)] | None = None  # lo has 65536
     up: bool | None = None
 
     @model_validator(mode="after")
@@ -228,7 +229,8 @@ class Rule(_Model):
 class QosClass(_Model):
     """Egress traffic of the interface towards `dst` gets `rate`, borrowing up to `ceil`."""
 
-    id: Annotated[int, Field(ge=2, le=0xFFFF)] | None = None  # HTB minor; default: position + 2
+    # HTB minor and u32 node id (12 bits), so at most 4094 classes per interface
+    id: Annotated[int, Field(ge=2, le=0xFFF)] | None = None  # default: position + 2
     dst: IPv4Net
     rate: Rate
     ceil: Rate | None = None  # default: the link rate
@@ -365,7 +367,8 @@ def parse_host_state(data: Any, prefix: str = "") -> HostState:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise StateError([(prefix, f"expected a mapping of HostState keys, got {type(data).__name__}")])
+        kind = type(data).__name__
+        raise StateError([(prefix, f"expected a mapping of HostState keys, got {kind}")])
     try:
         return HostState.model_validate(data)
     except ValidationError as e:

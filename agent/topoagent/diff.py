@@ -1,0 +1,228 @@
+"""Diff: desired HostState vs observed host -> ordered operations.
+
+Two rules keep the agent safe on a shared host:
+- A desired object that is already present (whoever made it) costs nothing.
+- Deletion only ever removes objects that carry the agent's mark (route/rule/address protocol
+  RT_PROTO, the HTB root TC_MAJOR:) and are no longer desired. Those are exactly the objects
+  earlier applies created (last-applied minus desired) plus any orphan a crashed apply left;
+  a foreign object is never deleted.
+
+`check_host` runs first: what the schema cannot know without looking at the host (links exist,
+MACs match, gateways sit on a link, no foreign qdisc in the way, tc offload available)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from topoagent.observe import IP_FORWARD, Observed, rp_filter_path
+from topoagent.ops import (
+    AddAddress,
+    AddFilter,
+    AddQdisc,
+    AddRule,
+    DelAddress,
+    DelClass,
+    DelFilter,
+    DelQdisc,
+    DelRoute,
+    DelRule,
+    Op,
+    SetClass,
+    SetLink,
+    SetRootRate,
+    SetRoute,
+    SetSysctl,
+    ordered,
+)
+from topoagent.state import RT_PROTO, HostState, QosClass, Route, StateError
+
+
+def tc_offload_available() -> bool:
+    """tc-offload forwarding needs cls_flower and act_pedit (kernel modules or built in)."""
+    mods = Path("/lib/modules") / os.uname().release / "kernel/net/sched"
+
+    def have(name: str) -> bool:
+        return Path(f"/sys/module/{name}").exists() or any(mods.glob(f"{name}.ko*"))
+    return have("cls_flower") and have("act_pedit")
+
+
+def desired_sysctls(desired: HostState) -> dict[str, str]:
+    out: dict[str, str] = {}
+    forward = desired.sysctl.ip_forward
+    if desired.forwarding is not None and forward is None:
+        forward = True  # a forwarding host forwards in the kernel unless told otherwise
+    if forward is not None:
+        out[IP_FORWARD] = "1" if forward else "0"
+    for dev, value in desired.sysctl.rp_filter.items():
+        out[rp_filter_path(dev)] = str(value)
+    return out
+
+
+def check_host(desired: HostState, obs: Observed) -> None:
+    """Host-dependent validation; raises StateError naming each YAML path."""
+    problems: list[tuple[str, str]] = []
+    for i, iface in enumerate(desired.interfaces):
+        link = obs.links.get(iface.name)
+        if link is None:
+            problems.append((f"interfaces[{i}].name", f"no such link: {iface.name}"))
+        elif iface.mac and (link.mac or "").lower() != iface.mac:
+            problems.append((f"interfaces[{i}].mac",
+                             f"link {iface.name} has MAC {link.mac}, not {iface.mac}"))
+    for dev in desired.sysctl.rp_filter:
+        if dev not in ("all", "default") and dev not in obs.links:
+            problems.append((f"sysctl.rp_filter.{dev}", f"no such link: {dev}"))
+    if desired.forwarding is not None:
+        if desired.forwarding.mode == "kernel" and desired.sysctl.ip_forward is False:
+            problems.append(("sysctl.ip_forward", "false, but forwarding.mode is kernel"))
+        if desired.forwarding.mode == "tc-offload" and not tc_offload_available():
+            problems.append(("forwarding.mode", "tc-offload needs tc flower and pedit, which "
+                             "this kernel does not have; use mode kernel here"))
+
+    subnets = _subnets_after(desired, obs)
+    for i, route in enumerate(desired.routes):
+        hops = route.nexthops or [route]
+        for j, hop in enumerate(hops):
+            where = f"routes[{i}].nexthops[{j}]" if route.nexthops else f"routes[{i}]"
+            if hop.dev is not None and hop.dev not in obs.links:
+                problems.append((f"{where}.dev", f"no such link: {hop.dev}"))
+                continue
+            if hop.via is None:
+                continue
+            gw = ipaddress.IPv4Address(hop.via)
+            on = [dev for dev, nets in subnets.items() for n in nets if gw in n]
+            if not on:
+                problems.append((f"{where}.via", f"gateway {hop.via} is not on any link"))
+            elif hop.dev is not None and hop.dev not in on:
+                problems.append((f"{where}.via",
+                                 f"gateway {hop.via} is not on link {hop.dev} (it is on "
+                                 f"{', '.join(sorted(on))})"))
+    for i, q in enumerate(desired.qos):
+        if q.dev not in obs.links:
+            problems.append((f"qos[{i}].dev", f"no such link: {q.dev}"))
+        elif q.dev in obs.foreign_qdiscs:
+            problems.append((f"qos[{i}].dev", f"{q.dev} has a root qdisc the agent does not own "
+                             f"({obs.foreign_qdiscs[q.dev]}); remove it first"))
+    if problems:
+        raise StateError(problems)
+
+
+def _subnets_after(desired: HostState, obs: Observed) -> dict[str, list]:
+    """Connected subnets per link once the desired addresses are in place (foreign addresses
+    stay, the agent's undesired ones go)."""
+    out: dict[str, list] = {}
+    wanted = {i.name: set(i.addresses) for i in desired.interfaces}
+    for dev, addrs in obs.addresses.items():
+        for a, proto in addrs.items():
+            if proto != RT_PROTO or a in wanted.get(dev, ()):
+                out.setdefault(dev, []).append(ipaddress.IPv4Interface(a).network)
+    for dev, addrs in wanted.items():
+        for a in addrs:
+            out.setdefault(dev, []).append(ipaddress.IPv4Interface(a).network)
+    return out
+
+
+def _same_route(want: Route, have: Route) -> bool:
+    """`have` (observed) satisfies `want`: a next hop given without dev matches whatever dev the
+    kernel resolved its gateway to."""
+    w, h = want.hops(), have.hops()
+    if len(w) != len(h) or want.src != have.src:
+        return False
+    if all(x.dev is not None for x in w):
+        return w == h
+    return all(a.via == b.via and a.weight == b.weight and a.dev in (None, b.dev)
+               for a, b in zip(w, sorted(h, key=lambda n: (n.via or "", n.dev or "")), strict=True))
+
+
+def _same_class(a: QosClass, b: QosClass) -> bool:
+    # the kernel keeps HTB rates in bytes/s
+    return a.rate // 8 == b.rate // 8 and (a.ceil or a.rate) // 8 == (b.ceil or b.rate) // 8
+
+
+def diff(desired: HostState, obs: Observed) -> list[Op]:
+    """Operations that take the observed host to the desired state, in dependency order."""
+    ops: list[Op] = []
+    for path, value in desired_sysctls(desired).items():
+        old = obs.sysctl.get(path)
+        if old is not None and old != value:
+            ops.append(SetSysctl(path, value, old))
+
+    for iface in desired.interfaces:
+        link = obs.links.get(iface.name)
+        if link is None:
+            continue  # check_host reports it
+        mtu = iface.mtu if iface.mtu is not None and iface.mtu != link.mtu else None
+        up = iface.up if iface.up is not None and iface.up != link.up else None
+        if mtu is not None or up is not None:
+            ops.append(SetLink(iface.name, mtu, up, link.mtu if mtu else None,
+                               link.up if up is not None else None))
+        have = obs.addresses.get(iface.name, {})
+        ops += [AddAddress(iface.name, a) for a in iface.addresses if a not in have]
+    wanted_addrs = {(i.name, a) for i in desired.interfaces for a in i.addresses}
+    for dev, addrs in obs.addresses.items():
+        ops += [DelAddress(dev, a, proto) for a, proto in addrs.items()
+                if proto == RT_PROTO and (dev, a) not in wanted_addrs]
+
+    wanted_routes = {r.key: r for r in desired.routes}
+    for route in desired.routes:
+        have = obs.routes.get(route.key)
+        if have is None:
+            ops.append(SetRoute(route))
+        elif not _same_route(route, have.route):
+            ops.append(SetRoute(route, RT_PROTO, have.route, have.proto))
+    ops += [DelRoute(o.route, o.proto) for key, o in obs.routes.items()
+            if o.proto == RT_PROTO and key not in wanted_routes]
+
+    present_rules = {o.rule for o in obs.rules if o.rule is not None}
+    ops += [AddRule(r) for r in desired.rules if r not in present_rules]
+    wanted_rules = set(desired.rules)
+    ops += [DelRule(o.rule, o.proto) for o in obs.owned_rules() if o.rule not in wanted_rules]
+
+    ops += _diff_qos(desired, obs)
+    return ordered(ops)
+
+
+def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
+    ops: list[Op] = []
+    wanted = {q.dev: q for q in desired.qos}
+    for dev, tree in obs.qos.items():
+        if dev not in wanted:
+            dst_of = {minor: dst for dst, minor in tree.filters.values()}
+            classes = tuple(QosClass(id=m, dst=dst_of.get(m, "0.0.0.0/0"), rate=c.rate,
+                                     ceil=c.ceil) for m, c in sorted(tree.classes.items()))
+            ops.append(DelQdisc(dev, tree.rate or 0, classes))
+    for dev, q in wanted.items():
+        if dev in obs.foreign_qdiscs:
+            continue  # check_host reports it
+        classes = {c.id: c for c in q.resolved_classes()}
+        tree = obs.qos.get(dev)
+        if tree is None or tree.rate is None:
+            if tree is not None:  # our qdisc without its root class: rebuild it
+                ops.append(DelQdisc(dev, 0, ()))
+            ops.append(AddQdisc(dev, q.rate))
+            ops += [SetClass(dev, c) for c in classes.values()]
+            ops += [AddFilter(dev, c.id, c.dst) for c in classes.values()]
+            continue
+        if tree.rate // 8 != q.rate // 8:
+            ops.append(SetRootRate(dev, q.rate, tree.rate))
+        for minor, (dst, target) in tree.filters.items():
+            c = classes.get(minor)
+            if c is None or c.dst != dst or target != minor:
+                ops.append(DelFilter(dev, minor, dst))
+        for minor, have in tree.classes.items():
+            if minor not in classes:
+                dst = tree.filters.get(minor, ("0.0.0.0/0",))[0]
+                ops.append(DelClass(dev, QosClass(id=minor, dst=dst, rate=have.rate,
+                                                  ceil=have.ceil)))
+        for minor, c in classes.items():
+            have = tree.classes.get(minor)
+            if have is None:
+                ops.append(SetClass(dev, c))
+            elif not _same_class(c, have):
+                ops.append(SetClass(dev, c, QosClass(id=minor, dst=c.dst, rate=have.rate,
+                                                     ceil=have.ceil)))
+            f = tree.filters.get(minor)
+            if f is None or f != (c.dst, minor):
+                ops.append(AddFilter(dev, minor, c.dst))
+    return ops

@@ -1,0 +1,2 @@
+"""Drivers execute typed operations on a host. `netlink` is the kernel (pyroute2); the OVS
+driver (QoS queues, select groups) plugs in behind the same `topoagent.ops.Driver` interface."""

@@ -1,0 +1,388 @@
+"""Typed operations: the diff's output, the apply's input, each with its exact inverse.
+
+An operation carries everything needed to undo it (the value it overwrites, the object it
+deletes), so a failed apply is reverted by running the inverses of the operations already done,
+newest first. `PHASES` fixes the dependency order: links before addresses, old routes gone
+before addresses go, addresses before the routes through them, qdiscs before classes before
+filters (and the reverse when deleting). A link goes down last: the kernel flushes the routes
+through a link that goes down, and the agent's own deletions must find them first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from topoagent.state import RT_PROTO, QosClass, Route, Rule, format_rate
+
+PHASES = (
+    "sysctl", "link", "addr-add", "filter-del", "class-del", "qdisc-del", "rule-del", "route-del",
+    "addr-del", "route-set", "rule-add", "qdisc-set", "class-set", "filter-add", "link-down",
+)
+
+
+class Driver(Protocol):
+    """What an operation needs from the host; drivers.netlink implements it with pyroute2."""
+
+    def set_sysctl(self, path: str, value: str) -> None: ...
+    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None: ...
+    def add_address(self, dev: str, address: str, proto: int) -> None: ...
+    def del_address(self, dev: str, address: str) -> None: ...
+    def set_route(self, route: Route, proto: int) -> None: ...
+    def del_route(self, route: Route, proto: int) -> None: ...
+    def add_rule(self, rule: Rule, proto: int) -> None: ...
+    def del_rule(self, rule: Rule, proto: int) -> None: ...
+    def add_qdisc(self, dev: str, rate: int) -> None: ...
+    def set_root_rate(self, dev: str, rate: int) -> None: ...
+    def del_qdisc(self, dev: str) -> None: ...
+    def set_class(self, dev: str, cls: QosClass) -> None: ...
+    def del_class(self, dev: str, minor: int) -> None: ...
+    def add_filter(self, dev: str, minor: int, dst: str) -> None: ...
+    def del_filter(self, dev: str, minor: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Op:
+    phase: ClassVar[str]
+
+    def apply(self, drv: Driver) -> None:
+        raise NotImplementedError
+
+    def inverse(self) -> Op:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        return {"op": type(self).__name__, "phase": self.phase, "what": self.describe()}
+
+
+@dataclass(frozen=True)
+class SetSysctl(Op):
+    phase: ClassVar[str] = "sysctl"
+    path: str
+    value: str
+    old: str
+
+    def apply(self, drv: Driver) -> None:
+        drv.set_sysctl(self.path, self.value)
+
+    def inverse(self) -> Op:
+        return SetSysctl(self.path, self.old, self.value)
+
+    def describe(self) -> str:
+        return f"sysctl {self.path.replace('/', '.')} = {self.value} (was {self.old})"
+
+
+@dataclass(frozen=True)
+class SetLink(Op):
+    dev: str
+    mtu: int | None
+    up: bool | None
+    old_mtu: int | None
+    old_up: bool | None
+
+    @property
+    def phase(self) -> str:  # type: ignore[override]
+        return "link-down" if self.up is False else "link"
+
+    def apply(self, drv: Driver) -> None:
+        drv.set_link(self.dev, self.mtu, self.up)
+
+    def inverse(self) -> Op:
+        return SetLink(self.dev, self.old_mtu, self.old_up, self.mtu, self.up)
+
+    def describe(self) -> str:
+        parts = []
+        if self.mtu is not None:
+            parts.append(f"mtu {self.mtu} (was {self.old_mtu})")
+        if self.up is not None:
+            was = "up" if self.old_up else "down"
+            parts.append(("up" if self.up else "down") + f" (was {was})")
+        return f"link {self.dev}: " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class AddAddress(Op):
+    phase: ClassVar[str] = "addr-add"
+    dev: str
+    address: str
+    proto: int = RT_PROTO
+
+    def apply(self, drv: Driver) -> None:
+        drv.add_address(self.dev, self.address, self.proto)
+
+    def inverse(self) -> Op:
+        return DelAddress(self.dev, self.address, self.proto)
+
+    def describe(self) -> str:
+        return f"add address {self.address} dev {self.dev}"
+
+
+@dataclass(frozen=True)
+class DelAddress(Op):
+    phase: ClassVar[str] = "addr-del"
+    dev: str
+    address: str
+    proto: int = RT_PROTO
+
+    def apply(self, drv: Driver) -> None:
+        drv.del_address(self.dev, self.address)
+
+    def inverse(self) -> Op:
+        return AddAddress(self.dev, self.address, self.proto)
+
+    def describe(self) -> str:
+        return f"delete address {self.address} dev {self.dev}"
+
+
+def route_text(r: Route) -> str:
+    hops = " ".join(
+        "nexthop" * bool(r.nexthops) + (f" via {h.via}" if h.via else "")
+        + (f" dev {h.dev}" if h.dev else "") + (f" weight {h.weight}" if r.nexthops else "")
+        for h in r.hops()
+    )
+    table = "" if r.table == 254 else f" table {r.table}"
+    metric = f" metric {r.metric}" if r.metric else ""
+    src = f" src {r.src}" if r.src else ""
+    return f"{r.dst}{table}{metric} {hops.strip()}{src}"
+
+
+@dataclass(frozen=True)
+class SetRoute(Op):
+    """Add or replace a route (replace keeps the (table, dst, metric) key, so it is atomic)."""
+
+    phase: ClassVar[str] = "route-set"
+    route: Route
+    proto: int = RT_PROTO
+    old: Route | None = None
+    old_proto: int = 0
+
+    def apply(self, drv: Driver) -> None:
+        drv.set_route(self.route, self.proto)
+
+    def inverse(self) -> Op:
+        if self.old is None:
+            return DelRoute(self.route, self.proto)
+        return SetRoute(self.old, self.old_proto, self.route, self.proto)
+
+    def describe(self) -> str:
+        verb = "add" if self.old is None else "replace"
+        return f"{verb} route {route_text(self.route)}"
+
+
+@dataclass(frozen=True)
+class DelRoute(Op):
+    phase: ClassVar[str] = "route-del"
+    route: Route
+    proto: int = RT_PROTO
+
+    def apply(self, drv: Driver) -> None:
+        drv.del_route(self.route, self.proto)
+
+    def inverse(self) -> Op:
+        return SetRoute(self.route, self.proto)
+
+    def describe(self) -> str:
+        return f"delete route {route_text(self.route)}"
+
+
+def rule_text(r: Rule) -> str:
+    parts = [f"priority {r.priority}", f"from {r.from_ or 'all'}"]
+    if r.to:
+        parts.append(f"to {r.to}")
+    if r.fwmark:
+        parts.append(f"fwmark {r.fwmark:#x}")
+    if r.iif:
+        parts.append(f"iif {r.iif}")
+    if r.oif:
+        parts.append(f"oif {r.oif}")
+    parts.append(f"lookup {r.table}")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class AddRule(Op):
+    phase: ClassVar[str] = "rule-add"
+    rule: Rule
+    proto: int = RT_PROTO
+
+    def apply(self, drv: Driver) -> None:
+        drv.add_rule(self.rule, self.proto)
+
+    def inverse(self) -> Op:
+        return DelRule(self.rule, self.proto)
+
+    def describe(self) -> str:
+        return f"add rule {rule_text(self.rule)}"
+
+
+@dataclass(frozen=True)
+class DelRule(Op):
+    phase: ClassVar[str] = "rule-del"
+    rule: Rule
+    proto: int = RT_PROTO
+
+    def apply(self, drv: Driver) -> None:
+        drv.del_rule(self.rule, self.proto)
+
+    def inverse(self) -> Op:
+        return AddRule(self.rule, self.proto)
+
+    def describe(self) -> str:
+        return f"delete rule {rule_text(self.rule)}"
+
+
+@dataclass(frozen=True)
+class AddQdisc(Op):
+    """The agent's HTB root (handle TC_MAJOR:) with root class :1 at the link rate."""
+
+    phase: ClassVar[str] = "qdisc-set"
+    dev: str
+    rate: int
+
+    def apply(self, drv: Driver) -> None:
+        drv.add_qdisc(self.dev, self.rate)
+
+    def inverse(self) -> Op:
+        return DelQdisc(self.dev, self.rate)
+
+    def describe(self) -> str:
+        return f"add htb qdisc dev {self.dev} link rate {format_rate(self.rate)}"
+
+
+@dataclass(frozen=True)
+class SetRootRate(Op):
+    phase: ClassVar[str] = "qdisc-set"
+    dev: str
+    rate: int
+    old: int
+
+    def apply(self, drv: Driver) -> None:
+        drv.set_root_rate(self.dev, self.rate)
+
+    def inverse(self) -> Op:
+        return SetRootRate(self.dev, self.old, self.rate)
+
+    def describe(self) -> str:
+        return (f"set link rate dev {self.dev} {format_rate(self.rate)} "
+                f"(was {format_rate(self.old)})")
+
+
+@dataclass(frozen=True)
+class DelQdisc(Op):
+    """Remove the agent's whole tree from an interface; the inverse rebuilds it exactly."""
+
+    phase: ClassVar[str] = "qdisc-del"
+    dev: str
+    rate: int
+    classes: tuple[QosClass, ...] = field(default=())  # with dst filled in from the filters
+
+    def apply(self, drv: Driver) -> None:
+        drv.del_qdisc(self.dev)
+
+    def inverse(self) -> Op:
+        return RestoreQdisc(self.dev, self.rate, self.classes)
+
+    def describe(self) -> str:
+        return f"delete htb qdisc dev {self.dev} ({len(self.classes)} classes)"
+
+
+@dataclass(frozen=True)
+class RestoreQdisc(Op):
+    phase: ClassVar[str] = "qdisc-set"
+    dev: str
+    rate: int
+    classes: tuple[QosClass, ...] = field(default=())
+
+    def apply(self, drv: Driver) -> None:
+        drv.add_qdisc(self.dev, self.rate)
+        for c in self.classes:
+            drv.set_class(self.dev, c)
+            drv.add_filter(self.dev, c.id, c.dst)
+
+    def inverse(self) -> Op:
+        return DelQdisc(self.dev, self.rate, self.classes)
+
+    def describe(self) -> str:
+        return f"restore htb qdisc dev {self.dev} ({len(self.classes)} classes)"
+
+
+def class_text(dev: str, c: QosClass) -> str:
+    return (f"dev {dev} class {c.id} to {c.dst} rate {format_rate(c.rate)} "
+            f"ceil {format_rate(c.ceil or c.rate)}")
+
+
+@dataclass(frozen=True)
+class SetClass(Op):
+    phase: ClassVar[str] = "class-set"
+    dev: str
+    cls: QosClass
+    old: QosClass | None = None
+
+    def apply(self, drv: Driver) -> None:
+        drv.set_class(self.dev, self.cls)
+
+    def inverse(self) -> Op:
+        if self.old is None:
+            return DelClass(self.dev, self.cls)
+        return SetClass(self.dev, self.old, self.cls)
+
+    def describe(self) -> str:
+        return f"{'add' if self.old is None else 'change'} {class_text(self.dev, self.cls)}"
+
+
+@dataclass(frozen=True)
+class DelClass(Op):
+    phase: ClassVar[str] = "class-del"
+    dev: str
+    cls: QosClass
+
+    def apply(self, drv: Driver) -> None:
+        drv.del_class(self.dev, self.cls.id)
+
+    def inverse(self) -> Op:
+        return SetClass(self.dev, self.cls)
+
+    def describe(self) -> str:
+        return f"delete {class_text(self.dev, self.cls)}"
+
+
+@dataclass(frozen=True)
+class AddFilter(Op):
+    phase: ClassVar[str] = "filter-add"
+    dev: str
+    minor: int
+    dst: str
+
+    def apply(self, drv: Driver) -> None:
+        drv.add_filter(self.dev, self.minor, self.dst)
+
+    def inverse(self) -> Op:
+        return DelFilter(self.dev, self.minor, self.dst)
+
+    def describe(self) -> str:
+        return f"add filter dev {self.dev} dst {self.dst} -> class {self.minor}"
+
+
+@dataclass(frozen=True)
+class DelFilter(Op):
+    phase: ClassVar[str] = "filter-del"
+    dev: str
+    minor: int
+    dst: str
+
+    def apply(self, drv: Driver) -> None:
+        drv.del_filter(self.dev, self.minor)
+
+    def inverse(self) -> Op:
+        return AddFilter(self.dev, self.minor, self.dst)
+
+    def describe(self) -> str:
+        return f"delete filter dev {self.dev} dst {self.dst} -> class {self.minor}"
+
+
+def ordered(ops: list[Op]) -> list[Op]:
+    """Dependency order (stable within a phase)."""
+    rank = {p: i for i, p in enumerate(PHASES)}
+    return sorted(ops, key=lambda op: rank[op.phase])

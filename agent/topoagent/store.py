@@ -1,0 +1,69 @@
+"""The agent's memory on disk: the history of applied states, newest last.
+
+history/0000.yaml is the baseline: the values of every sysctl and link attribute the agent has
+ever changed, as they were before it first changed them (and no addresses, routes, rules or
+QoS). Each successful apply appends the desired state; rollback re-applies the one before the
+newest and drops the newest. One directory per target, so many namespaces never collide."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from topoagent.state import HostState, Interface, Sysctl, load_host_state
+
+
+class Store:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.dir = self.root / "history"
+
+    def _files(self) -> list[Path]:
+        return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].yaml")) if self.dir.exists() else []
+
+    def history(self) -> list[HostState]:
+        return [load_host_state(p.read_text(), str(p)) for p in self._files()]
+
+    def last_applied(self) -> HostState | None:
+        files = self._files()
+        return load_host_state(files[-1].read_text(), str(files[-1])) if len(files) > 1 else None
+
+    def previous(self) -> HostState | None:
+        """The state a rollback returns to (the baseline when only one apply was made)."""
+        files = self._files()
+        return load_host_state(files[-2].read_text(), str(files[-2])) if len(files) > 1 else None
+
+    def _write(self, n: int, state: HostState) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{n:04d}.tmp"
+        tmp.write_text(state.to_yaml())
+        os.replace(tmp, self.dir / f"{n:04d}.yaml")  # atomic: a crash leaves old or new
+
+    def push(self, desired: HostState, baseline_additions: HostState) -> None:
+        files = self._files()
+        base = load_host_state(files[0].read_text()) if files else HostState()
+        self._write(0, merge_baseline(base, baseline_additions))
+        n = int(files[-1].stem) + 1 if len(files) > 1 else 1
+        if files and desired == load_host_state(files[-1].read_text()) and len(files) > 1:
+            return  # re-applying the same state does not grow the history
+        self._write(n, desired)
+
+    def pop(self) -> None:
+        files = self._files()
+        if len(files) > 1:
+            files[-1].unlink()
+
+
+def merge_baseline(base: HostState, add: HostState) -> HostState:
+    """Keep the first-seen original value of each sysctl and link attribute."""
+    links = {i.name: i for i in base.interfaces}
+    for i in add.interfaces:
+        old = links.get(i.name)
+        links[i.name] = Interface(
+            name=i.name,
+            mtu=old.mtu if old and old.mtu is not None else i.mtu,
+            up=old.up if old and old.up is not None else i.up,
+        )
+    rp = {**add.sysctl.rp_filter, **base.sysctl.rp_filter}
+    fwd = base.sysctl.ip_forward if base.sysctl.ip_forward is not None else add.sysctl.ip_forward
+    return HostState(interfaces=list(links.values()), sysctl=Sysctl(ip_forward=fwd, rp_filter=rp))

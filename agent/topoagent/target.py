@@ -1,0 +1,80 @@
+"""Where the agent acts: the host itself or one network namespace of it (the lab's hosts).
+
+A Target opens the netlink socket and gives file access to /proc/sys/net as seen from inside
+the namespace. It never creates a namespace: a missing one is an error, not a new empty host."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+CLONE_NEWNET = 0x40000000
+NETNS_RUN_DIR = Path("/run/netns")
+DEFAULT_STATE_ROOT = Path("/var/lib/topo-agent")
+
+
+class TargetError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    netns: str | None = None
+    state_dir: Path | None = None  # where last-applied state is kept; default per target
+
+    def check(self) -> None:
+        if self.netns is not None and not (NETNS_RUN_DIR / self.netns).exists():
+            raise TargetError(f"no such network namespace: {self.netns}")
+
+    @property
+    def store_dir(self) -> Path:
+        if self.state_dir is not None:
+            return self.state_dir
+        return DEFAULT_STATE_ROOT / (f"netns-{self.netns}" if self.netns else "host")
+
+    def iproute(self) -> IPRoute:
+        self.check()
+        return IPRoute(netns=self.netns) if self.netns else IPRoute()
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """Run the body with this thread in the target's network namespace (for /proc/sys/net
+        and sockets); back in the original namespace afterwards, also on error."""
+        if self.netns is None:
+            yield
+            return
+        self.check()
+        libc = ctypes.CDLL(None, use_errno=True)
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            fd = os.open(NETNS_RUN_DIR / self.netns, os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise TargetError(f"cannot enter netns {self.netns}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            try:
+                yield
+            finally:
+                if libc.setns(home, CLONE_NEWNET) != 0:  # pragma: no cover - fatal
+                    raise TargetError("cannot return to the original network namespace")
+        finally:
+            os.close(home)
+
+    def read_sysctl(self, path: str) -> str | None:
+        with self.inside():
+            try:
+                return Path("/proc/sys", path).read_text().strip()
+            except FileNotFoundError:
+                return None
+
+    def write_sysctl(self, path: str, value: str) -> None:
+        with self.inside():
+            Path("/proc/sys", path).write_text(value)
