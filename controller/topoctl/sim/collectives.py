@@ -1,0 +1,111 @@
+"""The collective interface: a collective is a `Schedule`, a DAG of point-to-point steps.
+
+A `Step` sends `size` bytes from `src` to `dst` once every step listed in `deps` (indices into
+the same schedule, all smaller than its own index) has been delivered. The engine routes each
+step over the network's paths, shares links max-min fairly with everything else in flight, and
+the collective completes when all its steps are delivered. Nothing else is assumed: any
+algorithm (ring, packed trees with partition sizes, hierarchical, parameter server) is a
+function `(members, size, ...) -> Schedule`.
+
+Ring AllReduce (Patarasuk & Yuan, JPDC'09) over any member order: reduce-scatter then all-gather,
+2(n-1) rounds, in each round every member sends one chunk of S/n to its successor, after it has
+received the previous round's chunk from its predecessor. On links of bandwidth B it takes
+2(n-1)/n * S/B (the bandwidth-optimal lower bound for AllReduce), plus 2(n-1) path latencies.
+Building it is 2n(n-1) steps, O(n^2) time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Step:
+    src: str
+    dst: str
+    size: float  # bytes
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    members: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+    def check(self) -> None:
+        """Raise ValueError unless deps point backwards and endpoints are members."""
+        members = set(self.members)
+        for i, s in enumerate(self.steps):
+            if s.src not in members or s.dst not in members:
+                raise ValueError(f"{self.name}: step {i} {s.src}->{s.dst} leaves the members")
+            if s.size < 0:
+                raise ValueError(f"{self.name}: step {i} has negative size")
+            for d in s.deps:
+                if not 0 <= d < i:
+                    raise ValueError(f"{self.name}: step {i} depends on step {d} (not earlier)")
+
+    def bytes_sent(self) -> dict[str, float]:
+        out = dict.fromkeys(self.members, 0.0)
+        for s in self.steps:
+            out[s.src] += s.size
+        return out
+
+
+class CollectiveAlgorithm(Protocol):
+    """What a collective implementation provides: members (in the algorithm's order) and the
+    bytes of the buffer being all-reduced -> a Schedule."""
+
+    def __call__(self, members: Sequence[str], size: float) -> Schedule: ...
+
+
+def _ring(name: str, order: Sequence[str], size: float, rounds: int) -> Schedule:
+    n = len(order)
+    if n < 2:
+        return Schedule(name, tuple(order), ())
+    chunk = size / n
+    steps = []
+    for k in range(rounds):
+        for i in range(n):
+            deps = ((k - 1) * n + (i - 1) % n,) if k else ()
+            steps.append(Step(order[i], order[(i + 1) % n], chunk, deps))
+    return Schedule(name, tuple(order), tuple(steps))
+
+
+def ring_allreduce(order: Sequence[str], size: float) -> Schedule:
+    """Ring AllReduce over `order` (order[i] sends to order[i+1], cyclically)."""
+    return _ring("ring-allreduce", order, size, 2 * (len(order) - 1))
+
+
+def ring_reduce_scatter(order: Sequence[str], size: float) -> Schedule:
+    return _ring("ring-reduce-scatter", order, size, len(order) - 1)
+
+
+def ring_allgather(order: Sequence[str], size: float) -> Schedule:
+    """All-gather of a `size`-byte result (each member contributes size/n)."""
+    return _ring("ring-allgather", order, size, len(order) - 1)
+
+
+def from_phases(name: str, members: Sequence[str],
+                phases: Sequence[Sequence[tuple[str, str, float]]]) -> Schedule:
+    """A phase-synchronous schedule: every step of phase k waits for all steps of phase k-1
+    (a barrier between phases). Handy for hand-written schedules and tests."""
+    steps: list[Step] = []
+    prev: tuple[int, ...] = ()
+    for phase in phases:
+        cur = []
+        for src, dst, size in phase:
+            cur.append(len(steps))
+            steps.append(Step(src, dst, size, prev))
+        prev = tuple(cur)
+    return Schedule(name, tuple(members), tuple(steps))
+
+
+ALGORITHMS: dict[str, CollectiveAlgorithm] = {"ring": ring_allreduce}
+
+
+def register(name: str, algorithm: CollectiveAlgorithm) -> None:
+    """Make an AllReduce algorithm selectable by name (strategies look it up here)."""
+    ALGORITHMS[name] = algorithm

@@ -1,0 +1,76 @@
+"""The network as the simulator sees it: directed links and routes, as plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Path = tuple[str, ...]  # link ids, in order
+Routes = list[tuple[float, Path]]  # weighted paths (weights need not sum to 1)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One direction of a cable or switch port: capacity in bytes/s, latency in seconds."""
+
+    id: str
+    src: str
+    dst: str
+    capacity: float
+    latency: float = 0.0
+
+
+class NoRoute(LookupError):
+    pass
+
+
+@dataclass
+class Network:
+    """`router(src, dst)` returns weighted paths (lists of link ids); results are cached.
+
+    `rate_caps[(src, dst)]` caps the aggregate rate of all traffic from src to dst (bytes/s):
+    a per-destination QoS class ceiling on the source host."""
+
+    links: dict[str, Link]
+    router: Callable[[str, str], Routes]
+    rate_caps: dict[tuple[str, str], float] = field(default_factory=dict)
+    _cache: dict[tuple[str, str], Routes] = field(default_factory=dict, repr=False)
+
+    def routes(self, src: str, dst: str) -> Routes:
+        key = (src, dst)
+        r = self._cache.get(key)
+        if r is None:
+            if src == dst:
+                r = [(1.0, ())]
+            else:
+                r = self.router(src, dst)
+                if not r:
+                    raise NoRoute(f"no route from {src} to {dst}")
+            self._cache[key] = r
+        return r
+
+    def latency(self, path: Path) -> float:
+        return sum(self.links[ln].latency for ln in path)
+
+
+def static_router(paths: dict[tuple[str, str], Routes]) -> Callable[[str, str], Routes]:
+    """A router over an explicit table."""
+
+    def route(src: str, dst: str) -> Routes:
+        return paths.get((src, dst), [])
+
+    return route
+
+
+def star(hosts: list[str], capacity: float, latency: float = 0.0) -> Network:
+    """Hosts on one non-blocking switch `sw`: the idealised full-bisection fabric (each host
+    has one uplink and one downlink of `capacity`)."""
+    links = {}
+    for h in hosts:
+        links[f"{h}>sw"] = Link(f"{h}>sw", h, "sw", capacity, latency / 2)
+        links[f"sw>{h}"] = Link(f"sw>{h}", "sw", h, capacity, latency / 2)
+
+    def route(src: str, dst: str) -> Routes:
+        return [(1.0, (f"{src}>sw", f"sw>{dst}"))]
+
+    return Network(links, route)
