@@ -1,0 +1,301 @@
+"""`topoctl lab`: build, inspect, break, re-cable and remove a cluster of namespaces.
+
+A lab's state directory (default /var/lib/topoctl/labs/<name>, root overridable with
+$TOPOCTL_LAB_DIR or `state_root`) holds lab.json (the cluster and the Layout), the SSH material,
+sshd pid files and the last `measure` results. `down` works from names alone when that directory
+is gone (after a crash): every namespace and root link of the lab starts with `tp-<name>-`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topoagent.state import parse_rate
+
+from topoctl.lab import commands, names, netops, ssh
+from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
+from topoctl.lab.netops import LabError
+from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster, parse_cluster
+
+DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
+
+
+def state_root(root: str | Path | None = None) -> Path:
+    return Path(root or os.environ.get("TOPOCTL_LAB_DIR") or DEFAULT_STATE_ROOT)
+
+
+@dataclass
+class Lab:
+    """A running lab: what other code (apply transports, benches, tests) needs to reach it."""
+
+    cluster: Cluster
+    layout: Layout
+    state_dir: Path
+    netem: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.layout.lab
+
+    def netns(self, host: str) -> str:
+        return self.layout.host(host).ns
+
+    def mgmt_ip(self, host: str) -> str:
+        return self.layout.host(host).mgmt_ip
+
+    @property
+    def ssh_config(self) -> Path:
+        """`ssh -F <this> h0` logs into host h0 (key, user and known_hosts set)."""
+        return self.state_dir / "ssh" / "config"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.state_dir / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "ssh" / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        return self.state_dir / "inventory.ini"
+
+    def save(self) -> None:
+        data = {"lab": self.name, "netem": self.netem, "cluster": self.cluster.to_dict(),
+                "layout": self.layout.to_dict()}
+        tmp = self.state_dir / "lab.json.tmp"
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.state_dir / "lab.json")
+
+    @classmethod
+    def load(cls, name: str, root: str | Path | None = None) -> Lab:
+        d = state_root(root) / names.check_lab_name(name)
+        try:
+            data = json.loads((d / "lab.json").read_text())
+        except FileNotFoundError:
+            raise LabError(f"no lab {name} (no {d / 'lab.json'})") from None
+        return cls(parse_cluster(data["cluster"]), Layout.from_dict(data["layout"]), d,
+                   data.get("netem", False))
+
+
+def list_labs(root: str | Path | None = None) -> list[str]:
+    """Labs with a state directory, plus labs whose namespaces exist without one."""
+    found = set()
+    r = state_root(root)
+    if r.is_dir():
+        found |= {p.parent.name for p in r.glob("*/lab.json")}
+    for ns in netops.list_netns("tp-"):
+        lab = ns[3:].split("-", 1)[0]
+        if names.LAB_NAME.match(lab) and ns.startswith(names.prefix(lab)):
+            found.add(lab)
+    return sorted(found)
+
+
+# --- up ------------------------------------------------------------------------------------------
+def pick_mgmt_net(hosts: int, wanted: str | None = None) -> str:
+    """`wanted`, or the first free block in 10.232.0.0/16 that no root address overlaps."""
+    used = [ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
+            for link in netops.ip_json("addr", "show") for a in link.get("addr_info", [])
+            if a.get("family") == "inet"]
+    if wanted:
+        net = ipaddress.IPv4Network(wanted)
+        clash = [u for u in used if u.overlaps(net)]
+        if clash:
+            raise LabError(f"management network {net} overlaps {clash[0]} on this machine")
+        return str(net)
+    for net in ipaddress.IPv4Network(LAB_MANAGEMENT).subnets(new_prefix=mgmt_block_size(hosts)):
+        if not any(u.overlaps(net) for u in used):
+            return str(net)
+    raise LabError(f"no free management block left in {LAB_MANAGEMENT}")
+
+
+def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None,
+       mgmt_net: str | None = None, fabric: Any = None, with_ssh: bool = True) -> Lab:
+    """Build the lab; on any failure remove whatever was created and re-raise."""
+    name = names.check_lab_name(name or cluster.name)
+    if fabric is not None:
+        cluster = cluster.with_fabric(fabric, prefix="plan.fabric")
+    leftovers = netops.list_netns(names.prefix(name)) + netops.root_links(names.prefix(name))
+    if leftovers:
+        raise LabError(f"lab {name} exists (or left {leftovers[0]} behind): "
+                       f"run `topoctl lab down --lab {name}` first")
+    names.mgmt_root_if(name, len(cluster.hosts) - 1)  # raises if link names would not fit
+    net = pick_mgmt_net(len(cluster.hosts), mgmt_net or cluster.addressing.management)
+    layout = build_layout(cluster, name, net)
+    d = state_root(root) / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True, mode=0o700)
+    lab = Lab(cluster, layout, d)
+    try:
+        netops.batch("ip", commands.root_batch(layout))
+        for h in layout.hosts:
+            netops.batch("ip", commands.host_batch(layout, h.name), ns=h.ns)
+        netops.batch("ip", commands.wire_ip_batch(layout), ns=layout.wire_ns)
+        lab.netem = netops.has_netem(layout.wire_ns)
+        netops.batch("tc", commands.wire_tc_batch(layout, lab.netem), ns=layout.wire_ns)
+        lab.save()
+        if with_ssh:
+            ssh.write_ssh_files(layout, d)
+            ssh.start_sshd(layout, d)
+    except BaseException:
+        down(name, root)
+        raise
+    return lab
+
+
+def unemulated(lab: Lab) -> list[str]:
+    """Cables whose latency/loss the kernel cannot emulate (no sch_netem)."""
+    if lab.netem:
+        return []
+    items = [(c.name, c.latency, c.loss) for c in lab.layout.cables]
+    items += [(f"{s.ref}--{s.switch}", s.latency, s.loss) for s in lab.layout.switch_ports]
+    return [n for n, lat, loss in items if lat > 0 or loss > 0]
+
+
+# --- down ----------------------------------------------------------------------------------------
+def down(name: str, root: str | Path | None = None) -> dict[str, int]:
+    """Remove every process, namespace, root link and file of lab `name`, found by prefix."""
+    pre = names.prefix(names.check_lab_name(name))
+    namespaces = netops.list_netns(pre)
+    pids = netops.netns_pids(namespaces)
+    netops.kill_pids(list(pids))
+    links = netops.root_links(pre)
+    # bridge first: its ports then go with their namespaces or the link del below
+    order = sorted(links, key=lambda x: x != names.mgmt_bridge(name))
+    netops.batch("ip", [f"link del {x}" for x in order] + [f"netns del {n}" for n in namespaces],
+                 force=True)
+    d = state_root(root) / name
+    if d.is_dir():
+        shutil.rmtree(d)
+    left = netops.list_netns(pre) + netops.root_links(pre)
+    if left:
+        raise LabError(f"could not remove {', '.join(left)}")
+    return {"processes": len(pids), "namespaces": len(namespaces), "links": len(links)}
+
+
+# --- cut / heal / rewire -------------------------------------------------------------------------
+def set_port(lab: Lab, port: str, up_: bool) -> list[str]:
+    """Cut (up_=False) or heal the cable at HOST:PORT; returns the cable names."""
+    try:
+        found = find_cable(lab.layout, port)
+    except ValueError as e:
+        raise LabError(str(e)) from None
+    ends = [e for _, es in found for e in es]
+    netops.batch("ip", commands.ends_state(lab.layout, up_, ends), ns=lab.layout.wire_ns)
+    return [n for n, _ in found]
+
+
+def rewire(lab: Lab, fabric: Any) -> dict[str, list[str]]:
+    """Re-cable a direct-connect lab to `fabric` (a plan's `fabric` wiring: the cluster file's
+    fabric mapping). Only tc state in the wire namespace changes; host ports stay put."""
+    if lab.layout.kind != "direct":
+        raise LabError("only direct-connect labs can be re-cabled")
+    new_cluster = lab.cluster.with_fabric(fabric, prefix="plan.fabric")
+    ports = lab.layout.ports()
+    old = {(c.a_end, c.b_end, c.rate, c.latency, c.loss): c for c in lab.layout.cables}
+    new_cables = cables_of(new_cluster, ports)
+    new = {(c.a_end, c.b_end, c.rate, c.latency, c.loss): c for c in new_cables}
+    removed = [c for k, c in old.items() if k not in new]
+    added = [c for k, c in new.items() if k not in old]
+    w, mtu = lab.layout.wire_ns, lab.layout.mtu
+    lines: list[str] = []
+    for c in removed:
+        lines += commands.unwire(c.a_end) + commands.unwire(c.b_end)
+    for c in added:
+        lines += commands.cable_tc(c, mtu, lab.netem)
+    new_ends = {e for c in new_cables for e in (c.a_end, c.b_end)}
+    gone = {e for c in removed for e in (c.a_end, c.b_end)} - new_ends
+    ip_lines = commands.ends_state(lab.layout, False, sorted(gone))
+    ip_lines += commands.ends_state(lab.layout, True, sorted(new_ends))
+    netops.batch("tc", lines, ns=w)
+    netops.batch("ip", ip_lines, ns=w)
+    lab.cluster, lab.layout.cables = new_cluster, new_cables
+    lab.save()
+    return {"removed": [c.name for c in removed], "added": [c.name for c in added]}
+
+
+# --- status --------------------------------------------------------------------------------------
+def status(lab: Lab) -> dict:
+    """Hosts and cables as the kernel reports them (independent of what lab.json claims)."""
+    lay = lab.layout
+    namespaces = set(netops.list_netns(names.prefix(lab.name)))
+    sshd = ssh.sshd_pids(lab.state_dir)
+    wire_links = {ln["ifname"]: ln for ln in netops.ip_json("link", "show", ns=lay.wire_ns)} \
+        if lay.wire_ns in namespaces else {}
+    rates = kernel_rates(lay.wire_ns, list(wire_links)) if wire_links else {}
+    measured = load_measurements(lab)
+
+    def state(ends: list[str]) -> str:
+        if not all(e in wire_links for e in ends):
+            return "missing"
+        return "up" if all("UP" in wire_links[e].get("flags", []) for e in ends) else "cut"
+
+    hosts = [{"name": h.name, "netns": h.ns, "netns_exists": h.ns in namespaces,
+              "mgmt_ip": h.mgmt_ip, "sshd_pid": sshd.get(h.name),
+              "ports": [p.nic for p in h.ports]} for h in lay.hosts]
+    cables = [{"name": c.name, "a": c.a, "b": c.b, "rate": c.rate,
+               "kernel_rate": [rates.get(c.a_end), rates.get(c.b_end)],
+               "latency": c.latency, "loss": c.loss, "state": state([c.a_end, c.b_end]),
+               "measured": measured.get(c.name)} for c in lay.cables]
+    cables += [{"name": f"{s.ref}--{s.switch}", "a": s.ref, "b": s.switch, "rate": s.rate,
+                "kernel_rate": [rates.get(s.end), rates.get(s.shaped)], "latency": s.latency,
+                "loss": s.loss, "state": state([s.end]),
+                "measured": measured.get(f"{s.ref}--{s.switch}")} for s in lay.switch_ports]
+    cables += [{"name": f"{u.leaf}--{u.spine}", "a": u.leaf, "b": u.spine, "rate": u.rate,
+                "kernel_rate": [rates.get(u.leaf_end), rates.get(u.spine_end)],
+                "latency": u.latency, "loss": 0.0, "state": state([u.leaf_end, u.spine_end]),
+                "measured": None} for u in lay.uplinks]
+    return {"lab": lab.name, "kind": lay.kind, "mgmt_net": lay.mgmt_net,
+            "state_dir": str(lab.state_dir), "netem": lab.netem,
+            "unemulated": unemulated(lab), "hosts": hosts, "cables": cables}
+
+
+def kernel_rates(ns: str, devs: list[str]) -> dict[str, int]:
+    """dev -> HTB rate (bit/s) of class 1:1, read back from the kernel with `tc class show`
+    (text: this iproute2 prints no JSON for HTB classes)."""
+    lines = [f"class show dev {d}" for d in devs]
+    p = netops.run(["tc", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n", check=False)
+    it = iter(p.stdout.splitlines())
+    out = {}
+    # one output line per HTB class, in batch order; devices without a class print nothing,
+    # so match each line's device by asking per device only when counts differ
+    rows = [ln for ln in it if ln.startswith(f"class htb {commands.HTB_CLASS} ")]
+    if len(rows) == len(devs):
+        for d, ln in zip(devs, rows, strict=True):
+            out[d] = _rate_of(ln)
+        return out
+    for d in devs:
+        q = netops.run(["tc", "-n", ns, "class", "show", "dev", d], check=False).stdout
+        for ln in q.splitlines():
+            if ln.startswith(f"class htb {commands.HTB_CLASS} "):
+                out[d] = _rate_of(ln)
+    return out
+
+
+def _rate_of(line: str) -> int:
+    words = line.split()
+    return parse_rate(words[words.index("rate") + 1])
+
+
+def load_measurements(lab: Lab) -> dict[str, dict]:
+    try:
+        return json.loads((lab.state_dir / "measure.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(predicate, timeout: float = 5.0, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True

@@ -1,0 +1,203 @@
+"""What a lab consists of, computed from a cluster without touching the machine.
+
+Model: every host is a namespace whose fabric ports are veths; the other end of each port (`eN`)
+sits in the lab's one wire namespace, which is the patch panel. A direct cable between ports i
+and j is two tc mirred redirects (ingress of eI -> egress of eJ and back) plus an HTB rate on the
+egress of both ends, so each direction is shaped where the hosts cannot see it and their own
+qdiscs stay free for the agent. Because host ports never move, re-cabling a job's topology only
+rewrites tc state in the wire namespace. An unplugged port's end is down (the host sees no
+carrier), which is also how `cut` works.
+
+A switch is a Linux bridge in the wire namespace. A port attaches through a veth pair aN/bN: eN's
+ingress is redirected to aN (shaped host->switch), bN is a bridge port, and what the bridge sends
+out of bN arrives at aN and is redirected to eN (shaped switch->host). A leaf's uplink is a veth
+pair uK/vK between leaf and spine bridges, shaped on both egresses.
+
+One wire namespace per lab (not one per cable) keeps `up`/`down` of a 32-host lab well inside
+its time budget and lets one `tc -n` call show every cable.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import asdict, dataclass, field
+
+from topoctl.lab import names
+from topoctl.spec.cluster import Cluster, parse_port_ref
+
+
+@dataclass
+class HostPort:
+    ref: str  # host:nic
+    host: str
+    nic: str
+    index: int  # position among all ports: names the wire end
+    end: str  # wire-namespace end
+    mac: str
+    speed: int
+
+
+@dataclass
+class Cable:
+    """A direct cable: a_end <-> b_end in the wire namespace, `rate` bit/s each direction."""
+
+    a: str  # host:nic
+    b: str
+    a_end: str
+    b_end: str
+    rate: int
+    latency: float = 0.0
+    loss: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.a}--{self.b}"
+
+
+@dataclass
+class SwitchPort:
+    """A host port attached to a switch bridge through the shaped veth pair (shaped, bport)."""
+
+    ref: str
+    end: str
+    shaped: str
+    bport: str
+    switch: str  # switch name
+    bridge: str
+    rate: int
+    latency: float = 0.0
+    loss: float = 0.0
+
+
+@dataclass
+class Uplink:
+    leaf: str
+    spine: str
+    leaf_end: str  # port of the leaf bridge
+    spine_end: str  # port of the spine bridge
+    rate: int
+    latency: float = 0.0
+
+
+@dataclass
+class LabHost:
+    name: str
+    ns: str
+    mgmt_ip: str  # a.b.c.d (prefix length: Layout.mgmt_net)
+    mgmt_root_if: str
+    ports: list[HostPort]
+
+
+@dataclass
+class Layout:
+    lab: str
+    kind: str  # direct | switched
+    mtu: int
+    mgmt_net: str
+    gateway: str  # the root bridge's address
+    wire_ns: str
+    hosts: list[LabHost]
+    cables: list[Cable] = field(default_factory=list)
+    switch_ports: list[SwitchPort] = field(default_factory=list)
+    bridges: dict[str, str] = field(default_factory=dict)  # switch name -> bridge in wire ns
+    uplinks: list[Uplink] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Layout:
+        d = dict(d)
+        d["hosts"] = [LabHost(**{**h, "ports": [HostPort(**p) for p in h["ports"]]})
+                      for h in d["hosts"]]
+        d["cables"] = [Cable(**c) for c in d.get("cables", [])]
+        d["switch_ports"] = [SwitchPort(**s) for s in d.get("switch_ports", [])]
+        d["uplinks"] = [Uplink(**u) for u in d.get("uplinks", [])]
+        return cls(**d)
+
+    def host(self, name: str) -> LabHost:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no host {name} in lab {self.lab}")
+
+    def ports(self) -> dict[str, HostPort]:
+        return {p.ref: p for h in self.hosts for p in h.ports}
+
+    def prefixlen(self) -> int:
+        return ipaddress.IPv4Network(self.mgmt_net).prefixlen
+
+
+def mgmt_block_size(hosts: int) -> int:
+    """Prefix length of the smallest block (at most /24) holding the gateway and every host."""
+    plen = 24
+    while 2 ** (32 - plen) - 3 < hosts:
+        plen -= 1
+    return plen
+
+
+def build_layout(cluster: Cluster, lab: str, mgmt_net: str) -> Layout:
+    names.check_lab_name(lab)
+    net = ipaddress.IPv4Network(mgmt_net)
+    if net.num_addresses - 3 < len(cluster.hosts):
+        raise ValueError(f"management network {mgmt_net} is too small for "
+                         f"{len(cluster.hosts)} hosts")
+    g = cluster.graph()
+    addrs = list(net.hosts())
+    ports_by_ref: dict[str, HostPort] = {}
+    hosts = []
+    idx = 0
+    for i, h in enumerate(cluster.hosts):
+        hp = []
+        for n in h.nics:
+            ref = f"{h.name}:{n.name}"
+            p = HostPort(ref, h.name, n.name, idx, names.wire_end(idx),
+                         n.mac or names.port_mac(lab, h.name, n.name),
+                         cluster.nic_speed(h.name, n.name))
+            ports_by_ref[ref] = p
+            hp.append(p)
+            idx += 1
+        hosts.append(LabHost(h.name, names.host_ns(lab, h.name), str(addrs[i + 1]),
+                             names.mgmt_root_if(lab, i), hp))
+    layout = Layout(lab, g.kind, g.mtu, str(net), str(addrs[0]), names.wire_ns(lab), hosts)
+    if g.kind == "direct":
+        layout.cables = cables_of(cluster, ports_by_ref)
+        return layout
+    for k, s in enumerate(g.switches):
+        layout.bridges[s] = names.switch_bridge(k)
+    k = 0
+    for ln in g.links:
+        if ln.kind == "access":
+            p = ports_by_ref[f"{ln.a}:{ln.a_nic}"]
+            shaped, bport = names.switch_port(p.index)
+            layout.switch_ports.append(SwitchPort(p.ref, p.end, shaped, bport, ln.b,
+                                                  layout.bridges[ln.b], ln.capacity, ln.latency,
+                                                  ln.loss))
+        elif ln.kind == "uplink":
+            le, se = names.uplink(k)
+            layout.uplinks.append(Uplink(ln.a, ln.b, le, se, ln.capacity, ln.latency))
+            k += 1
+    return layout
+
+
+def cables_of(cluster: Cluster, ports: dict[str, HostPort]) -> list[Cable]:
+    """The direct cables of `cluster` (possibly re-cabled by a plan) on these ports."""
+    out = []
+    for ln in cluster.graph().links:
+        a, b = ports[f"{ln.a}:{ln.a_nic}"], ports[f"{ln.b}:{ln.b_nic}"]
+        out.append(Cable(a.ref, b.ref, a.end, b.end, ln.capacity, ln.latency, ln.loss))
+    return out
+
+
+def find_cable(layout: Layout, spec: str) -> list[tuple[str, list[str]]]:
+    """`HOST:PORT` -> [(cable or switch-port name, wire ends to set up/down)]."""
+    parse_port_ref(spec)
+    for c in layout.cables:
+        if spec in (c.a, c.b):
+            return [(c.name, [c.a_end, c.b_end])]
+    for s in layout.switch_ports:
+        if s.ref == spec:
+            return [(f"{s.ref}--{s.switch}", [s.end])]
+    if spec in layout.ports():
+        raise ValueError(f"{spec} is not cabled")
+    raise ValueError(f"no port {spec} in lab {layout.lab}")

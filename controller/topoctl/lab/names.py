@@ -1,0 +1,82 @@
+"""Names of everything a lab creates, derived from the lab name alone.
+
+Every namespace and root-namespace link of lab `demo` starts with `tp-demo-`, so many labs coexist
+and `topoctl lab down demo` after a crash finds its leftovers by that prefix without any state
+file. Test namespaces use `tpt-` (tests/netns.py), which no lab prefix can produce. Link names
+must fit the kernel's 15 characters, hence the short lab names (<= 9) and base-36 host indices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+LAB_NAME = re.compile(r"^[a-z][a-z0-9]{0,8}$")
+MGMT_IF = "tpmgmt"  # the management interface inside each host namespace
+IFNAMSIZ = 15
+
+
+def check_lab_name(name: str) -> str:
+    if not LAB_NAME.match(name or ""):
+        raise ValueError(f"lab name {name!r}: 1-9 lowercase letters/digits, starting with a letter")
+    return name
+
+
+def prefix(lab: str) -> str:
+    """Prefix of every namespace and root link of this lab."""
+    return f"tp-{lab}-"
+
+
+def host_ns(lab: str, host: str) -> str:
+    return f"tp-{lab}-h-{host}"
+
+
+def wire_ns(lab: str) -> str:
+    return f"tp-{lab}-wire"
+
+
+def mgmt_bridge(lab: str) -> str:
+    return f"tp-{lab}-br"
+
+
+def _b36(i: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        i, r = divmod(i, 36)
+        out = digits[r] + out
+        if i == 0:
+            return out
+
+
+def mgmt_root_if(lab: str, index: int) -> str:
+    """Root-namespace end of host `index`'s management veth (enslaved to the bridge)."""
+    name = f"tp-{lab}-{_b36(index)}"
+    if len(name) > IFNAMSIZ:
+        raise ValueError(f"lab {lab!r} is too long for {index + 1} hosts (link name {name})")
+    return name
+
+
+def wire_end(index: int) -> str:
+    """Wire-namespace end of host port `index` (ports numbered in cluster order)."""
+    return f"e{index}"
+
+
+def switch_port(index: int) -> tuple[str, str]:
+    """(shaped end, bridge port) of the veth pair that joins port `index` to its switch."""
+    return f"a{index}", f"b{index}"
+
+
+def switch_bridge(index: int) -> str:
+    return f"s{index}"
+
+
+def uplink(index: int) -> tuple[str, str]:
+    """(leaf end, spine end) of switch `index`'s uplink."""
+    return f"u{index}", f"v{index}"
+
+
+def port_mac(lab: str, host: str, nic: str) -> str:
+    """Stable, locally administered MAC for a host port the cluster gives no MAC for."""
+    h = hashlib.sha256(f"{lab}/{host}/{nic}".encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in h[:5])
