@@ -1,0 +1,42 @@
+"""Profile cache: measured per-op costs keyed by model, sizes, batch, dtype, torch version and
+CPU. One JSON file per key under $TOPOCTL_CACHE (default ~/.cache/topoctl/profiles)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from topoctl.graph.cost import OpCost
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOPOCTL_CACHE", Path.home() / ".cache" / "topoctl")) / "profiles"
+
+
+def profile_key(model: str, params: dict, batch: int, dtype: str) -> str:
+    ident = json.dumps({"model": model, "params": params, "batch": batch, "dtype": dtype,
+                        "torch": torch.__version__, "cpu": platform.processor() or
+                        platform.machine(), "threads": torch.get_num_threads()}, sort_keys=True)
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def load(key: str) -> dict[str, OpCost] | None:
+    p = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return {k: OpCost(*v) for k, v in data.items()}
+
+
+def store(key: str, costs: dict[str, OpCost]) -> None:
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{key}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({k: [c.fwd, c.bwd] for k, c in costs.items()}))
+    tmp.replace(d / f"{key}.json")

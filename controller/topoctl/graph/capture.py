@@ -1,0 +1,160 @@
+"""Graph capture with torch.fx: symbolic trace + shape propagation on the `meta` device (no
+memory, no compute), then per op its FLOPs, parameter bytes, activation bytes in/out and
+data-flow edges. The backward pass is derived per op (`graph.flops.backward_flops`); gradient
+bytes per parameter equal its bytes. O(nodes) after tracing."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+
+from topoctl.catalog.registry import ENTRIES, InputSpec, build_model, make_inputs, resolve_params
+from topoctl.graph.flops import backward_flops, forward_flops
+from topoctl.graph.ops import VIEW_KINDS, Op, OpGraph
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CaptureError(ValueError):
+    pass
+
+
+def _metas(meta: Any) -> list[TensorMetadata]:
+    if isinstance(meta, TensorMetadata):
+        return [meta]
+    if isinstance(meta, (list, tuple)):
+        return [m for x in meta for m in _metas(x)]
+    return []
+
+
+def _bytes(metas: list[TensorMetadata]) -> int:
+    return sum(math.prod(m.shape) * m.dtype.itemsize for m in metas)
+
+
+def _kind(node: fx.Node, modules: dict[str, nn.Module]) -> str:
+    if node.op == "call_module":
+        return type(modules[node.target]).__name__.lower()
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target)).lower().strip("_")
+    if node.op == "call_method":
+        return str(node.target).lower()
+    return node.op
+
+
+def _attrs(node: fx.Node, modules: dict[str, nn.Module]) -> dict:
+    if node.op != "call_module":
+        return {}
+    m = modules[node.target]
+    out = {}
+    for k in ("in_features", "in_channels", "groups", "kernel_size"):
+        if hasattr(m, k):
+            v = getattr(m, k)
+            out[k] = tuple(v) if isinstance(v, (tuple, list)) else v
+    out["bias"] = getattr(m, "bias", None) is not None
+    return out
+
+
+def _owned_params(node: fx.Node, gm: fx.GraphModule, seen: set[int]) -> list[tuple[str, int]]:
+    if node.op == "call_module":
+        items = list(gm.get_submodule(node.target).named_parameters(prefix=node.target))
+    elif node.op == "get_attr":
+        obj = gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        items = [(str(node.target), obj)] if isinstance(obj, nn.Parameter) else []
+    else:
+        return []
+    out = []
+    for name, p in items:
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        out.append((name, p.numel() * p.dtype.itemsize))
+    return out
+
+
+def capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], name: str = "model") -> OpGraph:
+    """Trace `model` and propagate shapes of `inputs` (on any device; `meta` is cheapest)."""
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as e:  # fx raises many types for untraceable control flow
+        raise CaptureError(f"torch.fx cannot trace {name}: {e}") from None
+    try:
+        ShapeProp(gm).propagate(*inputs)
+    except Exception as e:
+        raise CaptureError(f"shape propagation failed for {name}: {e}") from None
+    modules = dict(gm.named_modules())
+    out_bytes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    seen: set[int] = set()
+    ops = []
+    batch = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 1
+    dtype_bytes = 4
+    for node in gm.graph.nodes:
+        metas = _metas(node.meta.get("tensor_meta"))
+        shape = tuple(metas[0].shape) if metas else ()
+        kind = _kind(node, modules)
+        ins = [a.name for a in node.all_input_nodes]
+        params = _owned_params(node, gm, seen)
+        if params:
+            dtype_bytes = params[0][1] // max(1, math.prod(_param_shape(gm, params[0][0])))
+        view = kind in VIEW_KINDS or node.op in ("placeholder", "output", "get_attr")
+        ob = 0 if node.op == "output" else _bytes(metas)
+        ib = sum(out_bytes.get(i, 0) for i in ins)
+        f = 0.0 if view else forward_flops(kind, shape, [shapes.get(i, ()) for i in ins],
+                                           _attrs(node, modules))
+        pb = sum(b for _, b in params)
+        ops.append(Op(name=node.name, kind=kind, inputs=tuple(ins), out_shape=shape, flops=f,
+                      bwd_flops=backward_flops(f, pb > 0), in_bytes=ib, out_bytes=ob,
+                      param_bytes=pb, params=tuple(params)))
+        out_bytes[node.name], shapes[node.name] = ob, shape
+    return OpGraph(model=name, batch=batch, dtype_bytes=dtype_bytes, ops=ops)
+
+
+def _param_shape(gm: fx.GraphModule, qualified: str) -> tuple[int, ...]:
+    return tuple(gm.get_parameter(qualified).shape)
+
+
+def load_factory(path: str):
+    """`pkg.module:callable` -> the callable; errors say which half is wrong."""
+    mod_name, sep, attr = path.partition(":")
+    if not sep or not mod_name or not attr:
+        raise CaptureError(f"expected pkg.module:factory, got {path!r}")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise CaptureError(f"cannot import {mod_name}: {e}") from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise CaptureError(f"{mod_name} has no callable {attr}")
+    return fn
+
+
+def capture_catalog(name: str, params: dict, batch: int, dtype: str = "float32",
+                    device: str = "meta") -> OpGraph:
+    """Capture a catalog model for `batch` samples (per device) without allocating it."""
+    if name not in ENTRIES:
+        raise CaptureError(f"unknown model {name!r} (catalog: {', '.join(ENTRIES)})")
+    model = build_model(name, params, device).to(DTYPES[dtype])
+    specs = [_typed(s, dtype) for s in ENTRIES[name].inputs(resolve_params(name, params))]
+    return capture(model, make_inputs(specs, batch, device), name)
+
+
+def capture_factory(path: str, specs: list[InputSpec], batch: int, dtype: str = "float32",
+                    device: str = "meta", kwargs: dict | None = None) -> OpGraph:
+    fn = load_factory(path)
+    with torch.device(device):
+        model = fn(**(kwargs or {}))
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"{path} returned {type(model).__name__}, not a torch.nn.Module")
+    model = model.to(device).to(DTYPES[dtype])
+    return capture(model, make_inputs([_typed(s, dtype) for s in specs], batch, device), path)
+
+
+def _typed(s: InputSpec, dtype: str) -> InputSpec:
+    return InputSpec(s.shape, dtype if s.dtype.startswith("float") else s.dtype, s.high)

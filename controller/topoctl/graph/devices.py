@@ -1,0 +1,29 @@
+"""Device-type roofline parameters: dense peak FLOP/s per dtype and memory bandwidth.
+
+Vendor datasheet figures (NVIDIA V100 SXM2, A100 SXM4 80GB, H100 SXM5; fp32 without TF32, fp16
+and bf16 tensor-core dense). A cluster file may override or add entries with the same keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    flops: dict[str, float]  # dtype -> peak FLOP/s
+    mem_bw: float  # bytes/s
+    launch: float = 5e-6  # fixed cost per kernel (launch + scheduling), seconds
+    efficiency: float = 0.6  # achievable fraction of the roofline on real kernels
+
+    def peak(self, dtype: str) -> float:
+        return self.flops.get(dtype, self.flops["float32"])
+
+
+DEVICES: dict[str, Device] = {d.name: d for d in [
+    Device("V100", {"float32": 15.7e12, "float16": 125e12, "bfloat16": 15.7e12}, 900e9),
+    Device("A100", {"float32": 19.5e12, "float16": 312e12, "bfloat16": 312e12}, 2039e9),
+    Device("H100", {"float32": 67e12, "float16": 989e12, "bfloat16": 989e12}, 3350e9),
+    # a generic server CPU socket, only for rough roofline planning without a GPU
+    Device("CPU", {"float32": 1e12, "float16": 0.5e12, "bfloat16": 1e12}, 100e9, 2e-6, 0.3),
+]}

@@ -1,0 +1,72 @@
+"""Glue from a job to an op graph and per-op costs (the one module here that may touch the
+profile cache on disk and run the model; everything it calls is pure).
+
+`device_table(cluster)` merges the cluster's `gpu_types` over the built-in `DEVICES`;
+`job_costs` picks roofline or measurement per the job's `cost.method` (auto: measure when the
+host type is `cpu`, roofline otherwise)."""
+
+from __future__ import annotations
+
+import torch
+
+from topoctl.catalog.registry import InputSpec as CatalogInput
+from topoctl.catalog.registry import build_model, example_inputs, make_inputs
+from topoctl.graph import cache
+from topoctl.graph.capture import DTYPES, capture, capture_catalog, capture_factory, load_factory
+from topoctl.graph.cost import OpCost, measure_costs, roofline_costs, scale_costs
+from topoctl.graph.devices import DEVICES, Device
+from topoctl.graph.ops import OpGraph
+
+
+def _inputs(job) -> list[CatalogInput]:
+    return [CatalogInput(tuple(i.shape), i.dtype, i.high) for i in job.model.inputs]
+
+
+def job_graph(job, batch: int) -> OpGraph:
+    """Capture the job's model for `batch` samples on the meta device (no memory used)."""
+    m = job.model
+    if m.catalog:
+        return capture_catalog(m.catalog, m.params, batch, job.dtype)
+    return capture_factory(m.factory, _inputs(job), batch, job.dtype, kwargs=m.kwargs)
+
+
+def device_table(cluster) -> dict[str, Device]:
+    out = dict(DEVICES)
+    for name, t in cluster.gpu_types.items():
+        flops = dict.fromkeys(("float32", "float16", "bfloat16"), t.peak_flops)
+        out[name] = Device(name, flops, t.memory_bandwidth)
+    return out
+
+
+def measure_job(job, graph: OpGraph, profile_batch: int, use_cache: bool = True
+                ) -> dict[str, OpCost]:
+    """Time the job's model on this CPU at `profile_batch` (float32: CPUs lack fast fp16)."""
+    m = job.model
+    key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, profile_batch,
+                            "float32")
+    if use_cache:
+        hit = cache.load(key)
+        if hit is not None and set(hit) == {o.name for o in graph.ops}:
+            return hit
+    torch.manual_seed(0)
+    if m.catalog:
+        model = build_model(m.catalog, m.params)
+        inputs = example_inputs(m.catalog, m.params, profile_batch)
+        small = capture_catalog(m.catalog, m.params, profile_batch)
+    else:
+        model = load_factory(m.factory)(**m.kwargs)
+        inputs = make_inputs(_inputs(job), profile_batch)
+        small = capture(model.to(DTYPES["float32"]), inputs, m.factory)
+    costs = measure_costs(model, inputs, small)
+    if use_cache:
+        cache.store(key, costs)
+    return costs
+
+
+def job_costs(job, graph: OpGraph, device: Device, measured: bool,
+              use_cache: bool = True) -> dict[str, OpCost]:
+    """Per-op costs for `graph` (captured at the per-rank batch) on `device`."""
+    if not measured:
+        return roofline_costs(graph, device, job.dtype)
+    pb = job.cost.profile_batch or min(graph.batch, 8)
+    return scale_costs(measure_job(job, graph, pb, use_cache), graph.batch / pb)

@@ -1,0 +1,192 @@
+"""job.yaml: what to train and how the planner may parallelise it.
+
+    apiVersion: topoctl/v1
+    kind: Job
+    name: bert-base
+    model:
+      catalog: bert                      # a built-in model (topoctl.catalog) ...
+      params: {layers: 12, hidden: 768}  # ... with its size parameters
+      # factory: mypkg.models:build      # ... or a Python import path returning an nn.Module
+      # kwargs: {width: 2}               #     called with these keyword arguments
+      # inputs: [{shape: [3, 224, 224]}, {shape: [128], dtype: int64, high: 30522}]  # per sample
+    batch: {global: 256}                 # samples per iteration over all ranks
+    dtype: float32                       # training precision (float16/bfloat16: mixed)
+    parallelism: {data: true, model: false, pipeline: false}
+    strategies: [baseline]               # planner strategies to run; the fastest is rendered
+    sync: {algorithm: ring, bucket: 25MB}   # gradient AllReduce and bucket (tensor fusion) size
+    cost: {method: auto}                 # auto | measured (timed on this CPU) | roofline
+    hosts: [h0, h1]                      # optional subset; default: every host with GPUs
+    launch: {backend: gloo, port: 29500, command: [python3, -m, topoagent.train]}
+
+Unknown keys are rejected; errors name the YAML path (`model.params.layer: unknown parameter`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from topoagent.state import StateError, _Model, _problems, load_yaml
+
+from topoctl.catalog.registry import ENTRIES, resolve_params
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b)?\s*$", re.IGNORECASE)
+_SIZE_SCALE = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10,
+               "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class JobError(StateError):
+    """An invalid job file; `problems` is a list of (yaml_path, message)."""
+
+
+def parse_size(v: Any) -> int:
+    """`25MB`, `4MiB`, `1000000` -> bytes."""
+    if isinstance(v, bool):
+        raise ValueError(f"not a size: {v!r}")
+    if isinstance(v, int):
+        n = v
+    else:
+        m = _SIZE.match(str(v))
+        if not m:
+            raise ValueError(f"not a size (e.g. 25MB, 4MiB): {v!r}")
+        n = int(float(m.group(1)) * _SIZE_SCALE[(m.group(2) or "b").lower()])
+    if n < 1:
+        raise ValueError(f"size must be positive: {v!r}")
+    return n
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+class InputSpec(_Model):
+    shape: list[Annotated[int, Field(ge=1)]]
+    dtype: Literal["float32", "float16", "bfloat16", "int64", "int32"] = "float32"
+    high: Annotated[int, Field(ge=1)] | None = None
+
+
+class ModelSpec(_Model):
+    catalog: str | None = None
+    params: dict[str, int] = Field(default_factory=dict)
+    factory: str | None = None
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[InputSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        problems: list[tuple[str, str]] = []
+        if (self.catalog is None) == (self.factory is None):
+            problems.append(("", "give exactly one of catalog (a built-in model) or factory "
+                                 "(pkg.module:callable)"))
+        elif self.catalog is not None:
+            if self.catalog not in ENTRIES:
+                problems.append(("catalog", f"unknown model {self.catalog!r} (catalog: "
+                                            f"{', '.join(ENTRIES)})"))
+            else:
+                try:
+                    resolve_params(self.catalog, self.params)
+                except ValueError as e:
+                    name, _, msg = str(e).partition(": ")
+                    problems.append((f"params.{name}", msg))
+            if self.inputs or self.kwargs:
+                problems.append(("inputs" if self.inputs else "kwargs",
+                                 "only for factory models (the catalog knows its inputs)"))
+        else:
+            if not _FACTORY.match(self.factory or ""):
+                problems.append(("factory", f"expected pkg.module:callable, got {self.factory!r}"))
+            if not self.inputs:
+                problems.append(("inputs", "a factory model needs its input shapes (per sample)"))
+            if self.params:
+                problems.append(("params", "only for catalog models (use kwargs)"))
+        if problems:
+            raise StateError(problems)
+        return self
+
+
+class BatchSpec(_Model):
+    model_config = _Model.model_config | {"populate_by_name": True}
+
+    global_: Annotated[int, Field(ge=1, alias="global")]
+
+
+class Parallelism(_Model):
+    data: bool = True
+    model: bool = False
+    pipeline: bool = False
+
+
+class SyncSpec(_Model):
+    algorithm: str = "ring"
+    bucket: Size = 25 * 10**6
+
+
+class CostSpec(_Model):
+    method: Literal["auto", "measured", "roofline"] = "auto"
+    profile_batch: Annotated[int, Field(ge=1, le=4096)] | None = None  # measured: batch to time
+
+
+class LaunchSpec(_Model):
+    backend: Literal["gloo"] = "gloo"
+    port: Annotated[int, Field(ge=1024, le=65535)] = 29500
+    command: list[str] = Field(default_factory=lambda: ["python3", "-m", "topoagent.train"])
+
+
+class Job(_Model):
+    model_config = _Model.model_config | {"populate_by_name": True}
+
+    api_version: Literal["topoctl/v1"] = Field("topoctl/v1", alias="apiVersion")
+    kind: Literal["Job"] = "Job"
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
+    model: ModelSpec
+    batch: BatchSpec
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    strategies: Annotated[list[str], Field(min_length=1)] = Field(
+        default_factory=lambda: ["baseline"])
+    sync: SyncSpec = Field(default_factory=SyncSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
+    hosts: list[str] | None = None
+    launch: LaunchSpec = Field(default_factory=LaunchSpec)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Job:
+        problems: list[tuple[str, str]] = []
+        if not self.parallelism.data and not (self.parallelism.model or self.parallelism.pipeline):
+            problems.append(("parallelism", "allow at least one of data, model, pipeline"))
+        if len(set(self.strategies)) != len(self.strategies):
+            problems.append(("strategies", "a strategy is listed twice"))
+        if self.hosts is not None and len(set(self.hosts)) != len(self.hosts):
+            problems.append(("hosts", "a host is listed twice"))
+        if problems:
+            raise StateError(problems)
+        return self
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def parse_job(data: Any, source: str = "<input>") -> Job:
+    if not isinstance(data, dict):
+        raise JobError([("", f"{source}: expected a mapping with apiVersion: topoctl/v1, "
+                             f"kind: Job, got {type(data).__name__}")])
+    try:
+        return Job.model_validate(data)
+    except ValidationError as e:
+        raise JobError(_problems(e, "")) from None
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and validate a job file; JobError (one line per problem) when it is bad."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise JobError([("", f"{p}: {e.strerror}")]) from None
+    try:
+        data = load_yaml(text, str(p))
+    except StateError as e:
+        raise JobError(e.problems) from None
+    return parse_job(data, str(p))
