@@ -50,3 +50,26 @@ def remove_leftovers(prefix: str = PREFIX) -> None:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+_UNITS = {"bit": 1, "Kbit": 10**3, "Mbit": 10**6, "Gbit": 10**9, "Tbit": 10**12}
+
+
+def tc_classes(ns: str, dev: str) -> list[dict]:
+    """`tc class show` (iproute2 6.1 has no JSON for HTB classes): handle, parent, rate, ceil
+    in bit/s, plus the raw line for exact before/after comparisons."""
+    out = []
+    for line in sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout.splitlines():
+        words = line.split()
+        if len(words) < 3 or words[0] != "class":
+            continue
+        entry: dict = {"kind": words[1], "handle": words[2], "line": line.strip()}
+        for key in ("parent", "rate", "ceil"):
+            if key in words:
+                entry[key] = words[words.index(key) + 1]
+        for key in ("rate", "ceil"):
+            if key in entry:
+                num = entry[key].rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+                entry[key] = round(float(num) * _UNITS[entry[key][len(num):]])
+        out.append(entry)
+    return out

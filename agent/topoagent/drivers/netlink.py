@@ -15,7 +15,7 @@ from topoagent.state import TC_MAJOR, QosClass, Route, Rule
 from topoagent.target import Target
 
 ETH_P_IP = 0x0800
-SCOPE_UNIVERSE, SCOPE_LINK = 0, 253
+SCOPE_UNIVERSE, SCOPE_LINK, SCOPE_NOWHERE = 0, 253, 255
 U32_HT = 0x800  # the default hash table every u32 filter of a prio lands in
 
 
@@ -57,9 +57,20 @@ class NetlinkDriver:
                       prefixlen=iface.network.prefixlen, proto=proto)
 
     def del_address(self, dev: str, address: str) -> None:
+        """Without promote_secondaries the kernel deletes every secondary address of the subnet
+        along with a primary one (and the routes through them): an apply that moves a host from
+        .1/24 to .5/24 would lose .5. Promote for the duration of the delete, then restore."""
         iface = ipaddress.IPv4Interface(address)
-        self.ipr.addr("del", index=self.index(dev), address=str(iface.ip),
-                      prefixlen=iface.network.prefixlen)
+        knob = f"net/ipv4/conf/{dev}/promote_secondaries"
+        old = self.target.read_sysctl(knob)
+        if old == "0":
+            self.target.write_sysctl(knob, "1")
+        try:
+            self.ipr.addr("del", index=self.index(dev), address=str(iface.ip),
+                          prefixlen=iface.network.prefixlen)
+        finally:
+            if old == "0":
+                self.target.write_sysctl(knob, old)
 
     # --- routes -----------------------------------------------------------------------------------
     def _route_args(self, route: Route) -> dict:
@@ -87,8 +98,10 @@ class NetlinkDriver:
         self.ipr.route("replace", proto=proto, **self._route_args(route))
 
     def del_route(self, route: Route, proto: int) -> None:
+        # scope NOWHERE is the kernel's wildcard (as `ip route del` sends); the key and the
+        # protocol select the route
         self.ipr.route("del", dst=route.dst, table=route.table, priority=route.metric,
-                       family=socket.AF_INET, proto=proto)
+                       family=socket.AF_INET, proto=proto, scope=SCOPE_NOWHERE)
 
     # --- rules ------------------------------------------------------------------------------------
     def _rule_args(self, rule: Rule, proto: int) -> dict:
