@@ -78,9 +78,9 @@ def bundles_of(graph: FabricGraph) -> dict[tuple[str, str], list[FabricLink]]:
     return out
 
 
-def shortest_next_hops(graph: FabricGraph) -> NextHops:
-    """Hop-count shortest paths from every node to every host; RoutingError if some host cannot
-    reach another."""
+def shortest_next_hops(graph: FabricGraph, required: list[str] | None = None) -> NextHops:
+    """Hop-count shortest paths from every node to every host; RoutingError if one of the
+    `required` hosts (default: all) cannot reach another of them."""
     hosts = list(graph.hosts)
     h = len(hosts)
     if graph.kind == "direct":
@@ -119,9 +119,14 @@ def shortest_next_hops(graph: FabricGraph) -> NextHops:
     pred[pred < 0] = -1
     for d, t in enumerate(targets):
         pred[d, t] = t
-    for d, dst in enumerate(hosts):
-        bad = [hosts[i] for i in range(h) if pred[d, index_out[hosts[i]]] < 0]
-        if bad:
-            raise RoutingError("fabric", f"disconnected: {', '.join(bad[:5])} cannot reach {dst}")
-    return NextHops(graph, names, index_out, index_in, {x: i for i, x in enumerate(hosts)}, pred,
+    pos = {x: i for i, x in enumerate(hosts)}
+    req = list(required or hosts)
+    need = np.array([index_out[x] for x in req], dtype=np.int64)
+    bad = pred[np.ix_([pos[x] for x in req], need)] < 0
+    if bad.any():
+        d, v = (int(x[0]) for x in np.nonzero(bad))
+        cut = [req[int(i)] for i in np.nonzero(bad[d])[0]]
+        raise RoutingError("fabric", f"disconnected: {', '.join(cut[:5])} cannot reach {req[d]}"
+                           + (f" (and {len(cut) - 5} more)" if len(cut) > 5 else ""))
+    return NextHops(graph, names, index_out, index_in, pos, pred,
                     bundles_of(graph))

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
-from topoagent.state import StateError, _Model, _problems, load_yaml
 
+from topoagent.state import StateError, _Model, _problems, load_yaml
 from topoctl.catalog.registry import ENTRIES, resolve_params
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")

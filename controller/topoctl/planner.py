@@ -1,0 +1,169 @@
+"""The planning pipeline: cluster + job -> PlanContext -> strategies -> simulate each -> render
+the fastest as a Plan. No file I/O here except the profile cache used by measured costs.
+
+Errors are `JobError` / `ClusterError` (topoctl.spec), each problem naming the YAML path in the
+file it is about; nothing is written by the caller when one is raised."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from topoctl.graph.capture import CaptureError
+from topoctl.graph.devices import Device
+from topoctl.graph.profile import device_table, job_costs, job_graph
+from topoctl.render.addressing import AddressingError, assign
+from topoctl.render.hoststate import render_hosts
+from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
+from topoctl.sim.engine import SimError, SimResult, simulate
+from topoctl.sim.routing import RoutingError
+from topoctl.spec.cluster import Cluster, ClusterError
+from topoctl.spec.job import Job, JobError
+from topoctl.strategies import STRATEGIES, PlanContext, Strategy
+
+
+@dataclass
+class Evaluated:
+    strategy: Strategy
+    result: SimResult
+    seconds: float  # planner time spent on it
+
+
+def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
+    """Check the job against the cluster and capture + cost the model."""
+    names = {h.name: i for i, h in enumerate(cluster.hosts)}
+    if job.hosts is not None:
+        probs = []
+        for i, h in enumerate(job.hosts):
+            if h not in names:
+                probs.append((f"hosts[{i}]", f"no host {h} in cluster {cluster.name}"))
+            elif cluster.gpus(h).count == 0:
+                probs.append((f"hosts[{i}]", f"{h} has no GPUs (gpus.count: 0 in the cluster)"))
+        if probs:
+            raise JobError(probs)
+        hosts = list(job.hosts)
+    else:
+        hosts = [h.name for h in cluster.hosts if cluster.gpus(h.name).count > 0]
+        if not hosts:
+            raise ClusterError([("hosts", "no host has GPUs (every gpus.count is 0); nothing "
+                                          "can train")])
+    for i, s in enumerate(job.strategies):
+        if s not in STRATEGIES:
+            raise JobError([(f"strategies[{i}]", f"unknown strategy {s!r} (known: "
+                                                 f"{', '.join(sorted(STRATEGIES))})")])
+    if not job.parallelism.data:
+        raise JobError([("parallelism.data", "only data-parallel strategies exist so far; "
+                                             "allow data: true")])
+    ranks, r = {}, 0
+    for h in hosts:
+        n = cluster.gpus(h).count
+        ranks[h] = list(range(r, r + n))
+        r += n
+    g = job.batch.global_
+    if g % r:
+        raise JobError([("batch.global", f"{g} samples do not split evenly over {r} ranks "
+                                         f"({len(hosts)} hosts); use a multiple of {r}")])
+    table = device_table(cluster)
+    device: dict[str, Device] = {}
+    measured: dict[str, bool] = {}
+    for h in hosts:
+        t = cluster.gpus(h).type
+        meas = job.cost.method == "measured" or (job.cost.method == "auto" and t == "cpu")
+        if t == "cpu":
+            dev = table["CPU"]
+        elif t in table:
+            dev = table[t]
+        else:
+            raise ClusterError([(f"hosts[{names[h]}].gpus.type",
+                                 f"unknown device type {t!r}: add it to gpu_types "
+                                 f"(peak_flops, memory_bandwidth) or use one of "
+                                 f"{', '.join(sorted(table))}, cpu")])
+        device[h], measured[dev.name] = dev, meas
+    try:
+        graph = job_graph(job, g // r)
+    except CaptureError as e:
+        raise JobError([("model", str(e))]) from None
+    costs = {name: job_costs(job, graph, next(d for d in device.values() if d.name == name),
+                             meas, use_cache) for name, meas in measured.items()}
+    return PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs)
+
+
+def evaluate(ctx: PlanContext, name: str) -> Evaluated:
+    t0 = time.perf_counter()
+    try:
+        s = STRATEGIES[name](ctx)
+        res = simulate(s.tasks, s.network, record=False)
+    except RoutingError as e:
+        raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
+    except SimError as e:
+        raise ClusterError([("fabric", str(e))]) from None
+    return Evaluated(s, res, time.perf_counter() - t0)
+
+
+def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
+    """max(busiest host's compute, AllReduce bandwidth bound 2(n-1)/n * S / B) where B is the
+    largest total egress bandwidth of any training host (no AllReduce can beat it)."""
+    compute = 0.0
+    for h in ctx.hosts:
+        c = ctx.host_costs(h)
+        compute = max(compute, sum(x.fwd + x.bwd for x in c.values()))
+    n = len(ctx.hosts)
+    egress: dict[str, float] = {}
+    for ln in ctx.fabric.links:
+        for end in (ln.a, ln.b):
+            egress[end] = egress.get(end, 0.0) + ln.capacity / 8
+    bw = max((egress.get(h, 0.0) for h in ctx.hosts), default=0.0)
+    comm = 2 * (n - 1) / n * sum(buckets) / bw if n > 1 and bw > 0 else 0.0
+    return max(compute, comm), ("max(compute, 2(n-1)/n*S/B_host): compute-bound"
+                                if compute >= comm else
+                                "max(compute, 2(n-1)/n*S/B_host): bandwidth-bound")
+
+
+def make_plan(cluster: Cluster, job: Job, use_cache: bool = True) -> tuple[dict, PlanContext,
+                                                                          list[Evaluated]]:
+    """The full pipeline; returns (plan document, context, all evaluated strategies)."""
+    ctx = prepare(cluster, job, use_cache)
+    evals = [evaluate(ctx, s) for s in job.strategies]
+    best = min(evals, key=lambda e: e.result.iteration_time)
+    return render(ctx, best, evals), ctx, evals
+
+
+def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
+    s, res = best.strategy, best.result
+    try:
+        addr = assign(s.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
+        hosts = render_hosts(s.fabric, s.hops, addr, s.routes, s.rates)
+    except AddressingError as e:
+        raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
+    bound, bound_name = lower_bound(ctx, s.buckets)
+    it = res.iteration_time
+    meta = {
+        "cluster": ctx.cluster.name, "job": ctx.job.name, "strategy": s.name,
+        "strategies": {e.strategy.name: {"iteration_time": _r(e.result.iteration_time)}
+                       for e in evals},
+        "prediction": {k: _r(v) for k, v in res.breakdown().items()}
+        | {"samples_per_second": _r(ctx.job.batch.global_ / it) if it > 0 else 0.0,
+           "cost_model": sorted({("measured" if _measured(ctx, h) else "roofline") + ":" +
+                                 ctx.device[h].name for h in ctx.hosts})},
+        "bound": {"name": bound_name, "iteration_time": _r(bound),
+                  "ratio": _r(it / bound) if bound > 0 else None},
+        "model": {"name": ctx.graph.model, "parameters_bytes": ctx.graph.param_bytes,
+                  "flops_per_rank_fwd": ctx.graph.flops, "ops": len(ctx.graph.ops)},
+        "addressing": {"training": addr.training, "subnets": addr.subnets},
+    }
+    job = launch_spec(ctx.job, ctx.hosts, ctx.ranks, addr, ctx.local_batch, s.collective,
+                      s.buckets)
+    return plan_document(meta, fabric_wiring(ctx.cluster, s.fabric), hosts, job)
+
+
+def _measured(ctx: PlanContext, h: str) -> bool:
+    t = ctx.cluster.gpus(h).type
+    m = ctx.job.cost.method
+    return m == "measured" or (m == "auto" and t == "cpu")
+
+
+def _r(x: float) -> float:
+    if x == 0 or not math.isfinite(x):
+        return x
+    return float(f"{x:.6g}")

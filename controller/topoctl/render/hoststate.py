@@ -1,0 +1,171 @@
+"""One HostState (the agent's schema, as plain YAML-ready data) per host.
+
+For every host: the training address as a /32 on `lo`; each cabled NIC up with its fabric
+address and the fabric MTU; one /32 route per other training host (`src` = own training
+address, so locally originated traffic carries the training address): on a direct fabric via
+the next-hop neighbour's address on the cable (weighted `nexthops` over parallel cables, or over
+the strategy's multipath next hops), on a switched fabric straight to the destination's address
+in the shared L2 domain. Hosts that forward for others get `ip_forward`; on direct fabrics the
+NICs get loose reverse-path filtering (rp_filter 2: paths may be asymmetric). Per-destination
+bandwidth allocations become one HTB class per destination on the egress NIC. The output is
+plain dicts (fast for 1,024 hosts); tests validate it with `topoagent.state.parse_host_state`.
+O(hosts^2) for all hosts.
+"""
+
+from __future__ import annotations
+
+from topoagent.state import format_rate
+from topoctl.render.addressing import Addressing, AddressingError
+from topoctl.sim.routing import NextHops
+from topoctl.spec.cluster import FabricGraph, FabricLink
+
+
+def _weights(values: list[float]) -> list[int]:
+    """Positive reals -> kernel nexthop weights 1..256 in the same proportions (rounded)."""
+    top = max(values)
+    return [max(1, min(256, round(256 * v / top))) for v in values]
+
+
+def _hop_entries(host: str, cables: list[FabricLink], addr: Addressing,
+                 share: float = 1.0) -> list[tuple[str, str, float]]:
+    """(via, dev, weight) for each cable from `host` to one neighbour."""
+    out = []
+    for c in cables:
+        if c.a == host:
+            dev, peer, peer_nic = c.a_nic, c.b, c.b_nic
+        else:
+            dev, peer, peer_nic = c.b_nic, c.a, c.a_nic
+        out.append((addr.ip(peer, peer_nic), dev, share * c.capacity))
+    return out
+
+
+def _route(dst: str, src: str, hops: list[tuple[str, str, float]]) -> dict:
+    if len(hops) == 1:
+        via, dev, _ = hops[0]
+        return {"dst": dst, "via": via, "dev": dev, "src": src}
+    ws = _weights([w for _, _, w in hops])
+    return {"dst": dst, "src": src,
+            "nexthops": [{"via": v, "dev": d, "weight": w} for (v, d, _), w in zip(hops, ws,
+                                                                                   strict=True)]}
+
+
+def render_hosts(graph: FabricGraph, hops: NextHops, addr: Addressing,
+                 routes: dict[tuple[str, str], list[tuple[str, float]]] | None = None,
+                 rates: dict[tuple[str, str], int] | None = None) -> dict[str, dict]:
+    """host -> HostState data. `routes` overrides next hops per (src, dst) with weighted
+    neighbour nodes (direct fabrics); `rates` (bit/s per (src, dst)) become QoS classes."""
+    routes = routes or {}
+    rates = rates or {}
+    cabled: dict[str, list[str]] = {h: [] for h in graph.hosts}
+    for (h, nic) in addr.port:
+        cabled[h].append(nic)
+    port_speed = {(p.host, p.nic): p.speed for p in graph.ports}
+    macs = {(p.host, p.nic): p.mac for p in graph.ports}
+    transit = hops.transit_hosts() | {nh for (s, d), lst in routes.items() for nh, _ in lst
+                                      if nh != d}
+    direct = graph.kind == "direct"
+    hosts = list(graph.hosts)
+    out = {}
+    for h in hosts:
+        me = addr.training[h]
+        ifaces = [{"name": "lo", "addresses": [f"{me}/32"]}]
+        for nic in sorted(cabled[h], key=_nic_order):
+            i = {"name": nic}
+            if macs.get((h, nic)):
+                i["mac"] = macs[(h, nic)]
+            i |= {"addresses": [addr.port[(h, nic)]], "mtu": graph.mtu, "up": True}
+            ifaces.append(i)
+        state: dict = {"interfaces": ifaces}
+        sysctl: dict = {}
+        if h in transit:
+            sysctl["ip_forward"] = True
+        if direct and cabled[h]:
+            sysctl["rp_filter"] = {nic: 2 for nic in sorted(cabled[h], key=_nic_order)}
+        if sysctl:
+            state["sysctl"] = sysctl
+        state["routes"] = _routes_of(h, hosts, graph, hops, addr, routes) if direct else \
+            _switched_routes(h, hosts, addr)
+        q = _qos(h, hosts, graph, hops, addr, rates, port_speed)
+        if q:
+            state["qos"] = q
+        out[h] = state
+    return out
+
+
+def _nic_order(nic: str) -> tuple:
+    head = nic.rstrip("0123456789")
+    tail = nic[len(head):]
+    return (head, int(tail) if tail else -1, nic)
+
+
+def _routes_of(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, addr: Addressing,
+               routes: dict) -> list[dict]:
+    me = addr.training[h]
+    per_neighbour: dict[str, list[tuple[str, str, float]]] = {}
+    out = []
+    src_idx = hops.index_out[h]
+    nxt = hops.nxt
+    names = hops.names
+    for d in hosts:
+        if d == h:
+            continue
+        dst = f"{addr.training[d]}/32"
+        override = routes.get((h, d))
+        if override:
+            entries = []
+            tot = sum(w for _, w in override)
+            for nb, w in override:
+                entries += _hop_entries(h, hops.bundles[(h, nb)], addr, w / tot)
+            out.append(_route(dst, me, entries))
+            continue
+        v = int(nxt[hops.host_pos[d], src_idx])
+        if v < 0:
+            continue  # unreachable non-training host: the planner checked the training hosts
+        nb = names[v]
+        entries = per_neighbour.get(nb)
+        if entries is None:
+            entries = per_neighbour[nb] = _hop_entries(h, hops.bundles[(h, nb)], addr)
+        out.append(_route(dst, me, entries))
+    return out
+
+
+def _switched_routes(h: str, hosts: list[str], addr: Addressing) -> list[dict]:
+    me = addr.training[h]
+    mine: dict[str, str] = {}
+    for (host, nic), dom in addr.domain_of.items():
+        if host == h:
+            mine.setdefault(dom, nic)
+    theirs: dict[str, dict[str, str]] = {}
+    for (host, nic), dom in addr.domain_of.items():
+        theirs.setdefault(host, {}).setdefault(dom, addr.ip(host, nic))
+    out = []
+    for d in hosts:
+        if d == h:
+            continue
+        shared = [dom for dom in theirs.get(d, {}) if dom in mine]
+        if not shared:
+            raise AddressingError("fabric", f"{h} and {d} share no switched network (hosts do "
+                                            "not forward on switched fabrics)")
+        dom = shared[0]
+        out.append({"dst": f"{addr.training[d]}/32", "via": theirs[d][dom], "dev": mine[dom],
+                    "src": me})
+    return out
+
+
+def _qos(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, addr: Addressing,
+         rates: dict[tuple[str, str], int], port_speed: dict) -> list[dict]:
+    """One HTB class per destination with an allocated rate, on the NIC its route leaves by."""
+    mine = [(d, r) for (s, d), r in rates.items() if s == h]
+    if not mine:
+        return []
+    per_dev: dict[str, list[dict]] = {}
+    for d, r in sorted(mine, key=lambda x: hosts.index(x[0])):
+        nb = hops.next_node(h, d)
+        cables = hops.bundles[(h, nb)] if graph.kind == "direct" else \
+            [c for c in graph.links if c.a == h and c.kind == "access"]
+        c = cables[0]
+        dev = c.a_nic if c.a == h else c.b_nic
+        per_dev.setdefault(dev, []).append({"dst": f"{addr.training[d]}/32",
+                                            "rate": format_rate(int(r))})
+    return [{"dev": dev, "rate": format_rate(port_speed[(h, dev)]), "classes": cls}
+            for dev, cls in per_dev.items()]

@@ -1,0 +1,86 @@
+"""The Plan document (DESIGN.md "The plan"): `metadata`, `fabric`, `hosts`, `job`.
+
+`fabric` is the cabling in the cluster file's own format (so `Cluster.with_fabric` and the lab
+read it back); addresses live in the hosts' states and, summarised, in `metadata.addressing`.
+`job` is the launch spec: per host its processes (rank, local rank, environment). Gloo binds to
+the host's training address: `GLOO_SOCKET_IFNAME=lo` would bind 127.0.0.1 (lo's first
+address), unreachable from other hosts, so every process gets `TOPOCTL_BIND_ADDRESS` and the
+launcher creates the gloo device with `ProcessGroupGloo.create_device(hostname=<address>)`;
+`MASTER_ADDR` is rank 0's training address."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import topoctl
+from topoagent.state import StateError, format_rate, parse_host_state
+from topoctl.render.addressing import Addressing
+from topoctl.spec.cluster import Cluster, FabricGraph, format_duration
+
+
+def fabric_wiring(cluster: Cluster, graph: FabricGraph) -> dict:
+    """The cabling as a cluster-file `fabric` mapping."""
+    if graph.kind == "switched":
+        return cluster.fabric.model_dump(mode="json", exclude_none=True)
+    links = []
+    for ln in graph.links:
+        e = {"a": f"{ln.a}:{ln.a_nic}", "b": f"{ln.b}:{ln.b_nic}",
+             "bandwidth": format_rate(ln.capacity)}
+        if ln.latency:
+            e["latency"] = format_duration(ln.latency)
+        if ln.loss:
+            e["loss"] = ln.loss
+        links.append(e)
+    return {"kind": "direct", "mtu": graph.mtu, "links": links}
+
+
+def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addressing,
+                local_batch: int, collective: dict, buckets: list[int]) -> dict:
+    world = sum(len(r) for r in ranks.values())
+    master = addr.training[hosts[0]]
+    procs: dict[str, list[dict]] = {}
+    for h in hosts:
+        rs = ranks[h]
+        procs[h] = [{"rank": r, "local_rank": i, "bind_address": addr.training[h],
+                     "env": {"MASTER_ADDR": master, "MASTER_PORT": str(job.launch.port),
+                             "WORLD_SIZE": str(world), "RANK": str(r), "LOCAL_RANK": str(i),
+                             "LOCAL_WORLD_SIZE": str(len(rs)),
+                             "TOPOCTL_BIND_ADDRESS": addr.training[h]}}
+                    for i, r in enumerate(rs)]
+    return {"name": job.name, "backend": job.launch.backend, "command": list(job.launch.command),
+            "world_size": world, "master": {"address": master, "port": job.launch.port},
+            "batch": {"global": job.batch.global_, "per_rank": local_batch},
+            "model": job.model.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
+            "dtype": job.dtype,
+            "collective": collective | {"buckets": buckets}, "processes": procs}
+
+
+def plan_document(metadata: dict, fabric: dict, hosts: dict[str, dict], job: dict) -> dict:
+    return {"apiVersion": "topoctl/v1", "kind": "Plan",
+            "metadata": {"planner": f"topoctl {topoctl.__version__}"} | metadata,
+            "fabric": fabric, "hosts": hosts, "job": job}
+
+
+def validate_plan(doc: Any) -> list[tuple[str, str]]:
+    """Problems (yaml path, message) of a Plan document: its shape and every host's state
+    against the agent's HostState schema. Empty when valid."""
+    if not isinstance(doc, dict):
+        return [("", "expected a mapping (a Plan)")]
+    problems = []
+    if doc.get("apiVersion") != "topoctl/v1" or doc.get("kind") != "Plan":
+        problems.append(("kind", "expected apiVersion: topoctl/v1, kind: Plan"))
+    for key in ("metadata", "fabric", "hosts", "job"):
+        if not isinstance(doc.get(key), dict):
+            problems.append((key, "missing (a mapping)"))
+    extra = set(doc) - {"apiVersion", "kind", "metadata", "fabric", "hosts", "job"}
+    problems += [(k, "unknown key") for k in sorted(extra)]
+    for name, state in (doc.get("hosts") or {}).items():
+        try:
+            parse_host_state(state, prefix=f"hosts.{name}")
+        except StateError as e:
+            problems += e.problems
+    procs = (doc.get("job") or {}).get("processes") or {}
+    for name in procs:
+        if name not in (doc.get("hosts") or {}):
+            problems.append((f"job.processes.{name}", "no such host in hosts"))
+    return problems

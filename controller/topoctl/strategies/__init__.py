@@ -1,0 +1,79 @@
+"""Strategies: functions `(PlanContext) -> Strategy`, registered by name in `STRATEGIES`.
+
+A `PlanContext` is what every strategy starts from (the validated cluster and job, the fabric as
+plain data, the training hosts and ranks, the op graph at the per-rank batch and per-op costs per
+host). A `Strategy` is everything the simulator needs to score it (`tasks` on `network`) and
+everything the renderer needs to write the plan (fabric, routing, collective, QoS rates).
+`topoctl.planner` runs the job's strategies, simulates each, and renders the fastest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from topoctl.graph.cost import OpCost
+from topoctl.graph.devices import Device
+from topoctl.graph.ops import OpGraph
+from topoctl.sim.network import Network
+from topoctl.sim.routing import NextHops
+from topoctl.sim.tasks import Task
+from topoctl.spec.cluster import Cluster, FabricGraph
+from topoctl.spec.job import Job
+
+
+@dataclass
+class PlanContext:
+    cluster: Cluster
+    job: Job
+    fabric: FabricGraph
+    hosts: list[str]  # training hosts in rank order
+    ranks: dict[str, list[int]]  # host -> its global ranks (one per GPU)
+    local_batch: int  # samples per rank per iteration
+    graph: OpGraph  # captured at local_batch
+    device: dict[str, Device]  # host -> device type used for its costs
+    costs: dict[str, dict[str, OpCost]]  # device type name -> op -> cost
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(r) for r in self.ranks.values())
+
+    def host_costs(self, host: str) -> dict[str, OpCost]:
+        return self.costs[self.device[host].name]
+
+
+@dataclass
+class Strategy:
+    """A complete strategy. `routes` overrides `hops` per (src host, dst host) with weighted
+    next-hop nodes (multipath); `rates` are per-(src host, dst host) bandwidth allocations in
+    bit/s, rendered as QoS classes on the source's egress port and used as caps by the
+    simulator; `collective` says how the launcher synchronises gradients."""
+
+    name: str
+    fabric: FabricGraph
+    hops: NextHops
+    network: Network
+    tasks: list[Task]
+    collective: dict[str, Any]
+    buckets: list[int]  # gradient bucket sizes in bytes, in all-reduce order
+    routes: dict[tuple[str, str], list[tuple[str, float]]] = field(default_factory=dict)
+    rates: dict[tuple[str, str], int] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+StrategyFn = Callable[[PlanContext], Strategy]
+STRATEGIES: dict[str, StrategyFn] = {}
+
+
+def register(name: str, fn: StrategyFn) -> None:
+    STRATEGIES[name] = fn
+
+
+def _builtin() -> None:
+    from topoctl.strategies import baseline
+
+    register("baseline", baseline.plan)
+
+
+_builtin()

@@ -1,0 +1,92 @@
+"""Baseline: data parallel across all hosts, ring AllReduce in host order, shortest-path routing
+on the given fabric: what a user gets today from NCCL/gloo defaults.
+
+`dp_tasks` builds the simulator's task DAG for one data-parallel iteration with DDP-style
+gradient buckets (Li et al., VLDB'20, PyTorch DDP): buckets fill in backward order up to
+`sync.bucket` bytes; bucket k all-reduces as soon as every host has produced it and bucket k-1
+is done (one communication stream), overlapping the rest of the backward pass. Other
+data-parallel strategies reuse it with another order or collective algorithm. O(ops + hosts *
+buckets) tasks, plus the collective schedules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from topoctl.graph.ops import OpGraph
+from topoctl.sim.collectives import ALGORITHMS, CollectiveAlgorithm
+from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.tasks import Collective, Compute, Task
+from topoctl.strategies import PlanContext, Strategy
+
+
+def buckets(graph: OpGraph, cap: int) -> list[tuple[list[str], int]]:
+    """Gradient buckets: ([ops whose gradients it holds, in backward order], bytes). A bucket
+    closes once it holds >= cap bytes (DDP's rule)."""
+    out: list[tuple[list[str], int]] = []
+    ops: list[str] = []
+    size = 0
+    for op, _param, b in graph.gradient_order():
+        if not ops or ops[-1] != op:
+            ops.append(op)
+        size += b
+        if size >= cap:
+            out.append((ops, size))
+            ops, size = [], 0
+    if ops:
+        out.append((ops, size))
+    return out
+
+
+def backward_chunks(graph: OpGraph, costs: dict, bucket_ops: list[list[str]]) -> list[float]:
+    """Backward time up to and including each bucket's last op, then the tail (len + 1)."""
+    ends = {ops[-1]: i for i, ops in enumerate(bucket_ops)}
+    chunks = [0.0] * (len(bucket_ops) + 1)
+    k = 0
+    for op in reversed(graph.ops):
+        chunks[k] += costs[op.name].bwd
+        if op.name in ends:
+            k = ends[op.name] + 1
+    return chunks
+
+
+def step_time(ctx: PlanContext, host: str) -> float:
+    """Optimizer step: read weights, gradients and one moment, write weights (memory bound)."""
+    d = ctx.device[host]
+    return d.launch + 4 * ctx.graph.param_bytes / (d.mem_bw * d.efficiency)
+
+
+def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgorithm,
+             bucket_cap: int | None = None) -> tuple[list[Task], list[int]]:
+    """One data-parallel iteration: per host forward, backward in bucket chunks, optimizer step;
+    one collective per bucket over `order`. Returns (tasks, bucket sizes)."""
+    cap = bucket_cap or ctx.job.sync.bucket
+    bks = buckets(ctx.graph, cap)
+    tasks: list[Task] = []
+    for h in ctx.hosts:
+        c = ctx.host_costs(h)
+        tasks.append(Compute(f"fwd@{h}", h, sum(x.fwd for x in c.values())))
+        chunks = backward_chunks(ctx.graph, c, [ops for ops, _ in bks])
+        prev = f"fwd@{h}"
+        for k, t in enumerate(chunks):
+            tid = f"bwd{k}@{h}"
+            tasks.append(Compute(tid, h, t, (prev,)))
+            prev = tid
+    for k, (_, size) in enumerate(bks):
+        deps = tuple(f"bwd{k}@{h}" for h in ctx.hosts) + ((f"ar{k - 1}",) if k else ())
+        tasks.append(Collective(f"ar{k}", algorithm(list(order), float(size)), deps))
+    last = (f"ar{len(bks) - 1}",) if bks else ()
+    for h in ctx.hosts:
+        tasks.append(Compute(f"step@{h}", h, step_time(ctx, h), (f"bwd{len(bks)}@{h}",) + last))
+    return tasks, [s for _, s in bks]
+
+
+def plan(ctx: PlanContext) -> Strategy:
+    hops = shortest_next_hops(ctx.fabric)
+    algorithm = ALGORITHMS["ring"]
+    order = list(ctx.hosts)
+    tasks, sizes = dp_tasks(ctx, order, algorithm)
+    return Strategy(name="baseline", fabric=ctx.fabric, hops=hops,
+                    network=network_from_fabric(ctx.fabric, hops), tasks=tasks,
+                    collective={"algorithm": "ring", "order": order}, buckets=sizes)
