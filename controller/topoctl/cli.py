@@ -8,7 +8,9 @@ import importlib
 import sys
 
 # module paths, each with register(subparsers); add a line per command group
-COMMANDS: list[str] = []
+COMMANDS: list[str] = [
+    "topoctl.cli_lab",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,195 @@
+"""`topoctl lab ...`: a cluster of namespaces on this machine (see docs/lab.md).
+
+Every subcommand but `up` takes `--lab NAME`; without it, $TOPOCTL_LAB or the only lab there is.
+Exit codes: 0 ok, 1 the lab operation failed, 2 bad input (cluster/plan file, port name)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from topoagent.state import StateError, format_rate, load_yaml
+
+from topoctl.lab import lab as labmod
+from topoctl.lab.netops import LabError
+from topoctl.spec.cluster import ClusterError, load_cluster
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("lab", help="build and drive a cluster of namespaces on this machine",
+                       description=__doc__.split("\n")[0])
+    lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND")
+
+    def cmd(name: str, func, help: str, lab: bool = True) -> argparse.ArgumentParser:
+        c = lsub.add_parser(name, help=help, description=help)
+        if lab:
+            c.add_argument("--lab", help="lab name (default: $TOPOCTL_LAB or the only lab)")
+        c.add_argument("--state-dir", help=f"labs' state root (default: $TOPOCTL_LAB_DIR or "
+                                           f"{labmod.DEFAULT_STATE_ROOT})")
+        c.set_defaults(func=_guard(func))
+        return c
+
+    c = cmd("up", _up, "build a lab from a cluster file", lab=False)
+    c.add_argument("cluster", help="cluster.yaml")
+    c.add_argument("--name", help="lab name (default: the cluster's name; <= 9 of [a-z0-9])")
+    c.add_argument("--plan", help="cable it as this plan's `fabric` says")
+    c.add_argument("--mgmt-net", help="management subnet inside 10.232.0.0/16 (default: free)")
+    c.add_argument("--no-ssh", action="store_true", help="no sshd per host")
+    c = cmd("down", _down, "remove everything a lab created (also after a crash)")
+    c = cmd("status", _status, "hosts and cables, configured vs kernel vs measured rate")
+    c.add_argument("--json", action="store_true")
+    c = cmd("cut", _cut, "unplug the cable at HOST:PORT (both ends lose carrier)")
+    c.add_argument("port", help="HOST:PORT")
+    c = cmd("heal", _heal, "plug the cable at HOST:PORT back in")
+    c.add_argument("port", help="HOST:PORT")
+    c = cmd("measure", _measure, "iperf3 through every cable: achieved vs configured")
+    c.add_argument("ports", nargs="*", help="only cables at these HOST:PORTs")
+    c.add_argument("--time", type=float, default=2.0, help="seconds per cable (default 2)")
+    c.add_argument("--jobs", type=int, default=1, help="cables measured at once (default 1)")
+    c.add_argument("--json", action="store_true")
+    c = cmd("rewire", _rewire, "re-cable a direct-connect lab from a plan's fabric wiring")
+    c.add_argument("plan", help="plan.yaml (or a cluster file): its `fabric` is used")
+    cmd("list", _list, "labs on this machine", lab=False)
+    p.set_defaults(func=lambda a: p.print_help() or 1)
+
+
+def _guard(func):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args) or 0
+        except (ClusterError, StateError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except LabError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    return run
+
+
+def _lab_name(args: argparse.Namespace) -> str:
+    name = getattr(args, "lab", None) or os.environ.get("TOPOCTL_LAB")
+    if name:
+        return name
+    labs = labmod.list_labs(args.state_dir)
+    if len(labs) != 1:
+        raise LabError(f"say which lab with --lab ({', '.join(labs) or 'no labs are up'})")
+    return labs[0]
+
+
+def _load(args: argparse.Namespace) -> labmod.Lab:
+    return labmod.Lab.load(_lab_name(args), args.state_dir)
+
+
+def _plan_fabric(path: str):
+    try:
+        with open(path) as f:
+            data = load_yaml(f.read(), path)
+    except OSError as e:
+        raise LabError(f"{path}: {e.strerror}") from None
+    if not isinstance(data, dict) or "fabric" not in data:
+        raise ClusterError([("", f"{path}: no `fabric` mapping (the wiring to cable)")])
+    return data["fabric"]
+
+
+def _up(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster)
+    fabric = _plan_fabric(args.plan) if args.plan else None
+    t = time.monotonic()
+    lab = labmod.up(cluster, args.name, args.state_dir, args.mgmt_net, fabric,
+                    with_ssh=not args.no_ssh)
+    lay = lab.layout
+    n = len(lay.cables) + len(lay.switch_ports)
+    print(f"lab {lab.name} up in {time.monotonic() - t:.1f}s: {len(lay.hosts)} hosts, {n} "
+          f"cables, management {lay.mgmt_net} (root {lay.gateway})")
+    if not args.no_ssh:
+        print(f"ssh -F {lab.ssh_config} {lay.hosts[0].name}    # Ansible: -i {lab.inventory}")
+    missing = labmod.unemulated(lab)
+    if missing:
+        print(f"warning: this kernel has no sch_netem: latency/loss of {len(missing)} cable(s) "
+              f"not emulated (rates are)", file=sys.stderr)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    name = _lab_name(args)
+    t = time.monotonic()
+    r = labmod.down(name, args.state_dir)
+    print(f"lab {name} down in {time.monotonic() - t:.1f}s: removed {r['namespaces']} "
+          f"namespaces, {r['links']} root links, {r['processes']} processes")
+    return 0
+
+
+def _rate(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.1f}M"
+
+
+def _status(args: argparse.Namespace) -> int:
+    st = labmod.status(_load(args))
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}")
+    print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} ports")
+    for h in st["hosts"]:
+        print(f"{h['name']:<10} {'ok' if h['netns_exists'] else 'GONE':<6} {h['mgmt_ip']:<15} "
+              f"{h['sshd_pid'] or '-'!s:<8} {' '.join(h['ports'])}")
+    print(f"\n{'cable':<32} {'state':<7} {'config':>8} {'kernel':>8} {'measured':>9} ratio")
+    bad = 0
+    for c in st["cables"]:
+        kr = c["kernel_rate"]
+        krs = _rate(kr[0]) if kr[0] == kr[1] else f"{_rate(kr[0])}/{_rate(kr[1])}"
+        m = c["measured"] or {}
+        ratio = f"{m['ratio']:.3f}" if m.get("ratio") else (m.get("error") or "-")
+        bad += c["state"] == "missing" or any(r != c["rate"] for r in kr)
+        print(f"{c['name']:<32} {c['state']:<7} {format_rate(c['rate']):>8} {krs:>8} "
+              f"{_rate(m.get('achieved')):>9} {ratio}")
+    if st["unemulated"]:
+        print(f"\nno sch_netem in this kernel: latency/loss not emulated on "
+              f"{', '.join(st['unemulated'])}")
+    return 1 if bad or not all(h["netns_exists"] for h in st["hosts"]) else 0
+
+
+def _cut(args: argparse.Namespace) -> int:
+    for name in labmod.set_port(_load(args), args.port, False):
+        print(f"cut {name}")
+    return 0
+
+
+def _heal(args: argparse.Namespace) -> int:
+    for name in labmod.set_port(_load(args), args.port, True):
+        print(f"healed {name}")
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from topoctl.lab.measure import measure
+
+    results = measure(_load(args), args.ports or None, args.time, args.jobs)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in results], indent=1))
+        return 0 if all(r.error is None for r in results) else 1
+    print(f"{'cable':<32} {'config':>8} {'achieved':>9} {'ratio':>6} {'cpu%':>5}")
+    for r in results:
+        cpu = f"{r.cpu_percent:.0f}" if r.cpu_percent is not None else "-"
+        print(f"{r.name:<32} {format_rate(r.configured):>8} {_rate(r.achieved):>9} "
+              f"{(f'{r.ratio:.3f}' if r.ratio else r.error or '-'):>6} {cpu:>5}")
+    return 0 if all(r.error is None for r in results) else 1
+
+
+def _rewire(args: argparse.Namespace) -> int:
+    r = labmod.rewire(_load(args), _plan_fabric(args.plan))
+    print(f"removed {len(r['removed'])} cables, added {len(r['added'])}")
+    for n in r["removed"]:
+        print(f"  - {n}")
+    for n in r["added"]:
+        print(f"  + {n}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    for name in labmod.list_labs(args.state_dir):
+        print(name)
+    return 0
