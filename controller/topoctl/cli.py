@@ -10,6 +10,7 @@ import sys
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [
     "topoctl.cli_lab",
+    "topoctl.cli_plan",
 ]
 
 

@@ -1,0 +1,107 @@
+"""`topoctl plan CLUSTER JOB -o PLAN` and `topoctl explain PLAN [--png FILE]`.
+
+Exit codes: 0 ok, 2 bad input (every problem printed as `FILE: yaml.path: message`; nothing
+written)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from topoagent.state import StateError, load_yaml
+from topoctl.planner import make_plan
+from topoctl.render.plan import validate_plan
+from topoctl.spec.cluster import ClusterError, load_cluster
+from topoctl.spec.job import JobError, load_job
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump_plan(doc: dict) -> str:
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+def _fail(source: str, err: StateError) -> int:
+    for path, msg in err.problems:
+        print(f"{source}: {path}: {msg}" if path else f"{source}: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    try:
+        cluster = load_cluster(args.cluster)
+    except ClusterError as e:
+        return _fail(args.cluster, e)
+    try:
+        job = load_job(args.job)
+    except JobError as e:
+        return _fail(args.job, e)
+    try:
+        doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache)
+    except JobError as e:
+        return _fail(args.job, e)
+    except ClusterError as e:
+        return _fail(args.cluster, e)
+    if not args.no_validate:
+        problems = validate_plan(doc)
+        if problems:  # a planner bug, not bad input: say so loudly
+            return _fail("generated plan (planner bug)", StateError(problems))
+    text = dump_plan(doc)
+    if args.output and args.output != "-":
+        out = Path(args.output)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+    else:
+        sys.stdout.write(text)
+    m = doc["metadata"]
+    print(f"planned {job.name} on {cluster.name}: strategy {m['strategy']}, predicted "
+          f"{m['prediction']['iteration_time'] * 1e3:.3f} ms/iteration (bound "
+          f"{m['bound']['iteration_time'] * 1e3:.3f} ms), {len(doc['hosts'])} hosts, "
+          f"{time.perf_counter() - t0:.2f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from topoctl.render.explain import explain_text
+
+    try:
+        text = Path(args.plan).read_text()
+    except OSError as e:
+        print(f"{args.plan}: {e.strerror}", file=sys.stderr)
+        return 2
+    try:
+        doc = load_yaml(text, args.plan)
+    except StateError as e:
+        return _fail(args.plan, e)
+    problems = validate_plan(doc)
+    if problems:
+        return _fail(args.plan, StateError(problems))
+    print(explain_text(doc))
+    if args.png:
+        from topoctl.render.drawing import draw_png
+
+        draw_png(doc, args.png)
+        print(f"topology drawing: {args.png}", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="compute a plan for a job on a cluster")
+    p.add_argument("cluster", help="cluster.yaml")
+    p.add_argument("job", help="job.yaml")
+    p.add_argument("-o", "--output", help="plan file to write (default: stdout)")
+    p.add_argument("--no-cache", action="store_true", help="re-measure op costs")
+    p.add_argument("--no-validate", action="store_true",
+                   help="skip validating every host against the agent schema")
+    p.set_defaults(func=cmd_plan)
+    e = sub.add_parser("explain", help="summarise a plan: per-host tables and topology")
+    e.add_argument("plan", help="plan.yaml")
+    e.add_argument("--png", help="also draw the topology to this PNG file")
+    e.set_defaults(func=cmd_explain)

@@ -1,0 +1,97 @@
+"""`topoctl explain`: a readable summary of a Plan document (pure text, no I/O).
+
+Sections: the headline (strategy, predicted iteration time and breakdown, the bound), one table
+per host (addresses, forwarding, routes by next hop, QoS classes, ranks), and the topology as
+text (adjacency list with bandwidths; the AllReduce ring order)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+def _ms(x) -> str:
+    return f"{x * 1e3:.3f} ms" if isinstance(x, (int, float)) else str(x)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + \
+        [fmt.format(*map(str, r)) for r in rows]
+
+
+def headline(doc: dict) -> list[str]:
+    m = doc.get("metadata", {})
+    p = m.get("prediction", {})
+    b = m.get("bound", {})
+    out = [f"plan: cluster {m.get('cluster')}, job {m.get('job')}, strategy {m.get('strategy')} "
+           f"({m.get('planner')})",
+           f"predicted iteration: {_ms(p.get('iteration_time'))} (compute {_ms(p.get('compute'))},"
+           f" exposed communication {_ms(p.get('exposed_communication'))}, busiest link "
+           f"{100 * p.get('max_link_utilisation', 0):.0f}%)",
+           f"lower bound: {_ms(b.get('iteration_time'))} [{b.get('name')}], "
+           f"plan/bound = {b.get('ratio')}"]
+    for name, s in m.get("strategies", {}).items():
+        out.append(f"  strategy {name}: {_ms(s.get('iteration_time'))}")
+    return out
+
+
+def host_tables(doc: dict) -> list[str]:
+    procs = doc.get("job", {}).get("processes", {})
+    addr = {}
+    for h, st in doc.get("hosts", {}).items():
+        for i in st.get("interfaces", []):
+            for a in i.get("addresses", []):
+                addr[a.split("/")[0]] = f"{h}:{i['name']}"
+    out = []
+    for h, st in doc.get("hosts", {}).items():
+        ranks = ",".join(str(p["rank"]) for p in procs.get(h, [])) or "-"
+        fwd = "yes" if st.get("sysctl", {}).get("ip_forward") else "no"
+        out.append(f"host {h}  ranks {ranks}  forwarding {fwd}")
+        rows = [[i["name"], " ".join(i.get("addresses", [])), str(i.get("mtu", ""))]
+                for i in st.get("interfaces", [])]
+        out += ["  " + x for x in _table(rows, ["interface", "addresses", "mtu"])]
+        by_hop: Counter = Counter()
+        for r in st.get("routes", []):
+            hops = r.get("nexthops") or [{"via": r.get("via"), "dev": r.get("dev")}]
+            key = " + ".join(f"{addr.get(x.get('via'), x.get('via'))} via {x.get('dev')}"
+                             for x in hops)
+            by_hop[key] += 1
+        rows = [[k, str(n)] for k, n in sorted(by_hop.items())]
+        if rows:
+            out += ["  " + x for x in _table(rows, ["next hop (host:port) via dev", "routes"])]
+        for q in st.get("qos", []):
+            out.append(f"  qos {q['dev']} {q['rate']}: " + ", ".join(
+                f"{c['dst']} {c['rate']}" for c in q.get("classes", [])))
+        out.append("")
+    return out
+
+
+def topology_text(doc: dict) -> list[str]:
+    f = doc.get("fabric", {})
+    out = [f"fabric ({f.get('kind')}):"]
+    if f.get("kind") == "direct":
+        adj: dict[str, list[str]] = {}
+        for ln in f.get("links", []):
+            a, b = ln["a"].split(":")[0], ln["b"].split(":")[0]
+            bw = ln.get("bandwidth", "")
+            adj.setdefault(a, []).append(f"{b}({bw})")
+            adj.setdefault(b, []).append(f"{a}({bw})")
+        for h in doc.get("hosts", {}):
+            out.append(f"  {h:>6} -- " + " ".join(adj.get(h, [])))
+    else:
+        for s in f.get("switches", []):
+            up = f" -> {s['uplink']}" if s.get("uplink") else ""
+            att = [a["port"] for a in f.get("attach", []) if a.get("switch") == s["name"]]
+            if not f.get("attach") and len(f.get("switches", [])) == 1:
+                att = list(doc.get("hosts", {}))
+            out.append(f"  [{s['name']}]{up}: " + " ".join(att))
+    order = doc.get("job", {}).get("collective", {}).get("order", [])
+    if order:
+        algo = doc["job"]["collective"].get("algorithm")
+        out.append(f"  {algo} order: " + " -> ".join(order + order[:1]))
+    return out
+
+
+def explain_text(doc: dict) -> str:
+    return "\n".join(headline(doc) + [""] + topology_text(doc) + [""] + host_tables(doc))
