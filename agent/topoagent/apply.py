@@ -7,6 +7,7 @@ dropped as a side effect (an address removed takes its routes along) are put bac
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
 
@@ -60,7 +61,7 @@ def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
         before, ops = plan(target, desired, ipr)
         if dry_run:
             return Result(ops, time.perf_counter() - t0, dry_run=True)
-        probes = _choose_probes(target, desired) if probe and ops else []
+        probes = _choose_probes(target, desired, before) if probe and ops else []
         if ops:
             _transact(target, ipr, desired, before, ops, probes)
         if store is not None:
@@ -135,9 +136,14 @@ def _reason(e: Exception) -> str:
     return str(e) or type(e).__name__
 
 
-def _choose_probes(target: Target, desired: HostState) -> list[str]:
-    """Planned next hops that answer now: the ones a change must not break."""
-    gateways = sorted({h.via for r in desired.routes for h in r.hops() if h.via})
+def _choose_probes(target: Target, desired: HostState, obs: Observed) -> list[str]:
+    """Planned next hops that answer now: the ones a change must not break. Only gateways in
+    a subnet the host is on now can answer, so only those are pinged (no timeout wasted on a
+    fresh host)."""
+    nets = [ipaddress.IPv4Interface(a).network for addrs in obs.addresses.values()
+            for a in addrs]
+    gateways = sorted({h.via for r in desired.routes for h in r.hops()
+                       if h.via and any(ipaddress.IPv4Address(h.via) in n for n in nets)})
     return sorted(ping_many(target, gateways)) if gateways else []
 
 

@@ -33,20 +33,21 @@ class Store:
         files = self._files()
         return load_host_state(files[-2].read_text(), str(files[-2])) if len(files) > 1 else None
 
-    def _write(self, n: int, state: HostState) -> None:
+    def _write(self, n: int, text: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".{n:04d}.tmp"
-        tmp.write_text(state.to_yaml())
+        tmp.write_text(text)
         os.replace(tmp, self.dir / f"{n:04d}.yaml")  # atomic: a crash leaves old or new
 
     def push(self, desired: HostState, baseline_additions: HostState) -> None:
         files = self._files()
-        base = load_host_state(files[0].read_text()) if files else HostState()
-        self._write(0, merge_baseline(base, baseline_additions))
-        n = int(files[-1].stem) + 1 if len(files) > 1 else 1
-        if files and desired == load_host_state(files[-1].read_text()) and len(files) > 1:
+        if not files or baseline_additions != HostState():
+            base = load_host_state(files[0].read_text()) if files else HostState()
+            self._write(0, merge_baseline(base, baseline_additions).to_yaml())
+        text = desired.to_yaml()
+        if len(files) > 1 and files[-1].read_text() == text:
             return  # re-applying the same state does not grow the history
-        self._write(n, desired)
+        self._write(int(files[-1].stem) + 1 if len(files) > 1 else 1, text)
 
     def pop(self) -> None:
         files = self._files()
