@@ -67,8 +67,12 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
     table = device_table(cluster)
     device: dict[str, Device] = {}
     measured: dict[str, bool] = {}
+    if job.cost.device is not None and job.cost.device not in table:
+        raise JobError([("cost.device", f"unknown device type {job.cost.device!r} (known: "
+                                        f"{', '.join(sorted(table))}; the cluster's gpu_types "
+                                        "add more)")])
     for h in hosts:
-        t = cluster.gpus(h).type
+        t = job.cost.device or cluster.gpus(h).type
         meas = job.cost.method == "measured" or (job.cost.method == "auto" and t == "cpu")
         if t == "cpu":
             dev = table["CPU"]
@@ -158,7 +162,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
 
 
 def _measured(ctx: PlanContext, h: str) -> bool:
-    t = ctx.cluster.gpus(h).type
+    t = ctx.job.cost.device or ctx.cluster.gpus(h).type
     m = ctx.job.cost.method
     return m == "measured" or (m == "auto" and t == "cpu")
 

@@ -15,6 +15,7 @@
     strategies: [baseline]               # planner strategies to run; the fastest is rendered
     sync: {algorithm: ring, bucket: 25MB}   # gradient AllReduce and bucket (tensor fusion) size
     cost: {method: auto}                 # auto | measured (timed on this CPU) | roofline
+                                         # device: A100 (plan as if every GPU were one)
     hosts: [h0, h1]                      # optional subset; default: every host with GPUs
     launch: {backend: gloo, port: 29500, command: [python3, -m, topoagent.train]}
 
@@ -124,7 +125,11 @@ class SyncSpec(_Model):
 
 
 class CostSpec(_Model):
+    """`device` plans as if every host had GPUs of this type (roofline; what-if planning on a
+    lab of CPU hosts); default: each host's own gpus.type."""
+
     method: Literal["auto", "measured", "roofline"] = "auto"
+    device: str | None = None
     profile_batch: Annotated[int, Field(ge=1, le=4096)] | None = None  # measured: batch to time
 
 

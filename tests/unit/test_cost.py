@@ -1,0 +1,56 @@
+"""Per-op cost: roofline against its formula, measurement on this CPU, the profile cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from topoctl.catalog import build_model, example_inputs
+from topoctl.graph import cache
+from topoctl.graph.capture import capture_catalog
+from topoctl.graph.cost import OpCost, measure_costs, roofline_costs, scale_costs, totals
+from topoctl.graph.devices import DEVICES, Device
+
+
+def test_roofline_compute_bound_and_memory_bound_ops():
+    dev = Device("X", {"float32": 1e12}, 1e11, launch=1e-6, efficiency=0.5)
+    g = capture_catalog("mlp", {"layers": 1, "hidden": 4096, "features": 4096}, 512)
+    c = roofline_costs(g, dev)
+    big = g.by_name()["net_0"]  # 4096x4096 linear on 512 rows: compute bound
+    assert c["net_0"].fwd == pytest.approx(1e-6 + big.flops / 0.5e12)
+    relu = g.by_name()["net_1"]  # elementwise: memory bound
+    moved = relu.in_bytes + relu.out_bytes
+    assert c["net_1"].fwd == pytest.approx(1e-6 + moved / 0.5e11)
+    assert c["net_1"].bwd == pytest.approx(1e-6 + 2 * moved / 0.5e11)
+    assert all(c[o.name] == OpCost(0.0, 0.0) for o in g.ops if o.is_view)
+
+
+def test_faster_device_is_faster_and_fp16_uses_tensor_cores():
+    g = capture_catalog("bert", {"layers": 2, "hidden": 256, "heads": 4}, 8)
+    v100, h100 = totals(roofline_costs(g, DEVICES["V100"])), totals(
+        roofline_costs(g, DEVICES["H100"]))
+    assert h100[0] < v100[0] and h100[1] < v100[1]
+    g16 = capture_catalog("bert", {"layers": 2, "hidden": 256, "heads": 4}, 8, "float16")
+    assert totals(roofline_costs(g16, DEVICES["A100"], "float16"))[0] < \
+        totals(roofline_costs(g, DEVICES["A100"]))[0]
+
+
+def test_measured_costs_are_positive_and_heavier_ops_take_longer():
+    torch.manual_seed(0)
+    params = {"layers": 1, "hidden": 512, "features": 512}
+    m = build_model("mlp", params)
+    x = example_inputs("mlp", params, 64)
+    g = capture_catalog("mlp", params, 64)
+    c = measure_costs(m, x, g, warmup=1, repeats=5)
+    assert c["net_0"].fwd > 0 and c["net_0"].bwd == pytest.approx(2 * c["net_0"].fwd)
+    assert c["net_0"].fwd > c["net_1"].fwd  # 512x512 matmul vs relu
+    assert scale_costs(c, 2.0)["net_0"].fwd == pytest.approx(2 * c["net_0"].fwd)
+
+
+def test_profile_cache_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    k = cache.profile_key("mlp", {"layers": 1}, 8, "float32")
+    assert k != cache.profile_key("mlp", {"layers": 2}, 8, "float32")
+    assert cache.load(k) is None
+    cache.store(k, {"a": OpCost(1.0, 2.0)})
+    assert cache.load(k) == {"a": OpCost(1.0, 2.0)}
