@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import struct
 from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 
+from topoagent.nldump import (
+    RTM_GETQDISC,
+    RTM_GETTCLASS,
+    RTM_GETTFILTER,
+    RawRoute,
+    RawRule,
+    RawTc,
+    dump_routes,
+    dump_rules,
+    dump_tc,
+    htb_rates,
+    open_in,
+    u32_single_key,
+)
 from topoagent.state import (
     LOCAL_TABLE,
     RT_PROTO,
@@ -99,10 +112,13 @@ def observe(target: Target, ipr: IPRoute | None = None) -> Observed:
         obs = Observed()
         names = _links(ipr, obs)
         _addresses(ipr, obs, names)
-        _routes(ipr, obs, names)
-        _rules(ipr, obs)
-        for link in obs.links.values():
-            _qos(ipr, obs, link)
+        sock = open_in(target.inside)
+        try:
+            _routes(dump_routes(sock), obs, names)
+            _rules(dump_rules(sock), obs)
+            _qos(sock, obs, names)
+        finally:
+            sock.close()
         paths = [IP_FORWARD] + [rp_filter_path(n) for n in ("all", "default", *obs.links)]
         with target.inside():
             for p in paths:
@@ -141,127 +157,85 @@ def _addresses(ipr: IPRoute, obs: Observed, names: dict[int, str]) -> None:
         obs.addresses.setdefault(dev, {})[addr] = msg.get_attr("IFA_PROTO") or 0
 
 
-def _routes(ipr: IPRoute, obs: Observed, names: dict[int, str]) -> None:
-    for msg in ipr.get_routes(family=socket.AF_INET):
-        table = msg.get_attr("RTA_TABLE") or msg["table"]
-        if table == LOCAL_TABLE or msg["type"] != RTN_UNICAST:
+def _routes(raw: list[RawRoute], obs: Observed, names: dict[int, str]) -> None:
+    for r in raw:
+        if r.table == LOCAL_TABLE or r.type != RTN_UNICAST:
             continue
-        dst = f"{msg.get_attr('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}"
-        fields = dict(dst=dst, table=table, metric=msg.get_attr("RTA_PRIORITY") or 0,
-                      src=msg.get_attr("RTA_PREFSRC"))
-        multipath = msg.get_attr("RTA_MULTIPATH")
-        if multipath:
-            fields["nexthops"] = [
-                Nexthop(via=_gateway(nh), dev=names.get(nh["oif"]), weight=nh["hops"] + 1)
-                for nh in multipath
-            ]
+        fields: dict = dict(dst=r.dst, table=r.table, metric=r.metric, src=r.prefsrc)
+        if r.multipath:
+            fields["nexthops"] = [Nexthop(via=gw, dev=names.get(oif), weight=w)
+                                  for gw, oif, w in r.multipath]
         else:
-            fields["via"] = msg.get_attr("RTA_GATEWAY")
-            fields["dev"] = names.get(msg.get_attr("RTA_OIF"))
+            fields["via"] = r.gateway
+            fields["dev"] = names.get(r.oif) if r.oif is not None else None
         try:
             route = Route(**fields)
         except ValueError:  # not expressible in the schema (e.g. one-hop multipath): skip it
             continue
-        obs.routes[route.key] = ObsRoute(route=route, proto=msg["proto"])
+        obs.routes[route.key] = ObsRoute(route=route, proto=r.proto)
 
 
-def _gateway(nh) -> str | None:
-    for name, value in nh.get("attrs", []):
-        if name == "RTA_GATEWAY":
-            return value
-    return None
-
-
-def _rules(ipr: IPRoute, obs: Observed) -> None:
-    for msg in ipr.get_rules(family=socket.AF_INET):
-        a = {name: value for name, value in msg["attrs"]}
-        prio = a.get("FRA_PRIORITY", 0)
-        table = a.get("FRA_TABLE", msg["table"])
-        src = f"{a['FRA_SRC']}/{msg['src_len']}" if "FRA_SRC" in a else None
-        dst = f"{a['FRA_DST']}/{msg['dst_len']}" if "FRA_DST" in a else None
-        proto = a.get("FRA_PROTOCOL", 0)
-        summary = (prio, msg["action"], table, src, dst, a.get("FRA_FWMARK"),
-                   a.get("FRA_FWMASK"), a.get("FRA_IIFNAME"), a.get("FRA_OIFNAME"), msg["tos"],
-                   proto)
+def _rules(raw: list[RawRule], obs: Observed) -> None:
+    for r in raw:
+        summary = (r.priority, r.action, r.table, r.src, r.dst, r.fwmark, r.fwmask, r.iif,
+                   r.oif, r.tos, r.proto, r.suppress_prefixlen, r.suppress_ifgroup, r.exotic)
+        plain = (r.action == FR_ACT_TO_TBL and r.tos == 0 and not r.exotic
+                 and RULE_PRIORITY_MIN <= r.priority <= RULE_PRIORITY_MAX
+                 and r.fwmask in (None, UNSET)
+                 # the kernel reports these two on every rule; all ones means unused
+                 and r.suppress_prefixlen in (None, UNSET)
+                 and r.suppress_ifgroup in (None, UNSET)
+                 and r.table not in (0, LOCAL_TABLE))
         rule = None
-        plain = (msg["action"] == FR_ACT_TO_TBL and msg["tos"] == 0
-                 and RULE_PRIORITY_MIN <= prio <= RULE_PRIORITY_MAX
-                 and a.get("FRA_FWMASK", 0xFFFFFFFF) == 0xFFFFFFFF
-                 # the kernel reports these two on every rule; -1 means unused
-                 and a.get("FRA_SUPPRESS_PREFIXLEN", UNSET) == UNSET
-                 and a.get("FRA_SUPPRESS_IFGROUP", UNSET) == UNSET
-                 and not set(a) & {"FRA_SPORT_RANGE", "FRA_DPORT_RANGE", "FRA_IP_PROTO",
-                                   "FRA_UID_RANGE", "FRA_GOTO"})
-        if plain and table not in (0, LOCAL_TABLE):
+        if plain:
             try:
-                rule = Rule(priority=prio, table=table, fwmark=a.get("FRA_FWMARK"),
-                            iif=a.get("FRA_IIFNAME"), oif=a.get("FRA_OIFNAME"),
-                            to=dst, **{"from": src})
+                rule = Rule(priority=r.priority, table=r.table, fwmark=r.fwmark, iif=r.iif,
+                            oif=r.oif, to=r.dst, **{"from": r.src})
             except ValueError:
                 rule = None
-        obs.rules.append(ObsRule(rule=rule, proto=proto, summary=summary))
+        obs.rules.append(ObsRule(rule=rule, proto=r.proto, summary=summary))
 
 
-def _qos(ipr: IPRoute, obs: Observed, link: ObsLink) -> None:
-    root = None
-    for q in ipr.get_qdiscs(index=link.index):
-        if q["parent"] == TC_H_ROOT:
-            root = q
-    if root is None or root["handle"] == 0:
-        return  # the kernel's default qdisc: free for the agent to replace
-    kind = root.get_attr("TCA_KIND")
-    if root["handle"] >> 16 != TC_MAJOR or kind != "htb":
-        obs.foreign_qdiscs[link.name] = f"{kind} {root['handle'] >> 16:x}:"
-        return
-    tree = ObsQos(dev=link.name, rate=None)
-    for c in ipr.get_classes(index=link.index):
-        if c["handle"] >> 16 != TC_MAJOR:
+def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
+    roots = {q.ifindex: q for q in dump_tc(sock, RTM_GETQDISC) if q.parent == TC_H_ROOT}
+    for ifindex, root in roots.items():
+        dev = names.get(ifindex)
+        if dev is None or root.handle == 0:
+            continue  # the kernel's default qdisc: free for the agent to replace
+        if root.handle >> 16 != TC_MAJOR or root.kind != "htb":
+            obs.foreign_qdiscs[dev] = f"{root.kind} {root.handle >> 16:x}:"
             continue
-        rate, ceil = _htb_rates(c)
-        minor = c["handle"] & 0xFFFF
-        if minor == 1:
-            tree.rate = rate
-        else:
-            tree.classes[minor] = QosClass(id=minor, dst="0.0.0.0/0", rate=rate, ceil=ceil)
-    for f in ipr.get_filters(index=link.index, parent=TC_MAJOR << 16):
-        parsed = _u32_dst_filter(f)
-        if parsed is not None:
-            node, dst, minor = parsed
-            tree.filters[node] = (dst, minor)
-    obs.qos[link.name] = tree
+        tree = ObsQos(dev=dev, rate=None)
+        for c in dump_tc(sock, RTM_GETTCLASS, ifindex):
+            if c.handle >> 16 != TC_MAJOR or c.kind != "htb":
+                continue
+            rate, ceil = htb_rates(c)
+            minor = c.handle & 0xFFFF
+            if minor == 1:
+                tree.rate = rate
+            else:
+                tree.classes[minor] = QosClass(id=minor, dst="0.0.0.0/0", rate=rate, ceil=ceil)
+        for f in dump_tc(sock, RTM_GETTFILTER, ifindex, TC_MAJOR << 16):
+            parsed = _u32_dst_filter(f)
+            if parsed is not None:
+                node, dst, minor = parsed
+                tree.filters[node] = (dst, minor)
+        obs.qos[dev] = tree
 
 
-def _htb_rates(msg) -> tuple[int, int]:
-    opts = msg.get_attr("TCA_OPTIONS")
-    parms = opts.get_attr("TCA_HTB_PARMS")
-    rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
-    ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
-    return rate * 8, ceil * 8
-
-
-def _u32_dst_filter(msg) -> tuple[int, str, int] | None:
-    """(node id, dst network, class minor) of an agent u32 filter matching one IPv4 destination.
-
-    pyroute2 0.9.7 decodes the keys of TCA_U32_SEL four bytes too early, so the keys are read
-    here from the raw attribute: tc_u32_sel is 16 bytes after the 4-byte attribute header, then
-    nkeys tc_u32_key of {__be32 mask, __be32 val, int off, int offmask} (off in host order)."""
-    handle = msg["handle"]
-    if handle & 0xFFF == 0 or msg.get_attr("TCA_KIND") != "u32":
-        return None  # hash-table entries, not filters
-    opts = msg.get_attr("TCA_OPTIONS")
-    if opts is None:
+def _u32_dst_filter(f: RawTc) -> tuple[int, str, int] | None:
+    """(node id, dst network, class minor) of an agent u32 filter matching one IPv4
+    destination; None for hash-table entries and anything else."""
+    if f.handle & 0xFFF == 0 or f.kind != "u32":
         return None
-    sel = opts.get_attr("TCA_U32_SEL")
-    classid = opts.get_attr("TCA_U32_CLASSID")
-    if sel is None or classid is None or classid >> 16 != TC_MAJOR or sel["nkeys"] != 1:
+    key = u32_single_key(f)
+    if key is None:
         return None
-    mask, val = struct.unpack_from(">II", sel.data, sel.offset + 20)
-    (off,) = struct.unpack_from("=i", sel.data, sel.offset + 28)  # host byte order
-    if off != 16:  # IPv4 destination address
+    classid, mask, val, off = key
+    if classid >> 16 != TC_MAJOR or off != 16:  # 16: the IPv4 destination address
         return None
-    prefix = bin(mask).count("1")
-    dst = ipaddress.IPv4Network((val & mask, prefix))
-    return handle & 0xFFF, str(dst), classid & 0xFFFF
+    dst = ipaddress.IPv4Network((val & mask, bin(mask).count("1")))
+    return f.handle & 0xFFF, str(dst), classid & 0xFFFF
 
 
 def to_host_state(obs: Observed) -> HostState:

@@ -1,16 +1,26 @@
 """The agent's memory on disk: the history of applied states, newest last.
 
-history/0000.yaml is the baseline: the values of every sysctl and link attribute the agent has
+history/0000.json is the baseline: the values of every sysctl and link attribute the agent has
 ever changed, as they were before it first changed them (and no addresses, routes, rules or
 QoS). Each successful apply appends the desired state; rollback re-applies the one before the
-newest and drops the newest. One directory per target, so many namespaces never collide."""
+newest and drops the newest. One directory per target, so many namespaces never collide.
+Files are JSON (which is YAML too): a 1,000-route state writes and reads in milliseconds."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from topoagent.state import HostState, Interface, Sysctl, load_host_state
+from topoagent.state import HostState, Interface, Sysctl, parse_host_state
+
+
+def _load(path: Path) -> HostState:
+    return parse_host_state(json.loads(path.read_text()), prefix=str(path))
+
+
+def _text(state: HostState) -> str:
+    return json.dumps(state.to_dict()) + "\n"  # no indent: the C encoder
 
 
 class Store:
@@ -19,32 +29,32 @@ class Store:
         self.dir = self.root / "history"
 
     def _files(self) -> list[Path]:
-        return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].yaml")) if self.dir.exists() else []
+        return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].json")) if self.dir.exists() else []
 
     def history(self) -> list[HostState]:
-        return [load_host_state(p.read_text(), str(p)) for p in self._files()]
+        return [_load(p) for p in self._files()]
 
     def last_applied(self) -> HostState | None:
         files = self._files()
-        return load_host_state(files[-1].read_text(), str(files[-1])) if len(files) > 1 else None
+        return _load(files[-1]) if len(files) > 1 else None
 
     def previous(self) -> HostState | None:
         """The state a rollback returns to (the baseline when only one apply was made)."""
         files = self._files()
-        return load_host_state(files[-2].read_text(), str(files[-2])) if len(files) > 1 else None
+        return _load(files[-2]) if len(files) > 1 else None
 
     def _write(self, n: int, text: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".{n:04d}.tmp"
         tmp.write_text(text)
-        os.replace(tmp, self.dir / f"{n:04d}.yaml")  # atomic: a crash leaves old or new
+        os.replace(tmp, self.dir / f"{n:04d}.json")  # atomic: a crash leaves old or new
 
     def push(self, desired: HostState, baseline_additions: HostState) -> None:
         files = self._files()
         if not files or baseline_additions != HostState():
-            base = load_host_state(files[0].read_text()) if files else HostState()
-            self._write(0, merge_baseline(base, baseline_additions).to_yaml())
-        text = desired.to_yaml()
+            base = _load(files[0]) if files else HostState()
+            self._write(0, _text(merge_baseline(base, baseline_additions)))
+        text = _text(desired)
         if len(files) > 1 and files[-1].read_text() == text:
             return  # re-applying the same state does not grow the history
         self._write(int(files[-1].stem) + 1 if len(files) > 1 else 1, text)

@@ -1,0 +1,242 @@
+"""Fast read-only rtnetlink dumps: IPv4 routes and rules, qdiscs, HTB classes, u32 filters.
+
+pyroute2 decodes every message into generic objects, about 0.15 ms each: on a host with
+thousands of routes and rules that alone would break the agent's 0.3 s budget for a no-op
+apply. Routes, rules and tc objects are the agent's biggest tables and have flat, stable layouts
+(rtmsg / fib_rule_hdr / tcmsg followed by rtattrs), so they are read here with struct in one
+pass. Links, addresses and every write still go through pyroute2."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+NETLINK_ROUTE = 0
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+RTM_NEWROUTE, RTM_GETROUTE = 24, 26
+RTM_NEWRULE, RTM_GETRULE = 32, 34
+RTM_NEWQDISC, RTM_GETQDISC = 36, 38
+RTM_NEWTCLASS, RTM_GETTCLASS = 40, 42
+RTM_NEWTFILTER, RTM_GETTFILTER = 44, 46
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 6, 7
+TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
+
+# route attributes
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC = 1, 4, 5, 6, 7
+RTA_MULTIPATH, RTA_TABLE = 9, 15
+# rule attributes
+FRA_DST, FRA_SRC, FRA_IIFNAME, FRA_GOTO, FRA_PRIORITY = 1, 2, 3, 4, 6
+FRA_FWMARK, FRA_FLOW, FRA_TUN_ID, FRA_SUPPRESS_IFGROUP, FRA_SUPPRESS_PREFIXLEN = 10, 11, 12, 13, 14
+FRA_TABLE, FRA_FWMASK, FRA_OIFNAME, FRA_L3MDEV, FRA_UID_RANGE = 15, 16, 17, 19, 20
+FRA_PROTOCOL, FRA_IP_PROTO, FRA_SPORT_RANGE, FRA_DPORT_RANGE = 21, 22, 23, 24
+# selectors the schema cannot express: a rule carrying one is foreign and opaque
+FRA_EXOTIC = {FRA_GOTO, FRA_FLOW, FRA_TUN_ID, FRA_L3MDEV, FRA_UID_RANGE, FRA_IP_PROTO,
+              FRA_SPORT_RANGE, FRA_DPORT_RANGE}
+
+
+@dataclass
+class RawRoute:
+    table: int
+    dst: str  # a.b.c.d/len
+    metric: int
+    proto: int
+    type: int
+    gateway: str | None
+    oif: int | None
+    prefsrc: str | None
+    multipath: list[tuple[str | None, int, int]]  # (gateway, ifindex, weight)
+
+
+@dataclass
+class RawRule:
+    priority: int
+    action: int
+    table: int
+    tos: int
+    src: str | None
+    dst: str | None
+    fwmark: int | None
+    fwmask: int | None
+    iif: str | None
+    oif: str | None
+    proto: int
+    suppress_prefixlen: int | None
+    suppress_ifgroup: int | None
+    exotic: bool
+
+
+def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
+    out = {}
+    while off + 4 <= end:
+        length, kind = struct.unpack_from("=HH", buf, off)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = buf[off + 4: off + length]  # strip NLA_F_NESTED/NET_BYTEORDER
+        off += (length + 3) & ~3
+    return out
+
+
+def _dump(sock: socket.socket, msg_type: int, payload: bytes) -> Iterator[tuple[int, bytes, int]]:
+    """Yield (type, buffer, payload offset) of each message answering one dump request."""
+    seq = 1
+    sock.send(struct.pack("=IHHII", 16 + len(payload), msg_type, NLM_F_REQUEST | NLM_F_DUMP,
+                          seq, 0) + payload)
+    while True:
+        buf = sock.recv(1 << 20)
+        off = 0
+        while off + 16 <= len(buf):
+            length, kind, _, _, _ = struct.unpack_from("=IHHII", buf, off)
+            if kind == NLMSG_DONE:
+                return
+            if kind == NLMSG_ERROR:
+                (err,) = struct.unpack_from("=i", buf, off + 16)
+                if err:
+                    raise OSError(-err, f"netlink dump failed: {errno.errorcode.get(-err)}")
+                return
+            yield kind, buf[off: off + length], 16
+            off += (length + 3) & ~3
+
+
+def _open() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    sock.bind((0, 0))
+    return sock
+
+
+def _ip(b: bytes) -> str:
+    return socket.inet_ntoa(b)
+
+
+def dump_routes(sock: socket.socket) -> list[RawRoute]:
+    out = []
+    for kind, buf, off in _dump(sock, RTM_GETROUTE, struct.pack("=BBBBBBBBI", socket.AF_INET,
+                                                                 0, 0, 0, 0, 0, 0, 0, 0)):
+        if kind != RTM_NEWROUTE:
+            continue
+        family, dst_len, _, _, table, proto, _, rtype, _ = struct.unpack_from("=BBBBBBBBI", buf,
+                                                                             off)
+        if family != socket.AF_INET:
+            continue
+        a = _attrs(buf, off + 12, len(buf))
+        multipath = []
+        if RTA_MULTIPATH in a:
+            mp, p = a[RTA_MULTIPATH], 0
+            while p + 8 <= len(mp):
+                ln, _, hops, ifindex = struct.unpack_from("=HBBi", mp, p)
+                gw = _attrs(mp, p + 8, p + ln).get(RTA_GATEWAY)
+                multipath.append((_ip(gw) if gw else None, ifindex, hops + 1))
+                p += (ln + 3) & ~3
+        out.append(RawRoute(
+            table=struct.unpack("=I", a[RTA_TABLE])[0] if RTA_TABLE in a else table,
+            dst=f"{_ip(a[RTA_DST]) if RTA_DST in a else '0.0.0.0'}/{dst_len}",
+            metric=struct.unpack("=I", a[RTA_PRIORITY])[0] if RTA_PRIORITY in a else 0,
+            proto=proto, type=rtype,
+            gateway=_ip(a[RTA_GATEWAY]) if RTA_GATEWAY in a else None,
+            oif=struct.unpack("=i", a[RTA_OIF])[0] if RTA_OIF in a else None,
+            prefsrc=_ip(a[RTA_PREFSRC]) if RTA_PREFSRC in a else None,
+            multipath=multipath,
+        ))
+    return out
+
+
+def _u32(a: dict[int, bytes], key: int) -> int | None:
+    return struct.unpack("=I", a[key])[0] if key in a else None
+
+
+def _name(a: dict[int, bytes], key: int) -> str | None:
+    return a[key].rstrip(b"\0").decode() if key in a else None
+
+
+def dump_rules(sock: socket.socket) -> list[RawRule]:
+    out = []
+    for kind, buf, off in _dump(sock, RTM_GETRULE, struct.pack("=BBBBBBBBI", socket.AF_INET,
+                                                                0, 0, 0, 0, 0, 0, 0, 0)):
+        if kind != RTM_NEWRULE:
+            continue
+        family, dst_len, src_len, tos, table, _, _, action, _ = struct.unpack_from(
+            "=BBBBBBBBI", buf, off)
+        if family != socket.AF_INET:
+            continue
+        a = _attrs(buf, off + 12, len(buf))
+        out.append(RawRule(
+            priority=_u32(a, FRA_PRIORITY) or 0, action=action,
+            table=_u32(a, FRA_TABLE) or table, tos=tos,
+            src=f"{_ip(a[FRA_SRC])}/{src_len}" if FRA_SRC in a else None,
+            dst=f"{_ip(a[FRA_DST])}/{dst_len}" if FRA_DST in a else None,
+            fwmark=_u32(a, FRA_FWMARK), fwmask=_u32(a, FRA_FWMASK),
+            iif=_name(a, FRA_IIFNAME), oif=_name(a, FRA_OIFNAME),
+            proto=a[FRA_PROTOCOL][0] if FRA_PROTOCOL in a else 0,
+            suppress_prefixlen=_u32(a, FRA_SUPPRESS_PREFIXLEN),
+            suppress_ifgroup=_u32(a, FRA_SUPPRESS_IFGROUP),
+            exotic=bool(FRA_EXOTIC & set(a)),
+        ))
+    return out
+
+
+@dataclass
+class RawTc:
+    """A qdisc, class or filter: tcmsg fields, kind and the raw TCA_OPTIONS attributes."""
+
+    ifindex: int
+    handle: int
+    parent: int
+    info: int
+    kind: str | None
+    options: dict[int, bytes]
+
+
+def dump_tc(sock: socket.socket, request: int, ifindex: int = 0, parent: int = 0) -> list[RawTc]:
+    answer = {RTM_GETQDISC: RTM_NEWQDISC, RTM_GETTCLASS: RTM_NEWTCLASS,
+              RTM_GETTFILTER: RTM_NEWTFILTER}[request]
+    out = []
+    for kind, buf, off in _dump(sock, request, struct.pack("=BxxxiIII", socket.AF_UNSPEC,
+                                                           ifindex, 0, parent, 0)):
+        if kind != answer:
+            continue
+        _, idx, handle, par, info = struct.unpack_from("=BxxxiIII", buf, off)
+        a = _attrs(buf, off + 20, len(buf))
+        opts = a.get(TCA_OPTIONS, b"")
+        out.append(RawTc(idx, handle, par, info, _name(a, TCA_KIND),
+                         _attrs(opts, 0, len(opts))))
+    return out
+
+
+def htb_rates(tc: RawTc) -> tuple[int, int]:
+    """(rate, ceil) in bit/s of an HTB class. tc_htb_opt starts with two tc_ratespec of
+    12 bytes whose last field is the rate in bytes/s; the 64-bit attributes win when set."""
+    parms = tc.options.get(TCA_HTB_PARMS, b"\0" * 24)
+    rate = struct.unpack_from("=I", parms, 8)[0]
+    ceil = struct.unpack_from("=I", parms, 20)[0]
+    if TCA_HTB_RATE64 in tc.options:
+        rate = struct.unpack("=Q", tc.options[TCA_HTB_RATE64])[0]
+    if TCA_HTB_CEIL64 in tc.options:
+        ceil = struct.unpack("=Q", tc.options[TCA_HTB_CEIL64])[0]
+    return rate * 8, ceil * 8
+
+
+def u32_single_key(tc: RawTc) -> tuple[int, int, int, int] | None:
+    """(classid, mask, value, offset) of a u32 filter with exactly one 32-bit key.
+
+    tc_u32_sel: flags, offshift, nkeys (u8 each), pad, offmask (be16), off (u16), offoff,
+    hoff (s16), hmask (be32) = 16 bytes, then nkeys tc_u32_key {__be32 mask, __be32 val,
+    int off, int offmask} with off in host byte order."""
+    sel = tc.options.get(TCA_U32_SEL)
+    classid = tc.options.get(TCA_U32_CLASSID)
+    if sel is None or classid is None or len(sel) < 32 or sel[2] != 1:
+        return None
+    mask, val = struct.unpack_from(">II", sel, 16)
+    (off,) = struct.unpack_from("=i", sel, 24)
+    return struct.unpack("=I", classid)[0], mask, val, off
+
+
+def open_in(inside) -> socket.socket:
+    """A dump socket in the target's namespace (`inside` is Target.inside: a socket belongs
+    to the namespace it was created in)."""
+    with inside():
+        return _open()
