@@ -1,0 +1,143 @@
+"""`topoctl plan` / `topoctl explain` end to end: valid plans, predictions against the closed
+form, the checked-in example plans are current, bad input fails cleanly writing nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from topoagent.state import parse_host_state
+from topoctl.cli import main
+from topoctl.cli_plan import dump_plan
+from topoctl.planner import make_plan
+from topoctl.render.plan import validate_plan
+from topoctl.spec.cluster import load_cluster, parse_cluster
+from topoctl.spec.job import load_job, parse_job
+
+PLANS = Path(__file__).resolve().parents[2] / "plans"
+# (cluster, job) -> checked-in plan; regenerate with TOPOCTL_REGEN_PLANS=1 pytest tests/unit
+EXAMPLES = [("switch8", "mlp"), ("hetero8", "mlp"), ("topoopt12", "resnet50"),
+            ("leafspine8", "bert")]
+
+JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "tiny",
+       "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 256}},
+       "batch": {"global": 64}, "sync": {"bucket": "200KB"},
+       "cost": {"method": "roofline", "device": "A100"}}
+
+
+def write(tmp_path: Path, name: str, data: dict) -> str:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+@pytest.mark.parametrize("cluster,job", EXAMPLES, ids=lambda x: x)
+def test_example_plans_are_current_and_valid(cluster, job):
+    doc, _, _ = make_plan(load_cluster(PLANS / f"{cluster}-cluster.yaml"),
+                          load_job(PLANS / f"{job}-job.yaml"), use_cache=False)
+    for h, st in doc["hosts"].items():
+        parse_host_state(st, prefix=f"hosts.{h}")
+    assert validate_plan(doc) == []
+    text = dump_plan(doc)
+    out = PLANS / f"{job}-{cluster}-plan.yaml"
+    if os.environ.get("TOPOCTL_REGEN_PLANS"):
+        out.write_text(text)
+    assert out.exists() and out.read_text() == text, \
+        f"{out.name} is stale: run TOPOCTL_REGEN_PLANS=1 pytest tests/unit/test_plan.py"
+
+
+def test_prediction_matches_ring_closed_form_on_a_switch():
+    c = load_cluster(PLANS / "switch8-cluster.yaml")
+    doc, ctx, evals = make_plan(c, parse_job(JOB), use_cache=False)
+    res = evals[0].result
+    n, bw = len(ctx.hosts), 100e6 / 8
+    total = sum(doc["job"]["collective"]["buckets"])
+    assert total == ctx.graph.param_bytes
+    # buckets all-reduce one after another; each ring takes 2(n-1)/n * S_k / B
+    assert res.comm_active == pytest.approx(2 * (n - 1) / n * total / bw, rel=1e-6)
+    assert res.iteration_time >= doc["metadata"]["bound"]["iteration_time"] * (1 - 1e-6)
+    assert doc["metadata"]["prediction"]["iteration_time"] == pytest.approx(
+        res.iteration_time, rel=1e-5)
+
+
+def test_cli_plan_then_explain(tmp_path, capsys):
+    job = write(tmp_path, "job.yaml", JOB)
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", str(PLANS / "hetero8-cluster.yaml"), job, "-o", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["kind"] == "Plan" and set(doc["hosts"]) == {f"h{i}" for i in range(8)}
+    assert doc["job"]["world_size"] == 8 and doc["job"]["batch"]["per_rank"] == 8
+    p0 = doc["job"]["processes"]["h0"][0]
+    assert p0["env"]["MASTER_ADDR"] == doc["metadata"]["addressing"]["training"]["h0"]
+    assert p0["bind_address"] == p0["env"]["TOPOCTL_BIND_ADDRESS"]
+    # the plan's fabric reads back as the cluster's fabric
+    c = load_cluster(PLANS / "hetero8-cluster.yaml")
+    assert c.with_fabric(doc["fabric"]).graph().links == c.graph().links
+    png = tmp_path / "t.png"
+    assert main(["explain", str(out), "--png", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "predicted iteration" in text and "host h7" in text
+    assert png.stat().st_size > 1000
+
+
+def cluster_data(**over) -> dict:
+    base = {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": "c",
+            "defaults": {"nic_speed": "100mbit"},
+            "hosts": [{"name": f"h{i}", "nics": [{"name": "eth0"}, {"name": "eth1"}]}
+                      for i in range(4)],
+            "fabric": {"kind": "direct", "links": [
+                {"a": f"h{i}:eth0", "b": f"h{(i + 1) % 4}:eth1"} for i in range(4)]}}
+    return base | over
+
+
+@pytest.mark.parametrize("cluster,job,where", [
+    (cluster_data(), JOB | {"model": {"catalog": "resnot"}}, "job.yaml: model.catalog"),
+    (cluster_data(), JOB | {"batch": {"global": 6}}, "job.yaml: batch.global"),
+    (cluster_data(), JOB | {"hosts": ["h0", "h9"]}, "job.yaml: hosts[1]: no host h9"),
+    (cluster_data(), JOB | {"strategies": ["magic"]}, "job.yaml: strategies[0]"),
+    (cluster_data(), JOB | {"cost": {"device": "Z100"}}, "job.yaml: cost.device"),
+    (cluster_data(fabric={"kind": "direct", "links": [{"a": "h0:eth0", "b": "h1:eth1"}]}),
+     JOB, "cluster.yaml: fabric: disconnected"),
+    (cluster_data(defaults={"nic_speed": "100mbit", "gpus": {"count": 0}}), JOB,
+     "cluster.yaml: hosts: no host has GPUs"),
+    (cluster_data(hosts=[{"name": "h0", "gpus": {"count": 0},
+                           "nics": [{"name": "eth0"}, {"name": "eth1"}]}]
+                  + cluster_data()["hosts"][1:]), JOB | {"hosts": ["h0", "h1"]},
+     "job.yaml: hosts[0]: h0 has no GPUs"),
+    (cluster_data(defaults={"nic_speed": "100mbit", "gpus": {"type": "Z100"}}),
+     JOB | {"cost": {"method": "roofline"}}, "cluster.yaml: hosts[0].gpus.type"),
+    (cluster_data(), {"name": "x"}, "job.yaml: model: Field required"),
+])
+def test_bad_input_names_the_path_and_writes_nothing(tmp_path, capsys, cluster, job, where):
+    c = write(tmp_path, "cluster.yaml", cluster)
+    j = write(tmp_path, "job.yaml", job)
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", c, j, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert where in err.replace(str(tmp_path) + "/", ""), err
+    assert not out.exists() and list(tmp_path.glob(".plan*")) == []
+
+
+def test_explain_rejects_an_invalid_plan(tmp_path, capsys):
+    p = tmp_path / "plan.yaml"
+    doc = {"apiVersion": "topoctl/v1", "kind": "Plan", "metadata": {}, "fabric": {},
+           "job": {}, "hosts": {"h3": {"routes": [{"dst": "10.0.0.1/8", "dev": "eth0"}]}}}
+    p.write_text(yaml.safe_dump(doc))
+    assert main(["explain", str(p)]) == 2
+    assert "hosts.h3.routes[0].dst" in capsys.readouterr().err
+
+
+def test_gpu_types_from_the_cluster_drive_the_roofline():
+    data = cluster_data(gpu_types={"Z100": {"peak_flops": 1e15, "memory_bandwidth": 1e13}},
+                        defaults={"nic_speed": "100mbit", "gpus": {"type": "Z100"}})
+    slow = cluster_data(gpu_types={"Z100": {"peak_flops": 1e12, "memory_bandwidth": 1e11}},
+                        defaults={"nic_speed": "100mbit", "gpus": {"type": "Z100"}})
+    job = parse_job(JOB | {"cost": {"method": "roofline"}, "batch": {"global": 4096}})
+    fast_doc, _, _ = make_plan(parse_cluster(data), job, use_cache=False)
+    slow_doc, _, _ = make_plan(parse_cluster(slow), job, use_cache=False)
+    assert fast_doc["metadata"]["prediction"]["compute"] < \
+        slow_doc["metadata"]["prediction"]["compute"]
+    assert fast_doc["metadata"]["prediction"]["cost_model"] == ["roofline:Z100"]
