@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.state import parse_rate
-
 from topoctl.lab import commands, names, netops, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError

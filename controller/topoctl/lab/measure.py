@@ -28,6 +28,7 @@ class Pair:
     src: str  # host:nic
     dst: str
     configured: int  # bit/s: the narrowest shaped hop on the way
+    at: tuple[str, ...] = ()  # the ports this measurement is "the cable at" (for filtering)
 
 
 @dataclass
@@ -46,7 +47,7 @@ def pairs(lab: Lab) -> list[Pair]:
     """One measurement per cable (direct) or per switch port towards the next port (switched)."""
     lay = lab.layout
     if lay.kind == "direct":
-        return [Pair(c.name, c.a, c.b, c.rate) for c in lay.cables]
+        return [Pair(c.name, c.a, c.b, c.rate, (c.a, c.b)) for c in lay.cables]
     sps = lay.switch_ports
     up = {u.leaf: u.rate for u in lay.uplinks}
     out = []
@@ -57,7 +58,7 @@ def pairs(lab: Lab) -> list[Pair]:
         rate = min(s.rate, t.rate)
         if s.switch != t.switch:
             rate = min([rate] + [up[x] for x in (s.switch, t.switch) if x in up])
-        out.append(Pair(f"{s.ref}--{s.switch}", s.ref, t.ref, rate))
+        out.append(Pair(f"{s.ref}--{s.switch}", s.ref, t.ref, rate, (s.ref,)))
     return out
 
 
@@ -75,6 +76,10 @@ def measure_pair(lab: Lab, p: Pair, k: int, seconds: float) -> Result:
     added: list[tuple[str, str, str]] = []
     server = None
     try:
+        for ns, nic in ((sns, src_nic), (dns, dst_nic)):
+            if "LOWER_UP" not in netops.ip_json("link", "show", "dev", nic, ns=ns)[0]["flags"]:
+                return Result(p.name, p.src, p.dst, p.configured, None, None,
+                              error=f"no carrier on {ns.split('-h-')[-1]}:{nic} (cut?)")
         for ns, nic, ip in ((sns, src_nic, a), (dns, dst_nic, b)):
             netops.run(["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", nic])
             added.append((ns, nic, ip))
@@ -87,7 +92,7 @@ def measure_pair(lab: Lab, p: Pair, k: int, seconds: float) -> Result:
                               "-t", f"{seconds:g}", "-O", "1", "-J", "--connect-timeout", "2000"],
                              check=False, timeout=seconds + 30).stdout
             data = json.loads(out) if out.strip() else {"error": "no output"}
-            if "error" not in data or "connect" not in data["error"] or server.poll() is not None:
+            if "refused" not in data.get("error", "") or server.poll() is not None:
                 break
             time.sleep(0.05)
         if "error" in data:
@@ -107,7 +112,7 @@ def measure(lab: Lab, only: list[str] | None = None, seconds: float = 2.0,
             jobs: int = 1) -> list[Result]:
     """Measure every cable (or those touching the HOST:PORTs in `only`); `jobs` cables at once
     (cables are independent links; only the CPU is shared). Results are kept for `status`."""
-    todo = [p for p in pairs(lab) if not only or p.src in only or p.dst in only]
+    todo = [p for p in pairs(lab) if not only or set(p.at) & set(only)]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         results = list(ex.map(lambda kp: measure_pair(lab, kp[1], kp[0], seconds),
                               enumerate(todo)))

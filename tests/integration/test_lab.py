@@ -1,0 +1,215 @@
+"""The lab on real kernel namespaces: the 8-host heterogeneous cluster comes up with every
+namespace, port and shaped cable; a real ssh login lands inside each host; cables cut, heal and
+re-cable; `down` leaves no namespace, link, process or file behind. Every check reads the kernel
+with an independent tool (ip -j, tc, ssh, iperf3), never the lab's own bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from tests import netns as nsutil
+from topoctl.lab import lab as labmod
+from topoctl.lab.measure import measure
+from topoctl.spec.cluster import load_cluster
+
+pytestmark = pytest.mark.netns
+
+PLANS = Path(__file__).resolve().parents[2] / "plans"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _name(tag: str) -> str:
+    return f"it{tag}{os.getpid() % 10000}"
+
+
+def _gone(name: str) -> list[str]:
+    """Anything of lab `name` still on the machine (namespaces, root links, processes)."""
+    pre = f"tp-{name}-"
+    left = [n for n in nsutil.list_netns() if n.startswith(pre)]
+    left += [ln["ifname"] for ln in json.loads(nsutil.sh(["ip", "-j", "link"]).stdout)
+             if ln["ifname"].startswith(pre)]
+    left += [p for p in nsutil.sh(["pgrep", "-af", f"/{name}/ssh/"], check=False)
+             .stdout.splitlines() if "pgrep" not in p]
+    return left
+
+
+@pytest.fixture(scope="module")
+def hetero(tmp_path_factory):
+    root = tmp_path_factory.mktemp("labs")
+    name = _name("h")
+    try:
+        lab = labmod.up(load_cluster(PLANS / "hetero8-cluster.yaml"), name, root)
+        yield lab
+    finally:
+        labmod.down(name, root)
+        assert _gone(name) == []
+
+
+def _link(ns: str, dev: str) -> dict:
+    return nsutil.ip_json(ns, "link", "show", "dev", dev)[0]
+
+
+def test_every_namespace_port_and_cable_exists(hetero):
+    lay = hetero.layout
+    assert set(nsutil.list_netns()) >= {h.ns for h in lay.hosts} | {lay.wire_ns}
+    for h in lay.hosts:
+        links = {ln["ifname"]: ln for ln in nsutil.ip_json(h.ns, "addr", "show")}
+        assert set(links) == {"lo", "tpmgmt"} | {p.nic for p in h.ports}
+        mgmt = [a["local"] for a in links["tpmgmt"]["addr_info"] if a["family"] == "inet"]
+        assert mgmt == [h.mgmt_ip]
+        for p in h.ports:
+            ln = links[p.nic]
+            assert ln["address"] == p.mac and ln["mtu"] == 9000
+            assert "LOWER_UP" in ln["flags"]  # cabled: the far end is up
+            assert ln["addr_info"] == []  # unconfigured: not even an IPv6 link-local address
+            assert ln["qdisc"] == "noqueue"  # the host's qdiscs are the agent's
+    # each cable: HTB at the configured rate on both wire ends, redirected to each other
+    cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
+    rates = sorted(ln.capacity for ln in cluster.graph().links)
+    assert sorted(c.rate for c in lay.cables) == rates
+    for c in lay.cables:
+        for src, dst in ((c.a_end, c.b_end), (c.b_end, c.a_end)):
+            cls = nsutil.sh(["tc", "-n", lay.wire_ns, "class", "show", "dev", src]).stdout
+            assert f"rate {c.rate // 10**6}Mbit ceil {c.rate // 10**6}Mbit" in cls
+            flt = nsutil.sh(["tc", "-n", lay.wire_ns, "filter", "show", "dev", src,
+                             "ingress"]).stdout
+            assert f"Egress Redirect to device {dst}" in flt
+
+
+def test_ssh_login_lands_in_each_host(hetero):
+    def login(h):
+        out = subprocess.run(["ssh", "-F", str(hetero.ssh_config), h.name, "ip", "-j", "addr"],
+                             capture_output=True, text=True, timeout=30)
+        return h, out
+
+    with ThreadPoolExecutor(4) as ex:
+        for h, out in ex.map(login, hetero.layout.hosts):
+            assert out.returncode == 0, out.stderr
+            names = {ln["ifname"] for ln in json.loads(out.stdout)}
+            assert names == {"lo", "tpmgmt"} | {p.nic for p in h.ports}
+
+
+def test_paramiko_verifies_host_key(hetero):
+    h = hetero.layout.hosts[3]
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(hetero.known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect(h.mgmt_ip, username="root", key_filename=str(hetero.ssh_key),
+                       look_for_keys=False, allow_agent=False, timeout=10)
+        _, out, _ = client.exec_command("echo $TOPOCTL_HOST; ip -br link show eth2")
+        lines = out.read().decode().splitlines()
+    finally:
+        client.close()
+    assert lines[0] == h.name and lines[1].startswith("eth2")
+
+
+def test_cut_and_heal(hetero):
+    lay = hetero.layout
+    h0, h1 = lay.host("h0").ns, lay.host("h1").ns
+    assert labmod.set_port(hetero, "h0:eth0", False) == ["h0:eth0--h1:eth1"]
+    try:
+        for ns, dev in ((h0, "eth0"), (h1, "eth1")):
+            assert "NO-CARRIER" in _link(ns, dev)["flags"]
+        assert "NO-CARRIER" not in _link(h0, "eth1")["flags"]  # other cables untouched
+        st = {c["name"]: c["state"] for c in labmod.status(hetero)["cables"]}
+        assert st["h0:eth0--h1:eth1"] == "cut" and st["h7:eth0--h0:eth1"] == "up"
+        [r] = measure(hetero, ["h0:eth0"], seconds=1)
+        assert r.achieved is None and r.error
+    finally:
+        labmod.set_port(hetero, "h0:eth0", True)
+    for ns, dev in ((h0, "eth0"), (h1, "eth1")):
+        assert "LOWER_UP" in _link(ns, dev)["flags"]
+    [r] = measure(hetero, ["h3:eth0"], seconds=1)  # 50 Mbit/s cable carries traffic
+    assert r.error is None and 0.9 < r.ratio < 1.03
+    assert nsutil.ip_json(lay.host("h3").ns, "addr", "show", "dev", "eth0")[0]["addr_info"] == []
+
+
+def test_rewire_changes_only_the_wire(hetero):
+    before = {h.name: nsutil.ip_json(h.ns, "link") for h in hetero.layout.hosts}
+    fabric = {"kind": "direct", "links": [
+        {"a": "h0:eth0", "b": "h4:eth0", "bandwidth": "100mbit"},
+        {"a": "h1:eth0", "b": "h2:eth1", "bandwidth": "100mbit"},
+    ]}
+    old = hetero.cluster.fabric.model_dump(mode="json")
+    r = labmod.rewire(hetero, fabric)
+    try:
+        assert len(r["added"]) == 1 and len(r["removed"]) == 12  # h1-h2 stays as it was
+        w = hetero.layout.wire_ns
+        e = {p.ref: p.end for p in hetero.layout.ports().values()}
+        flt = nsutil.sh(["tc", "-n", w, "filter", "show", "dev", e["h0:eth0"], "ingress"]).stdout
+        assert f"Egress Redirect to device {e['h4:eth0']}" in flt
+        assert "NO-CARRIER" in _link(hetero.netns("h7"), "eth0")["flags"]  # now unplugged
+        assert "LOWER_UP" in _link(hetero.netns("h4"), "eth0")["flags"]
+        after = {h.name: nsutil.ip_json(h.ns, "link") for h in hetero.layout.hosts}
+        assert {k: [ln["ifindex"] for ln in v] for k, v in after.items()} == \
+            {k: [ln["ifindex"] for ln in v] for k, v in before.items()}  # ports never moved
+        assert labmod.Lab.load(hetero.name, hetero.state_dir.parent).layout.cables == \
+            hetero.layout.cables
+    finally:
+        labmod.rewire(hetero, old)
+    assert len(hetero.layout.cables) == 13
+    assert "LOWER_UP" in _link(hetero.netns("h7"), "eth0")["flags"]
+
+
+def test_switched_leaf_spine(tmp_path):
+    name = _name("s")
+    try:
+        lab = labmod.up(load_cluster(PLANS / "leafspine8-cluster.yaml"), name, tmp_path,
+                        with_ssh=False)
+        w = lab.layout.wire_ns
+        bridges = {ln["ifname"]: ln for ln in nsutil.ip_json(w, "link", "show", "type",
+                                                             "bridge")}
+        assert set(bridges) == {"s0", "s1", "s2"}
+        ports = nsutil.ip_json(w, "link", "show", "master", "s0")
+        assert len(ports) == 5  # 4 hosts + the uplink
+        [r] = measure(lab, ["h3:eth0"], seconds=1)  # h3 (leaf0) -> h4 (leaf1) over the spine
+        assert r.dst == "h4:eth0" and r.error is None and 0.9 < r.ratio < 1.03
+        assert labmod.set_port(lab, "h3:eth0", False) == ["h3:eth0--leaf0"]
+        assert "NO-CARRIER" in _link(lab.netns("h3"), "eth0")["flags"]
+    finally:
+        labmod.down(name, tmp_path)
+    assert _gone(name) == []
+
+
+def _cli(*args: str, env_root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOPOCTL_LAB_DIR": str(env_root)}
+    return subprocess.run([str(ROOT / ".venv/bin/topoctl"), "lab", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_cli_bad_cluster_creates_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = (PLANS / "hetero8-cluster.yaml").read_text()
+    bad.write_text(text.replace('b: "h4:eth2"', 'b: "h4:eth9"').replace('b: "h5:eth2"',
+                                                                      'b: "h8:eth2"'))
+    p = _cli("up", str(bad), "--name", _name("b"), env_root=tmp_path)
+    assert p.returncode == 2
+    assert "fabric.links[8].b: host h4 has no NIC eth9" in p.stderr
+    assert "fabric.links[9].b: no host h8" in p.stderr
+    assert _gone(_name("b")) == [] and not (tmp_path / _name("b")).exists()
+
+
+def test_cli_crash_leftovers_removed_by_prefix(tmp_path):
+    name = _name("c")
+    try:
+        p = _cli("up", str(PLANS / "switch8-cluster.yaml"), "--name", name, env_root=tmp_path)
+        assert p.returncode == 0, p.stderr
+        p = _cli("up", str(PLANS / "switch8-cluster.yaml"), "--name", name, env_root=tmp_path)
+        assert p.returncode == 1 and "exists" in p.stderr  # never built twice
+        st = _cli("status", "--lab", name, env_root=tmp_path)
+        assert st.returncode == 0 and "h7" in st.stdout
+        subprocess.run(["rm", "-rf", str(tmp_path / name)], check=True)  # the "crash"
+        p = _cli("down", "--lab", name, env_root=tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert "removed 9 namespaces" in p.stdout and "8 processes" in p.stdout
+    finally:
+        labmod.down(name, tmp_path)
+    assert _gone(name) == []
