@@ -12,7 +12,6 @@ import sys
 import time
 
 from topoagent.state import StateError, format_rate, load_yaml
-
 from topoctl.lab import lab as labmod
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import ClusterError, load_cluster
@@ -132,10 +131,11 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(st, indent=1))
         return 0
     print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}")
-    print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} ports")
+    print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} {'ovs':<4} ports")
     for h in st["hosts"]:
         print(f"{h['name']:<10} {'ok' if h['netns_exists'] else 'GONE':<6} {h['mgmt_ip']:<15} "
-              f"{h['sshd_pid'] or '-'!s:<8} {' '.join(h['ports'])}")
+              f"{h['sshd_pid'] or '-'!s:<8} {'yes' if h['ovs_pids'] else '-':<4} "
+              f"{' '.join(h['ports'])}")
     print(f"\n{'cable':<32} {'state':<7} {'config':>8} {'kernel':>8} {'measured':>9} ratio")
     bad = 0
     for c in st["cables"]:

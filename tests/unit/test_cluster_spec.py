@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from topoctl.spec.cluster import (
     ClusterError,
     load_cluster,
@@ -168,3 +169,11 @@ def test_many_problems_reported_at_once_and_file_errors(tmp_path):
     p.write_text("- 1\n")
     with pytest.raises(ClusterError, match="expected a mapping"):
         load_cluster(p)
+
+
+def test_ovs_flag_defaults():
+    d = _direct(defaults={"nic_speed": "100mbit", "ovs": True})
+    d["hosts"][1]["ovs"] = False
+    c = parse_cluster(d)
+    assert [c.runs_ovs(h) for h in ("h0", "h1", "h2")] == [True, False, True]
+    assert not parse_cluster(_direct()).runs_ovs("h0")

@@ -13,12 +13,13 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from topoagent.state import parse_rate
-from topoctl.lab import commands, names, netops, ssh
+from topoctl.lab import commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster, parse_cluster
@@ -65,6 +66,15 @@ class Lab:
     @property
     def inventory(self) -> Path:
         return self.state_dir / "inventory.ini"
+
+    def ovs(self, host: str) -> ovs.Ovs:
+        """The host's own Open vSwitch (cluster `ovs: true`): `lab.ovs("h0").vsctl("show")`."""
+        if not self.cluster.runs_ovs(host):
+            raise LabError(f"host {host} runs no Open vSwitch (cluster: ovs: false)")
+        return ovs.Ovs(self.netns(host), self.state_dir / "ovs" / host)
+
+    def ovs_start(self, host: str) -> ovs.Ovs:
+        return ovs.start(self.netns(host), self.state_dir / "ovs" / host)
 
     def save(self) -> None:
         data = {"lab": self.name, "netem": self.netem, "cluster": self.cluster.to_dict(),
@@ -144,6 +154,9 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
         if with_ssh:
             ssh.write_ssh_files(layout, d)
             ssh.start_sshd(layout, d)
+        with ThreadPoolExecutor(4) as ex:  # ovs-vswitchd takes ~1 s to detach
+            list(ex.map(lab.ovs_start, [h.name for h in cluster.hosts
+                                        if cluster.runs_ovs(h.name)]))
     except BaseException:
         down(name, root)
         raise
@@ -239,6 +252,7 @@ def status(lab: Lab) -> dict:
 
     hosts = [{"name": h.name, "netns": h.ns, "netns_exists": h.ns in namespaces,
               "mgmt_ip": h.mgmt_ip, "sshd_pid": sshd.get(h.name),
+              "ovs_pids": [p for p in ovs.pids(lab.state_dir / "ovs" / h.name) if _alive(p)],
               "ports": [p.nic for p in h.ports]} for h in lay.hosts]
     cables = [{"name": c.name, "a": c.a, "b": c.b, "rate": c.rate,
                "kernel_rate": [rates.get(c.a_end), rates.get(c.b_end)],
@@ -282,6 +296,14 @@ def kernel_rates(ns: str, devs: list[str]) -> dict[str, int]:
 def _rate_of(line: str) -> int:
     words = line.split()
     return parse_rate(words[words.index("rate") + 1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
 
 
 def load_measurements(lab: Lab) -> dict[str, dict]:

@@ -11,10 +11,10 @@ Shape (see plans/*-cluster.yaml):
     apiVersion: topoctl/v1
     kind: Cluster
     name: hetero8
-    defaults: {nic_speed: 100mbit, latency: 0ms, gpus: {count: 1, type: cpu}}
+    defaults: {nic_speed: 100mbit, latency: 0ms, gpus: {count: 1, type: cpu}, ovs: false}
     gpu_types: {A100: {peak_flops: 312e12, memory_bandwidth: 1.555e12}}   # roofline table
     hosts:
-      - {name: h0, rack: r0, gpus: {count: 1, type: A100},
+      - {name: h0, rack: r0, gpus: {count: 1, type: A100}, ovs: true,
          nics: [{name: eth0, speed: 100mbit, mac: "02:00:00:00:00:01"}, {name: eth1}]}
     fabric:                       # kind direct: port-to-port cables (patch panel / OCS)
       kind: direct
@@ -40,6 +40,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, ValidationError
 from pydantic import model_validator as _model_validator
+
 from topoagent.state import (
     IfName,
     IPv4,
@@ -166,6 +167,7 @@ class Host(_Model):
     gpus: Gpus | None = None  # default: defaults.gpus
     rack: Name | None = None  # a label for planners and reports
     address: IPv4 | None = None  # bare metal: the SSH/management address (the lab assigns its own)
+    ovs: bool | None = None  # runs its own Open vSwitch (default: defaults.ovs)
     nics: Annotated[list[Nic], Field(min_length=1)]
 
 
@@ -174,6 +176,7 @@ class Defaults(_Model):
     nic_speed: Rate | None = None
     latency: Duration = 0.0
     loss: Loss = 0.0
+    ovs: bool = False
 
 
 class Link(_Model):
@@ -264,6 +267,10 @@ class Cluster(_Model):
 
     def gpus(self, host: str) -> Gpus:
         return self.host(host).gpus or self.defaults.gpus
+
+    def runs_ovs(self, host: str) -> bool:
+        h = self.host(host)
+        return self.defaults.ovs if h.ovs is None else h.ovs
 
     def nic_speed(self, host: str, nic: str) -> int:
         for n in self.host(host).nics:
