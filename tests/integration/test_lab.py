@@ -5,6 +5,8 @@ with an independent tool (ip -j, tc, ssh, iperf3), never the lab's own bookkeepi
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -15,6 +17,7 @@ import paramiko
 import pytest
 
 from tests import netns as nsutil
+from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.lab.measure import measure
 from topoctl.spec.cluster import load_cluster
@@ -22,7 +25,6 @@ from topoctl.spec.cluster import load_cluster
 pytestmark = pytest.mark.netns
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _name(tag: str) -> str:
@@ -180,9 +182,12 @@ def test_switched_leaf_spine(tmp_path):
 
 
 def _cli(*args: str, env_root: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOPOCTL_LAB_DIR": str(env_root)}
-    return subprocess.run([str(ROOT / ".venv/bin/topoctl"), "lab", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    """`topoctl lab ARGS` in-process (the CLI module's whole path, without paying the
+    planner's import time once per call); stdout, stderr and the exit code as from a process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["lab", *args, "--state-dir", str(env_root)])
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 def test_cli_bad_cluster_creates_nothing(tmp_path):
@@ -210,6 +215,33 @@ def test_cli_crash_leftovers_removed_by_prefix(tmp_path):
         p = _cli("down", "--lab", name, env_root=tmp_path)
         assert p.returncode == 0, p.stderr
         assert "removed 9 namespaces" in p.stdout and "8 processes" in p.stdout
+    finally:
+        labmod.down(name, tmp_path)
+    assert _gone(name) == []
+
+
+def test_cli_up_with_plan_then_rewire(tmp_path):
+    name = _name("p")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("apiVersion: topoctl/v1\nkind: Plan\nfabric:\n  kind: direct\n  mtu: 9000\n"
+                    "  links:\n  - {a: 'h0:eth0', b: 'h5:eth0', bandwidth: 20mbit}\n")
+    cluster = str(PLANS / "hetero8-cluster.yaml")
+    try:
+        p = _cli("up", cluster, "--name", name, "--plan", str(plan), "--no-ssh",
+                 env_root=tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert "1 cables" in p.stdout
+        w = f"tp-{name}-wire"
+        cls = nsutil.sh(["tc", "-n", w, "class", "show", "dev", "e0"]).stdout
+        assert "rate 20Mbit" in cls
+        assert "NO-CARRIER" in _link(f"tp-{name}-h-h1", "eth1")["flags"]
+        p = _cli("rewire", "--lab", name, cluster, env_root=tmp_path)  # back to the cluster's
+        assert p.returncode == 0, p.stderr
+        assert "removed 1 cables, added 13" in p.stdout
+        assert "LOWER_UP" in _link(f"tp-{name}-h-h1", "eth1")["flags"]
+        plan.write_text("fabric: {kind: direct, links: [{a: 'h0:eth0', b: 'h0:eth1'}]}\n")
+        p = _cli("rewire", "--lab", name, str(plan), env_root=tmp_path)
+        assert p.returncode == 2 and "plan.fabric.links[0]: both ends on the same host" in p.stderr
     finally:
         labmod.down(name, tmp_path)
     assert _gone(name) == []
