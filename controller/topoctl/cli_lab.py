@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _guard(func):
     def run(args: argparse.Namespace) -> int:
+        if os.geteuid() != 0 and func is not _list:
+            print("error: topoctl lab needs root (network namespaces)", file=sys.stderr)
+            return 1
         try:
             return func(args) or 0
         except (ClusterError, StateError) as e:
