@@ -7,14 +7,16 @@ programs (one JSON document on stdout)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 from topoagent.apply import ApplyError, Result, apply_state, plan
 from topoagent.observe import observe, to_host_state
 from topoagent.state import HostState, StateError, load_host_state
-from topoagent.store import Store
+from topoagent.store import Store, StoreBusy
 from topoagent.target import Target, TargetError
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -57,7 +59,6 @@ def cmd_show(args, target: Target) -> int:
 
 def cmd_diff(args, target: Target) -> int:
     desired = _read_state(args.file)
-    import time
     t0 = time.perf_counter()
     _, ops = plan(target, desired)
     return _emit_ops(args, "changes needed", Result(ops, time.perf_counter() - t0, dry_run=True))
@@ -65,19 +66,22 @@ def cmd_diff(args, target: Target) -> int:
 
 def cmd_apply(args, target: Target) -> int:
     desired = _read_state(args.file)
-    result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
-                         store=Store(target.store_dir))
+    store = Store(target.store_dir)
+    with contextlib.nullcontext() if args.dry_run else store.lock():
+        result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
+                             store=store)
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
 def cmd_rollback(args, target: Target) -> int:
     store = Store(target.store_dir)
-    previous = store.previous()
-    if previous is None:
-        raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
-    result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe)
-    if not args.dry_run:
-        store.pop()
+    with contextlib.nullcontext() if args.dry_run else store.lock():
+        previous = store.previous()
+        if previous is None:
+            raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
+        result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe)
+        if not args.dry_run:
+            store.pop()
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         target.check()
         return args.func(args, target)
-    except (StateError, ApplyError, TargetError) as e:
+    except (StateError, ApplyError, TargetError, StoreBusy) as e:
         problems = getattr(e, "problems", None) or [("", str(e))]
         if args.json:
             print(json.dumps({"ok": False, "error": str(e),

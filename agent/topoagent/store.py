@@ -8,8 +8,11 @@ Files are JSON (which is YAML too): a 1,000-route state writes and reads in mill
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from topoagent.state import HostState, Interface, Sysctl, parse_host_state
@@ -23,10 +26,27 @@ def _text(state: HostState) -> str:
     return json.dumps(state.to_dict()) + "\n"  # no indent: the C encoder
 
 
+class StoreBusy(RuntimeError):
+    pass
+
+
 class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.dir = self.root / "history"
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One apply or rollback at a time per target; a second one fails at once instead of
+        interleaving its operations with the first."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreBusy(f"another topo-agent is applying to this target "
+                                f"(lock {self.root / 'lock'})") from None
+            yield
 
     def _files(self) -> list[Path]:
         return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].json")) if self.dir.exists() else []

@@ -320,3 +320,16 @@ def test_missing_namespace_is_an_error():
     r = subprocess.run([sys.executable, "-m", "topoagent.cli", "--netns", "tpt-does-not-exist",
                         "show"], capture_output=True, text=True)
     assert r.returncode == 1 and "no such network namespace" in r.stderr
+
+
+def test_a_second_apply_on_the_same_target_waits_for_none(host: Host):
+    import fcntl
+
+    host.state_dir.mkdir(parents=True)
+    before = dump(host.ns)
+    with open(host.state_dir / "lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # what a running apply holds
+        r = host.apply(full_state())
+    assert r.returncode == 1 and "another topo-agent is applying" in r.stderr
+    assert dump(host.ns) == before
+    assert host.apply(full_state()).returncode == 2

@@ -1,0 +1,40 @@
+"""Runtime collectives used inside training processes: tree-schedule AllReduce and DDP hook.
+
+Imports torch lazily so that the rest of the agent never needs it.
+"""
+
+from __future__ import annotations
+
+from .schedule import (
+    ScheduleError,
+    ScheduleMismatch,
+    Tree,
+    TreeSchedule,
+    check_world_size,
+    load_schedule,
+    partition_sizes,
+)
+
+__all__ = [
+    "ScheduleError",
+    "ScheduleMismatch",
+    "Tree",
+    "TreeSchedule",
+    "check_world_size",
+    "load_schedule",
+    "partition_sizes",
+    "register_tree_hook",
+    "tree_allreduce",
+]
+
+
+def __getattr__(name: str):
+    if name == "tree_allreduce":
+        from .allreduce import tree_allreduce
+
+        return tree_allreduce
+    if name == "register_tree_hook":
+        from .ddp_hook import register_tree_hook
+
+        return register_tree_hook
+    raise AttributeError(name)

@@ -1,0 +1,62 @@
+"""A DDP communication hook that averages gradient buckets with the plan's tree schedule.
+
+    from topoagent.collectives import register_tree_hook
+    model = DistributedDataParallel(net)
+    register_tree_hook(model)            # schedule from $TOPO_TREE_SCHEDULE (the launch spec)
+    register_tree_hook(model, "sched.yaml")
+
+Buckets are reduced synchronously in DDP's (rank-consistent) bucket order; the hook refuses to
+start when the schedule's world size differs from the process group's.
+"""
+
+# no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .allreduce import tree_allreduce
+from .schedule import ScheduleError, TreeSchedule, check_world_size, load_schedule
+
+__all__ = ["ENV_SCHEDULE", "TreeHookState", "register_tree_hook", "tree_allreduce_hook"]
+
+ENV_SCHEDULE = "TOPO_TREE_SCHEDULE"
+
+
+@dataclass
+class TreeHookState:
+    schedule: TreeSchedule
+    group: dist.ProcessGroup | None = None
+
+
+def tree_allreduce_hook(
+    state: TreeHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    buf = bucket.buffer()
+    tree_allreduce(buf, state.schedule, state.group)
+    buf.div_(state.schedule.world_size)
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def register_tree_hook(
+    model: torch.nn.parallel.DistributedDataParallel,
+    schedule: TreeSchedule | str | Path | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> TreeHookState:
+    """Validate ``schedule`` against the running world size and register the hook."""
+    if schedule is None:
+        path = os.environ.get(ENV_SCHEDULE)
+        if not path:
+            raise ScheduleError(f"no tree schedule given and ${ENV_SCHEDULE} is not set")
+        schedule = path
+    if not isinstance(schedule, TreeSchedule):
+        schedule = load_schedule(schedule)
+    group = group if group is not None else getattr(model, "process_group", None)
+    check_world_size(schedule, dist.get_world_size(group))
+    state = TreeHookState(schedule, group)
+    model.register_comm_hook(state, tree_allreduce_hook)
+    return state
