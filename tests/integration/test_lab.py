@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +30,17 @@ PLANS = Path(__file__).resolve().parents[2] / "plans"
 
 def _name(tag: str) -> str:
     return f"it{tag}{os.getpid() % 10000}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftover_test_labs():
+    """Labs of crashed earlier runs of these tests (`it<tag><pid>`, pid no longer alive)."""
+    for lab in labmod.list_labs("/nonexistent"):
+        m = re.fullmatch(r"it[a-z](\d+)", lab)
+        if m and int(m.group(1)) != os.getpid() % 10000 and \
+                not os.path.exists(f"/proc/{m.group(1)}"):
+            labmod.down(lab, "/nonexistent")
+    yield
 
 
 def _gone(name: str) -> list[str]:
