@@ -11,6 +11,7 @@ import sys
 COMMANDS: list[str] = [
     "topoctl.cli_lab",
     "topoctl.cli_plan",
+    "topoctl.cli_sync",
 ]
 
 

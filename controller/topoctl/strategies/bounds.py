@@ -31,7 +31,14 @@ from scipy.sparse.csgraph import connected_components, maximum_flow
 
 from .capgraph import CapGraph
 
-__all__ = ["cut_bound", "ingress_bound", "partition_bound", "rsag_optimum"]
+__all__ = [
+    "best_bound",
+    "cut_bound",
+    "ingress_bound",
+    "partition_bound",
+    "rsag_optimum",
+    "tree_bounds",
+]
 
 _SCALE = 2**20  # integer capacities for scipy's max-flow
 
@@ -199,3 +206,31 @@ def all_bounds(g: CapGraph, budget_s: float = 20.0) -> dict[str, float]:
     return out
 
 
+
+
+def tree_bounds(
+    g: CapGraph, lp_upper: float | None = None, budget_s: float = 10.0
+) -> dict[str, float | None]:
+    """Upper bounds on the rate of tree schedules, plus the RS+AG comparator.
+
+    Keys: ``partition`` (direct only), ``cut``, ``ingress``, ``lp_certificate`` (the packing
+    LP's dual certificate, if given) and ``rsag`` (comparator, <= 64 workers).
+    """
+    out: dict[str, float | None] = {}
+    if g.is_direct:
+        out["partition"] = partition_bound(g)[0]
+    out["cut"] = cut_bound(g, budget_s=budget_s / 2)[0]
+    out["ingress"] = ingress_bound(g)
+    if lp_upper is not None:
+        out["lp_certificate"] = lp_upper
+    r = rsag_optimum(g, budget_s=budget_s / 2) if len(g.workers) <= 64 else None
+    out["rsag"] = r[0] if r else None
+    return out
+
+
+def best_bound(bounds: dict[str, float | None]) -> tuple[str, float]:
+    """The tightest upper bound on tree schedules (the RS+AG comparator excluded)."""
+    names = ["partition", "lp_certificate", "cut", "ingress"]
+    vals = [(bounds[k], i, k) for i, k in enumerate(names) if bounds.get(k) is not None]
+    v, _, k = min(vals)
+    return k, float(v)
