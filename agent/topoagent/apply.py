@@ -15,6 +15,7 @@ from pyroute2 import IPRoute
 
 from topoagent.diff import check_host, diff
 from topoagent.drivers.netlink import NetlinkDriver
+from topoagent.mgmt import Mgmt, guard
 from topoagent.observe import Observed, observe, rp_filter_path
 from topoagent.ops import AddQdisc, Op, RestoreQdisc, SetLink, SetSysctl
 from topoagent.probe import ping_many
@@ -45,20 +46,25 @@ class Result:
         return bool(self.ops)
 
 
-def plan(target: Target, desired: HostState, ipr: IPRoute | None = None
-         ) -> tuple[Observed, list[Op]]:
-    """Observe, check and diff without touching anything."""
+def plan(target: Target, desired: HostState, ipr: IPRoute | None = None,
+         mgmt: Mgmt | None = None) -> tuple[Observed, list[Op]]:
+    """Observe, check and diff without touching anything; with `mgmt`, refuse operations on
+    the management connection."""
     obs = observe(target, ipr)
     check_host(desired, obs)
-    return obs, diff(desired, obs)
+    ops = diff(desired, obs)
+    if mgmt is not None:
+        guard(ops, obs, mgmt)
+    return obs, ops
 
 
 def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
-                probe: bool = True, store: Store | None = None) -> Result:
+                probe: bool = True, store: Store | None = None,
+                mgmt: Mgmt | None = None) -> Result:
     t0 = time.perf_counter()
     ipr = target.iproute()
     try:
-        before, ops = plan(target, desired, ipr)
+        before, ops = plan(target, desired, ipr, mgmt)
         if dry_run:
             return Result(ops, time.perf_counter() - t0, dry_run=True)
         probes = _choose_probes(target, desired, before) if probe and ops else []

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from topoagent.apply import ApplyError, Result, apply_state, plan
+from topoagent.mgmt import Mgmt
 from topoagent.observe import observe, to_host_state
 from topoagent.state import HostState, StateError, load_host_state
 from topoagent.store import Store, StoreBusy
@@ -31,6 +32,13 @@ def _read_state(path: str) -> HostState:
     except OSError as e:
         raise StateError([("", f"{path}: {e.strerror}")]) from None
     return load_host_state(text, path)
+
+
+def _mgmt(args) -> Mgmt | None:
+    """The management connection to protect: --mgmt, else the SSH session we run in."""
+    if args.force_mgmt:
+        return None
+    return Mgmt.parse(args.mgmt) if args.mgmt else Mgmt.from_env()
 
 
 def _emit_ops(args, verb: str, result: Result) -> int:
@@ -60,7 +68,7 @@ def cmd_show(args, target: Target) -> int:
 def cmd_diff(args, target: Target) -> int:
     desired = _read_state(args.file)
     t0 = time.perf_counter()
-    _, ops = plan(target, desired)
+    _, ops = plan(target, desired, mgmt=_mgmt(args))
     return _emit_ops(args, "changes needed", Result(ops, time.perf_counter() - t0, dry_run=True))
 
 
@@ -69,7 +77,7 @@ def cmd_apply(args, target: Target) -> int:
     store = Store(target.store_dir)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
-                             store=store)
+                             store=store, mgmt=_mgmt(args))
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
@@ -79,7 +87,8 @@ def cmd_rollback(args, target: Target) -> int:
         previous = store.previous()
         if previous is None:
             raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
-        result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe)
+        result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe,
+                             mgmt=_mgmt(args))
         if not args.dry_run:
             store.pop()
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
@@ -91,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path,
                    help="where applied states are kept (default /var/lib/topo-agent/<target>)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--mgmt", metavar="CLIENT_IP,SERVER_IP",
+                   help="management connection to protect (default: from SSH_CONNECTION)")
+    p.add_argument("--force-mgmt", action="store_true",
+                   help="allow changes to the interface, address or route of the management "
+                        "connection")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("show", help="print the observed state as HostState YAML").set_defaults(
         func=cmd_show)

@@ -7,6 +7,7 @@ peer answers pings) and a veth pair whose both ends stay inside the host (10.231
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -333,3 +334,32 @@ def test_a_second_apply_on_the_same_target_waits_for_none(host: Host):
     assert r.returncode == 1 and "another topo-agent is applying" in r.stderr
     assert dump(host.ns) == before
     assert host.apply(full_state()).returncode == 2
+
+
+def test_management_connection_is_protected_unless_forced(host: Host):
+    state = full_state()
+    assert host.apply(state).returncode == 2
+    before = dump(host.ns)
+    down = full_state()
+    down["interfaces"][0]["up"] = False
+    detour = full_state()
+    detour["routes"].append({"dst": "10.231.1.2/32", "via": "10.231.3.2"})
+    env_mgmt = {"SSH_CONNECTION": "10.231.1.2 50000 10.231.1.1 22"}
+    for bad in (down, detour):
+        # as sshd would tell it ...
+        r = subprocess.run(
+            [sys.executable, "-m", "topoagent.cli", "--netns", host.ns, "--state-dir",
+             str(host.state_dir), "apply", "-"], input=yaml.safe_dump(bad), text=True,
+            capture_output=True, env={**os.environ, **env_mgmt})
+        assert r.returncode == 1 and "management connection 10.231.1.2 -> 10.231.1.1" in r.stderr
+        # ... or given explicitly
+        r = host.agent("--mgmt", "10.231.1.2,10.231.1.1", "apply", "-", stdin=yaml.safe_dump(bad))
+        assert r.returncode == 1 and "--force-mgmt" in r.stderr
+        assert dump(host.ns) == before
+    # forced, the guard lets it through; the probe still sees the next hop go silent
+    r = host.agent("--mgmt", "10.231.1.2,10.231.1.1", "--force-mgmt", "apply", "-",
+                   stdin=yaml.safe_dump(detour))
+    assert r.returncode == 1 and "probe" in r.stderr
+    r = host.agent("--mgmt", "10.231.1.2,10.231.1.1", "--force-mgmt", "apply", "--no-probe",
+                   "-", stdin=yaml.safe_dump(detour))
+    assert r.returncode == 2
