@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -51,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--json", action="store_true")
     c = cmd("rewire", _rewire, "re-cable a direct-connect lab from a plan's fabric wiring")
     c.add_argument("plan", help="plan.yaml (or a cluster file): its `fabric` is used")
+    c = cmd("exec", _exec, "run a command inside a host's namespace (no ssh)")
+    c.add_argument("host")
+    c.add_argument("command", nargs=argparse.REMAINDER, help="command and its arguments")
     cmd("list", _list, "labs on this machine", lab=False)
     p.set_defaults(func=lambda a: p.print_help() or 1)
 
@@ -190,6 +194,18 @@ def _rewire(args: argparse.Namespace) -> int:
     for n in r["added"]:
         print(f"  + {n}")
     return 0
+
+
+def _exec(args: argparse.Namespace) -> int:
+    lab = _load(args)
+    try:
+        ns = lab.netns(args.host)
+    except KeyError as e:
+        raise LabError(str(e).strip("'\"")) from None
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not argv:
+        raise LabError("exec: no command given")
+    return subprocess.call(["ip", "netns", "exec", ns, *argv])
 
 
 def _list(args: argparse.Namespace) -> int:

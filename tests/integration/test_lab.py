@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from tests import netns as nsutil
 from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.lab.measure import measure
-from topoctl.spec.cluster import load_cluster
+from topoctl.spec.cluster import load_cluster, parse_cluster
 
 pytestmark = pytest.mark.netns
 
@@ -257,3 +258,29 @@ def test_cli_up_with_plan_then_rewire(tmp_path):
     finally:
         labmod.down(name, tmp_path)
     assert _gone(name) == []
+
+
+def test_32_hosts_degree_4_within_budget(tmp_path):
+    """The performance budget (issue: up <= 30 s, down <= 10 s on 2 cores), with sshd."""
+    n = 32
+    hosts = [{"name": f"h{i}", "nics": [{"name": f"eth{k}"} for k in range(4)]} for i in range(n)]
+    links = [{"a": f"h{i}:eth0", "b": f"h{(i + 1) % n}:eth1"} for i in range(n)]
+    links += [{"a": f"h{i}:eth2", "b": f"h{(i + 3) % n}:eth3"} for i in range(n)]
+    cluster = parse_cluster({"name": "big", "defaults": {"nic_speed": "100mbit"},
+                             "hosts": hosts, "fabric": {"kind": "direct", "links": links}})
+    name = _name("g")
+    try:
+        t = time.monotonic()
+        lab = labmod.up(cluster, name, tmp_path)
+        t_up = time.monotonic() - t
+        assert len([x for x in nsutil.list_netns() if x.startswith(f"tp-{name}-")]) == n + 1
+        assert len(lab.layout.cables) == 2 * n
+        out = subprocess.run(["ssh", "-F", str(lab.ssh_config), "h31", "ip", "-j", "link"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and len(json.loads(out.stdout)) == 6
+    finally:
+        t = time.monotonic()
+        labmod.down(name, tmp_path)
+        t_down = time.monotonic() - t
+    assert _gone(name) == []
+    assert t_up <= 30 and t_down <= 10, (t_up, t_down)
