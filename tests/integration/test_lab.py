@@ -85,6 +85,9 @@ def test_every_namespace_port_and_cable_exists(hetero):
             assert "LOWER_UP" in ln["flags"]  # cabled: the far end is up
             assert ln["addr_info"] == []  # unconfigured: not even an IPv6 link-local address
             assert ln["qdisc"] == "noqueue"  # the host's qdiscs are the agent's
+    assert {ln["ifname"] for ln in json.loads(hetero.exec("h6", ["ip", "-j", "link"],
+                                                           check=True).stdout)} == \
+        {"lo", "tpmgmt", "eth0", "eth1"}
     # each cable: HTB at the configured rate on both wire ends, redirected to each other
     cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
     rates = sorted(ln.capacity for ln in cluster.graph().links)

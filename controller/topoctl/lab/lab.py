@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import shutil
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +50,12 @@ class Lab:
 
     def mgmt_ip(self, host: str) -> str:
         return self.layout.host(host).mgmt_ip
+
+    def exec(self, host: str, argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
+        """Run `argv` inside `host`'s namespace (`ip netns exec`), output captured as text;
+        keyword arguments go to subprocess.run (e.g. check=True, timeout=...)."""
+        return subprocess.run(["ip", "netns", "exec", self.netns(host), *argv],
+                              capture_output=True, text=True, **kw)
 
     @property
     def ssh_config(self) -> Path:
