@@ -32,14 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--edges", required=True, metavar="FILE", help="'u v capacity' per line")
     p.add_argument("--workers", metavar="LIST", help="comma-separated workers (default: all)")
-    p.add_argument("--max-trees", type=int, default=16, metavar="K", help="default 16")
+    p.add_argument("--max-trees", type=int, metavar="K",
+                   help="keep at most K trees (default: as many as the optimum needs, 16-64)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("-o", "--schedule", metavar="FILE", help="write the runtime schedule (YAML)")
     p.add_argument("--chunk-bytes", type=int, default=262144, help="schedule chunk size")
     p.set_defaults(func=run)
 
 
-def sync(edges_text: str, workers: list[str] | None, max_trees: int) -> tuple[dict, object]:
+def sync(edges_text: str, workers: list[str] | None, max_trees: int | None) -> tuple[dict, object]:
     """Plan and bound; returns (document for --json, TreePlan)."""
     g = build_capgraph(read_edges(edges_text.splitlines()), workers)
     plan = plan_trees(g, max_trees=max_trees)
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"topoctl sync: error: --edges: {exc}", file=sys.stderr)
         return 2
     workers = [w for w in args.workers.split(",") if w] if args.workers else None
-    if args.max_trees < 1:
+    if args.max_trees is not None and args.max_trees < 1:
         print("topoctl sync: error: --max-trees must be >= 1", file=sys.stderr)
         return 2
     try:

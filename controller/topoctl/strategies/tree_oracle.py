@@ -87,24 +87,52 @@ class Oracle:
         # sparse input: scipy's dense path drops entries below ~1e-8
         sym = csr_matrix((d[iu, ju] + d[ju, iu], (iu, ju)), shape=(len(w), len(w)))
         t = minimum_spanning_tree(sym).tocoo()
+        pairs = list(zip(t.row.tolist(), t.col.tolist(), strict=True))
+        return self._routed(pairs, pred, y)
+
+    def _routed(self, pairs: list[tuple[int, int]], pred: np.ndarray, y: np.ndarray) -> Column:
+        """Column of worker-position pairs (i, j), routed along ``pred`` rows (row i: paths
+        from workers[i])."""
+        w = self._w
         used: dict[int, float] = {}
         edges: list[tuple[int, int]] = []
         paths: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
-        for i, j in zip(t.row.tolist(), t.col.tolist(), strict=True):
+        for i, j in pairs:
             a, b = int(w[i]), int(w[j])
             pab = _path(pred[i], a, b)  # row i of pred: Dijkstra from a
             pba = _path(pred[j], b, a)
             for p in (pab, pba):
-                arcs = self._arcs(p)
-                for r in arcs.tolist():
+                for r in self._arcs(p).tolist():
                     used[r] = used.get(r, 0.0) + 1.0
-            key = (a, b)
-            edges.append(key)
+            edges.append((a, b))
             if len(pab) > 2 or len(pba) > 2:
-                paths[key] = (pab, pba)
+                paths[(a, b)] = (pab, pba)
         rows = np.array(sorted(used), dtype=np.int64)
         counts = np.array([used[r] for r in rows.tolist()])
         return Column(rows, counts, edges, paths, float((y[rows] * counts).sum()))
+
+    def column_for(self, pairs: list[tuple[int, int]]) -> Column:
+        """The column of a given spanning tree, as pairs of worker positions (ranks).
+
+        Direct fabrics: every pair must be a link. Switched: pairs are routed on fewest hops.
+        """
+        y = np.zeros(self.rows)
+        if self.direct:
+            w = np.asarray(self.g.workers)
+            a = w[[p[0] for p in pairs]]
+            b = w[[p[1] for p in pairs]]
+            keys = np.minimum(a, b) * self.g.n + np.maximum(a, b)
+            idx = np.searchsorted(self._ekey, keys)
+            if np.any(idx >= len(self._ekey)) or np.any(self._ekey[np.minimum(
+                    idx, len(self._ekey) - 1)] != keys):
+                raise ValueError("a tree edge is not a link")
+            rows = np.sort(idx)
+            edges = [(int(self.g.u[k]), int(self.g.v[k])) for k in rows]
+            return Column(rows, np.ones(len(rows)), edges, {}, 0.0)
+        hops = csr_matrix((np.ones(len(self._tail)), (self._tail, self._head)),
+                          shape=(self.g.n, self.g.n))
+        _, pred = dijkstra(hops, directed=True, indices=self._w, return_predecessors=True)
+        return self._routed(pairs, pred, y)
 
     def _arcs(self, path: list[int]) -> np.ndarray:
         p = np.asarray(path, dtype=np.int64)

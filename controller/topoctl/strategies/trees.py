@@ -33,7 +33,14 @@ from .capgraph import CapGraph
 from .tree_lp import ColumnPool, _usage, column_generation, mw_pack, solve_restricted
 from .tree_oracle import Column, Oracle
 
-__all__ = ["PackedTree", "TreePlan", "chunk_bytes", "pipelined_time", "plan_trees"]
+__all__ = [
+    "PackedTree",
+    "TreePlan",
+    "auto_max_trees",
+    "chunk_bytes",
+    "pipelined_time",
+    "plan_trees",
+]
 
 
 @dataclass
@@ -75,19 +82,42 @@ class TreePlan:
         return [t.rate / self.rate for t in self.trees]
 
 
+def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 64) -> int:
+    """How many trees the optimum needs at least, clamped to ``[lo, hi]``.
+
+    A tree's rate is at most its weakest link, and every tree crosses the bottleneck partition
+    ``P*`` with ``|P*| - 1`` edges, so at least ``tau / max_{e in delta(P*)} c_e`` trees are
+    needed (two racks joined by 16 slow cables: 16; uniform K_n: n/2). Direct fabrics only.
+    """
+    if not g.is_direct:
+        return lo
+    from .bounds import partition_bound  # local: bounds is a separate, independent module
+
+    tau, parts, _ = partition_bound(g, exact_up_to=0)
+    label = np.empty(g.n, dtype=np.int64)
+    for i, part in enumerate(parts):
+        label[part] = i
+    cross = label[g.u] != label[g.v]
+    need = math.ceil(tau / float(g.cap[cross].max()) - 1e-9)
+    return int(min(hi, max(lo, need)))
+
+
 def plan_trees(
     g: CapGraph,
-    max_trees: int = 8,
+    max_trees: int | None = None,
     mw_eps: float = 0.1,
     mw_budget_s: float = 1.5,
     lp_budget_s: float = 6.0,
     prune_budget_s: float = 3.0,
 ) -> TreePlan:
-    """Pack spanning trees over ``g.workers`` and keep at most ``max_trees`` of them.
+    """Pack spanning trees over ``g.workers`` and keep at most ``max_trees`` of them
+    (default: :func:`auto_max_trees`).
 
     Complexity: MW ``O(I * oracle)``, column generation ``O(L * (LP + oracle))`` where the
     oracle is an MST (direct) or ``W`` Dijkstras + a dense MST (switched).
     """
+    if max_trees is None:
+        max_trees = auto_max_trees(g)
     if max_trees < 1:
         raise ValueError("max_trees must be >= 1")
     t0 = time.perf_counter()
@@ -141,7 +171,7 @@ def prune(
     order = [int(i) for i in np.argsort(-x) if x[i] > 1e-12]
     cand = [pool.columns[i] for i in order] or [pool.columns[0]]
     seen = {c.key for c in cand}
-    for col in greedy_disjoint(oracle, k):
+    for col in [*chain_candidates(oracle, k), *greedy_disjoint(oracle, k)]:
         if col.key not in seen:
             seen.add(col.key)
             cand.insert(0, col)
@@ -176,6 +206,53 @@ def prune(
             if pval > bval * (1 + 1e-9):
                 best, bx, bval = pick, px, pval
     return _positive(best, bx)
+
+
+def chain_candidates(oracle: Oracle, k: int) -> list[Column]:
+    """Low-degree trees that pruning to few trees needs (an MST under duals is often a star).
+
+    Switched fabrics: ``k`` rotations of one Hamiltonian chain of the workers in DFS order of
+    the fabric (neighbours stay close), each routed on fewest hops: every worker's uplink
+    carries at most 2 edges per chain, as in a ring. Complete direct-connect fabrics:
+    Walecki's zig-zag Hamiltonian paths (n/2 of them decompose K_n for even n).
+    """
+    g = oracle.g
+    nw = len(g.workers)
+    if nw < 3:
+        return []
+    chains: list[list[int]] = []
+    if not g.is_direct:
+        adj: dict[int, list[int]] = {}
+        for a, b in zip(g.u.tolist(), g.v.tolist(), strict=True):
+            adj.setdefault(a, []).append(b)
+            adj.setdefault(b, []).append(a)
+        pos = {node: r for r, node in enumerate(g.workers)}
+        order, seen, stack = [], set(), [g.workers[0]]
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in pos:
+                order.append(pos[x])
+            stack.extend(sorted(adj.get(x, []), reverse=True))
+        for s in range(min(k, nw)):
+            start = s * nw // min(k, nw)
+            chains.append(order[start:] + order[:start])
+    elif g.m == nw * (nw - 1) // 2:
+        for i in range(min(k, (nw + 1) // 2)):
+            path = [i]
+            for j in range(1, nw):
+                step = (j + 1) // 2 if j % 2 else -(j // 2)
+                path.append((i + step) % nw)
+            chains.append(path)
+    out = []
+    for chain in chains:
+        try:
+            out.append(oracle.column_for(list(zip(chain[:-1], chain[1:], strict=True))))
+        except ValueError:
+            continue
+    return out
 
 
 def greedy_disjoint(oracle: Oracle, k: int) -> list[Column]:
