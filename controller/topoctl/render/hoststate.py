@@ -65,6 +65,7 @@ def render_hosts(graph: FabricGraph, hops: NextHops, addr: Addressing,
                                       if nh != d}
     direct = graph.kind == "direct"
     hosts = list(graph.hosts)
+    domains = _domain_maps(addr) if not direct else {}
     out = {}
     for h in hosts:
         me = addr.training[h]
@@ -84,7 +85,7 @@ def render_hosts(graph: FabricGraph, hops: NextHops, addr: Addressing,
         if sysctl:
             state["sysctl"] = sysctl
         state["routes"] = _routes_of(h, hosts, graph, hops, addr, routes) if direct else \
-            _switched_routes(h, hosts, addr)
+            _switched_routes(h, hosts, addr, domains)
         q = _qos(h, hosts, graph, hops, addr, rates, port_speed)
         if q:
             state["qos"] = q
@@ -101,16 +102,15 @@ def _nic_order(nic: str) -> tuple:
 def _routes_of(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, addr: Addressing,
                routes: dict) -> list[dict]:
     me = addr.training[h]
-    per_neighbour: dict[str, list[tuple[str, str, float]]] = {}
-    out = []
-    src_idx = hops.index_out[h]
-    nxt = hops.nxt
+    column = hops.nxt[[hops.host_pos[d] for d in hosts], hops.index_out[h]].tolist()
     names = hops.names
-    for d in hosts:
-        if d == h:
+    templates: dict[int, dict] = {}
+    out = []
+    for d, v in zip(hosts, column, strict=True):
+        if d == h or v < 0:  # v < 0: an unreachable non-training host (the planner checked)
             continue
         dst = f"{addr.training[d]}/32"
-        override = routes.get((h, d))
+        override = routes.get((h, d)) if routes else None
         if override:
             entries = []
             tot = sum(w for _, w in override)
@@ -118,37 +118,38 @@ def _routes_of(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, add
                 entries += _hop_entries(h, hops.bundles[(h, nb)], addr, w / tot)
             out.append(_route(dst, me, entries))
             continue
-        v = int(nxt[hops.host_pos[d], src_idx])
-        if v < 0:
-            continue  # unreachable non-training host: the planner checked the training hosts
-        nb = names[v]
-        entries = per_neighbour.get(nb)
-        if entries is None:
-            entries = per_neighbour[nb] = _hop_entries(h, hops.bundles[(h, nb)], addr)
-        out.append(_route(dst, me, entries))
+        t = templates.get(v)
+        if t is None:
+            entries = _hop_entries(h, hops.bundles[(h, names[v])], addr)
+            t = templates[v] = _route("", me, entries)
+            del t["dst"]
+        out.append({"dst": dst, **t})
     return out
 
 
-def _switched_routes(h: str, hosts: list[str], addr: Addressing) -> list[dict]:
+def _domain_maps(addr: Addressing) -> dict[str, dict[str, tuple[str, str]]]:
+    """host -> L2 domain -> (its first NIC in that domain, that NIC's address)."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for (host, nic), dom in addr.domain_of.items():
+        out.setdefault(host, {}).setdefault(dom, (nic, addr.ip(host, nic)))
+    return out
+
+
+def _switched_routes(h: str, hosts: list[str], addr: Addressing,
+                     domains: dict[str, dict[str, tuple[str, str]]]) -> list[dict]:
     me = addr.training[h]
-    mine: dict[str, str] = {}
-    for (host, nic), dom in addr.domain_of.items():
-        if host == h:
-            mine.setdefault(dom, nic)
-    theirs: dict[str, dict[str, str]] = {}
-    for (host, nic), dom in addr.domain_of.items():
-        theirs.setdefault(host, {}).setdefault(dom, addr.ip(host, nic))
+    mine = domains.get(h, {})
     out = []
     for d in hosts:
         if d == h:
             continue
-        shared = [dom for dom in theirs.get(d, {}) if dom in mine]
-        if not shared:
+        theirs = domains.get(d, {})
+        dom = next((x for x in theirs if x in mine), None)
+        if dom is None:
             raise AddressingError("fabric", f"{h} and {d} share no switched network (hosts do "
                                             "not forward on switched fabrics)")
-        dom = shared[0]
-        out.append({"dst": f"{addr.training[d]}/32", "via": theirs[d][dom], "dev": mine[dom],
-                    "src": me})
+        out.append({"dst": f"{addr.training[d]}/32", "via": theirs[dom][1],
+                    "dev": mine[dom][0], "src": me})
     return out
 
 

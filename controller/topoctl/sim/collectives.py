@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
+    """One point-to-point transfer (a NamedTuple: schedules have O(n^2) of them)."""
+
     src: str
     dst: str
     size: float  # bytes
@@ -66,11 +67,11 @@ def _ring(name: str, order: Sequence[str], size: float, rounds: int) -> Schedule
     if n < 2:
         return Schedule(name, tuple(order), ())
     chunk = size / n
-    steps = []
-    for k in range(rounds):
-        for i in range(n):
-            deps = ((k - 1) * n + (i - 1) % n,) if k else ()
-            steps.append(Step(order[i], order[(i + 1) % n], chunk, deps))
+    pairs = [(order[i], order[(i + 1) % n]) for i in range(n)]
+    steps = [Step(a, b, chunk) for a, b in pairs]
+    for k in range(1, rounds):
+        base = (k - 1) * n
+        steps += [Step(a, b, chunk, (base + (i - 1) % n,)) for i, (a, b) in enumerate(pairs)]
     return Schedule(name, tuple(order), tuple(steps))
 
 

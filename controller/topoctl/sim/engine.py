@@ -54,46 +54,34 @@ class SimResult:
 
 
 class _Graph:
-    """Tasks flattened to integer nodes (collective steps become flow nodes + one join)."""
+    """Tasks flattened to integer nodes: collective steps become flow nodes whose completion
+    counts down their collective's join node (no per-step edges to the join)."""
 
     def __init__(self, tasks: Sequence[Task]):
         self.kind: list[int] = []
-        self.name: list[str] = []
-        self.device: list[str | None] = []
-        self.duration: list[float] = []
+        self.label: list = []  # task id, or (collective id, step index) for steps
+        self.device: dict[int, str] = {}
+        self.duration: dict[int, float] = {}
         self.src: list[str | None] = []
         self.dst: list[str | None] = []
         self.size: list[float] = []
         self.succ: list[list[int]] = []
         self.ndeps: list[int] = []
+        self.owner: list[int] = []  # join node of a collective step, -1 otherwise
         index: dict[str, int] = {}
         pending: list[tuple[int, tuple[str, ...], str]] = []
         for t in tasks:
             if t.id in index:
                 raise SimError(f"task id {t.id!r} used twice")
             if isinstance(t, Compute):
-                n = self._add(_COMPUTE, t.id, device=t.device, duration=t.duration)
+                n = self._add(_COMPUTE, t.id)
+                self.device[n], self.duration[n] = t.device, t.duration
                 pending.append((n, t.deps, t.id))
             elif isinstance(t, Transfer):
-                n = self._add(_FLOW, t.id, src=t.src, dst=t.dst, size=t.size)
+                n = self._add(_FLOW, t.id, t.src, t.dst, t.size)
                 pending.append((n, t.deps, t.id))
             elif isinstance(t, Collective):
-                first = len(self.kind)
-                steps = t.schedule.steps
-                for i, s in enumerate(steps):
-                    n = self._add(_FLOW, f"{t.id}/{i}", src=s.src, dst=s.dst, size=s.size)
-                    if s.deps:
-                        for d in s.deps:
-                            if not 0 <= d < i:
-                                raise SimError(f"{t.id}: step {i} depends on step {d}")
-                            self._edge(first + d, n)
-                    else:
-                        pending.append((n, t.deps, t.id))
-                n = self._add(_JOIN, t.id)
-                for i in range(len(steps)):
-                    self._edge(first + i, n)
-                if not steps:
-                    pending.append((n, t.deps, t.id))
+                n = self._collective(t, pending)
             else:
                 raise SimError(f"unknown task type {type(t).__name__}")
             index[t.id] = n
@@ -101,25 +89,52 @@ class _Graph:
             for d in deps:
                 if d not in index:
                     raise SimError(f"task {tid!r} depends on unknown task {d!r}")
-                self._edge(index[d], n)
+                self.succ[index[d]].append(n)
+                self.ndeps[n] += 1
         self.index = index
 
-    def _add(self, kind: int, name: str, device: str | None = None, duration: float = 0.0,
-             src: str | None = None, dst: str | None = None, size: float = 0.0) -> int:
+    def name(self, node: int) -> str:
+        lab = self.label[node]
+        return f"{lab[0]}/{lab[1]}" if isinstance(lab, tuple) else lab
+
+    def _add(self, kind: int, label, src: str | None = None, dst: str | None = None,
+             size: float = 0.0) -> int:
         self.kind.append(kind)
-        self.name.append(name)
-        self.device.append(device)
-        self.duration.append(duration)
+        self.label.append(label)
         self.src.append(src)
         self.dst.append(dst)
         self.size.append(size)
         self.succ.append([])
         self.ndeps.append(0)
+        self.owner.append(-1)
         return len(self.kind) - 1
 
-    def _edge(self, a: int, b: int) -> None:
-        self.succ[a].append(b)
-        self.ndeps[b] += 1
+    def _collective(self, t: Collective, pending: list) -> int:
+        steps = t.schedule.steps
+        m = len(steps)
+        base = len(self.kind)
+        join = base + m
+        succ: list[list[int]] = [[] for _ in range(m)]
+        for i, s in enumerate(steps):
+            for d in s.deps:
+                if not 0 <= d < i:
+                    raise SimError(f"{t.id}: step {i} depends on step {d} (not earlier)")
+                succ[d].append(base + i)
+            if not s.deps:
+                pending.append((base + i, t.deps, t.id))
+        self.kind.extend([_FLOW] * m)
+        self.label.extend((t.id, i) for i in range(m))
+        self.src.extend(s.src for s in steps)
+        self.dst.extend(s.dst for s in steps)
+        self.size.extend(s.size for s in steps)
+        self.succ.extend(succ)
+        self.ndeps.extend(len(s.deps) for s in steps)
+        self.owner.extend([join] * m)
+        n = self._add(_JOIN, t.id)
+        self.ndeps[n] = m
+        if not m:
+            pending.append((n, t.deps, t.id))
+        return n
 
 
 def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> SimResult:
@@ -182,7 +197,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
             src, dst, size = g.src[node], g.dst[node], g.size[node]
             plan = plans.get((src, dst))
             if plan is None:
-                plan = plans[(src, dst)] = _route_plan(network, src, dst, g.name[node])
+                plan = plans[(src, dst)] = _route_plan(network, src, dst, g.name(node))
             started = 0
             for frac, path, key, lat in plan:
                 part = size * frac
@@ -204,21 +219,28 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
                 else:
                     done_stack.append(node)
 
+    succ, owner, kind = g.succ, g.owner, g.kind
+
     def complete(node: int) -> None:
         done_stack.append(node)
         while done_stack:
             x = done_stack.pop()
-            if not math.isnan(finish[x]):
+            if finish[x] == finish[x]:  # not NaN: already done
                 continue
             finish[x] = now
-            if g.kind[x] == _COMPUTE:
+            if kind[x] == _COMPUTE:
                 dev = g.device[x]
                 dev_running[dev] = None
                 start_device(dev)
-            for s in g.succ[x]:
+            for s in succ[x]:
                 waiting[s] -= 1
                 if waiting[s] == 0:
                     ready(s)
+            j = owner[x]
+            if j >= 0:
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    ready(j)
 
     for node in range(n):
         if waiting[node] == 0:
@@ -264,7 +286,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
         while events and events[0][0] <= now + 1e-12:
             _, _, node = heapq.heappop(events)
             complete(node)
-    unfinished = [g.name[i] for i in range(n) if math.isnan(finish[i])]
+    unfinished = [g.name(i) for i in range(n) if math.isnan(finish[i])]
     if unfinished:
         raise SimError(f"tasks never ran (dependency cycle?): {', '.join(unfinished[:5])}")
     total = max(finish, default=0.0)
@@ -275,7 +297,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
     res = SimResult(total, compute, max(0.0, total - compute), comm_active, busy, link_bytes,
                     util, top, {tid: start[i] for tid, i in g.index.items()})
     if record:
-        res.finish = {g.name[i]: finish[i] for i in range(n)} | top
+        res.finish = {g.name(i): finish[i] for i in range(n)} | top
     return res
 
 

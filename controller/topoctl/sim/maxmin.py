@@ -32,6 +32,11 @@ def maxmin_rates(flows: Mapping[Hashable, Sequence[Hashable]],
             else:
                 u.append(f)
     count = {ln: len(u) for ln, u in users.items()}
+    if len(count) == sum(count.values()):  # no link shared: each flow gets its bottleneck
+        for f, links in flows.items():
+            if links:
+                rate[f] = min(capacity[ln] for ln in links)
+        return rate
     left = {ln: float(capacity[ln]) for ln in users}
     level = 0.0  # the common rate of all flows not yet frozen
     while count:

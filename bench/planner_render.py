@@ -1,0 +1,50 @@
+"""Benchmark: render a plan for 1,024 hosts (target <= 10 s): shortest-path routing, addresses,
+one HostState per host (1,023 routes each), the launch spec, and the YAML text; then, timed
+separately, validating every host against the agent's schema. Degree-4 direct fabric (host
+forwarding, the heavier case) and one switch."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from planner_common import direct, switched  # noqa: E402
+
+from topoagent.state import parse_host_state  # noqa: E402
+from topoctl.cli_plan import dump_plan  # noqa: E402
+from topoctl.render.addressing import assign  # noqa: E402
+from topoctl.render.hoststate import render_hosts  # noqa: E402
+from topoctl.render.plan import fabric_wiring, plan_document  # noqa: E402
+from topoctl.sim.routing import shortest_next_hops  # noqa: E402
+from topoctl.spec.cluster import parse_cluster  # noqa: E402
+
+
+def main(n: int = 1024, validate: bool = True) -> None:
+    for name, data in (("direct-d4", direct(n, 4)), ("switch", switched(n))):
+        cluster = parse_cluster(data)
+        t0 = time.perf_counter()
+        g = cluster.graph()
+        hops = shortest_next_hops(g)
+        t1 = time.perf_counter()
+        addr = assign(g)
+        hosts = render_hosts(g, hops, addr)
+        doc = plan_document({"cluster": cluster.name}, fabric_wiring(cluster, g), hosts, {})
+        t2 = time.perf_counter()
+        text = dump_plan(doc)
+        t3 = time.perf_counter()
+        routes = sum(len(s["routes"]) for s in hosts.values())
+        line = (f"{name:10} hosts={n} routes={routes} routing={t1 - t0:.2f}s "
+                f"states={t2 - t1:.2f}s yaml={t3 - t2:.2f}s ({len(text) / 1e6:.0f} MB) "
+                f"render_total={t3 - t0:.2f}s")
+        if validate:
+            for h, st in hosts.items():
+                parse_host_state(st, prefix=f"hosts.{h}")
+            line += f" validate={time.perf_counter() - t3:.2f}s"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1024)
