@@ -48,7 +48,8 @@ class PackedTree:
     """One tree of the schedule, by rank (rank r = ``workers[r]``).
 
     ``parents[r]`` is r's parent rank (``None`` at the root); ``paths`` maps a tree edge
-    ``(a, b)`` (ranks) that is not a direct link to its routed node paths ``(a->b, b->a)``.
+    ``(a, b)`` (ranks, ``a < b``) that is not a direct link to its routed node paths
+    ``(a->b, b->a)``.
     """
 
     root: int
@@ -324,8 +325,11 @@ def _rooted(g: CapGraph, cols: list[Column], rates: np.ndarray) -> list[PackedTr
             else:
                 parents[x] = y
         paths = {}
-        for (u, v), (puv, pvu) in col.paths.items():
-            paths[(rank[u], rank[v])] = (puv, pvu)
+        for (u, v), (puv, pvu) in col.paths.items():  # keys (a, b) with rank a < rank b
+            if rank[u] < rank[v]:
+                paths[(rank[u], rank[v])] = (puv, pvu)
+            else:
+                paths[(rank[v], rank[u])] = (pvu, puv)
         out.append(PackedTree(root, parents, float(rates[i]), int(ecc[root]), paths))
     return out
 
