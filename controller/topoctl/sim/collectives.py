@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 
@@ -32,9 +33,13 @@ class Step(NamedTuple):
 
 @dataclass(frozen=True)
 class Schedule:
+    """`scale` multiplies every step's size: an algorithm may build one unit schedule per
+    member order (cached) and reuse it for every bucket size."""
+
     name: str
     members: tuple[str, ...]
     steps: tuple[Step, ...]
+    scale: float = 1.0
 
     def check(self) -> None:
         """Raise ValueError unless deps point backwards and endpoints are members."""
@@ -42,7 +47,7 @@ class Schedule:
         for i, s in enumerate(self.steps):
             if s.src not in members or s.dst not in members:
                 raise ValueError(f"{self.name}: step {i} {s.src}->{s.dst} leaves the members")
-            if s.size < 0:
+            if s.size * self.scale < 0:
                 raise ValueError(f"{self.name}: step {i} has negative size")
             for d in s.deps:
                 if not 0 <= d < i:
@@ -51,7 +56,7 @@ class Schedule:
     def bytes_sent(self) -> dict[str, float]:
         out = dict.fromkeys(self.members, 0.0)
         for s in self.steps:
-            out[s.src] += s.size
+            out[s.src] += s.size * self.scale
         return out
 
 
@@ -63,16 +68,22 @@ class CollectiveAlgorithm(Protocol):
 
 
 def _ring(name: str, order: Sequence[str], size: float, rounds: int) -> Schedule:
+    return Schedule(name, tuple(order), _ring_steps(tuple(order), rounds), float(size))
+
+
+@lru_cache(maxsize=32)
+def _ring_steps(order: tuple[str, ...], rounds: int) -> tuple[Step, ...]:
+    """Unit-size ring steps (chunks of 1/n), shared by every bucket over the same order."""
     n = len(order)
     if n < 2:
-        return Schedule(name, tuple(order), ())
-    chunk = size / n
+        return ()
+    chunk = 1.0 / n
     pairs = [(order[i], order[(i + 1) % n]) for i in range(n)]
     steps = [Step(a, b, chunk) for a, b in pairs]
     for k in range(1, rounds):
         base = (k - 1) * n
         steps += [Step(a, b, chunk, (base + (i - 1) % n,)) for i, (a, b) in enumerate(pairs)]
-    return Schedule(name, tuple(order), tuple(steps))
+    return tuple(steps)
 
 
 def ring_allreduce(order: Sequence[str], size: float) -> Schedule:

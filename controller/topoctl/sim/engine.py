@@ -59,7 +59,7 @@ class _Graph:
 
     def __init__(self, tasks: Sequence[Task]):
         self.kind: list[int] = []
-        self.label: list = []  # task id, or (collective id, step index) for steps
+        self.label: list[str] = []  # task id (collective steps: their collective's id)
         self.device: dict[int, str] = {}
         self.duration: dict[int, float] = {}
         self.src: list[str | None] = []
@@ -68,6 +68,8 @@ class _Graph:
         self.succ: list[list[int]] = []
         self.ndeps: list[int] = []
         self.owner: list[int] = []  # join node of a collective step, -1 otherwise
+        self.offset: list[int] = []  # added to succ entries (collective steps: the first step)
+        self._shapes: dict[int, tuple] = {}  # per distinct steps tuple: dependency structure
         index: dict[str, int] = {}
         pending: list[tuple[int, tuple[str, ...], str]] = []
         for t in tasks:
@@ -94,8 +96,9 @@ class _Graph:
         self.index = index
 
     def name(self, node: int) -> str:
-        lab = self.label[node]
-        return f"{lab[0]}/{lab[1]}" if isinstance(lab, tuple) else lab
+        if self.owner[node] >= 0:
+            return f"{self.label[node]}/{node - self.offset[node]}"
+        return self.label[node]
 
     def _add(self, kind: int, label, src: str | None = None, dst: str | None = None,
              size: float = 0.0) -> int:
@@ -107,28 +110,41 @@ class _Graph:
         self.succ.append([])
         self.ndeps.append(0)
         self.owner.append(-1)
+        self.offset.append(0)
         return len(self.kind) - 1
 
     def _collective(self, t: Collective, pending: list) -> int:
-        steps = t.schedule.steps
+        sch = t.schedule
+        steps = sch.steps
         m = len(steps)
         base = len(self.kind)
         join = base + m
-        succ: list[list[int]] = [[] for _ in range(m)]
-        for i, s in enumerate(steps):
-            for d in s.deps:
-                if not 0 <= d < i:
-                    raise SimError(f"{t.id}: step {i} depends on step {d} (not earlier)")
-                succ[d].append(base + i)
-            if not s.deps:
-                pending.append((base + i, t.deps, t.id))
+        shape = self._shapes.get(id(steps))
+        if shape is None or shape[0] is not steps:
+            succ_rel: list[list[int]] = [[] for _ in range(m)]
+            roots = []
+            for i, s in enumerate(steps):
+                for d in s.deps:
+                    if not 0 <= d < i:
+                        raise SimError(f"{t.id}: step {i} depends on step {d} (not earlier)")
+                    succ_rel[d].append(i)
+                if not s.deps:
+                    roots.append(i)
+            shape = (steps, succ_rel, roots, [len(s.deps) for s in steps],
+                     [s.src for s in steps], [s.dst for s in steps], [s.size for s in steps])
+            self._shapes[id(steps)] = shape
+        _, succ_rel, roots, ndeps, srcs, dsts, sizes = shape
+        for i in roots:
+            pending.append((base + i, t.deps, t.id))
         self.kind.extend([_FLOW] * m)
-        self.label.extend((t.id, i) for i in range(m))
-        self.src.extend(s.src for s in steps)
-        self.dst.extend(s.dst for s in steps)
-        self.size.extend(s.size for s in steps)
-        self.succ.extend(succ)
-        self.ndeps.extend(len(s.deps) for s in steps)
+        self.label.extend([t.id] * m)
+        self.offset.extend([base] * m)
+        self.src.extend(srcs)
+        self.dst.extend(dsts)
+        scale = sch.scale
+        self.size.extend(sizes if scale == 1.0 else [x * scale for x in sizes])
+        self.succ.extend(succ_rel)  # relative to `offset`; shared by same-shaped collectives
+        self.ndeps.extend(ndeps)
         self.owner.extend([join] * m)
         n = self._add(_JOIN, t.id)
         self.ndeps[n] = m
@@ -182,6 +198,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
 
     done_stack: list[int] = []
     plans: dict[tuple, list] = {}
+    rate_memo: dict[tuple, list[float]] = {}
 
     def ready(node: int) -> None:
         nonlocal fid_counter, dirty
@@ -219,7 +236,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
                 else:
                     done_stack.append(node)
 
-    succ, owner, kind = g.succ, g.owner, g.kind
+    succ, owner, kind, offset = g.succ, g.owner, g.kind, g.offset
 
     def complete(node: int) -> None:
         done_stack.append(node)
@@ -232,7 +249,9 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
                 dev = g.device[x]
                 dev_running[dev] = None
                 start_device(dev)
+            b = offset[x]
             for s in succ[x]:
+                s += b
                 waiting[s] -= 1
                 if waiting[s] == 0:
                     ready(s)
@@ -250,9 +269,18 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
 
     while flows or events:
         if dirty:
-            rates = maxmin_rates(flow_links, capacity)
-            for fid, f in flows.items():
-                f[1] = rates[fid]
+            # rates depend only on the paths in flight, which repeat round after round in a
+            # collective: memoise on the (ordered) tuple of paths
+            key = tuple(flow_links.values())
+            got = rate_memo.get(key)
+            if got is None:
+                rates = maxmin_rates(flow_links, capacity)
+                got = [rates[fid] for fid in flow_links]
+                if len(rate_memo) > 4096:
+                    rate_memo.clear()
+                rate_memo[key] = got
+            for f, r in zip(flows.values(), got, strict=True):
+                f[1] = r
             dirty = False
         t_flow = math.inf
         for f in flows.values():
