@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import csr_matrix, diags, hstack, identity
-from scipy.sparse.csgraph import shortest_path
+from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
 
 from .capgraph import CapGraph
 from .tree_lp import ColumnPool, _usage, column_generation, mw_pack, solve_restricted
@@ -86,20 +86,21 @@ class TreePlan:
 def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 64) -> int:
     """How many trees the optimum needs at least, clamped to ``[lo, hi]``.
 
-    A tree's rate is at most its weakest link, and every tree crosses the bottleneck partition
-    ``P*`` with ``|P*| - 1`` edges, so at least ``tau / max_{e in delta(P*)} c_e`` trees are
-    needed (two racks joined by 16 slow cables: 16; uniform K_n: n/2). Direct fabrics only.
+    A tree's rate is at most its weakest link and every tree crosses every cut, so a tree's
+    rate is at most ``c_b = min_S max_{e in delta(S)} c_e`` (the weakest edge of a maximum
+    spanning tree): at least ``tau / c_b`` trees are needed (two racks joined by slow cables:
+    tau / slow; uniform K_n: n/2). Direct fabrics only (switched: ``lo``).
     """
     if not g.is_direct:
         return lo
     from .bounds import partition_bound  # local: bounds is a separate, independent module
 
-    tau, parts, _ = partition_bound(g, exact_up_to=0)
-    label = np.empty(g.n, dtype=np.int64)
-    for i, part in enumerate(parts):
-        label[part] = i
-    cross = label[g.u] != label[g.v]
-    need = math.ceil(tau / float(g.cap[cross].max()) - 1e-9)
+    tau = partition_bound(g, exact_up_to=0)[0]
+    top = float(g.cap.max())
+    inv = csr_matrix((top + 1.0 - g.cap, (g.u, g.v)), shape=(g.n, g.n))
+    mst = minimum_spanning_tree(inv)  # maximum spanning tree of the capacities
+    c_b = top + 1.0 - float(mst.data.max())
+    need = math.ceil(tau / c_b - 1e-9)
     return int(min(hi, max(lo, need)))
 
 

@@ -1,0 +1,181 @@
+"""Measured AllReduce on a lab (real namespaces, tc-shaped cables, real gloo traffic).
+
+    .venv/bin/python bench/allreduce_lab.py plans/tworack8-cluster.yaml [--scale 0.5]
+        [--bytes 8388608] [--iters 3] [--json OUT]
+
+Builds a throwaway lab (``topoctl lab up``, name ``tp5...``) from the cluster file, with cable
+rates multiplied by ``--scale`` so that 2 cores are not the bottleneck. Every host gets a
+training address (on a local veth pair: this kernel has no dummy driver) and one /32 route per
+peer over their direct cable (the baseline routing; parallel cables: the fastest one). Packed
+trees are planned for the cables' rates, then 8 ranks over gloo compare, side by side in one
+run: gloo's default all_reduce, a ring in the best order (maximum bottleneck) and the packed
+trees. Reports time, algbw (M / t) and measured/optimal (optimum = M / tau, the partition
+bound). Always removes the lab. Direct-connect clusters only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from topoctl.strategies.bounds import partition_bound
+from topoctl.strategies.capgraph import build_capgraph
+from topoctl.strategies.tree_schedule import plan_to_schedule
+from topoctl.strategies.trees import plan_trees
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = str(ROOT / ".venv/bin/python")
+TOPOCTL = str(ROOT / ".venv/bin/topoctl")
+RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)$")
+UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def scaled_cluster(path: Path, scale: float, name: str) -> dict:
+    doc = yaml.safe_load(path.read_text())
+    doc["name"] = name
+
+    def fix(v):
+        m = RATE.match(str(v))
+        if not m:
+            return v
+        return f"{int(float(m.group(1)) * UNIT[m.group(2)] * scale / 1000)}kbit"
+
+    for link in doc["fabric"]["links"]:
+        if "bandwidth" in link:
+            link["bandwidth"] = fix(link["bandwidth"])
+    if "nic_speed" in doc.get("defaults", {}):
+        doc["defaults"]["nic_speed"] = fix(doc["defaults"]["nic_speed"])
+    return doc
+
+
+def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def best_ring(hosts: list[str], cap: dict[tuple[str, str], float]) -> list[int]:
+    """Ring order with the largest bottleneck (brute force, n <= 9)."""
+    best, order = -1.0, list(range(len(hosts)))
+    for perm in itertools.permutations(range(1, len(hosts))):
+        cyc = [0, *perm]
+        if cyc[1] > cyc[-1]:
+            continue
+        bott = min(cap.get((hosts[a], hosts[b]), 0.0)
+                   for a, b in zip(cyc, cyc[1:] + cyc[:1], strict=True))
+        if bott > best:
+            best, order = bott, cyc
+    return order
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cluster")
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--bytes", type=int, default=8 << 20)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--ring-iters", type=int, default=2)
+    ap.add_argument("--chunk-bytes", type=int, default=32768)
+    ap.add_argument("--name", default=f"tp5{os.getpid() % 100000}")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from topoctl.lab.lab import Lab
+
+    tmp = Path(tempfile.mkdtemp(prefix="tp5-bench-"))
+    cfile = tmp / "cluster.yaml"
+    cfile.write_text(yaml.safe_dump(scaled_cluster(Path(args.cluster), args.scale, args.name)))
+    t_up = time.perf_counter()
+    sh([TOPOCTL, "lab", "up", str(cfile), "--name", args.name, "--no-ssh"])
+    procs: list[subprocess.Popen] = []
+    try:
+        lab = Lab.load(args.name)
+        hosts = [h.name for h in lab.layout.hosts]
+        idx = {h: i for i, h in enumerate(hosts)}
+        addr = {h: f"10.236.5.{i + 1}" for i, h in enumerate(hosts)}
+        # fastest cable per host pair: (rate bit/s, port at a, port at b)
+        cables: dict[tuple[str, str], tuple[int, str, str]] = {}
+        for c in lab.layout.cables:
+            (ha, pa), (hb, pb) = c.a.split(":"), c.b.split(":")
+            key = (ha, hb) if idx[ha] < idx[hb] else (hb, ha)
+            ports = (pa, pb) if key[0] == ha else (pb, pa)
+            if key not in cables or cables[key][0] < c.rate:
+                cables[key] = (c.rate, *ports)
+        for h in hosts:
+            ns = lab.netns(h)
+            # no dummy driver in this kernel: a veth pair inside the host carries the address
+            batch = ["link add tp5d0 type veth peer name tp5d1", "link set tp5d0 up",
+                     "link set tp5d1 up",
+                     f"addr add {addr[h]}/32 dev tp5d0"]
+            for (a, b), (_, pa, pb) in cables.items():
+                if h in (a, b):
+                    peer, port = (b, pa) if h == a else (a, pb)
+                    batch.append(f"route add {addr[peer]}/32 dev {port} src {addr[h]}")
+            sh(["ip", "-n", ns, "-batch", "-"], input="\n".join(batch) + "\n")
+            for key in ("all", "default"):
+                sh(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                    f"net.ipv4.conf.{key}.rp_filter=0"])
+        t_up = time.perf_counter() - t_up
+        # plan on the cables' rates in bytes/s
+        links = [(a, b, r / 8.0) for (a, b), (r, _, _) in cables.items()]
+        g = build_capgraph(links, hosts)
+        plan = plan_trees(g)
+        tau = partition_bound(g)[0]
+        sched = plan_to_schedule(plan, chunk_bytes=args.chunk_bytes)
+        spath = tmp / "schedule.yaml"
+        spath.write_text(yaml.safe_dump(sched.dump(), sort_keys=False))
+        capd = {}
+        for a, b, c in links:
+            capd[(a, b)] = capd[(b, a)] = c
+        order = best_ring(hosts, capd)
+        port = 29500 + os.getpid() % 1000
+        for h in hosts:
+            cmd = ["ip", "netns", "exec", lab.netns(h), "env", "GLOO_SOCKET_IFNAME=tp5d0",
+                   f"PYTHONPATH={ROOT / 'controller'}:{ROOT / 'agent'}",
+                   PY, str(ROOT / "bench/allreduce_worker.py"), "--rank", str(idx[h]),
+                   "--world", str(len(hosts)), "--master", f"{addr[hosts[0]]}:{port}",
+                   "--bytes", str(args.bytes), "--iters", str(args.iters),
+                   "--ring-iters", str(args.ring_iters), "--schedule", str(spath),
+                   "--ring-order", ",".join(map(str, order))]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        outs = [p.communicate(timeout=900) for p in procs]
+        for p, (_, err) in zip(procs, outs, strict=True):
+            if p.returncode:
+                print(err[-3000:], file=sys.stderr)
+                raise SystemExit(f"a rank failed (exit {p.returncode})")
+        res = json.loads(outs[0][0].strip().splitlines()[-1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        subprocess.run([TOPOCTL, "lab", "down", "--lab", args.name], capture_output=True)
+    m = args.bytes
+    t_opt = m / tau
+    print(f"cluster {args.cluster} (rates x{args.scale}), {len(hosts)} ranks, M = {m / 2**20:.1f}"
+          f" MiB, {len(plan.trees)} trees (planned rate {plan.rate * 8 / 1e6:.1f} Mbit/s, "
+          f"tau {tau * 8 / 1e6:.1f} Mbit/s), optimum {t_opt:.3f} s; ring order {order}")
+    print("| method | median s | algbw MB/s | measured/optimal | vs gloo | bench CPU (cores) | "
+          "machine busy |")
+    print("|---|---|---|---|---|---|---|")
+    gloo = res["results"]["gloo all_reduce (default)"]["median"]
+    for name, r in res["results"].items():
+        t = r["median"]
+        print(f"| {name} | {t:.3f} | {m / t / 1e6:.2f} | {t_opt / t:.1%} | {gloo / t:.1f}x | "
+              f"{r['bench_cores']:.2f} | {r['machine_busy']:.0%} |"
+              + ("" if r["correct"] else " WRONG RESULT |"))
+    print(f"load average {os.getloadavg()}; lab up + addressing {t_up:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tau": tau, "plan_rate": plan.rate, **res}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
