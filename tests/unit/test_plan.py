@@ -141,3 +141,26 @@ def test_gpu_types_from_the_cluster_drive_the_roofline():
     assert fast_doc["metadata"]["prediction"]["compute"] < \
         slow_doc["metadata"]["prediction"]["compute"]
     assert fast_doc["metadata"]["prediction"]["cost_model"] == ["roofline:Z100"]
+
+
+def test_measured_costs_on_cpu_hosts_are_cached(tmp_path, monkeypatch):
+    """cost: auto on `cpu` hosts times the model on this CPU once, then reads the cache."""
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB | {"cost": {"method": "auto"}})
+    c = load_cluster(PLANS / "switch8-cluster.yaml")
+    doc, _, _ = make_plan(c, job)
+    assert doc["metadata"]["prediction"]["cost_model"] == ["measured:CPU"]
+    assert doc["metadata"]["prediction"]["compute"] > 0
+    files = list((tmp_path / "profiles").glob("*.json"))
+    assert len(files) == 1
+    files[0].write_text(_inflate(files[0].read_text()))
+    doc2, _, _ = make_plan(c, job)  # the (edited) cache is used: compute grows
+    assert doc2["metadata"]["prediction"]["compute"] > 100 * doc["metadata"]["prediction"][
+        "compute"]
+
+
+def _inflate(text: str) -> str:
+    import json
+
+    data = json.loads(text)
+    return json.dumps({k: [v[0] * 1000 + 1.0, v[1]] for k, v in data.items()})

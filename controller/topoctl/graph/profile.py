@@ -17,6 +17,8 @@ from topoctl.graph.cost import OpCost, measure_costs, roofline_costs, scale_cost
 from topoctl.graph.devices import DEVICES, Device
 from topoctl.graph.ops import OpGraph
 
+PROFILE_BATCH = 4  # default batch timed on this CPU; costs scale linearly to the rank's batch
+
 
 def _inputs(job) -> list[CatalogInput]:
     return [CatalogInput(tuple(i.shape), i.dtype, i.high) for i in job.model.inputs]
@@ -68,5 +70,5 @@ def job_costs(job, graph: OpGraph, device: Device, measured: bool,
     """Per-op costs for `graph` (captured at the per-rank batch) on `device`."""
     if not measured:
         return roofline_costs(graph, device, job.dtype)
-    pb = job.cost.profile_batch or min(graph.batch, 8)
+    pb = job.cost.profile_batch or min(graph.batch, PROFILE_BATCH)
     return scale_costs(measure_job(job, graph, pb, use_cache), graph.batch / pb)
