@@ -73,3 +73,36 @@ def tc_classes(ns: str, dev: str) -> list[dict]:
                 entry[key] = round(float(num) * _UNITS[entry[key][len(num):]])
         out.append(entry)
     return out
+
+
+CARRIER = {"NO-CARRIER", "LOWER_UP", "M-DOWN", "linkdown"}
+
+
+def _strip(obj):
+    """Drop what moves without anyone changing configuration: counters of packets in flight and
+    the carrier of a veth, which follows its peer's admin state a moment later."""
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items()
+                if k not in ("direct_packets_stat", "stats", "stats64", "xstats", "operstate")}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj if not (isinstance(v, str) and v in CARRIER)]
+    return obj
+
+
+def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
+    """Everything the agent could touch on `links` and host-wide, as iproute2 and /proc
+    report it: compare two dumps to prove a host unchanged."""
+    out = {
+        "addr": ip_json(ns, "-4", "addr", "show"),
+        "link": [{k: link.get(k) for k in ("ifname", "mtu", "flags", "qdisc")}
+                 for link in ip_json(ns, "link", "show")],
+        "route": ip_json(ns, "-4", "route", "show", "table", "all"),
+        "rule": ip_json(ns, "-4", "rule", "show"),
+        "sysctl": ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv4/ip_forward "
+                          "/proc/sys/net/ipv4/conf/*/rp_filter "
+                          "/proc/sys/net/ipv4/conf/*/promote_secondaries").stdout,
+    }
+    for dev in links:
+        out[f"tc {dev}"] = [tc_json(ns, "qdisc", "show", "dev", dev), tc_classes(ns, dev),
+                            tc_json(ns, "filter", "show", "dev", dev)]
+    return _strip(out)

@@ -59,9 +59,13 @@ class Store:
         return _load(files[-1]) if len(files) > 1 else None
 
     def previous(self) -> HostState | None:
-        """The state a rollback returns to (the baseline when only one apply was made)."""
+        """The state a rollback returns to: the one applied before the newest, with the
+        baseline's original values for every sysctl and link attribute it leaves unsaid (so a
+        value first changed by the newest apply goes back too)."""
         files = self._files()
-        return _load(files[-2]) if len(files) > 1 else None
+        if len(files) < 2:
+            return None
+        return with_baseline(_load(files[-2]), _load(files[0]))
 
     def _write(self, n: int, text: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -98,3 +102,20 @@ def merge_baseline(base: HostState, add: HostState) -> HostState:
     rp = {**add.sysctl.rp_filter, **base.sysctl.rp_filter}
     fwd = base.sysctl.ip_forward if base.sysctl.ip_forward is not None else add.sysctl.ip_forward
     return HostState(interfaces=list(links.values()), sysctl=Sysctl(ip_forward=fwd, rp_filter=rp))
+
+
+def with_baseline(state: HostState, base: HostState) -> HostState:
+    """`state`, with the baseline's values for sysctls and link attributes it does not set."""
+    ifaces = {i.name: i for i in state.interfaces}
+    for b in base.interfaces:
+        i = ifaces.get(b.name)
+        if i is None:
+            ifaces[b.name] = b
+        else:
+            ifaces[b.name] = i.model_copy(update={
+                "mtu": i.mtu if i.mtu is not None else b.mtu,
+                "up": i.up if i.up is not None else b.up})
+    fwd = state.sysctl.ip_forward
+    sysctl = Sysctl(ip_forward=fwd if fwd is not None else base.sysctl.ip_forward,
+                    rp_filter={**base.sysctl.rp_filter, **state.sysctl.rp_filter})
+    return state.model_copy(update={"interfaces": list(ifaces.values()), "sysctl": sysctl})

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.netns import ip_json, ns_exec, sh, tc_classes, tc_json
+from tests.netns import host_dump, ip_json, ns_exec, sh, tc_classes, tc_json
 
 pytestmark = pytest.mark.netns
 
@@ -44,36 +44,8 @@ class Host:
         return self.agent("diff", "-", stdin=text)
 
 
-CARRIER = {"NO-CARRIER", "LOWER_UP", "M-DOWN", "linkdown"}
-
-
-def _strip(obj):
-    """Drop what moves without anyone changing configuration: counters of packets in flight and
-    the carrier of a veth, which follows its peer's admin state a moment later."""
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items()
-                if k not in ("direct_packets_stat", "stats", "stats64", "xstats", "operstate")}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj if not (isinstance(v, str) and v in CARRIER)]
-    return obj
-
-
 def dump(ns: str) -> dict:
-    """Everything the agent could touch, as iproute2 and /proc report it."""
-    out = {
-        "addr": ip_json(ns, "-4", "addr", "show"),
-        "link": [{k: link.get(k) for k in ("ifname", "mtu", "flags", "qdisc")}
-                 for link in ip_json(ns, "link", "show")],
-        "route": ip_json(ns, "-4", "route", "show", "table", "all"),
-        "rule": ip_json(ns, "-4", "rule", "show"),
-        "sysctl": ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv4/ip_forward "
-                          "/proc/sys/net/ipv4/conf/*/rp_filter "
-                          "/proc/sys/net/ipv4/conf/*/promote_secondaries").stdout,
-    }
-    for dev in LINKS:
-        out[f"tc {dev}"] = [tc_json(ns, "qdisc", "show", "dev", dev), tc_classes(ns, dev),
-                            tc_json(ns, "filter", "show", "dev", dev)]
-    return _strip(out)
+    return host_dump(ns, LINKS)
 
 
 @pytest.fixture

@@ -1,0 +1,157 @@
+"""`topoctl apply | diff | status | rollback PLAN`: drive every host's agent.
+
+Exit codes: apply and diff 0 = nothing to do, 2 = changes made (apply) or pending (diff,
+apply --dry-run), 1 = error (and no host changed, or every changed host rolled back); status
+0 = in sync, 2 = drifted, 1 = unreachable or error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from topoagent.state import StateError
+from topoctl import rollout
+from topoctl.lab.lab import Lab, list_labs
+from topoctl.lab.netops import LabError
+from topoctl.rollout import Event, Report
+from topoctl.spec.cluster import load_cluster
+from topoctl.transports import Transport
+from topoctl.transports.local import LocalTransport, lab_transport
+from topoctl.transports.ssh import SshTransport, lab_ssh_transport
+
+RESULT_STYLE = {"in sync": "green", "changes": "yellow", "changed": "green", "drifted": "yellow",
+                "rolled back": "magenta", "error": "red", "unreachable": "red"}
+
+
+def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
+    """--local, else a lab (named by --lab, or the plan's cluster when such a lab is up), over
+    its namespaces or, with --ssh, its sshd; else SSH to the addresses in --cluster."""
+    hosts = sorted(plan["hosts"])
+    if args.local:
+        chosen = args.hosts or hosts
+        if len(chosen) != 1:
+            raise StateError([("--local", "applies one host's state to this machine: name it "
+                               "with --hosts")])
+        return LocalTransport({chosen[0]: None})
+    lab_name = args.lab or plan["metadata"].get("cluster")
+    if lab_name and (args.lab or lab_name in list_labs()):
+        lab = Lab.load(lab_name)
+        missing = [h for h in hosts if h not in {x.name for x in lab.cluster.hosts}]
+        if missing:
+            raise StateError([("hosts", f"not in lab {lab_name}: {', '.join(missing)}")])
+        return lab_ssh_transport(lab) if args.ssh else lab_transport(lab)
+    if not args.cluster:
+        raise StateError([("", f"no lab named {lab_name!r} is up: give --lab NAME, or "
+                           "--cluster FILE (host addresses) for SSH, or --local")])
+    cluster = load_cluster(args.cluster)
+    addresses = {h.name: h.address for h in cluster.hosts if h.address}
+    missing = [h for h in hosts if h not in addresses]
+    if missing:
+        raise StateError([("hosts", f"no address in {args.cluster} for {', '.join(missing)}")])
+    return SshTransport(addresses, key=Path(args.ssh_key).expanduser(),
+                        known_hosts=Path(args.known_hosts).expanduser(), user=args.ssh_user,
+                        agent=[args.agent])
+
+
+def _printer(console: Console, quiet: bool):
+    def show(e: Event) -> None:
+        if quiet:
+            return
+        n = len(e.detail)
+        extra = f" ({n} operation{'s' * (n != 1)})" if e.result in (
+            "changes", "changed", "drifted") else ""
+        if e.result in ("error", "unreachable"):
+            extra = ": " + "; ".join(e.detail)
+        style = RESULT_STYLE.get(e.result, "")
+        console.print(f"{e.host:<10} {e.phase:<9} [{style}]{e.result}[/]{extra} "
+                      f"[dim]{e.seconds:.2f}s[/]", highlight=False)
+    return show
+
+
+def _summary(console: Console, report: Report, show_ops: bool) -> None:
+    table = Table(title=f"topoctl {report.command}")
+    for col in ("host", "phase", "result", "operations", "seconds"):
+        table.add_column(col)
+    for host, e in sorted(report.final().items()):
+        style = RESULT_STYLE.get(e.result, "")
+        ops = str(len(e.detail)) if e.result not in ("error", "unreachable") else "-"
+        table.add_row(host, e.phase, f"[{style}]{e.result}[/]", ops, f"{e.seconds:.2f}")
+    console.print(table)
+    if show_ops:
+        for host, e in sorted(report.final().items()):
+            for op in e.detail:
+                console.print(f"  {host}: {op}", highlight=False, markup=False)
+    console.print(report.message, highlight=False, markup=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=False, highlight=False, soft_wrap=True)
+    try:
+        plan = rollout.load_plan(args.plan)
+        transport = pick_transport(args, plan)
+    except (StateError, LabError) as e:
+        problems = getattr(e, "problems", None) or [("", str(e))]
+        if args.json:
+            print(json.dumps({"exit_code": 1, "message": str(e),
+                              "problems": [{"path": p, "message": m} for p, m in problems]}))
+        else:
+            for p, m in problems:
+                print(f"error: {p}: {m}" if p else f"error: {m}", file=sys.stderr)
+        return 1
+    progress = _printer(console, args.json)
+    try:
+        if args.command == "apply":
+            report = rollout.apply_plan(plan, transport, dry_run=args.dry_run,
+                                        force_mgmt=args.force_mgmt, probe=not args.no_probe,
+                                        only=args.hosts, progress=progress)
+        elif args.command == "diff":
+            report = rollout.apply_plan(plan, transport, dry_run=True,
+                                        force_mgmt=args.force_mgmt, only=args.hosts,
+                                        progress=progress)
+            report.command = "diff"
+        elif args.command == "status":
+            report = rollout.status(plan, transport, only=args.hosts, progress=progress)
+        else:
+            report = rollout.rollback(plan, transport, only=args.hosts, progress=progress)
+    except StateError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        transport.close()
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        _summary(console, report, show_ops=args.command in ("diff", "status") or args.dry_run)
+    return report.exit_code
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    helps = {"apply": "make every host match the plan (all or nothing)",
+             "diff": "show what apply would change on each host",
+             "status": "per host: in sync, drifted (with the drift) or unreachable",
+             "rollback": "return every host to its previously applied state"}
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("plan", help="plan YAML (topoctl plan -o)")
+        p.add_argument("--lab", help="the lab to act on (default: the plan's cluster name)")
+        p.add_argument("--ssh", action="store_true",
+                       help="reach lab hosts over their sshd instead of namespaces")
+        p.add_argument("--cluster", help="cluster file with host addresses, for SSH")
+        p.add_argument("--local", action="store_true", help="this machine is the host")
+        p.add_argument("--hosts", type=lambda s: [h for h in s.split(",") if h],
+                       help="comma-separated subset of hosts")
+        p.add_argument("--ssh-user", default="root")
+        p.add_argument("--ssh-key", default="~/.ssh/id_ed25519")
+        p.add_argument("--known-hosts", default="~/.ssh/known_hosts")
+        p.add_argument("--agent", default="topo-agent", help="agent command on remote hosts")
+        p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+        p.add_argument("--force-mgmt", action="store_true",
+                       help="allow changes to the management interface, address or route")
+        p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
+        p.add_argument("--dry-run", action="store_true", help="(apply) show, change nothing")
+        p.set_defaults(func=run, command=name)

@@ -1,0 +1,195 @@
+"""Roll a plan out to every host, transactionally: prepare everywhere, then apply, or nothing.
+
+1. prepare: every host's agent validates its state against the host and diffs (`diff -`), all
+   hosts in parallel. One error anywhere (bad state, missing link, unreachable host) and the
+   rollout stops there: no host has been touched.
+2. apply: hosts with changes apply in parallel; each agent is itself transactional (a failing
+   host reverts itself). If any host fails, every host that did change is rolled back to its
+   previous state (`rollback`), and the report names each host and its cause.
+
+`status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
+to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from topoagent.state import StateError, load_yaml
+from topoctl.render.plan import validate_plan
+from topoctl.transports import UNREACHABLE, AgentReply, Transport
+
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+
+
+@dataclass
+class Event:
+    host: str
+    phase: str  # prepare | apply | rollback | status
+    result: str  # in sync | changes | changed | drifted | error | unreachable | rolled back
+    detail: list[str] = field(default_factory=list)  # operations, or error lines
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "phase": self.phase, "result": self.result,
+                "detail": self.detail, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Report:
+    command: str
+    exit_code: int
+    events: list[Event]
+    message: str = ""
+
+    def final(self) -> dict[str, Event]:
+        """The last event of each host."""
+        out: dict[str, Event] = {}
+        for e in self.events:
+            out[e.host] = e
+        return out
+
+    def to_dict(self) -> dict:
+        return {"command": self.command, "exit_code": self.exit_code, "message": self.message,
+                "hosts": {h: e.to_dict() for h, e in sorted(self.final().items())},
+                "events": [e.to_dict() for e in self.events]}
+
+
+Progress = Callable[[Event], None]
+
+
+def load_plan(path: str | Path) -> dict:
+    """Read and validate a plan; StateError lists every problem by YAML path."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise StateError([("", f"{path}: {e.strerror}")]) from None
+    doc = load_yaml(text, str(path))
+    problems = validate_plan(doc)
+    if problems:
+        raise StateError(problems)
+    return doc
+
+
+def host_texts(plan: dict, only: list[str] | None = None) -> dict[str, str]:
+    hosts = plan["hosts"]
+    if only:
+        missing = [h for h in only if h not in hosts]
+        if missing:
+            raise StateError([("--hosts", f"not in the plan: {', '.join(missing)}")])
+    return {h: yaml.safe_dump(hosts[h], sort_keys=False) for h in (only or sorted(hosts))}
+
+
+def _parallel(fn: Callable[[str], Event], hosts: list[str], progress: Progress,
+              workers: int = 32) -> dict[str, Event]:
+    out: dict[str, Event] = {}
+    if not hosts:
+        return out
+    with ThreadPoolExecutor(max(1, min(workers, len(hosts)))) as ex:
+        for ev in ex.map(fn, hosts):
+            out[ev.host] = ev
+            progress(ev)
+    return out
+
+
+def _event(reply: AgentReply, phase: str, seconds: float, ok_result: str,
+           change_result: str) -> Event:
+    doc = reply.json()
+    ops = [op["what"] for op in doc.get("operations", [])]
+    if reply.rc == 0:
+        return Event(reply.host, phase, ok_result, ops, seconds)
+    if reply.rc == 2:
+        return Event(reply.host, phase, change_result, ops, seconds)
+    if reply.rc == UNREACHABLE:
+        return Event(reply.host, phase, "unreachable", [doc["error"]], seconds)
+    problems = [f"{p['path']}: {p['message']}" if p.get("path") else p["message"]
+                for p in doc.get("problems", [])] or [doc.get("error", f"exit {reply.rc}")]
+    return Event(reply.host, phase, "error", problems, seconds)
+
+
+def _call(transport: Transport, host: str, args: list[str], stdin: str | None, phase: str,
+          ok: str, change: str, timeout: float) -> Event:
+    t0 = time.perf_counter()
+    reply = transport.agent(host, args, stdin, timeout=timeout)
+    return _event(reply, phase, time.perf_counter() - t0, ok, change)
+
+
+def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
+               force_mgmt: bool = False, probe: bool = True, only: list[str] | None = None,
+               progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
+    texts = host_texts(plan, only)
+    flags = ["--force-mgmt"] if force_mgmt else []
+    events: list[Event] = []
+
+    prep = _parallel(lambda h: _call(transport, h, [*flags, "diff", "-"], texts[h], "prepare",
+                                     "in sync", "changes", timeout),
+                     list(texts), progress)
+    events += prep.values()
+    bad = sorted(h for h, e in prep.items() if e.result in ("error", "unreachable"))
+    if bad:
+        return Report("apply", EXIT_ERROR, events,
+                      f"prepare failed on {', '.join(bad)} ({_causes(prep, bad)}): "
+                      "no host was changed")
+    todo = sorted(h for h, e in prep.items() if e.result == "changes")
+    if dry_run or not todo:
+        return Report("apply", EXIT_CHANGES if todo else EXIT_OK, events,
+                      f"{len(todo)} of {len(texts)} hosts need changes" if todo
+                      else "every host is in sync")
+
+    apply_args = [*flags, "apply", *([] if probe else ["--no-probe"]), "-"]
+    done = _parallel(lambda h: _call(transport, h, apply_args, texts[h], "apply", "in sync",
+                                     "changed", timeout), todo, progress)
+    events += done.values()
+    failed = sorted(h for h, e in done.items() if e.result in ("error", "unreachable"))
+    if not failed:
+        return Report("apply", EXIT_CHANGES, events, f"applied on {len(todo)} hosts")
+
+    changed = sorted(h for h, e in done.items() if e.result == "changed")
+    back = _parallel(lambda h: _call(transport, h, [*flags, "rollback", "--no-probe"],
+                                     None, "rollback", "rolled back", "rolled back", timeout),
+                     changed, progress)
+    events += back.values()
+    unrolled = sorted(h for h, e in back.items() if e.result != "rolled back")
+    msg = f"apply failed on {', '.join(failed)} ({_causes(done, failed)}); "
+    msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
+    if unrolled:
+        msg += f"; ROLLBACK FAILED on {', '.join(unrolled)}"
+    return Report("apply", EXIT_ERROR, events, msg)
+
+
+def _causes(events: dict[str, Event], hosts: list[str]) -> str:
+    return "; ".join(f"{h}: {' / '.join(events[h].detail) or events[h].result}" for h in hosts)
+
+
+def status(plan: dict, transport: Transport, *, only: list[str] | None = None,
+           progress: Progress = lambda e: None, timeout: float = 60.0) -> Report:
+    texts = host_texts(plan, only)
+    st = _parallel(lambda h: _call(transport, h, ["diff", "-"], texts[h], "status", "in sync",
+                                   "drifted", timeout), list(texts), progress)
+    events = list(st.values())
+    results = {e.result for e in events}
+    if results & {"error", "unreachable"}:
+        return Report("status", EXIT_ERROR, events, "some hosts could not be checked")
+    if "drifted" in results:
+        return Report("status", EXIT_CHANGES, events,
+                      f"{sum(e.result == 'drifted' for e in events)} hosts drifted")
+    return Report("status", EXIT_OK, events, "every host is in sync")
+
+
+def rollback(plan: dict, transport: Transport, *, only: list[str] | None = None,
+             progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
+    hosts = list(host_texts(plan, only))
+    back = _parallel(lambda h: _call(transport, h, ["rollback", "--no-probe"], None, "rollback",
+                                     "in sync", "rolled back", timeout), hosts, progress)
+    events = list(back.values())
+    bad = sorted(e.host for e in events if e.result in ("error", "unreachable"))
+    if bad:
+        return Report("rollback", EXIT_ERROR, events, f"rollback failed on {', '.join(bad)}")
+    return Report("rollback", EXIT_CHANGES, events, f"rolled back {len(hosts)} hosts")

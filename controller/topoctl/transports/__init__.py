@@ -1,0 +1,49 @@
+"""Transports: how the controller reaches the topo-agent on each host.
+
+Every transport runs the same fixed agent command line (`topo-agent --json <verb> -`) and streams
+the host's state on stdin: plan values never become part of a command or a shell string. One
+interface, three implementations:
+- `lab`: the local namespace testbed (`topo-agent --netns <ns>`), the default when a lab named
+  after the plan's cluster is up;
+- `ssh`: paramiko with key auth and strict host-key checking against known_hosts;
+- `local`: this machine itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass
+class AgentReply:
+    host: str
+    rc: int  # the agent's exit code; 255 = unreachable (no agent answer at all)
+    out: str
+    err: str
+
+    def json(self) -> dict:
+        """The agent's --json document (or an error document built from what came back)."""
+        try:
+            doc = json.loads(self.out)
+            if isinstance(doc, dict):
+                return doc
+        except ValueError:
+            pass
+        return {"ok": False, "error": (self.err or self.out).strip() or f"exit {self.rc}",
+                "problems": []}
+
+
+UNREACHABLE = 255
+
+
+class Transport(Protocol):
+    name: str
+
+    def agent(self, host: str, args: list[str], stdin: str | None = None,
+              timeout: float = 120.0) -> AgentReply:
+        """Run `topo-agent --json <args>` on `host`, feeding `stdin`."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,55 @@
+"""`local`: the agent on this machine, or inside one of its network namespaces (the lab)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from topoctl.transports import UNREACHABLE, AgentReply
+
+AGENT = [sys.executable, "-m", "topoagent.cli"]  # the agent of this installation
+
+
+class LocalTransport:
+    """Every host maps to this machine (`netns=None`) or to a namespace on it."""
+
+    name = "local"
+
+    def __init__(self, netns: dict[str, str | None], state_dirs: dict[str, Path] | None = None,
+                 agent: list[str] | None = None):
+        self.netns = netns
+        self.state_dirs = state_dirs or {}
+        self.cmd = agent or AGENT
+
+    def agent(self, host: str, args: list[str], stdin: str | None = None,
+              timeout: float = 120.0) -> AgentReply:
+        argv = [*self.cmd, "--json"]
+        if self.netns.get(host):
+            argv += ["--netns", self.netns[host]]
+        if host in self.state_dirs:
+            argv += ["--state-dir", str(self.state_dirs[host])]
+        try:
+            r = subprocess.run(argv + args, input=stdin, capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return AgentReply(host, UNREACHABLE, "", f"agent timed out after {timeout:.0f}s")
+        except OSError as e:
+            return AgentReply(host, UNREACHABLE, "", f"cannot run the agent: {e}")
+        return AgentReply(host, r.returncode, r.stdout, r.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+def lab_transport(lab) -> LocalTransport:
+    """The lab's hosts through `--netns`, with one agent state directory per host under the
+    lab's own state directory (shared with the lab's SSH transport)."""
+    hosts = [h.name for h in lab.cluster.hosts]
+    t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab))
+    t.name = "lab"
+    return t
+
+
+def agent_state_dirs(lab) -> dict[str, Path]:
+    return {h.name: lab.state_dir / "agent" / h.name for h in lab.cluster.hosts}

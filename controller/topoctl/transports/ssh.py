@@ -1,0 +1,91 @@
+"""`ssh`: paramiko, key auth, strict host-key checking, one connection per host, reused.
+
+The remote command is a fixed argv (the agent path, `--state-dir` from the transport's own
+configuration, the verb) joined with shlex quoting; the host state goes over stdin. Unknown or
+changed host keys are refused (RejectPolicy) unless the operator passes `insecure=True`."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from pathlib import Path
+
+import paramiko
+
+from topoctl.transports import UNREACHABLE, AgentReply
+
+
+class SshTransport:
+    name = "ssh"
+
+    def __init__(self, addresses: dict[str, str], key: Path, known_hosts: Path | None,
+                 user: str = "root", port: int = 22, agent: list[str] | None = None,
+                 state_dirs: dict[str, Path] | None = None, connect_timeout: float = 10.0):
+        self.addresses = addresses
+        self.key = key
+        self.known_hosts = known_hosts
+        self.user = user
+        self.port = port
+        self.cmd = agent or ["topo-agent"]
+        self.state_dirs = state_dirs or {}
+        self.connect_timeout = connect_timeout
+        self._clients: dict[str, paramiko.SSHClient] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, host: str) -> paramiko.SSHClient:
+        with self._lock:
+            c = self._clients.get(host)
+        if c is not None and c.get_transport() is not None and c.get_transport().is_active():
+            return c
+        c = paramiko.SSHClient()
+        if self.known_hosts is not None:
+            c.load_host_keys(str(self.known_hosts))
+        else:
+            c.load_system_host_keys()
+        c.set_missing_host_key_policy(paramiko.RejectPolicy())
+        c.connect(self.addresses[host], port=self.port, username=self.user,
+                  key_filename=str(self.key), timeout=self.connect_timeout,
+                  banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+                  allow_agent=False, look_for_keys=False)
+        with self._lock:
+            self._clients[host] = c
+        return c
+
+    def agent(self, host: str, args: list[str], stdin: str | None = None,
+              timeout: float = 120.0) -> AgentReply:
+        argv = [*self.cmd, "--json"]
+        if host in self.state_dirs:
+            argv += ["--state-dir", str(self.state_dirs[host])]
+        command = shlex.join(argv + args)
+        try:
+            client = self._client(host)
+            chan_in, chan_out, chan_err = client.exec_command(command, timeout=timeout)
+            if stdin is not None:
+                chan_in.write(stdin)
+            chan_in.channel.shutdown_write()
+            out = chan_out.read().decode()
+            err = chan_err.read().decode()
+            rc = chan_out.channel.recv_exit_status()
+        except KeyError:
+            return AgentReply(host, UNREACHABLE, "", f"no address for host {host}")
+        except paramiko.BadHostKeyException as e:
+            return AgentReply(host, UNREACHABLE, "", f"host key mismatch for {e.hostname}: "
+                              "refusing to connect (update known_hosts if this is expected)")
+        except (paramiko.SSHException, OSError) as e:  # OSError covers timeouts and refusals
+            return AgentReply(host, UNREACHABLE, "", f"ssh {self.addresses.get(host)}: {e}")
+        return AgentReply(host, rc, out, err)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+
+def lab_ssh_transport(lab) -> SshTransport:
+    """Reach the lab's hosts over their real sshd, as on bare metal."""
+    from topoctl.transports.local import AGENT, agent_state_dirs
+
+    return SshTransport({h.name: lab.mgmt_ip(h.name) for h in lab.cluster.hosts},
+                        key=lab.ssh_key, known_hosts=lab.known_hosts, agent=AGENT,
+                        state_dirs=agent_state_dirs(lab))

@@ -1,0 +1,148 @@
+"""`topoctl apply/status/diff/rollback` end to end: the 8-host heterogeneous lab, its real sshd
+per host, the real agent on every host. Host state is read back with iproute2."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.netns import host_dump, ip_json, sh
+from topoctl import cli
+from topoctl.lab import lab as labmod
+from topoctl.spec.cluster import load_cluster
+
+pytestmark = pytest.mark.netns
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
+PLAN = ROOT / "plans" / "mlp-hetero8-plan.yaml"
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
+    name = f"e{os.getpid() % 10**6}"
+    lab = labmod.up(load_cluster(CLUSTER), name=name)
+    try:
+        yield lab
+    finally:
+        labmod.down(name)
+
+
+def dumps(lab) -> dict[str, dict]:
+    return {h.name: host_dump(lab.netns(h.name), [n.name for n in h.nics] + ["lo"])
+            for h in lab.cluster.hosts}
+
+
+def topoctl(*args: str) -> int:
+    return cli.main(list(args))
+
+
+def write_plan(tmp_path: Path, doc: dict, name: str = "plan.yaml") -> str:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(p)
+
+
+def agent_routes(lab, host: str) -> list[dict]:
+    return [r for r in ip_json(lab.netns(host), "-4", "route", "show", "table", "all")
+            if r.get("protocol") == "76"]
+
+
+def test_apply_reapply_status_drift_repair_rollback_over_ssh(lab, capsys):
+    plan = yaml.safe_load(PLAN.read_text())
+    pristine = dumps(lab)
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 2
+    for h in lab.cluster.hosts:
+        want = plan["hosts"][h.name]["routes"]
+        assert len(agent_routes(lab, h.name)) == len(want), h.name
+    applied = dumps(lab)
+
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0  # nothing to do
+    assert dumps(lab) == applied
+    assert topoctl("status", str(PLAN), "--lab", lab.name, "--ssh") == 0
+    capsys.readouterr()
+
+    victim = agent_routes(lab, "h3")[0]
+    sh(["ip", "-n", lab.netns("h3"), "route", "del", victim["dst"]])
+    assert topoctl("status", str(PLAN), "--lab", lab.name, "--ssh", "--json") == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["hosts"]["h3"]["result"] == "drifted"
+    assert any(victim["dst"] in op for op in report["hosts"]["h3"]["detail"])
+    assert {h for h, e in report["hosts"].items() if e["result"] == "in sync"} == {
+        f"h{i}" for i in range(8)} - {"h3"}
+
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 2  # repairs h3 only
+    assert dumps(lab) == applied
+    assert topoctl("rollback", str(PLAN), "--lab", lab.name, "--ssh") == 2
+    after = dumps(lab)
+    for h in pristine:  # the agent's objects are gone; links stay up (the lab brought them up)
+        assert agent_routes(lab, h) == []
+        assert after[h]["rule"] == pristine[h]["rule"]
+        assert after[h]["route"] == pristine[h]["route"]
+
+
+def test_a_plan_whose_last_host_is_invalid_changes_no_host(lab, tmp_path, capsys):
+    doc = yaml.safe_load(PLAN.read_text())
+    doc["hosts"]["h7"]["routes"].append({"dst": "10.236.99.0/24", "via": "10.235.250.1"})
+    before = dumps(lab)
+    assert topoctl("apply", write_plan(tmp_path, doc), "--lab", lab.name) == 1
+    out = capsys.readouterr().out
+    assert "prepare failed on h7" in out and "not on any link" in out
+    assert dumps(lab) == before
+
+
+def test_a_failure_at_apply_on_one_host_rolls_every_host_back(lab, tmp_path, capsys):
+    doc = yaml.safe_load(PLAN.read_text())
+    # passes every check; the kernel refuses it at apply time (src is no address of h5)
+    doc["hosts"]["h5"]["routes"].append(
+        {"dst": "10.236.98.0/24", "via": doc["hosts"]["h5"]["routes"][0]["via"],
+         "src": "10.236.97.97"})
+    first = copy.deepcopy(doc)
+    first["hosts"]["h5"]["routes"].pop()
+    assert topoctl("apply", write_plan(tmp_path, first, "first.yaml"), "--lab", lab.name) == 2
+    # a second plan that changes every host, and fails on h5
+    for state in doc["hosts"].values():
+        state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
+    before = dumps(lab)
+    capsys.readouterr()
+    assert topoctl("apply", write_plan(tmp_path, doc), "--lab", lab.name, "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["hosts"]["h5"]["result"] == "error"
+    assert "apply failed on h5" in report["message"]
+    rolled = {h for h, e in report["hosts"].items() if e["result"] == "rolled back"}
+    assert rolled == {f"h{i}" for i in range(8)} - {"h5"}
+    assert dumps(lab) == before
+
+
+def test_dry_run_and_diff_change_nothing(lab, capsys):
+    before = dumps(lab)
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--dry-run") == 2
+    assert topoctl("diff", str(PLAN), "--lab", lab.name) == 2
+    assert "add route" in capsys.readouterr().out
+    assert dumps(lab) == before
+
+
+def test_unreachable_host_stops_the_rollout_before_any_change(lab, capsys):
+    before = dumps(lab)
+    pid = int((lab.state_dir / "run" / "sshd-h2.pid").read_text())
+    os.kill(pid, 15)
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--json") == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["hosts"]["h2"]["result"] == "unreachable"
+    assert dumps(lab) == before
+
+
+def test_bad_plan_file_is_an_error_naming_the_path(tmp_path):
+    doc = yaml.safe_load(PLAN.read_text())
+    doc["hosts"]["h1"]["interfaces"][0]["mtu"] = "jumbo"
+    r = subprocess.run([sys.executable, "-m", "topoctl.cli", "apply", write_plan(tmp_path, doc),
+                        "--lab", "nosuchlab"], capture_output=True, text=True)
+    assert r.returncode == 1 and "hosts.h1.interfaces[0].mtu" in r.stderr
