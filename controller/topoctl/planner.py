@@ -147,7 +147,9 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
         "strategies": {e.strategy.name: {"iteration_time": _r(e.result.iteration_time)}
                        for e in evals},
         "prediction": {k: _r(v) for k, v in res.breakdown().items()}
-        | {"samples_per_second": _r(ctx.job.batch.global_ / it) if it > 0 else 0.0,
+        | {"busiest_links": {k: _r(u) for k, u in sorted(
+            res.link_utilisation.items(), key=lambda kv: (-kv[1], kv[0]))[:5] if u > 0},
+           "samples_per_second": _r(ctx.job.batch.global_ / it) if it > 0 else 0.0,
            "cost_model": sorted({("measured" if _measured(ctx, h) else "roofline") + ":" +
                                  ctx.device[h].name for h in ctx.hosts})},
         "bound": {"name": bound_name, "iteration_time": _r(bound),

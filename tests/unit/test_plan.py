@@ -164,3 +164,21 @@ def _inflate(text: str) -> str:
 
     data = json.loads(text)
     return json.dumps({k: [v[0] * 1000 + 1.0, v[1]] for k, v in data.items()})
+
+
+def test_factory_model_and_a_host_subset(tmp_path, monkeypatch):
+    """A factory model (import path + input shapes), measured on this CPU; training on a subset
+    of the hosts while the others still get addresses and routes (they may forward)."""
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job({"apiVersion": "topoctl/v1", "kind": "Job", "name": "fac",
+                     "model": {"factory": "tests.unit.test_graph:make_tiny",
+                               "kwargs": {"width": 9}, "inputs": [{"shape": [12]}]},
+                     "batch": {"global": 12}, "hosts": ["h0", "h4", "h6"]})
+    doc, ctx, _ = make_plan(load_cluster(PLANS / "hetero8-cluster.yaml"), job)
+    assert ctx.graph.by_name()["fc1"].out_shape == (4, 9)
+    assert doc["job"]["collective"]["order"] == ["h0", "h4", "h6"]
+    assert set(doc["job"]["processes"]) == {"h0", "h4", "h6"} and len(doc["hosts"]) == 8
+    assert doc["metadata"]["prediction"]["cost_model"] == ["measured:CPU"]
+    assert validate_plan(doc) == []
+    busiest = doc["metadata"]["prediction"]["busiest_links"]
+    assert busiest and all(0 < u <= 1 + 1e-9 for u in busiest.values())

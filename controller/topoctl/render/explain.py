@@ -31,6 +31,9 @@ def headline(doc: dict) -> list[str]:
            f"{100 * p.get('max_link_utilisation', 0):.0f}%)",
            f"lower bound: {_ms(b.get('iteration_time'))} [{b.get('name')}], "
            f"plan/bound = {b.get('ratio')}"]
+    busy = p.get("busiest_links") or {}
+    if busy:
+        out.append("busiest links: " + ", ".join(f"{k} {100 * u:.0f}%" for k, u in busy.items()))
     for name, s in m.get("strategies", {}).items():
         out.append(f"  strategy {name}: {_ms(s.get('iteration_time'))}")
     return out

@@ -83,7 +83,7 @@ def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgori
 
 
 def plan(ctx: PlanContext) -> Strategy:
-    hops = shortest_next_hops(ctx.fabric)
+    hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
     algorithm = ALGORITHMS["ring"]
     order = list(ctx.hosts)
     tasks, sizes = dp_tasks(ctx, order, algorithm)
