@@ -53,6 +53,9 @@ class SimResult:
                 "max_link_utilisation": max(self.link_utilisation.values(), default=0.0)}
 
 
+_SHAPES: dict[int, tuple] = {}  # steps tuple id -> its dependency structure (shared, read-only)
+
+
 class _Graph:
     """Tasks flattened to integer nodes: collective steps become flow nodes whose completion
     counts down their collective's join node (no per-step edges to the join)."""
@@ -69,7 +72,6 @@ class _Graph:
         self.ndeps: list[int] = []
         self.owner: list[int] = []  # join node of a collective step, -1 otherwise
         self.offset: list[int] = []  # added to succ entries (collective steps: the first step)
-        self._shapes: dict[int, tuple] = {}  # per distinct steps tuple: dependency structure
         index: dict[str, int] = {}
         pending: list[tuple[int, tuple[str, ...], str]] = []
         for t in tasks:
@@ -119,7 +121,7 @@ class _Graph:
         m = len(steps)
         base = len(self.kind)
         join = base + m
-        shape = self._shapes.get(id(steps))
+        shape = _SHAPES.get(id(steps))
         if shape is None or shape[0] is not steps:
             succ_rel: list[list[int]] = [[] for _ in range(m)]
             roots = []
@@ -132,7 +134,9 @@ class _Graph:
                     roots.append(i)
             shape = (steps, succ_rel, roots, [len(s.deps) for s in steps],
                      [s.src for s in steps], [s.dst for s in steps], [s.size for s in steps])
-            self._shapes[id(steps)] = shape
+            if len(_SHAPES) > 64:
+                _SHAPES.clear()
+            _SHAPES[id(steps)] = shape  # holds `steps`, so the id stays unique
         _, succ_rel, roots, ndeps, srcs, dsts, sizes = shape
         for i in roots:
             pending.append((base + i, t.deps, t.id))
@@ -198,7 +202,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
 
     done_stack: list[int] = []
     plans: dict[tuple, list] = {}
-    rate_memo: dict[tuple, list[float]] = {}
+    rate_memo: dict = {}
 
     def ready(node: int) -> None:
         nonlocal fid_counter, dirty
@@ -269,18 +273,22 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
 
     while flows or events:
         if dirty:
-            # rates depend only on the paths in flight, which repeat round after round in a
-            # collective: memoise on the (ordered) tuple of paths
-            key = tuple(flow_links.values())
+            # rates depend only on the set of paths in flight (max-min gives flows on the same
+            # path the same rate), which repeats round after round in a collective: memoise
+            paths = list(flow_links.values())
+            key = frozenset(paths) if len(paths) < 64 else tuple(sorted(paths, key=hash))
             got = rate_memo.get(key)
+            if got is not None and len(got[1]) != len(paths):
+                got = None  # same set, other multiplicities
             if got is None:
                 rates = maxmin_rates(flow_links, capacity)
-                got = [rates[fid] for fid in flow_links]
+                got = ({p: rates[fid] for fid, p in flow_links.items()}, paths)
                 if len(rate_memo) > 4096:
                     rate_memo.clear()
                 rate_memo[key] = got
-            for f, r in zip(flows.values(), got, strict=True):
-                f[1] = r
+            by_path = got[0]
+            for f, p in zip(flows.values(), paths, strict=True):
+                f[1] = by_path[p]
             dirty = False
         t_flow = math.inf
         for f in flows.values():
