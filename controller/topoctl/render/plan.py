@@ -2,11 +2,12 @@
 
 `fabric` is the cabling in the cluster file's own format (so `Cluster.with_fabric` and the lab
 read it back); addresses live in the hosts' states and, summarised, in `metadata.addressing`.
-`job` is the launch spec: per host its processes (rank, local rank, environment). Gloo binds to
-the host's training address: `GLOO_SOCKET_IFNAME=lo` would bind 127.0.0.1 (lo's first
-address), unreachable from other hosts, so every process gets `TOPOCTL_BIND_ADDRESS` and the
-launcher creates the gloo device with `ProcessGroupGloo.create_device(hostname=<address>)`;
-`MASTER_ADDR` is rank 0's training address."""
+`job` is the launch spec: per host its processes (rank, local rank, environment), and the model
+as an import path + kwargs + input shapes, so the training process needs no controller code.
+Gloo binds to the host's training address: `GLOO_SOCKET_IFNAME=lo` would bind 127.0.0.1 (lo's
+first address), unreachable from other hosts, so every process gets `bind_address` (and
+`TOPOCTL_BIND_ADDRESS`) and the launcher makes gloo's device use it; `MASTER_ADDR` is rank 0's
+training address."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import topoctl
 from topoagent.state import StateError, format_rate, parse_host_state
+from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.render.addressing import Addressing
 from topoctl.spec.cluster import Cluster, FabricGraph, format_duration
 
@@ -50,9 +52,24 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
     return {"name": job.name, "backend": job.launch.backend, "command": list(job.launch.command),
             "world_size": world, "master": {"address": master, "port": job.launch.port},
             "batch": {"global": job.batch.global_, "per_rank": local_batch},
-            "model": job.model.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
-            "dtype": job.dtype,
+            "model": model_launch_spec(job.model), "dtype": job.dtype,
+            "bucket_cap_mb": round(job.sync.bucket / 2**20, 6),
             "collective": collective | {"buckets": buckets}, "processes": procs}
+
+
+def model_launch_spec(model) -> dict:
+    """What a training process needs to build the model without the controller: an import path,
+    its keyword arguments and the per-sample input shapes (catalog models get their class)."""
+    if model.factory:
+        return {"factory": model.factory, "kwargs": dict(model.kwargs),
+                "inputs": [i.model_dump(mode="json", exclude_none=True) for i in model.inputs]}
+    entry = ENTRIES[model.catalog]
+    params = resolve_params(model.catalog, model.params)
+    return {"catalog": model.catalog,
+            "factory": f"{entry.cls.__module__}:{entry.cls.__name__}", "kwargs": params,
+            "inputs": [{"shape": list(i.shape), "dtype": i.dtype} | ({"high": i.high} if i.high
+                                                                     else {})
+                       for i in entry.inputs(params)]}
 
 
 def plan_document(metadata: dict, fabric: dict, hosts: dict[str, dict], job: dict) -> dict:
