@@ -16,7 +16,7 @@ from pathlib import Path
 from topoagent.apply import ApplyError, Result, apply_state, plan
 from topoagent.mgmt import Mgmt
 from topoagent.observe import observe, to_host_state
-from topoagent.state import HostState, StateError, load_host_state
+from topoagent.state import HostState, StateError, load_host_state, load_yaml
 from topoagent.store import Store, StoreBusy
 from topoagent.target import Target, TargetError
 
@@ -94,6 +94,27 @@ def cmd_rollback(args, target: Target) -> int:
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
+def cmd_launch(args, target: Target) -> int:
+    from topoagent.launch import LaunchError, launch
+
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    job = load_yaml(text, args.file)  # JSON is YAML too
+    if not isinstance(job, dict) or "command" not in job:
+        raise StateError([("job", "expected a job spec with command and processes")])
+    try:
+        return launch(job, args.host, target, target.store_dir / "run", args.timeout)
+    except LaunchError as e:
+        raise TargetError(str(e)) from None
+
+
+def cmd_stop(args, target: Target) -> int:
+    from topoagent.launch import stop
+
+    n = stop(target.store_dir / "run")
+    print(json.dumps({"ok": True, "stopped": n}) if args.json else f"stopped {n} ranks")
+    return EXIT_CHANGES if n else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
     p.add_argument("--netns", help="act inside this network namespace")
@@ -120,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true")
     r.add_argument("--no-probe", action="store_true")
     r.set_defaults(func=cmd_rollback)
+    la = sub.add_parser("launch", help="run this host's ranks of a job spec, supervised")
+    la.add_argument("file", help="job spec (JSON or YAML), or - for stdin")
+    la.add_argument("--host", required=True, help="this host's name in job.processes")
+    la.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
+    la.set_defaults(func=cmd_launch)
+    sub.add_parser("stop", help="stop the ranks of a running launch").set_defaults(
+        func=cmd_stop)
     return p
 
 

@@ -68,6 +68,18 @@ class Target:
         finally:
             os.close(home)
 
+    def enter(self) -> None:
+        """Move this process into the target's namespace for good (a child's preexec_fn)."""
+        if self.netns is None:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(NETNS_RUN_DIR / self.netns, os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                raise TargetError(f"cannot enter netns {self.netns}")
+        finally:
+            os.close(fd)
+
     def read_sysctl(self, path: str) -> str | None:
         with self.inside():
             try:

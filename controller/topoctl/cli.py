@@ -12,6 +12,7 @@ COMMANDS: list[str] = [
     "topoctl.cli_apply",
     "topoctl.cli_lab",
     "topoctl.cli_plan",
+    "topoctl.cli_run",
     "topoctl.cli_sync",
 ]
 

@@ -89,11 +89,11 @@ def _summary(console: Console, report: Report, show_ops: bool) -> None:
     console.print(report.message, highlight=False, markup=False)
 
 
-def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=False, highlight=False, soft_wrap=True)
+def open_plan(args: argparse.Namespace) -> tuple[dict, Transport] | None:
+    """The validated plan and its transport, or None after printing why not."""
     try:
         plan = rollout.load_plan(args.plan)
-        transport = pick_transport(args, plan)
+        return plan, pick_transport(args, plan)
     except (StateError, LabError) as e:
         problems = getattr(e, "problems", None) or [("", str(e))]
         if args.json:
@@ -102,7 +102,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             for p, m in problems:
                 print(f"error: {p}: {m}" if p else f"error: {m}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=False, highlight=False, soft_wrap=True)
+    opened = open_plan(args)
+    if opened is None:
         return 1
+    plan, transport = opened
     progress = _printer(console, args.json)
     try:
         if args.command == "apply":
@@ -130,6 +138,23 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def add_transport_args(p: argparse.ArgumentParser) -> None:
+    """The plan and how to reach its hosts: shared by apply, diff, status, rollback, run."""
+    p.add_argument("plan", help="plan YAML (topoctl plan -o)")
+    p.add_argument("--lab", help="the lab to act on (default: the plan's cluster name)")
+    p.add_argument("--ssh", action="store_true",
+                   help="reach lab hosts over their sshd instead of namespaces")
+    p.add_argument("--cluster", help="cluster file with host addresses, for SSH")
+    p.add_argument("--local", action="store_true", help="this machine is the host")
+    p.add_argument("--hosts", type=lambda s: [h for h in s.split(",") if h],
+                   help="comma-separated subset of hosts")
+    p.add_argument("--ssh-user", default="root")
+    p.add_argument("--ssh-key", default="~/.ssh/id_ed25519")
+    p.add_argument("--known-hosts", default="~/.ssh/known_hosts")
+    p.add_argument("--agent", default="topo-agent", help="agent command on remote hosts")
+    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     helps = {"apply": "make every host match the plan (all or nothing)",
              "diff": "show what apply would change on each host",
@@ -137,19 +162,7 @@ def register(sub: argparse._SubParsersAction) -> None:
              "rollback": "return every host to its previously applied state"}
     for name, text in helps.items():
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("plan", help="plan YAML (topoctl plan -o)")
-        p.add_argument("--lab", help="the lab to act on (default: the plan's cluster name)")
-        p.add_argument("--ssh", action="store_true",
-                       help="reach lab hosts over their sshd instead of namespaces")
-        p.add_argument("--cluster", help="cluster file with host addresses, for SSH")
-        p.add_argument("--local", action="store_true", help="this machine is the host")
-        p.add_argument("--hosts", type=lambda s: [h for h in s.split(",") if h],
-                       help="comma-separated subset of hosts")
-        p.add_argument("--ssh-user", default="root")
-        p.add_argument("--ssh-key", default="~/.ssh/id_ed25519")
-        p.add_argument("--known-hosts", default="~/.ssh/known_hosts")
-        p.add_argument("--agent", default="topo-agent", help="agent command on remote hosts")
-        p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+        add_transport_args(p)
         p.add_argument("--force-mgmt", action="store_true",
                        help="allow changes to the management interface, address or route")
         p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")

@@ -12,6 +12,7 @@ interface, three implementations:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +45,12 @@ class Transport(Protocol):
     def agent(self, host: str, args: list[str], stdin: str | None = None,
               timeout: float = 120.0) -> AgentReply:
         """Run `topo-agent --json <args>` on `host`, feeding `stdin`."""
+        ...
+
+    def stream(self, host: str, args: list[str], stdin: str | None,
+               on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
+        """Like `agent`, for long runs: each output line goes to on_line(host, line) as it
+        comes; returns the exit code (UNREACHABLE when the host cannot be reached)."""
         ...
 
     def close(self) -> None: ...

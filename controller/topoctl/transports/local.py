@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from topoctl.transports import UNREACHABLE, AgentReply
@@ -22,13 +23,32 @@ class LocalTransport:
         self.state_dirs = state_dirs or {}
         self.cmd = agent or AGENT
 
-    def agent(self, host: str, args: list[str], stdin: str | None = None,
-              timeout: float = 120.0) -> AgentReply:
+    def _argv(self, host: str) -> list[str]:
         argv = [*self.cmd, "--json"]
         if self.netns.get(host):
             argv += ["--netns", self.netns[host]]
         if host in self.state_dirs:
             argv += ["--state-dir", str(self.state_dirs[host])]
+        return argv
+
+    def stream(self, host: str, args: list[str], stdin: str | None,
+               on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
+        try:
+            p = subprocess.Popen(self._argv(host) + args, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            on_line(host, f"cannot run the agent: {e}")
+            return UNREACHABLE
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(stdin or "")
+        p.stdin.close()
+        for line in p.stdout:
+            on_line(host, line.rstrip("\n"))
+        return p.wait(timeout=timeout)
+
+    def agent(self, host: str, args: list[str], stdin: str | None = None,
+              timeout: float = 120.0) -> AgentReply:
+        argv = self._argv(host)
         try:
             r = subprocess.run(argv + args, input=stdin, capture_output=True, text=True,
                                timeout=timeout)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
@@ -51,12 +52,31 @@ class SshTransport:
             self._clients[host] = c
         return c
 
-    def agent(self, host: str, args: list[str], stdin: str | None = None,
-              timeout: float = 120.0) -> AgentReply:
+    def _command(self, host: str, args: list[str]) -> str:
         argv = [*self.cmd, "--json"]
         if host in self.state_dirs:
             argv += ["--state-dir", str(self.state_dirs[host])]
-        command = shlex.join(argv + args)
+        return shlex.join(argv + args)
+
+    def stream(self, host: str, args: list[str], stdin: str | None,
+               on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
+        try:
+            client = self._client(host)
+            chan_in, chan_out, _ = client.exec_command(self._command(host, args),
+                                                       timeout=timeout)
+            chan_out.channel.set_combine_stderr(True)
+            chan_in.write(stdin or "")
+            chan_in.channel.shutdown_write()
+            for line in chan_out:
+                on_line(host, line.rstrip("\n"))
+            return chan_out.channel.recv_exit_status()
+        except (KeyError, paramiko.SSHException, OSError) as e:
+            on_line(host, f"ssh {self.addresses.get(host)}: {e}")
+            return UNREACHABLE
+
+    def agent(self, host: str, args: list[str], stdin: str | None = None,
+              timeout: float = 120.0) -> AgentReply:
+        command = self._command(host, args)
         try:
             client = self._client(host)
             chan_in, chan_out, chan_err = client.exec_command(command, timeout=timeout)

@@ -1,0 +1,162 @@
+"""Launch and supervise this host's training processes (`topo-agent launch`, `topo-agent stop`).
+
+The controller streams the plan's job spec; the agent starts this host's ranks with their
+environment (inside the target namespace), prefixes every output line with `[rank N]`, and
+exits when all ranks end. If one rank dies the others are stopped at once and the agent exits
+1 after printing a `failed` event with the rank, its exit code and its last lines, so the
+controller can stop every other host. Process groups are recorded in a pid file for `stop`."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from topoagent.target import Target
+
+TAIL = 15  # last lines of a failed rank worth showing
+CLONE_NEWUTS = 0x04000000
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _argv(command: list[str]) -> list[str]:
+    """`python`/`python3` means this installation's interpreter: the one with torch and the
+    collectives, whatever else is first on the PATH of a non-login SSH session."""
+    if command and command[0] in ("python", "python3"):
+        return [sys.executable, *command[1:]]
+    return list(command)
+
+
+def _emit(lock: threading.Lock, line: str) -> None:
+    with lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def launch(job: dict, host: str, target: Target, run_dir: Path, timeout: float | None = None
+           ) -> int:
+    procs_spec = (job.get("processes") or {}).get(host)
+    if not procs_spec:
+        raise LaunchError(f"job.processes.{host}: this host runs no rank")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_file = run_dir / "job.json"
+    job_file.write_text(json.dumps(job))
+    pidfile = run_dir / "job.pids"
+    if pidfile.exists() and any(_alive(int(p)) for p in pidfile.read_text().split()):
+        raise LaunchError(f"ranks of an earlier job still run here ({pidfile}): "
+                          "topo-agent stop first")
+    lock = threading.Lock()
+    children: list[tuple[int, subprocess.Popen, deque]] = []
+    try:
+        for spec in procs_spec:
+            rank = int(spec["rank"])
+            env = {**os.environ, **{k: str(v) for k, v in spec.get("env", {}).items()},
+                   "TOPOCTL_JOB": str(job_file), "PYTHONUNBUFFERED": "1"}
+            bind = spec.get("bind_address") or env.get("TOPOCTL_BIND_ADDRESS")
+            p = subprocess.Popen(_argv(job["command"]), env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 preexec_fn=_child_setup(target, bind))
+            tail: deque = deque(maxlen=TAIL)
+            children.append((rank, p, tail))
+            threading.Thread(target=_pump, args=(rank, p, tail, lock), daemon=True).start()
+        pidfile.write_text(" ".join(str(p.pid) for _, p, _ in children))
+        return _supervise(children, lock, timeout)
+    finally:
+        _stop_all(children)
+        pidfile.unlink(missing_ok=True)
+
+
+def _child_setup(target: Target, bind: str | None):
+    """In the child, before exec: enter the host's namespace, and give the rank its own UTS
+    namespace whose hostname is its training address. Gloo's default device binds the address
+    the hostname resolves to (and silently falls back to 127.0.0.1 when that is not local), and
+    torch ignores pg_options for gloo, so this is how a rank binds its training address, which
+    lives on lo next to 127.0.0.1 (GLOO_SOCKET_IFNAME=lo would pick 127.0.0.1)."""
+    def setup() -> None:
+        target.enter()
+        if bind:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(CLONE_NEWUTS) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUTS)")
+            socket.sethostname(bind)
+    return setup
+
+
+def _pump(rank: int, p: subprocess.Popen, tail: deque, lock: threading.Lock) -> None:
+    assert p.stdout is not None
+    for raw in p.stdout:
+        line = raw.rstrip("\n")
+        tail.append(line)
+        _emit(lock, f"[rank {rank}] {line}")
+
+
+def _supervise(children, lock: threading.Lock, timeout: float | None) -> int:
+    deadline = time.monotonic() + timeout if timeout else None
+    while True:
+        running = 0
+        for rank, p, tail in children:
+            rc = p.poll()
+            if rc is None:
+                running += 1
+            elif rc != 0:
+                time.sleep(0.2)  # let the pump thread drain the last lines
+                _emit(lock, json.dumps({"event": "failed", "rank": rank, "rc": rc,
+                                        "last": list(tail)}))
+                return 1
+        if not running:
+            return 0
+        if deadline and time.monotonic() > deadline:
+            _emit(lock, json.dumps({"event": "failed", "rank": children[0][0], "rc": None,
+                                    "last": ["timed out"]}))
+            return 1
+        time.sleep(0.1)
+
+
+def _stop_all(children) -> None:
+    for _, p, _ in children:
+        if p.poll() is None:
+            _killpg(p.pid, signal.SIGTERM)
+    end = time.monotonic() + 5
+    for _, p, _ in children:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def stop(run_dir: Path) -> int:
+    """Stop the ranks of a running `launch` on this host; the number of ranks signalled."""
+    pidfile = run_dir / "job.pids"
+    if not pidfile.exists():
+        return 0
+    pids = [int(p) for p in pidfile.read_text().split()]
+    for pid in pids:
+        _killpg(pid, signal.SIGTERM)
+    return len(pids)

@@ -1,0 +1,106 @@
+"""A training program for plans: DDP over gloo with the plan's collective, synthetic data.
+
+Started by `topo-agent launch` with the plan's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, TOPOCTL_BIND_ADDRESS) and TOPOCTL_JOB naming the job spec. The model is whatever
+`job.model.factory` ("package.module:callable", called with `job.model.kwargs`) builds, fed
+synthetic inputs shaped as `job.model.inputs`; the controller fills both in for catalog models,
+so this module imports nothing of the controller.
+
+Gloo binds the host's training address (a /32 routed over the fabric), not the first address
+of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hostname is that
+address, and gloo's default device binds what the hostname resolves to.
+With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
+
+One JSON line per event on stdout: `start`, `iter` (rank, iteration, seconds, loss) and `done`
+(checksum of the final parameters, identical on every rank when training was synchronous)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+
+def _emit(**event) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def _factory(path: str):
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _inputs(specs: list[dict], batch: int, gen):
+    import torch
+
+    out = []
+    for s in specs:
+        shape = (batch, *s["shape"])
+        if s.get("dtype", "float32").startswith("int"):
+            out.append(torch.randint(0, int(s.get("high") or 2), shape, generator=gen))
+        else:
+            out.append(torch.randn(shape, generator=gen))
+    return out
+
+
+def checksum(model) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main() -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    job = json.loads(open(os.environ["TOPOCTL_JOB"]).read())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
+    torch.set_num_threads(int(job.get("threads", 1)))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          rank == 0, timeout=timedelta(seconds=120))
+    # gloo binds the address the hostname resolves to: the launcher set it to `bind`
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    model_spec = job["model"]
+    torch.manual_seed(int(job.get("seed", 0)))  # the same initial weights on every rank
+    model = _factory(model_spec["factory"])(**model_spec.get("kwargs", {}))
+    ddp = DDP(model, bucket_cap_mb=float(job.get("bucket_cap_mb", 25)))
+    coll = job.get("collective", {})
+    if coll.get("algorithm") == "trees":
+        from topoagent.collectives import load_schedule, register_tree_hook
+
+        register_tree_hook(ddp, load_schedule(coll["schedule"]))
+    opt = torch.optim.SGD(ddp.parameters(), lr=float(job.get("lr", 1e-3)))
+    per_rank = int(job["batch"]["per_rank"])
+    gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own data shard
+    iters = int(job.get("iterations", 10))
+    _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
+          algorithm=coll.get("algorithm", "default"))
+    for it in range(iters):
+        inputs = _inputs(model_spec["inputs"], per_rank, gen)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        out = ddp(*inputs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        loss = out.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        _emit(event="iter", rank=rank, iter=it, seconds=time.perf_counter() - t0,
+              loss=float(loss.detach()))
+    _emit(event="done", rank=rank, checksum=checksum(model))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""`topoctl run PLAN` (train under the plan, supervised) and `topoctl stop PLAN`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from topoctl.cli_apply import add_transport_args, open_plan
+from topoctl.runner import run_job, stop_job
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    opened = open_plan(args)
+    if opened is None:
+        return 1
+    plan, transport = opened
+    quiet = args.json
+    try:
+        result = run_job(plan, transport, iterations=args.iterations,
+                         out=(lambda s: None) if quiet else print, verbose=args.verbose,
+                         timeout=args.timeout)
+    finally:
+        transport.close()
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return result.exit_code
+    if result.exit_code:
+        print(f"training failed:\n  {result.failure}")
+        return result.exit_code
+    it = result.iteration_time
+    print(f"{len(result.ranks)} ranks, {args.iterations} iterations in {result.seconds:.1f} s; "
+          f"median iteration {it:.3f} s; parameters identical on every rank: "
+          f"{'yes' if result.synchronous else 'NO'}")
+    return 0 if result.synchronous else 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    opened = open_plan(args)
+    if opened is None:
+        return 1
+    plan, transport = opened
+    try:
+        codes = stop_job(plan, transport)
+    finally:
+        transport.close()
+    print(json.dumps(codes) if args.json else
+          "\n".join(f"{h}: {'stopped' if rc == 2 else 'nothing running' if rc == 0 else 'error'}"
+                    for h, rc in codes.items()))
+    return 1 if any(rc not in (0, 2) for rc in codes.values()) else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="train under the plan on every host, supervised")
+    add_transport_args(p)
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
+    p.add_argument("--verbose", action="store_true", help="print every rank's events")
+    p.set_defaults(func=cmd_run)
+    s = sub.add_parser("stop", help="stop the plan's training processes on every host")
+    add_transport_args(s)
+    s.set_defaults(func=cmd_stop)

@@ -1,0 +1,152 @@
+"""`topoctl run`: start a plan's training processes on every host and supervise them.
+
+Each host's agent gets the job spec (with the model resolved to an import path and input
+shapes, so the training processes need nothing of the controller) and runs its ranks
+(`topo-agent launch`). Lines come back prefixed with host and rank; iteration events from
+rank 0 become a live iterations/s line. If any host's ranks fail, every other host is told to
+stop at once, and the result names the rank and shows its last lines."""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from topoctl.catalog.registry import ENTRIES, resolve_params
+from topoctl.transports import UNREACHABLE, Transport
+
+WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
+
+
+@dataclass
+class RankStats:
+    host: str
+    iterations: list[float] = field(default_factory=list)  # seconds per iteration
+    checksum: str | None = None
+
+    def median(self) -> float | None:
+        xs = self.iterations[WARMUP:] or self.iterations
+        return statistics.median(xs) if xs else None
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    ranks: dict[int, RankStats]
+    seconds: float
+    failure: str = ""
+
+    @property
+    def iteration_time(self) -> float | None:
+        """Median over iterations of the slowest rank's time: what the job experiences."""
+        per_iter: dict[int, float] = {}
+        for r in self.ranks.values():
+            for i, t in enumerate(r.iterations):
+                per_iter[i] = max(per_iter.get(i, 0.0), t)
+        xs = [t for i, t in sorted(per_iter.items()) if i >= WARMUP] or list(per_iter.values())
+        return statistics.median(xs) if xs else None
+
+    @property
+    def synchronous(self) -> bool:
+        """Every rank ended with the same parameters."""
+        sums = {r.checksum for r in self.ranks.values()}
+        return len(sums) == 1 and None not in sums
+
+    def to_dict(self) -> dict:
+        return {"exit_code": self.exit_code, "seconds": round(self.seconds, 3),
+                "iteration_time": self.iteration_time, "synchronous": self.synchronous,
+                "failure": self.failure,
+                "ranks": {r: {"host": s.host, "iterations": len(s.iterations),
+                              "median": s.median(), "checksum": s.checksum}
+                          for r, s in sorted(self.ranks.items())}}
+
+
+def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
+    """The plan's job spec, with the model as factory + kwargs + inputs."""
+    job = copy.deepcopy(plan["job"])
+    model = job["model"]
+    if model.get("catalog"):
+        entry = ENTRIES[model["catalog"]]
+        params = resolve_params(model["catalog"], model.get("params", {}))
+        job["model"] = {"factory": f"{entry.cls.__module__}:{entry.cls.__qualname__}",
+                        "kwargs": params, "inputs": [asdict(s) for s in entry.inputs(params)]}
+    job["iterations"] = iterations
+    job["threads"] = threads
+    return job
+
+
+def run_job(plan: dict, transport: Transport, iterations: int = 10,
+            out: Callable[[str], None] = print, verbose: bool = False,
+            timeout: float | None = None) -> RunResult:
+    job = job_payload(plan, iterations)
+    payload = json.dumps(job)
+    hosts = sorted(job["processes"])
+    rank_host = {int(p["rank"]): h for h in hosts for p in job["processes"][h]}
+    ranks = {r: RankStats(h) for r, h in rank_host.items()}
+    lock = threading.Lock()
+    failures: list[str] = []
+    stopping = threading.Event()
+    t0 = time.perf_counter()
+
+    def on_line(host: str, line: str) -> None:
+        rank, body = None, line
+        if line.startswith("[rank "):
+            head, _, body = line.partition("] ")
+            rank = int(head[6:])
+        event = _json(body)
+        with lock:
+            if event and event.get("event") == "iter" and rank in ranks:
+                ranks[rank].iterations.append(float(event["seconds"]))
+                if rank == min(ranks) and not verbose:
+                    n = len(ranks[rank].iterations)
+                    dt = time.perf_counter() - t0
+                    out(f"iteration {n}/{iterations}  {event['seconds']:.3f} s  "
+                        f"({n / dt:.2f} it/s since start)")
+                    return
+            elif event and event.get("event") == "done" and rank in ranks:
+                ranks[rank].checksum = event["checksum"]
+            elif event and event.get("event") == "failed":
+                failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
+                                "lines:\n    " + "\n    ".join(event.get("last", [])))
+            if verbose or not (event and event.get("event") in ("iter", "done", "start")):
+                out(f"{host} {line}")
+
+    def run_host(host: str) -> None:
+        rc = transport.stream(host, ["launch", "--host", host, "-"], payload, on_line, timeout)
+        if rc != 0 and not stopping.is_set():
+            stopping.set()
+            with lock:
+                if rc == UNREACHABLE or not any(host in f for f in failures):
+                    failures.append(f"{host}: launch exited {rc}")
+            for other in hosts:  # stop every other host's ranks now
+                if other != host:
+                    transport.agent(other, ["stop"], timeout=30)
+
+    threads = [threading.Thread(target=run_host, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if failures:
+        return RunResult(1, ranks, seconds, "\n".join(failures))
+    return RunResult(0, ranks, seconds)
+
+
+def stop_job(plan: dict, transport: Transport) -> dict[str, int]:
+    hosts = sorted(plan["job"]["processes"])
+    return {h: transport.agent(h, ["stop"], timeout=30).rc for h in hosts}
+
+
+def _json(text: str) -> dict | None:
+    if not text.startswith("{"):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
