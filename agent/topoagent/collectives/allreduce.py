@@ -28,12 +28,6 @@ TAG_BASE = 0x7470  # "tp"
 WINDOW = 8  # receives posted ahead per peer
 
 
-def _global_ranks(group: dist.ProcessGroup | None, world: int) -> list[int]:
-    if group is None or group is dist.GroupMember.WORLD:
-        return list(range(world))
-    return [dist.get_global_rank(group, r) for r in range(world)]
-
-
 def tree_allreduce(
     tensor: torch.Tensor,
     schedule: TreeSchedule,
@@ -50,7 +44,6 @@ def tree_allreduce(
     if world == 1 or tensor.numel() == 0:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    granks = _global_ranks(group, world)
     sizes = partition_sizes(flat.numel(), schedule.fractions)
     errors: list[BaseException] = []
     threads: list[threading.Thread] = []
@@ -61,7 +54,7 @@ def tree_allreduce(
         part = flat[offset : offset + size]
         offset += size
         chunk = max(1, (tree.chunk_bytes or schedule.chunk_bytes) // flat.element_size())
-        runner = _TreeRun(part, tree.parents, rank, granks, chunk, TAG_BASE + 2 * t_idx, group)
+        runner = _TreeRun(part, tree.parents, rank, chunk, TAG_BASE + 2 * t_idx, group)
         for fn in (runner.reduce, runner.broadcast):
             th = threading.Thread(target=_guard(fn, errors), daemon=True)
             th.start()
@@ -88,25 +81,26 @@ def _guard(fn, errors: list[BaseException]):
 class _TreeRun:
     """One tree's reduce and broadcast on one rank."""
 
-    def __init__(self, part, parents, rank, granks, chunk, tag, group):
+    def __init__(self, part, parents, rank, chunk, tag, group):
         self.part = part
         self.parent = parents[rank]
         self.children = [c for c, p in enumerate(parents) if p == rank]
-        self.g = granks
         self.chunk = chunk
         self.n = math.ceil(part.numel() / chunk)
         self.rtag, self.btag = tag, tag + 1
-        self.group = group
+        self.pg = group if group is not None else dist.distributed_c10d._get_default_group()
         self.handoff: queue.Queue = queue.Queue()
 
     def _sl(self, k: int) -> slice:
         return slice(k * self.chunk, min(self.part.numel(), (k + 1) * self.chunk))
 
+    # the process group's own send/recv (group ranks): dist.isend's per-call checks and
+    # logging wrapper cost more CPU than a 16 KiB chunk's transfer on 2 cores
     def _send(self, buf, peer, tag):
-        return dist.isend(buf, dst=self.g[peer], group=self.group, tag=tag)
+        return self.pg.send([buf], peer, tag)
 
     def _recv(self, buf, peer, tag):
-        return dist.irecv(buf, src=self.g[peer], group=self.group, tag=tag)
+        return self.pg.recv([buf], peer, tag)
 
     def reduce(self) -> None:
         bufs = {c: torch.empty_like(self.part) for c in self.children}

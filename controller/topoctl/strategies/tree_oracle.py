@@ -111,10 +111,13 @@ class Oracle:
         counts = np.array([used[r] for r in rows.tolist()])
         return Column(rows, counts, edges, paths, float((y[rows] * counts).sum()))
 
-    def column_for(self, pairs: list[tuple[int, int]]) -> Column:
+    def column_for(
+        self, pairs: list[tuple[int, int]], arc_weight: np.ndarray | None = None
+    ) -> Column:
         """The column of a given spanning tree, as pairs of worker positions (ranks).
 
-        Direct fabrics: every pair must be a link. Switched: pairs are routed on fewest hops.
+        Direct fabrics: every pair must be a link. Switched: pairs are routed on shortest paths
+        under ``arc_weight`` (default: fewest hops).
         """
         y = np.zeros(self.rows)
         if self.direct:
@@ -129,8 +132,8 @@ class Oracle:
             rows = np.sort(idx)
             edges = [(int(self.g.u[k]), int(self.g.v[k])) for k in rows]
             return Column(rows, np.ones(len(rows)), edges, {}, 0.0)
-        hops = csr_matrix((np.ones(len(self._tail)), (self._tail, self._head)),
-                          shape=(self.g.n, self.g.n))
+        wts = np.ones(len(self._tail)) if arc_weight is None else arc_weight
+        hops = csr_matrix((wts, (self._tail, self._head)), shape=(self.g.n, self.g.n))
         _, pred = dijkstra(hops, directed=True, indices=self._w, return_predecessors=True)
         return self._routed(pairs, pred, y)
 

@@ -249,11 +249,18 @@ def chain_candidates(oracle: Oracle, k: int) -> list[Column]:
                 path.append((i + step) % nw)
             chains.append(path)
     out = []
+    load = np.zeros(oracle.rows)
     for chain in chains:
+        pairs = list(zip(chain[:-1], chain[1:], strict=True))
         try:
-            out.append(oracle.column_for(list(zip(chain[:-1], chain[1:], strict=True))))
+            if g.is_direct:
+                col = oracle.column_for(pairs)
+            else:  # fewest hops, ties broken away from arcs earlier chains loaded (spines)
+                col = oracle.column_for(pairs, 1.0 + 1e-3 * load / oracle.capacity)
         except ValueError:
             continue
+        load[col.rows] += col.counts
+        out.append(col)
     return out
 
 
