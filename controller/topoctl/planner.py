@@ -20,7 +20,7 @@ from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.routing import RoutingError
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
-from topoctl.strategies import STRATEGIES, PlanContext, Strategy
+from topoctl.strategies import PlanContext, Strategy, available
 
 
 @dataclass
@@ -48,10 +48,11 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
         if not hosts:
             raise ClusterError([("hosts", "no host has GPUs (every gpus.count is 0); nothing "
                                           "can train")])
+    known = available()
     for i, s in enumerate(job.strategies):
-        if s not in STRATEGIES:
+        if s not in known:
             raise JobError([(f"strategies[{i}]", f"unknown strategy {s!r} (known: "
-                                                 f"{', '.join(sorted(STRATEGIES))})")])
+                                                 f"{', '.join(sorted(known))})")])
     if not job.parallelism.data:
         raise JobError([("parallelism.data", "only data-parallel strategies exist so far; "
                                              "allow data: true")])
@@ -96,7 +97,7 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
 def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     t0 = time.perf_counter()
     try:
-        s = STRATEGIES[name](ctx)
+        s = available()[name](ctx)
         res = simulate(s.tasks, s.network, record=False)
     except RoutingError as e:
         raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None

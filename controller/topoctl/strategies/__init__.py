@@ -5,10 +5,17 @@ plain data, the training hosts and ranks, the op graph at the per-rank batch and
 host). A `Strategy` is everything the simulator needs to score it (`tasks` on `network`) and
 everything the renderer needs to write the plan (fabric, routing, collective, QoS rates).
 `topoctl.planner` runs the job's strategies, simulates each, and renders the fastest.
+
+Plugging in a strategy: any module in this package may define
+`PLANNER_STRATEGIES = {"name": fn}`; `available()` imports the package's modules once and
+registers them (or call `register(name, fn)` yourself). Data-parallel strategies can reuse
+`baseline.dp_tasks(ctx, order, algorithm)` with another member order or collective algorithm.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,10 +77,16 @@ def register(name: str, fn: StrategyFn) -> None:
     STRATEGIES[name] = fn
 
 
-def _builtin() -> None:
-    from topoctl.strategies import baseline
-
-    register("baseline", baseline.plan)
+_discovered = False
 
 
-_builtin()
+def available() -> dict[str, StrategyFn]:
+    """All strategies: registered ones plus every `PLANNER_STRATEGIES` of this package."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        for info in pkgutil.iter_modules(__path__):
+            mod = importlib.import_module(f"{__name__}.{info.name}")
+            for name, fn in getattr(mod, "PLANNER_STRATEGIES", {}).items():
+                STRATEGIES.setdefault(name, fn)
+    return STRATEGIES

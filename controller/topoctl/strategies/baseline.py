@@ -90,3 +90,6 @@ def plan(ctx: PlanContext) -> Strategy:
     return Strategy(name="baseline", fabric=ctx.fabric, hops=hops,
                     network=network_from_fabric(ctx.fabric, hops), tasks=tasks,
                     collective={"algorithm": "ring", "order": order}, buckets=sizes)
+
+
+PLANNER_STRATEGIES = {"baseline": plan}
