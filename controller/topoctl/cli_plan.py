@@ -92,6 +92,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     problems = validate_plan(doc)
     if problems:
         return _fail(args.plan, StateError(problems))
+    if args.hosts:
+        wanted = args.hosts.split(",")
+        missing = [h for h in wanted if h not in doc["hosts"]]
+        if missing:
+            print(f"{args.plan}: hosts: no {', '.join(missing)} in this plan", file=sys.stderr)
+            return 2
+        doc = doc | {"hosts": {h: doc["hosts"][h] for h in wanted}}
     print(explain_text(doc))
     if args.png:
         from topoctl.render.drawing import draw_png
@@ -114,4 +121,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("explain", help="summarise a plan: per-host tables and topology")
     e.add_argument("plan", help="plan.yaml")
     e.add_argument("--png", help="also draw the topology to this PNG file")
+    e.add_argument("--hosts", help="only these hosts' tables (comma-separated)")
     e.set_defaults(func=cmd_explain)

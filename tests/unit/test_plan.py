@@ -81,6 +81,10 @@ def test_cli_plan_then_explain(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "predicted iteration" in text and "host h7" in text
     assert png.stat().st_size > 1000
+    assert main(["explain", str(out), "--hosts", "h2,h5"]) == 0
+    text = capsys.readouterr().out
+    assert "host h2" in text and "host h5" in text and "host h7" not in text
+    assert main(["explain", str(out), "--hosts", "h9"]) == 2
 
 
 def cluster_data(**over) -> dict:
