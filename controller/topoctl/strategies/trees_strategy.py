@@ -1,0 +1,57 @@
+"""Planner strategy ``trees``: data parallelism with packed spanning trees (INFOCOM'21).
+
+Same iteration as ``baseline`` (``baseline.dp_tasks``), but every gradient bucket is
+all-reduced with the tree schedule that :func:`topoctl.strategies.trees.plan_trees` packs on
+the cluster's fabric (capacities in bytes/s), scored by the simulator through the collective
+interface (:mod:`topoctl.strategies.tree_collective`). The plan's ``job.collective`` carries
+the runtime schedule (``topoagent.collectives``): the launcher writes it to a file and points
+``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the trees are over hosts).
+"""
+
+from __future__ import annotations
+
+from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.routing import shortest_next_hops
+
+from . import PlanContext, Strategy
+from .baseline import dp_tasks
+from .bounds import best_bound, tree_bounds
+from .capgraph import build_capgraph
+from .tree_collective import tree_algorithm
+from .tree_schedule import plan_to_schedule
+from .trees import plan_trees
+
+LATENCY_S = 100e-6  # per-hop software latency assumed for the chunk size
+
+
+def plan(ctx: PlanContext) -> Strategy:
+    if ctx.world_size != len(ctx.hosts):
+        raise ValueError("strategy trees: one rank per host only (trees are over hosts)")
+    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in ctx.fabric.links]
+    g = build_capgraph(links, list(ctx.hosts))
+    tp = plan_trees(g)
+    bounds = tree_bounds(g, lp_upper=tp.upper_bound, budget_s=5.0)
+    bname, bval = best_bound(bounds)
+    grad = float(ctx.graph.param_bytes)
+    sched = plan_to_schedule(
+        tp, nbytes=grad, latency_s=LATENCY_S, bytes_per_unit=1.0,
+        metadata={"hosts": list(ctx.hosts), "rate_bytes_per_s": tp.rate,
+                  "optimum_bytes_per_s": bval, "bound": bname},
+    )
+    hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
+    tasks, sizes = dp_tasks(ctx, list(ctx.hosts), tree_algorithm(sched))
+    return Strategy(
+        name="trees",
+        fabric=ctx.fabric,
+        hops=hops,
+        network=network_from_fabric(ctx.fabric, hops),
+        tasks=tasks,
+        collective={"algorithm": "trees", "order": list(ctx.hosts), "schedule": sched.dump()},
+        buckets=sizes,
+        notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
+               "bound": bname, "achieved_over_optimal": tp.rate / bval,
+               "planning_seconds": tp.seconds},
+    )
+
+
+PLANNER_STRATEGIES = {"trees": plan}
