@@ -69,7 +69,7 @@ def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
     """The plan's job spec, with the model as factory + kwargs + inputs."""
     job = copy.deepcopy(plan["job"])
     model = job["model"]
-    if model.get("catalog"):
+    if model.get("catalog") and not model.get("factory"):  # plans rendered before factories
         entry = ENTRIES[model["catalog"]]
         params = resolve_params(model["catalog"], model.get("params", {}))
         job["model"] = {"factory": f"{entry.cls.__module__}:{entry.cls.__qualname__}",
