@@ -186,3 +186,37 @@ def test_factory_model_and_a_host_subset(tmp_path, monkeypatch):
     assert validate_plan(doc) == []
     busiest = doc["metadata"]["prediction"]["busiest_links"]
     assert busiest and all(0 < u <= 1 + 1e-9 for u in busiest.values())
+
+
+def test_strategy_extras_rates_and_multipath_reach_the_plan(monkeypatch):
+    """A strategy's policy rules, per-destination rates and multipath next hops are rendered
+    into valid host states (the hooks later strategies use)."""
+    from topoctl import strategies
+    from topoctl.strategies import baseline
+
+    def fancy(ctx):
+        s = baseline.plan(ctx)
+        s.name = "fancy"
+        s.rates = {("h0", "h1"): 40_000_000}
+        s.routes = {("h0", "h4"): [("h1", 1.0), ("h7", 1.0)]}
+        s.extra = {"h0": {"rules": [{"priority": 1000, "from": "10.236.0.1/32", "table": 100}],
+                          "routes": [{"dst": "10.236.0.5/32", "table": 100, "dev": "eth0"}]}}
+        return s
+
+    monkeypatch.setitem(strategies.STRATEGIES, "fancy", fancy)
+    job = parse_job(JOB | {"strategies": ["baseline", "fancy"]})
+    from topoctl.planner import render
+
+    doc, ctx, evals = make_plan(load_cluster(PLANS / "hetero8-cluster.yaml"), job,
+                                use_cache=False)
+    assert set(doc["metadata"]["strategies"]) == {"baseline", "fancy"}
+    fancy_eval = next(e for e in evals if e.strategy.name == "fancy")
+    doc = render(ctx, fancy_eval, evals)
+    assert doc["metadata"]["strategy"] == "fancy" and validate_plan(doc) == []
+    st = parse_host_state(doc["hosts"]["h0"], prefix="hosts.h0")
+    assert st.rules[0].table == 100 and st.rules[0].priority == 1000
+    assert {c.rate for q in st.qos for c in q.classes} == {40_000_000}
+    r = next(r for r in st.routes if r.dst == "10.236.0.5/32" and r.table == 254)
+    assert len(r.nexthops) == 2
+    assert any(r.dst == "10.236.0.5/32" and r.table == 100 for r in st.routes)
+    assert doc["hosts"]["h1"].get("sysctl", {}).get("ip_forward") is True  # h0->h4 via h1
