@@ -42,7 +42,17 @@ def device_table(cluster) -> dict[str, Device]:
 
 def measure_job(job, graph: OpGraph, profile_batch: int, use_cache: bool = True
                 ) -> dict[str, OpCost]:
-    """Time the job's model on this CPU at `profile_batch` (float32: CPUs lack fast fp16)."""
+    """Time the job's model on this CPU at `profile_batch` (float32: CPUs lack fast fp16) with
+    the job's `launch.threads` torch threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job.launch.threads)  # time as the ranks will run
+    try:
+        return _measure(job, graph, profile_batch, use_cache)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[str, OpCost]:
     m = job.model
     key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, profile_batch,
                             "float32")

@@ -51,6 +51,7 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
                     for i, r in enumerate(rs)]
     return {"name": job.name, "backend": job.launch.backend, "command": list(job.launch.command),
             "world_size": world, "master": {"address": master, "port": job.launch.port},
+            "threads": job.launch.threads, "iterations": job.launch.iterations,
             "batch": {"global": job.batch.global_, "per_rank": local_batch},
             "model": model_launch_spec(job.model), "dtype": job.dtype,
             "bucket_cap_mb": round(job.sync.bucket / 2**20, 6),

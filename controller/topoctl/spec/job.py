@@ -17,7 +17,8 @@
     cost: {method: auto}                 # auto | measured (timed on this CPU) | roofline
                                          # device: A100 (plan as if every GPU were one)
     hosts: [h0, h1]                      # optional subset; default: every host with GPUs
-    launch: {backend: gloo, port: 29500, command: [python3, -m, topoagent.train]}
+    launch: {backend: gloo, port: 29500, threads: 1, iterations: 10,
+             command: [python3, -m, topoagent.train]}
 
 Unknown keys are rejected; errors name the YAML path (`model.params.layer: unknown parameter`).
 """
@@ -134,8 +135,13 @@ class CostSpec(_Model):
 
 
 class LaunchSpec(_Model):
+    """How ranks start. `threads`: torch threads per rank (CPU hosts; measured costs are timed
+    with the same number); `iterations`: training steps to run."""
+
     backend: Literal["gloo"] = "gloo"
     port: Annotated[int, Field(ge=1024, le=65535)] = 29500
+    threads: Annotated[int, Field(ge=1, le=256)] = 1
+    iterations: Annotated[int, Field(ge=1)] = 10
     command: list[str] = Field(default_factory=lambda: ["python3", "-m", "topoagent.train"])
 
 
