@@ -92,14 +92,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     problems = validate_plan(doc)
     if problems:
         return _fail(args.plan, StateError(problems))
-    if args.hosts:
-        wanted = args.hosts.split(",")
-        missing = [h for h in wanted if h not in doc["hosts"]]
-        if missing:
-            print(f"{args.plan}: hosts: no {', '.join(missing)} in this plan", file=sys.stderr)
-            return 2
-        doc = doc | {"hosts": {h: doc["hosts"][h] for h in wanted}}
-    print(explain_text(doc))
+    wanted = args.hosts.split(",") if args.hosts else None
+    missing = [h for h in wanted or [] if h not in doc["hosts"]]
+    if missing:
+        print(f"{args.plan}: hosts: no {', '.join(missing)} in this plan", file=sys.stderr)
+        return 2
+    print(explain_text(doc, wanted))
     if args.png:
         from topoctl.render.drawing import draw_png
 

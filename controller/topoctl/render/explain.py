@@ -10,14 +10,17 @@ from collections import Counter
 
 
 def _ms(x) -> str:
-    return f"{x * 1e3:.3f} ms" if isinstance(x, (int, float)) else str(x)
+    if not isinstance(x, (int, float)):
+        return str(x)
+    return f"{x * 1e3:.3f} ms" if abs(x) < 1 else f"{x:.3f} s"
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + \
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + \
         [fmt.format(*map(str, r)) for r in rows]
+    return [x.rstrip() for x in lines]
 
 
 def headline(doc: dict) -> list[str]:
@@ -39,15 +42,19 @@ def headline(doc: dict) -> list[str]:
     return out
 
 
-def host_tables(doc: dict) -> list[str]:
+def host_tables(doc: dict, only: list[str] | None = None) -> list[str]:
     procs = doc.get("job", {}).get("processes", {})
-    addr = {}
+    addr, owner = {}, {}
     for h, st in doc.get("hosts", {}).items():
         for i in st.get("interfaces", []):
             for a in i.get("addresses", []):
                 addr[a.split("/")[0]] = f"{h}:{i['name']}"
+                owner[a.split("/")[0]] = h
+    switched = doc.get("fabric", {}).get("kind") == "switched"
     out = []
     for h, st in doc.get("hosts", {}).items():
+        if only is not None and h not in only:
+            continue
         ranks = ",".join(str(p["rank"]) for p in procs.get(h, [])) or "-"
         fwd = "yes" if st.get("sysctl", {}).get("ip_forward") else "no"
         out.append(f"host {h}  ranks {ranks}  forwarding {fwd}")
@@ -57,8 +64,13 @@ def host_tables(doc: dict) -> list[str]:
         by_hop: Counter = Counter()
         for r in st.get("routes", []):
             hops = r.get("nexthops") or [{"via": r.get("via"), "dev": r.get("dev")}]
-            key = " + ".join(f"{addr.get(x.get('via'), x.get('via'))} via {x.get('dev')}"
-                             for x in hops)
+            dst_host = owner.get(r["dst"].split("/")[0])
+            if switched and len(hops) == 1 and dst_host and \
+                    owner.get(hops[0].get("via")) == dst_host:
+                key = f"(the destination itself) via {hops[0].get('dev')}"
+            else:
+                key = " + ".join(f"{addr.get(x.get('via'), x.get('via'))} via {x.get('dev')}"
+                                 for x in hops)
             by_hop[key] += 1
         rows = [[k, str(n)] for k, n in sorted(by_hop.items())]
         if rows:
@@ -88,7 +100,7 @@ def topology_text(doc: dict) -> list[str]:
             att = [a["port"] for a in f.get("attach", []) if a.get("switch") == s["name"]]
             if not f.get("attach") and len(f.get("switches", [])) == 1:
                 att = list(doc.get("hosts", {}))
-            out.append(f"  [{s['name']}]{up}: " + " ".join(att))
+            out.append((f"  [{s['name']}]{up}: " + " ".join(att)).rstrip())
     order = doc.get("job", {}).get("collective", {}).get("order", [])
     if order:
         algo = doc["job"]["collective"].get("algorithm")
@@ -96,5 +108,6 @@ def topology_text(doc: dict) -> list[str]:
     return out
 
 
-def explain_text(doc: dict) -> str:
-    return "\n".join(headline(doc) + [""] + topology_text(doc) + [""] + host_tables(doc))
+def explain_text(doc: dict, only: list[str] | None = None) -> str:
+    """The whole summary; `only` limits the per-host tables to these hosts."""
+    return "\n".join(headline(doc) + [""] + topology_text(doc) + [""] + host_tables(doc, only))
