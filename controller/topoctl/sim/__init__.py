@@ -9,6 +9,8 @@
 - `tasks`: what a strategy hands the engine: `Compute` (a device busy for a duration),
   `Transfer` (bytes from a node to a node), `Collective` (a Schedule), each with dependencies.
 - `engine.simulate(tasks, network)` -> `SimResult` (iteration time, breakdown, link use).
+- `routing` (hop-count shortest paths over a cluster fabric, next-hop matrix) and `fabric`
+  (a `Network` built from a cluster fabric and a routing).
 """
 
 from topoctl.sim.collectives import Schedule, Step, ring_allreduce
