@@ -7,17 +7,15 @@ dropped as a side effect (an address removed takes its routes along) are put bac
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import time
 from dataclasses import dataclass, field
 
-from pyroute2 import IPRoute
-
 from topoagent.diff import check_host, diff
-from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.mgmt import Mgmt, guard
 from topoagent.observe import Observed, observe, rp_filter_path
-from topoagent.ops import AddQdisc, Op, RestoreQdisc, SetLink, SetSysctl
+from topoagent.ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
 from topoagent.probe import ping_many
 from topoagent.state import HostState, Interface, Sysctl
 from topoagent.store import Store
@@ -46,11 +44,11 @@ class Result:
         return bool(self.ops)
 
 
-def plan(target: Target, desired: HostState, ipr: IPRoute | None = None,
-         mgmt: Mgmt | None = None) -> tuple[Observed, list[Op]]:
+def plan(target: Target, desired: HostState, mgmt: Mgmt | None = None
+         ) -> tuple[Observed, list[Op]]:
     """Observe, check and diff without touching anything; with `mgmt`, refuse operations on
     the management connection."""
-    obs = observe(target, ipr)
+    obs = observe(target)
     check_host(desired, obs)
     ops = diff(desired, obs)
     if mgmt is not None:
@@ -62,24 +60,28 @@ def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
                 probe: bool = True, store: Store | None = None,
                 mgmt: Mgmt | None = None) -> Result:
     t0 = time.perf_counter()
-    ipr = target.iproute()
-    try:
-        before, ops = plan(target, desired, ipr, mgmt)
-        if dry_run:
-            return Result(ops, time.perf_counter() - t0, dry_run=True)
-        probes = _choose_probes(target, desired, before) if probe and ops else []
-        if ops:
-            _transact(target, ipr, desired, before, ops, probes)
-        if store is not None:
-            store.push(desired, _baseline(ops))
-        return Result(ops, time.perf_counter() - t0, probes=probes)
-    finally:
-        ipr.close()
+    before, ops = plan(target, desired, mgmt)
+    if dry_run:
+        return Result(ops, time.perf_counter() - t0, dry_run=True)
+    probes = _choose_probes(target, desired, before) if probe and ops else []
+    if ops:
+        _transact(target, desired, before, ops, probes)
+    if store is not None:
+        store.push(desired, _baseline(ops))
+    return Result(ops, time.perf_counter() - t0, probes=probes)
 
 
-def _transact(target: Target, ipr: IPRoute, desired: HostState, before: Observed,
-              ops: list[Op], probes: list[str]) -> None:
-    drv = NetlinkDriver(target, ipr)
+def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],
+              probes: list[str]) -> None:
+    from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
+
+    with contextlib.closing(target.iproute()) as ipr:
+        _run(NetlinkDriver(target, ipr), desired, before, ops, probes)
+
+
+def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
+         probes: list[str]) -> None:
+    target = drv.target
     done: list[Op] = []
     for op in ops:
         try:
@@ -93,7 +95,7 @@ def _transact(target: Target, ipr: IPRoute, desired: HostState, before: Observed
     left: list[Op] = []
     for delay in VERIFY_DELAYS:
         time.sleep(delay)
-        left = diff(desired, observe(target, ipr))
+        left = diff(desired, observe(target))
         if not left:
             break
     if left:
@@ -106,7 +108,7 @@ def _transact(target: Target, ipr: IPRoute, desired: HostState, before: Observed
                   f"{', '.join(lost)}", drv, before, done)
 
 
-def _fail(message: str, drv: NetlinkDriver, before: Observed, done: list[Op]) -> None:
+def _fail(message: str, drv: Driver, before: Observed, done: list[Op]) -> None:
     problems = revert(drv, before, done)
     if problems:
         message += "; REVERT INCOMPLETE: " + "; ".join(problems)
@@ -115,7 +117,7 @@ def _fail(message: str, drv: NetlinkDriver, before: Observed, done: list[Op]) ->
     raise ApplyError(message, done, reverted=not problems)
 
 
-def revert(drv: NetlinkDriver, before: Observed, done: list[Op]) -> list[str]:
+def revert(drv: Driver, before: Observed, done: list[Op]) -> list[str]:
     """Undo `done` newest first, then re-add any route of `before` the kernel dropped."""
     problems = []
     for op in reversed(done):
@@ -124,7 +126,7 @@ def revert(drv: NetlinkDriver, before: Observed, done: list[Op]) -> list[str]:
             inv.apply(drv)
         except Exception as e:
             problems.append(f"{inv.describe()}: {_reason(e)}")
-    now = observe(drv.target, drv.ipr)
+    now = observe(drv.target)
     for key, o in before.routes.items():
         if key not in now.routes:
             try:

@@ -8,18 +8,18 @@ from foreign ones. `to_host_state` turns the representable part back into a Host
 from __future__ import annotations
 
 import ipaddress
-import socket
 from dataclasses import dataclass, field
-
-from pyroute2 import IPRoute
 
 from topoagent.nldump import (
     RTM_GETQDISC,
     RTM_GETTCLASS,
     RTM_GETTFILTER,
+    RawLink,
     RawRoute,
     RawRule,
     RawTc,
+    dump_addrs,
+    dump_links,
     dump_routes,
     dump_rules,
     dump_tc,
@@ -105,56 +105,36 @@ class Observed:
         return [r for r in self.rules if r.proto == RT_PROTO and r.rule is not None]
 
 
-def observe(target: Target, ipr: IPRoute | None = None) -> Observed:
-    own = ipr is None
-    ipr = ipr or target.iproute()
+def observe(target: Target) -> Observed:
+    obs = Observed()
+    sock = open_in(target.inside)
     try:
-        obs = Observed()
-        names = _links(ipr, obs)
-        _addresses(ipr, obs, names)
-        sock = open_in(target.inside)
-        try:
-            _routes(dump_routes(sock), obs, names)
-            _rules(dump_rules(sock), obs)
-            _qos(sock, obs, names)
-        finally:
-            sock.close()
-        paths = [IP_FORWARD] + [rp_filter_path(n) for n in ("all", "default", *obs.links)]
-        with target.inside():
-            for p in paths:
-                try:
-                    with open(f"/proc/sys/{p}") as f:
-                        obs.sysctl[p] = f.read().strip()
-                except FileNotFoundError:
-                    pass
-        return obs
+        names = _links(dump_links(sock), obs)
+        for index, addr, proto in dump_addrs(sock):
+            dev = names.get(index)
+            if dev is not None:
+                obs.addresses.setdefault(dev, {})[addr] = proto
+        _routes(dump_routes(sock), obs, names)
+        _rules(dump_rules(sock), obs)
+        _qos(sock, obs, names)
     finally:
-        if own:
-            ipr.close()
+        sock.close()
+    paths = [IP_FORWARD] + [rp_filter_path(n) for n in ("all", "default", *obs.links)]
+    with target.inside():
+        for p in paths:
+            try:
+                with open(f"/proc/sys/{p}") as f:
+                    obs.sysctl[p] = f.read().strip()
+            except FileNotFoundError:
+                pass
+    return obs
 
 
-def _links(ipr: IPRoute, obs: Observed) -> dict[int, str]:
-    names = {}
-    for msg in ipr.get_links():
-        name = msg.get_attr("IFLA_IFNAME")
-        obs.links[name] = ObsLink(
-            index=msg["index"],
-            name=name,
-            mac=msg.get_attr("IFLA_ADDRESS"),
-            mtu=msg.get_attr("IFLA_MTU"),
-            up=bool(msg["flags"] & IFF_UP),
-        )
-        names[msg["index"]] = name
-    return names
-
-
-def _addresses(ipr: IPRoute, obs: Observed, names: dict[int, str]) -> None:
-    for msg in ipr.get_addr(family=socket.AF_INET):
-        dev = names.get(msg["index"])
-        if dev is None:
-            continue
-        addr = f"{msg.get_attr('IFA_ADDRESS') or msg.get_attr('IFA_LOCAL')}/{msg['prefixlen']}"
-        obs.addresses.setdefault(dev, {})[addr] = msg.get_attr("IFA_PROTO") or 0
+def _links(raw: list[RawLink], obs: Observed) -> dict[int, str]:
+    for link in raw:
+        obs.links[link.name] = ObsLink(index=link.index, name=link.name, mac=link.mac,
+                                       mtu=link.mtu, up=bool(link.flags & IFF_UP))
+    return {link.index: link.name for link in raw}
 
 
 def _routes(raw: list[RawRoute], obs: Observed, names: dict[int, str]) -> None:

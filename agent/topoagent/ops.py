@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from topoagent.state import RT_PROTO, QosClass, Route, Rule, format_rate
+from topoagent.target import Target
 
 PHASES = (
     "sysctl", "link", "addr-add", "filter-del", "class-del", "qdisc-del", "rule-del", "route-del",
@@ -22,6 +23,8 @@ PHASES = (
 
 class Driver(Protocol):
     """What an operation needs from the host; drivers.netlink implements it with pyroute2."""
+
+    target: Target
 
     def set_sysctl(self, path: str, value: str) -> None: ...
     def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None: ...

@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyroute2 import IPRoute
-
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
 DEFAULT_STATE_ROOT = Path("/var/lib/topo-agent")
@@ -38,7 +36,10 @@ class Target:
             return self.state_dir
         return DEFAULT_STATE_ROOT / (f"netns-{self.netns}" if self.netns else "host")
 
-    def iproute(self) -> IPRoute:
+    def iproute(self):
+        """A pyroute2 IPRoute in the target (imported here: read-only paths never need it)."""
+        from pyroute2 import IPRoute
+
         self.check()
         return IPRoute(netns=self.netns) if self.netns else IPRoute()
 
