@@ -158,3 +158,35 @@ def test_bad_graphs_are_rejected():
         simulate([Compute("a", "d", 1.0), Compute("a", "d", 1.0)], star(["d"], 1.0))
     with pytest.raises(SimError, match="no route"):
         simulate([Transfer("t", "a", "z", 1.0)], line(1.0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memoised_rates_change_nothing(seed):
+    """Random multi-hop networks with overlapping rings and transfers (paths repeat with
+    different multiplicities): the rate memo gives exactly the unmemoised result."""
+    rng = random.Random(seed)
+    hosts = [f"h{i}" for i in range(6)]
+    links, paths = {}, {}
+    for a in hosts:
+        for b in hosts:
+            if a != b:
+                lid = f"{a}>{b}"
+                links[lid] = Link(lid, a, b, rng.choice([1.0, 2.0, 5.0]), rng.choice([0, 0.01]))
+    for a in hosts:
+        for b in hosts:
+            if a != b:  # some pairs go through a middle host, creating shared links
+                mid = rng.choice([x for x in hosts if x not in (a, b)])
+                p1, p2 = (f"{a}>{b}",), (f"{a}>{mid}", f"{mid}>{b}")
+                paths[(a, b)] = [(1.0, rng.choice([p1, p2]))]
+    net = Network(links, static_router(paths))
+    tasks = []
+    for k in range(3):
+        order = rng.sample(hosts, k=rng.randint(3, 6))
+        tasks.append(Collective(f"r{k}", ring_allreduce(order, rng.uniform(1, 20)),
+                                (f"r{k - 1}",) if k and rng.random() < 0.5 else ()))
+    for k in range(4):
+        a, b = rng.sample(hosts, 2)
+        tasks.append(Transfer(f"t{k}", a, b, rng.uniform(1, 10)))
+    fast = simulate(tasks, net)
+    slow = simulate(tasks, net, memo=False)
+    assert fast.finish == pytest.approx(slow.finish, rel=1e-9)

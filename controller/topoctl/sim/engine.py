@@ -157,11 +157,13 @@ class _Graph:
         return n
 
 
-def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> SimResult:
+def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
+             memo: bool = True) -> SimResult:
     """Run the task DAG to completion on `network`; see the module docstring for the model.
 
     `record=False` skips per-task start/finish times (saves memory on large runs; collectives'
-    and top-level tasks' finish times are always kept)."""
+    and top-level tasks' finish times are always kept). `memo=False` recomputes every rate
+    allocation (for testing the memo)."""
     g = _Graph(tasks)
     n = len(g.kind)
     waiting = list(g.ndeps)
@@ -276,10 +278,8 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True) -> Si
             # rates depend only on the set of paths in flight (max-min gives flows on the same
             # path the same rate), which repeats round after round in a collective: memoise
             paths = list(flow_links.values())
-            key = frozenset(paths) if len(paths) < 64 else tuple(sorted(paths, key=hash))
-            got = rate_memo.get(key)
-            if got is not None and len(got[1]) != len(paths):
-                got = None  # same set, other multiplicities
+            key = tuple(sorted(paths, key=hash))  # the multiset of paths
+            got = rate_memo.get(key) if memo else None
             if got is None:
                 rates = maxmin_rates(flow_links, capacity)
                 got = ({p: rates[fid] for fid, p in flow_links.items()}, paths)
