@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
@@ -70,6 +69,8 @@ def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
     job = copy.deepcopy(plan["job"])
     model = job["model"]
     if model.get("catalog") and not model.get("factory"):  # plans rendered before factories
+        from topoctl.catalog.registry import ENTRIES, resolve_params  # torch: only here
+
         entry = ENTRIES[model["catalog"]]
         params = resolve_params(model["catalog"], model.get("params", {}))
         job["model"] = {"factory": f"{entry.cls.__module__}:{entry.cls.__qualname__}",
