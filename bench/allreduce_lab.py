@@ -5,8 +5,9 @@
 
 Builds a throwaway lab (``topoctl lab up``, name ``tp5...``) from the cluster file, with cable
 rates multiplied by ``--scale`` so that 2 cores are not the bottleneck. Every host gets a
-training address (on a local veth pair: this kernel has no dummy driver) and one /32 route per
-peer over their direct cable (the baseline routing; parallel cables: the fastest one). Packed
+training address (on a local veth pair: this kernel has no dummy driver), a /32 route per
+peer over their direct cable (parallel cables: the fastest one) and fewest-hop routes through
+forwarding hosts to the others: the baseline routing. Packed
 trees are planned for the cables' rates, then 8 ranks over gloo compare, side by side in one
 run: gloo's default all_reduce, a ring in the best order (maximum bottleneck) and the packed
 trees. Reports time, algbw (M / t) and measured/optimal (optimum = M / tau, the partition
@@ -62,6 +63,25 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
+def first_hops(src: str, hosts: list[str], cables: dict) -> dict[str, str]:
+    """Fewest-hop first hop from ``src`` to every host (BFS; host forwarding)."""
+    adj: dict[str, list[str]] = {h: [] for h in hosts}
+    for a, b in cables:
+        adj[a].append(b)
+        adj[b].append(a)
+    first: dict[str, str] = {}
+    todo = []
+    for nb in sorted(adj[src]):
+        first[nb] = nb
+        todo.append(nb)
+    for x in todo:
+        for y in sorted(adj[x]):
+            if y != src and y not in first:
+                first[y] = first[x]
+                todo.append(y)
+    return first
+
+
 def best_ring(hosts: list[str], cap: dict[tuple[str, str], float]) -> list[int]:
     """Ring order with the largest bottleneck (brute force, n <= 9)."""
     best, order = -1.0, list(range(len(hosts)))
@@ -115,14 +135,20 @@ def main() -> int:
             batch = ["link add tp5d0 type veth peer name tp5d1", "link set tp5d0 up",
                      "link set tp5d1 up",
                      f"addr add {addr[h]}/32 dev tp5d0"]
+            port_to: dict[str, str] = {}
             for (a, b), (_, pa, pb) in cables.items():
                 if h in (a, b):
                     peer, port = (b, pa) if h == a else (a, pb)
+                    port_to[peer] = port
                     batch.append(f"route add {addr[peer]}/32 dev {port} src {addr[h]}")
+            for dst, nh in first_hops(h, hosts, cables).items():  # not adjacent: via a host
+                if dst not in port_to:
+                    batch.append(f"route add {addr[dst]}/32 via {addr[nh]} dev {port_to[nh]} "
+                                 f"onlink src {addr[h]}")
             sh(["ip", "-n", ns, "-batch", "-"], input="\n".join(batch) + "\n")
-            for key in ("all", "default"):
-                sh(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                    f"net.ipv4.conf.{key}.rp_filter=0"])
+            for key in ("net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+                        "net.ipv4.ip_forward=1"):
+                sh(["ip", "netns", "exec", ns, "sysctl", "-qw", key])
         t_up = time.perf_counter() - t_up
         # plan on the cables' rates in bytes/s
         links = [(a, b, r / 8.0) for (a, b), (r, _, _) in cables.items()]
