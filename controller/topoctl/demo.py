@@ -1,83 +1,169 @@
-"""`make demo`: the main job. Until the planner and `topoctl apply` land, a two-host agent demo.
+"""`make demo`: the main job, end to end on one machine.
 
-Two network namespaces joined by a veth cable; topo-agent gives host A an address, a training
-address on lo, a route to B's training address and a per-destination HTB class, verifies it,
-re-applies (nothing to do), pings across, shows what iproute2 sees, rolls back, and removes
-everything it made, also when interrupted."""
+Build the heterogeneous 8-host lab (plans/hetero8-cluster.yaml: namespaces, shaped cables, an
+sshd per host), plan the MLP job with the baseline and with every topology-aware strategy the
+planner has, and for each: apply the plan on every host (two-phase, over the lab transport),
+train for a fixed number of iterations under it (DDP over gloo between the hosts' training
+addresses), and compare the simulator's prediction with the measurement. Prints one table,
+saves it as JSON and a PNG plot next to it, and tears the lab down, also when interrupted.
+
+    python -m topoctl.demo [--iterations 8] [--out demo-results] [--strategies baseline trees]
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
-PREFIX = f"tpd-{os.getpid()}"
-A, B = f"{PREFIX}-a", f"{PREFIX}-b"
-STATE_A = """\
-interfaces:
-  - {name: tpdemo0, addresses: [10.231.200.1/24], up: true}
-  - {name: lo, addresses: [10.236.200.1/32], up: true}
-sysctl: {ip_forward: true}
-routes:
-  - {dst: 10.236.200.2/32, via: 10.231.200.2, src: 10.236.200.1}
-qos:
-  - dev: tpdemo0
-    rate: 100mbit
-    classes:
-      - {dst: 10.236.200.2, rate: 40mbit, ceil: 60mbit}
-"""
-STATE_B = """\
-interfaces:
-  - {name: tpdemo1, addresses: [10.231.200.2/24], up: true}
-  - {name: lo, addresses: [10.236.200.2/32], up: true}
-routes:
-  - {dst: 10.236.200.1/32, via: 10.231.200.1, src: 10.236.200.2}
-"""
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
+JOB = ROOT / "plans" / "mlp-job.yaml"
 
 
-def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    print("$", " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, text=True, capture_output=True)
-    out = (r.stdout + r.stderr).rstrip()
-    if out:
-        print("  " + out.replace("\n", "\n  "), flush=True)
-    if check and r.returncode not in (0, 2):
-        raise SystemExit(f"demo failed: {' '.join(cmd)} exited {r.returncode}")
-    return r
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def main() -> int:
+def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
+    from topoctl.planner import make_plan
+    from topoctl.spec.job import parse_job
+
+    job = parse_job({**job_doc, "strategies": [strategy]}, f"{JOB}[{strategy}]")
+    plan, _, _ = make_plan(cluster, job)
+    return plan
+
+
+def allreduce_optimum(plans: dict[str, dict]) -> float | None:
+    """Seconds of the fastest AllReduce the fabric allows for the job's gradients: the packed
+    trees' LP optimum (bytes/s, a property of the fabric, not of a strategy) when the planner
+    computed one, applied to the gradient bytes."""
+    for plan in plans.values():
+        sched = plan["job"].get("collective", {}).get("schedule")
+        if isinstance(sched, dict) and sched.get("metadata", {}).get("optimum_bytes_per_s"):
+            grad = plan["metadata"]["model"]["parameters_bytes"]
+            return grad / float(sched["metadata"]["optimum_bytes_per_s"])
+    return None
+
+
+def measure(name: str, plan: dict, transport, iterations: int) -> dict:
+    from topoctl import rollout
+    from topoctl.runner import run_job
+
+    t0 = time.perf_counter()
+    report = rollout.apply_plan(plan, transport)
+    if report.exit_code not in (0, 2):
+        raise SystemExit(f"{name}: apply failed: {report.message}")
+    applied = time.perf_counter() - t0
+    log(f"{name}: applied on {len(plan['hosts'])} hosts in {applied:.1f} s; training "
+        f"{iterations} iterations")
+    result = run_job(plan, transport, iterations=iterations,
+                     out=lambda s: log(f"{name}: {s}") if s.startswith("iteration") else None)
+    if result.exit_code or not result.synchronous:
+        raise SystemExit(f"{name}: training failed: {result.failure or 'ranks diverged'}")
+    return {"apply_seconds": applied, "measured": result.iteration_time,
+            "run_seconds": result.seconds}
+
+
+def table(rows: list[dict], optimum: float | None) -> str:
+    head = ("strategy", "predicted s/it", "measured s/it", "prediction error",
+            "speedup vs baseline", "measured/optimal AllReduce")
+    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    base = next((r["measured"] for r in rows if r["strategy"] == "baseline"), None)
+    for r in rows:
+        err = (r["predicted"] - r["measured"]) / r["measured"]
+        lines.append(" | ".join([
+            r["strategy"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}", f"{err:+.1%}",
+            f"{base / r['measured']:.2f}x" if base else "-",
+            f"{r['measured'] / optimum:.2f}" if optimum else "-"]))
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], optimum: float | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["strategy"] for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([i - 0.2 for i in x], [r["predicted"] for r in rows], 0.4, label="predicted")
+    ax.bar([i + 0.2 for i in x], [r["measured"] for r in rows], 0.4, label="measured")
+    if optimum:
+        ax.axhline(optimum, color="k", linestyle="dashed", label="optimal AllReduce")
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("seconds per iteration")
+    ax.set_title("MLP on the heterogeneous 8-host lab")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--out", default="demo-results")
+    ap.add_argument("--strategies", nargs="+")
+    args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("the demo needs root (network namespaces)", file=sys.stderr)
         return 1
-    agent = [sys.executable, "-m", "topoagent.cli"]
-    with tempfile.TemporaryDirectory() as tmp:
-        sa, sb = Path(tmp, "a.yaml"), Path(tmp, "b.yaml")
-        sa.write_text(STATE_A)
-        sb.write_text(STATE_B)
-        try:
-            run("ip", "netns", "add", A)
-            run("ip", "netns", "add", B)
-            run("ip", "-n", A, "link", "add", "tpdemo0", "type", "veth", "peer", "name",
-                "tpdemo1", "netns", B)
-            for ns, path in ((A, sa), (B, sb)):
-                base = [*agent, "--netns", ns, "--state-dir", str(Path(tmp, ns))]
-                run(*base, "diff", str(path))
-                run(*base, "apply", str(path))
-                run(*base, "apply", str(path))  # idempotent: nothing to do
-            run("ip", "netns", "exec", A, "ping", "-c", "2", "-W", "1", "-I", "10.236.200.1",
-                "10.236.200.2")
-            run("ip", "-n", A, "route", "show", "10.236.200.2")
-            run("tc", "-n", A, "class", "show", "dev", "tpdemo0")
-            run("tc", "-n", A, "filter", "show", "dev", "tpdemo0")
-            run(*agent, "--netns", A, "--state-dir", str(Path(tmp, A)), "rollback")
-            run("ip", "-n", A, "-br", "addr")
-        finally:
-            for ns in (A, B):
-                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    print("demo finished; namespaces removed")
+    from topoctl.lab import lab as labmod
+    from topoctl.spec.cluster import load_cluster
+    from topoctl.strategies import available
+    from topoctl.transports.ssh import lab_ssh_transport
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = load_cluster(CLUSTER)
+    job_doc = yaml.safe_load(JOB.read_text())
+    strategies = args.strategies or ["baseline"] + sorted(s for s in available()
+                                                          if s != "baseline")
+    t_start = time.perf_counter()
+    log(f"planning {JOB.name} on {cluster.name} with: {', '.join(strategies)}")
+    plans = {}
+    for s in strategies:
+        plans[s] = plan_for(cluster, job_doc, s)
+        (out / f"plan-{s}.yaml").write_text(yaml.safe_dump(plans[s], sort_keys=False))
+    name = f"demo{os.getpid() % 10**5}"
+    os.environ.setdefault("TOPOCTL_LAB_DIR", str(out.resolve() / "labs"))
+    log(f"lab {name}: building {len(cluster.hosts)} hosts from {CLUSTER.name}")
+    lab = labmod.up(cluster, name=name)
+    rows = []
+    transport = lab_ssh_transport(lab)  # as on bare metal: each host's own sshd
+    try:
+        for s, plan in plans.items():
+            m = measure(s, plan, transport, args.iterations)
+            meta = plan["metadata"]
+            rows.append({"strategy": s, "predicted": meta["prediction"]["iteration_time"],
+                         **m})
+            log(f"{s}: predicted {rows[-1]['predicted']:.3f} s/it, measured "
+                f"{m['measured']:.3f} s/it")
+    finally:
+        transport.close()
+        labmod.down(name)
+        log(f"lab {name} removed")
+    optimum = allreduce_optimum(plans)
+    text = table(rows, optimum)
+    (out / "results.json").write_text(json.dumps({"rows": rows, "allreduce_optimum": optimum},
+                                                 indent=1))
+    (out / "results.md").write_text(text + "\n")
+    plot(rows, optimum, out / "results.png")
+    print()
+    print(text)
+    if optimum:
+        grad_mb = plans[strategies[0]]["metadata"]["model"]["parameters_bytes"] / 1e6
+        print(f"\noptimal AllReduce of the {grad_mb:.1f} MB of gradients on this fabric: "
+              f"{optimum:.3f} s (packed-tree LP optimum); measured/optimal divides the "
+              "measured iteration (AllReduce plus compute) by it.")
+    print(f"saved {out}/results.md, results.json, results.png; total "
+          f"{time.perf_counter() - t_start:.0f} s")
     return 0
 
 
