@@ -79,3 +79,25 @@ def test_a_dying_rank_stops_every_host_and_is_named(lab_and_plan, tmp_path, caps
     assert "invalid literal for int()" in result["failure"]
     for h in ("h0", "h1", "h2", "h3"):  # nothing left running anywhere
         assert not (lab.state_dir / "agent" / h / "run" / "job.pids").exists()
+
+
+def test_stop_ends_a_running_job_on_every_host(lab_and_plan, capsys):
+    import threading
+    import time
+
+    lab, plan = lab_and_plan
+    assert cli.main(["apply", plan, "--lab", lab.name]) == 2
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(cli.main(
+        ["run", plan, "--lab", lab.name, "--iterations", "100000", "--json"])))
+    runner.start()
+    pids = [lab.state_dir / "agent" / h / "run" / "job.pids" for h in ("h0", "h1", "h2", "h3")]
+    deadline = time.monotonic() + 120
+    while not all(p.exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(p.exists() for p in pids)
+    time.sleep(3)  # let training get going
+    assert cli.main(["stop", plan, "--lab", lab.name]) == 0
+    runner.join(timeout=60)
+    assert not runner.is_alive() and codes == [1]
+    assert not any(p.exists() for p in pids)
