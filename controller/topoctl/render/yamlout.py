@@ -61,29 +61,51 @@ def _flat(v) -> bool:
     return not isinstance(v, (dict, list))
 
 
+def _flow_map(v: dict) -> str | None:
+    parts = []
+    n = 2
+    cache = _CACHE
+    for k, x in v.items():
+        tx = type(x)
+        if tx is str:
+            sx = cache.get(x) or scalar(x)
+        elif tx is dict or tx is list:
+            return None
+        else:
+            sx = scalar(x)
+        p = (cache.get(k) or scalar(k)) + ": " + sx
+        n += len(p) + 2
+        if n > _FLOW_MAX:
+            return None
+        parts.append(p)
+    return "{" + ", ".join(parts) + "}"
+
+
 def _flow(v) -> str | None:
-    """Flow form if `v` is a flat mapping/list (or a list of flat mappings) and short."""
+    """Flow form if `v` is a flat mapping/list (or a list of flat mappings) and short; gives up
+    as soon as it is too long."""
     if type(v) is dict:
-        parts = []
-        for k, x in v.items():
-            if type(x) is dict or type(x) is list:
-                return None
-            parts.append(f"{scalar(k)}: {scalar(x)}")
-        s = "{" + ", ".join(parts) + "}"
-    elif isinstance(v, list):
-        parts = []
-        for x in v:
-            if _flat(x):
-                parts.append(scalar(x))
-            elif isinstance(x, dict) and all(_flat(y) for y in x.values()):
-                parts.append("{" + ", ".join(f"{scalar(k)}: {scalar(y)}"
-                                             for k, y in x.items()) + "}")
-            else:
-                return None
-        s = "[" + ", ".join(parts) + "]"
-    else:
+        return _flow_map(v)
+    if type(v) is not list:
         return scalar(v)
-    return s if len(s) <= _FLOW_MAX else None
+    if len(v) > _FLOW_MAX // 3:
+        return None
+    parts = []
+    n = 2
+    for x in v:
+        if type(x) is dict:
+            p = _flow_map(x)
+            if p is None:
+                return None
+        elif type(x) is list:
+            return None
+        else:
+            p = scalar(x)
+        n += len(p) + 2
+        if n > _FLOW_MAX:
+            return None
+        parts.append(p)
+    return "[" + ", ".join(parts) + "]"
 
 
 def _emit(v, indent: int, out: list[str]) -> None:
