@@ -145,6 +145,9 @@ def plan_trees(
     cols, rates = prune(oracle, pool, x, max_trees, budget_s=prune_budget_s)
     t3 = time.perf_counter()
     trees = _rooted(g, cols, rates * scale)
+    kept = float(rates.sum())
+    lp_val = max(lp_val, kept)  # column generation stopped at its budget below a kept packing
+    ub = max(ub, lp_val)
     return TreePlan(
         trees=trees,
         rate=float(sum(t.rate for t in trees)),
@@ -171,20 +174,24 @@ def prune(
     cap = oracle.capacity
     t0 = time.perf_counter()
     order = [int(i) for i in np.argsort(-x) if x[i] > 1e-12]
-    cand = [pool.columns[i] for i in order] or [pool.columns[0]]
-    seen = {c.key for c in cand}
-    for col in [*chain_candidates(oracle, k), *greedy_disjoint(oracle, k)]:
+    lp_top = [pool.columns[i] for i in order] or [pool.columns[0]]
+    chains = chain_candidates(oracle, k)
+    greedy = greedy_disjoint(oracle, k)
+    seen: set[bytes] = set()
+    cand: list[Column] = []
+    for col in [*lp_top[: 2 * k], *chains, *greedy, *lp_top[2 * k :]]:
         if col.key not in seen:
             seen.add(col.key)
-            cand.insert(0, col)
+            cand.append(col)
     if len(cand) <= k:
         xs, _, _ = solve_restricted(cand, cap)
         return _positive(cand, xs)
-    best = cand[:k]
-    bx, bval, by = solve_restricted(best, cap)
-    gx, gval, gy = solve_restricted(cand[:k], cap)
-    if gval > bval:
-        best, bx, bval, by = cand[:k], gx, gval, gy
+    best, bx, bval, by = [], np.zeros(0), -1.0, np.zeros_like(cap)
+    for start in (lp_top[:k], chains[:k], greedy[:k]):
+        if start:
+            sx, sval, sy = solve_restricted(start, cap)
+            if sval > bval:
+                best, bx, bval, by = start, sx, sval, sy
     while time.perf_counter() - t0 < budget_s / 2:
         col = oracle(by)
         if col.weight >= 1 - 1e-9:
