@@ -158,6 +158,8 @@ def column_generation(
         bump = float(y[y > 0].mean()) if np.any(y > 0) else 1.0
         extra = col
         for _ in range(per_round - 1):
+            if time.perf_counter() - t0 > budget_s:
+                break
             yp[extra.rows] += bump * extra.counts
             extra = oracle(yp)
             if float((y[extra.rows] * extra.counts).sum()) < 1.0 - 1e-9:

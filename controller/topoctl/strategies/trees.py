@@ -108,9 +108,9 @@ def plan_trees(
     g: CapGraph,
     max_trees: int | None = None,
     mw_eps: float = 0.1,
-    mw_budget_s: float = 1.5,
-    lp_budget_s: float = 6.0,
-    prune_budget_s: float = 3.0,
+    mw_budget_s: float = 1.0,
+    lp_budget_s: float = 5.0,
+    prune_budget_s: float = 2.0,
 ) -> TreePlan:
     """Pack spanning trees over ``g.workers`` and keep at most ``max_trees`` of them
     (default: :func:`auto_max_trees`).
