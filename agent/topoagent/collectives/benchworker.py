@@ -1,7 +1,9 @@
-"""One rank of the AllReduce benchmark (started by bench/allreduce_lab.py inside a host
-namespace, or on loopback). Measures, in one run and in this order: gloo's default
-``all_reduce``, a ring in a given order (reduce-scatter + all-gather over p2p), and the tree
-schedule (``topoagent.collectives.tree_allreduce``). Rank 0 prints one JSON line."""
+"""One rank of the AllReduce benchmark (``python -m topoagent.collectives.benchworker``,
+started by ``topoctl bench allreduce`` inside a lab host's namespace).
+
+Measures, in one run and in this order: gloo's default ``all_reduce``, a ring in a given order
+(reduce-scatter + all-gather over p2p) and the tree schedule
+(``topoagent.collectives.tree_allreduce``). Rank 0 prints one JSON line."""
 
 from __future__ import annotations
 
