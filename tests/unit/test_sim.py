@@ -85,11 +85,30 @@ def test_ring_in_any_order_on_a_star_costs_the_same_but_not_on_a_line():
     net2 = Network(links, static_router(paths))
     assert simulate([Collective("r", ring_allreduce(["a", "b", "c"], 30.0))],
                     net2).iteration_time == pytest.approx(t1)
-    # ... but the order a->c->b->a sends a->c over a>b, b>c while c->b and b->a run on their own
-    # links: still no sharing; a background flow on a>b slows only the a-steps
+    # a background flow on a>b halves the ring's a->b link for the whole run: the pipelined
+    # ring runs at its bottleneck, 2(n-1)/n * S / (B/2) = 4 * 10 / 5
     bg = simulate([Collective("r", ring_allreduce(["a", "b", "c"], 30.0)),
                    Transfer("bg", "a", "b", 1e6)], net2)
-    assert t1 < bg.finish["r"] < 2 * t1
+    assert bg.finish["r"] == pytest.approx(2 * 2 / 3 * 30.0 / 5.0)
+
+
+@pytest.mark.parametrize("caps", [(1.0, 4.0, 2.0, 8.0), (5.0, 1.0, 1.0, 3.0, 2.0, 9.0),
+                                  (2.0, 2.0, 0.5)])
+def test_ring_over_uneven_links_runs_at_its_slowest_link(caps):
+    """Steps between two members share one connection (FIFO), so the ring pipelines and the
+    slowest link is never idle: 2(n-1)/n * S / min(B) (measured in the lab: hetero8, 4.51 s
+    against 4.48 s predicted)."""
+    n = len(caps)
+    hosts = [f"h{i}" for i in range(n)]
+    links, paths = {}, {}
+    for i, c in enumerate(caps):
+        a, b = hosts[i], hosts[(i + 1) % n]
+        links[f"{a}>{b}"] = Link(f"{a}>{b}", a, b, c)
+        paths[(a, b)] = [(1.0, (f"{a}>{b}",))]
+    size = 60.0
+    r = simulate([Collective("r", ring_allreduce(hosts, size))],
+                 Network(links, static_router(paths)))
+    assert r.iteration_time == pytest.approx(2 * (n - 1) / n * size / min(caps))
 
 
 def test_two_stage_pipeline_closed_form():

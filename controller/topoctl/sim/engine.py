@@ -3,7 +3,10 @@
 Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of FIFO links):
 - compute: one stream per device; a ready task runs when its device is free (ties: list order);
 - communication: every transfer or collective step becomes a flow on its route (split over
-  weighted multipaths); all flows in flight share links max-min fairly (`maxmin`), each
+  weighted multipaths); steps of one collective between the same two members use one
+  connection and go in order (FIFO, as over gloo's/NCCL's per-peer connections), so a ring
+  over uneven links pipelines instead of stalling; all flows in flight share links max-min
+  fairly (`maxmin`), each
   (src, dst) aggregate also capped by `network.rate_caps`; a flow is delivered its path latency
   after its last byte leaves;
 - a task starts when all its dependencies are done (a collective's steps when their own step
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -205,6 +209,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
     done_stack: list[int] = []
     plans: dict[tuple, list] = {}
     rate_memo: dict = {}
+    conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
 
     def ready(node: int) -> None:
         nonlocal fid_counter, dirty
@@ -217,30 +222,54 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
         elif k == _JOIN:
             done_stack.append(node)
         else:
-            src, dst, size = g.src[node], g.dst[node], g.size[node]
-            plan = plans.get((src, dst))
-            if plan is None:
-                plan = plans[(src, dst)] = _route_plan(network, src, dst, g.name(node))
-            started = 0
-            for frac, path, key, lat in plan:
-                part = size * frac
-                if part <= 0 or not path:
-                    continue
-                for ln in path:
-                    link_bytes[ln] += part
-                fid_counter += 1
-                flows[fid_counter] = [part, 0.0, part, node, lat]
-                flow_links[fid_counter] = key
-                started += 1
-            if started:
-                subflows_left[node] = started
-                dirty = True
+            j = g.owner[node]
+            if j >= 0:  # a collective's steps between two members share one connection: FIFO
+                ck = (j, g.src[node], g.dst[node])
+                q = conn_queue.get(ck)
+                if q is not None:
+                    q.append(node)
+                    return
+                conn_queue[ck] = deque()
+            send(node)
+
+    def send(node: int) -> None:
+        nonlocal fid_counter, dirty
+        src, dst, size = g.src[node], g.dst[node], g.size[node]
+        plan = plans.get((src, dst))
+        if plan is None:
+            plan = plans[(src, dst)] = _route_plan(network, src, dst, g.name(node))
+        started = 0
+        for frac, path, key, lat in plan:
+            part = size * frac
+            if part <= 0 or not path:
+                continue
+            for ln in path:
+                link_bytes[ln] += part
+            fid_counter += 1
+            flows[fid_counter] = [part, 0.0, part, node, lat]
+            flow_links[fid_counter] = key
+            started += 1
+        if started:
+            subflows_left[node] = started
+            dirty = True
+        else:
+            release(node)
+            lat = min((p[3] for p in plan), default=0.0)
+            if lat > 0:
+                push(now + lat, node)
             else:
-                lat = min((p[3] for p in plan), default=0.0)
-                if lat > 0:
-                    push(now + lat, node)
-                else:
-                    done_stack.append(node)
+                done_stack.append(node)
+
+    def release(node: int) -> None:
+        """The node's last byte left: its connection takes the next queued step."""
+        j = g.owner[node]
+        if j >= 0:
+            ck = (j, g.src[node], g.dst[node])
+            q = conn_queue[ck]
+            if q:
+                send(q.popleft())
+            else:
+                del conn_queue[ck]
 
     succ, owner, kind, offset = g.succ, g.owner, g.kind, g.offset
 
@@ -315,6 +344,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
             node = f[3]
             subflows_left[node] -= 1
             if subflows_left[node] == 0:
+                release(node)
                 if f[4] > 0:
                     push(now + f[4], node)
                 else:
