@@ -5,13 +5,15 @@
     register_tree_hook(model)            # schedule from $TOPO_TREE_SCHEDULE (the launch spec)
     register_tree_hook(model, "sched.yaml")
 
-Buckets are reduced synchronously in DDP's (rank-consistent) bucket order; the hook refuses to
-start when the schedule's world size differs from the process group's.
+Buckets are reduced by one background thread per hook, in the order DDP hands them over (the
+same on every rank), so communication overlaps the rest of the backward pass; the hook refuses
+to start when the schedule's world size differs from the process group's.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 import os
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,16 +31,27 @@ ENV_SCHEDULE = "TOPO_TREE_SCHEDULE"
 class TreeHookState:
     schedule: TreeSchedule
     group: dist.ProcessGroup | None = None
+    # one thread: buckets are reduced one after another, in DDP's order, on every rank
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tree-allreduce")
+    )
 
 
 def tree_allreduce_hook(
     state: TreeHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
-    tree_allreduce(buf, state.schedule, state.group)
-    buf.div_(state.schedule.world_size)
     fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(buf)
+
+    def work() -> None:
+        try:
+            tree_allreduce(buf, state.schedule, state.group)
+            buf.div_(state.schedule.world_size)
+            fut.set_result(buf)
+        except BaseException as exc:  # noqa: BLE001 - handed to DDP through the future
+            fut.set_exception(exc)
+
+    state.executor.submit(work)
     return fut
 
 
