@@ -16,7 +16,14 @@ from pathlib import Path
 from topoagent.apply import ApplyError, Result, apply_state, plan
 from topoagent.mgmt import Mgmt
 from topoagent.observe import observe, to_host_state
-from topoagent.state import HostState, StateError, load_host_state, load_yaml
+from topoagent.state import (
+    HostState,
+    StateError,
+    load_host_state,
+    load_yaml,
+    load_yaml_file,
+    parse_host_state,
+)
 from topoagent.store import Store, StoreBusy
 from topoagent.target import Target, TargetError
 
@@ -26,12 +33,7 @@ EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 def _read_state(path: str) -> HostState:
     if path == "-":
         return load_host_state(sys.stdin.read(), "<stdin>")
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise StateError([("", f"{path}: {e.strerror}")]) from None
-    return load_host_state(text, path)
+    return parse_host_state(load_yaml_file(path))
 
 
 def _mgmt(args) -> Mgmt | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -389,6 +390,16 @@ def load_yaml(text: str, source: str = "<input>") -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(e, "problem", None) or str(e)
         raise StateError([("", f"{source}: malformed YAML at {where}: {problem}")]) from None
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """Read and parse a YAML (or JSON) file; StateError naming the file when it cannot be read
+    or is malformed."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise StateError([("", f"{path}: {e.strerror}")]) from None
+    return load_yaml(text, str(path))
 
 
 def load_host_state(text: str, source: str = "<input>") -> HostState:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from topoagent.state import StateError, load_yaml
+from topoagent.state import StateError, load_yaml_file
 from topoctl.render.plan import validate_plan
 from topoctl.transports import UNREACHABLE, AgentReply, Transport
 
@@ -66,12 +66,7 @@ Progress = Callable[[Event], None]
 
 def load_plan(path: str | Path) -> dict:
     """Read and validate a plan; StateError lists every problem by YAML path."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise StateError([("", f"{path}: {e.strerror}")]) from None
-    doc = load_yaml(text, str(path))
+    doc = load_yaml_file(path)
     problems = validate_plan(doc)
     if problems:
         raise StateError(problems)

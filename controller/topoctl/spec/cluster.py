@@ -51,7 +51,7 @@ from topoagent.state import (
     _Model,
     _problems,
     format_rate,
-    load_yaml,
+    load_yaml_file,
 )
 
 API_VERSION = "topoctl/v1"
@@ -568,13 +568,8 @@ def _cluster_problems(err: ValidationError) -> list[tuple[str, str]]:
 
 def load_cluster(path: str | Path) -> Cluster:
     """Read and validate a cluster file; ClusterError (one line per problem) when it is bad."""
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise ClusterError([("", f"{p}: {e.strerror}")]) from None
-    try:
-        data = load_yaml(text, str(p))
+        data = load_yaml_file(path)
     except StateError as e:
         raise ClusterError(e.problems) from None
-    return parse_cluster(data, str(p))
+    return parse_cluster(data, str(path))
