@@ -10,6 +10,7 @@ import sys
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [
     "topoctl.cli_apply",
+    "topoctl.cli_bench",
     "topoctl.cli_lab",
     "topoctl.cli_plan",
     "topoctl.cli_run",
