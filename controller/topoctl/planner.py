@@ -17,6 +17,7 @@ from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
 from topoctl.sim.engine import SimError, SimResult, simulate
+from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.routing import RoutingError
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
@@ -108,16 +109,17 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
 
 def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
     """max(busiest host's compute, AllReduce bandwidth bound 2(n-1)/n * S / B) where B is the
-    largest total egress bandwidth of any training host (no AllReduce can beat it)."""
+    largest total egress goodput of any training host (no AllReduce can beat it)."""
     compute = 0.0
     for h in ctx.hosts:
         c = ctx.host_costs(h)
         compute = max(compute, sum(x.fwd + x.bwd for x in c.values()))
     n = len(ctx.hosts)
     egress: dict[str, float] = {}
+    eff = tcp_efficiency(ctx.fabric.mtu)
     for ln in ctx.fabric.links:
         for end in (ln.a, ln.b):
-            egress[end] = egress.get(end, 0.0) + ln.capacity / 8
+            egress[end] = egress.get(end, 0.0) + eff * ln.capacity / 8
     bw = max((egress.get(h, 0.0) for h in ctx.hosts), default=0.0)
     comm = 2 * (n - 1) / n * sum(buckets) / bw if n > 1 and bw > 0 else 0.0
     return max(compute, comm), ("max(compute, 2(n-1)/n*S/B_host): compute-bound"

@@ -1,5 +1,11 @@
 """The simulator's Network built from a cluster fabric and a routing: each direction of a
-cable (or of a bundle of parallel cables) is one Link in bytes/s; routes follow `NextHops`."""
+cable (or of a bundle of parallel cables) is one Link in bytes/s; routes follow `NextHops`.
+
+Link capacities are TCP goodput: the line rate times `tcp_efficiency(mtu)`, the payload share
+of a full frame (52 bytes of IPv4 + TCP-with-timestamps headers inside the MTU, 38 bytes of
+Ethernet header, FCS, preamble and inter-frame gap around it): 99.0 % at MTU 9000, 94.1 % at
+1500. (The lab's tc shaping counts 14 bytes of framing, not 38: its iperf3 goodput is 99.3 % and
+95.6 %.)"""
 
 from __future__ import annotations
 
@@ -12,13 +18,20 @@ def arc_id(u: str, v: str) -> str:
     return f"{u}>{v}"
 
 
+def tcp_efficiency(mtu: int) -> float:
+    return (mtu - 52) / (mtu + 38)
+
+
 def network_from_fabric(graph: FabricGraph, hops: NextHops,
-                        rate_caps: dict[tuple[str, str], float] | None = None) -> Network:
-    """Links in bytes/s (the fabric gives bit/s); `rate_caps` in bytes/s per (src, dst)."""
+                        rate_caps: dict[tuple[str, str], float] | None = None,
+                        efficiency: float | None = None) -> Network:
+    """Links in bytes/s of goodput (the fabric gives bit/s on the wire; `efficiency` defaults to
+    `tcp_efficiency(graph.mtu)`); `rate_caps` in bytes/s per (src, dst)."""
+    eff = tcp_efficiency(graph.mtu) if efficiency is None else efficiency
     links: dict[str, Link] = {}
     for (u, v), cables in hops.bundles.items():
         lid = arc_id(u, v)
-        links[lid] = Link(lid, u, v, sum(c.capacity for c in cables) / 8.0,
+        links[lid] = Link(lid, u, v, eff * sum(c.capacity for c in cables) / 8.0,
                           min(c.latency for c in cables))
 
     def route(src: str, dst: str) -> Routes:

@@ -1,0 +1,87 @@
+"""Predicted vs measured iteration time in the lab (root): plan a job on a cluster, build the
+cluster as a lab, apply every rendered HostState with `topo-agent`, launch the plan's ranks with
+`topo-agent launch` (topoagent.train: DDP over gloo on the training addresses), and compare the
+median measured iteration (iterations >= 1, all ranks) with the plan's prediction.
+
+    python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
+
+Uses only the command-line tools; the lab gets its own name and is removed at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+
+
+def main(cluster_file: str, job_file: str, iterations: int = 5) -> int:
+    name = f"pc{os.getpid() % 10000}"
+    tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
+    cluster = yaml.safe_load(Path(cluster_file).read_text()) | {"name": name}
+    job = yaml.safe_load(Path(job_file).read_text())
+    job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
+    (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    (tmp / "job.yaml").write_text(yaml.safe_dump(job))
+    r = run(BIN / "topoctl", "plan", tmp / "cluster.yaml", tmp / "job.yaml", "-o",
+            tmp / "plan.yaml")
+    if r.returncode:
+        print(r.stderr, file=sys.stderr)
+        return 1
+    plan = yaml.safe_load((tmp / "plan.yaml").read_text())
+    labs = tmp / "labs"
+    r = run(BIN / "topoctl", "lab", "up", tmp / "cluster.yaml", "--name", name, "--no-ssh",
+            "--state-dir", labs)
+    if r.returncode:
+        print(r.stdout, r.stderr, file=sys.stderr)
+        return 1
+    try:
+        for h, st in plan["hosts"].items():
+            (tmp / f"{h}.yaml").write_text(yaml.safe_dump(st, sort_keys=False))
+            r = run(BIN / "topo-agent", "--netns", f"tp-{name}-h-{h}", "--state-dir",
+                    tmp / "agent" / h, "apply", tmp / f"{h}.yaml")
+            if r.returncode not in (0, 2):  # 2: changes were made
+                print(f"apply {h}: {r.stdout}{r.stderr}", file=sys.stderr)
+                return 1
+        (tmp / "job.json").write_text(json.dumps(plan["job"]))
+        procs = {h: subprocess.Popen([str(BIN / "topo-agent"), "--netns", f"tp-{name}-h-{h}",
+                                      "launch", "--host", h, "--timeout", "900",
+                                      str(tmp / "job.json")], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+                 for h in plan["job"]["processes"]}
+        times = []
+        for h, p in procs.items():
+            out, _ = p.communicate()
+            for line in out.splitlines():
+                _, _, body = line.partition("] ")
+                if body.startswith("{"):
+                    ev = json.loads(body)
+                    if ev.get("event") == "iter" and ev["iter"] >= 1:
+                        times.append(ev["seconds"])
+            if p.returncode:
+                print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
+                return 1
+    finally:
+        run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
+    predicted = plan["metadata"]["prediction"]["iteration_time"]
+    measured = statistics.median(times)
+    print(f"{plan['metadata']['cluster']}/{plan['metadata']['job']}: predicted {predicted:.3f} s, "
+          f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
+          f"{100 * (predicted - measured) / measured:+.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:])))
