@@ -30,7 +30,9 @@ def run(*args: str, **kw) -> subprocess.CompletedProcess:
 def main(cluster_file: str, job_file: str, iterations: int = 5) -> int:
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
-    cluster = yaml.safe_load(Path(cluster_file).read_text()) | {"name": name}
+    cluster = yaml.safe_load(Path(cluster_file).read_text())
+    label = cluster["name"]
+    cluster["name"] = name
     job = yaml.safe_load(Path(job_file).read_text())
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
@@ -77,7 +79,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5) -> int:
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
     predicted = plan["metadata"]["prediction"]["iteration_time"]
     measured = statistics.median(times)
-    print(f"{plan['metadata']['cluster']}/{plan['metadata']['job']}: predicted {predicted:.3f} s, "
+    print(f"{label}/{plan['metadata']['job']}: predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
     return 0
