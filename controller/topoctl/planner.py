@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from topoctl.graph.capture import CaptureError
+from topoctl.graph.cost import scale_costs
 from topoctl.graph.devices import Device
 from topoctl.graph.profile import device_table, job_costs, job_graph
 from topoctl.render.addressing import AddressingError, assign
@@ -92,6 +93,8 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
         raise JobError([("model", str(e))]) from None
     costs = {name: job_costs(job, graph, next(d for d in device.values() if d.name == name),
                              meas, use_cache) for name, meas in measured.items()}
+    if job.cost.scale != 1.0:
+        costs = {k: scale_costs(v, job.cost.scale) for k, v in costs.items()}
     return PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs)
 
 

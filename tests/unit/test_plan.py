@@ -145,6 +145,11 @@ def test_gpu_types_from_the_cluster_drive_the_roofline():
     assert fast_doc["metadata"]["prediction"]["compute"] < \
         slow_doc["metadata"]["prediction"]["compute"]
     assert fast_doc["metadata"]["prediction"]["cost_model"] == ["roofline:Z100"]
+    scaled = parse_job(JOB | {"cost": {"method": "roofline", "scale": 3},
+                              "batch": {"global": 4096}})
+    scaled_doc, _, _ = make_plan(parse_cluster(slow), scaled, use_cache=False)
+    assert scaled_doc["metadata"]["prediction"]["compute"] == pytest.approx(
+        3 * slow_doc["metadata"]["prediction"]["compute"], rel=1e-4)
 
 
 def test_measured_costs_on_cpu_hosts_are_cached(tmp_path, monkeypatch):

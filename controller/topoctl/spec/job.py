@@ -16,6 +16,7 @@
     sync: {algorithm: ring, bucket: 25MB}   # gradient AllReduce and bucket (tensor fusion) size
     cost: {method: auto}                 # auto | measured (timed on this CPU) | roofline
                                          # device: A100 (plan as if every GPU were one)
+                                         # scale: 4 (compute slowdown, e.g. ranks per core)
     hosts: [h0, h1]                      # optional subset; default: every host with GPUs
     launch: {backend: gloo, port: 29500, threads: 1, iterations: 10,
              command: [python3, -m, topoagent.train]}
@@ -131,6 +132,8 @@ class CostSpec(_Model):
 
     method: Literal["auto", "measured", "roofline"] = "auto"
     device: str | None = None
+    # multiplies every compute time: e.g. 4 for a lab whose 8 single-thread ranks share 2 cores
+    scale: Annotated[float, Field(gt=0, le=1000)] = 1.0
     profile_batch: Annotated[int, Field(ge=1, le=4096)] | None = None  # measured: batch to time
 
 
