@@ -54,7 +54,7 @@ def backward_chunks(graph: OpGraph, costs: dict, bucket_ops: list[list[str]]) ->
 def step_time(ctx: PlanContext, host: str) -> float:
     """Optimizer step: read weights, gradients and one moment, write weights (memory bound)."""
     d = ctx.device[host]
-    return d.launch + 4 * ctx.graph.param_bytes / (d.mem_bw * d.efficiency)
+    return ctx.job.cost.scale * (d.launch + 4 * ctx.graph.param_bytes / (d.mem_bw * d.efficiency))
 
 
 def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgorithm,
