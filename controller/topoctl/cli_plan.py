@@ -12,11 +12,9 @@ import time
 from pathlib import Path
 
 from topoagent.state import StateError, load_yaml
-from topoctl.planner import make_plan
-from topoctl.render.plan import validate_plan
+from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
 from topoctl.spec.cluster import ClusterError, load_cluster
-from topoctl.spec.job import JobError, load_job
 
 VALIDATE_ALL_UP_TO = 256  # hosts; larger plans validate an evenly spread sample of 64 hosts
 
@@ -42,6 +40,10 @@ def _fail(source: str, err: StateError) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    # torch and the catalog: imported only when planning, so every other command starts fast
+    from topoctl.planner import make_plan
+    from topoctl.spec.job import JobError, load_job
+
     t0 = time.perf_counter()
     try:
         cluster = load_cluster(args.cluster)

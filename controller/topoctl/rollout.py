@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from topoagent.state import StateError, load_yaml_file
-from topoctl.render.plan import validate_plan
+from topoctl.render.validate import validate_plan
 from topoctl.transports import UNREACHABLE, AgentReply, Transport
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2

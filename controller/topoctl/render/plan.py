@@ -11,12 +11,11 @@ training address."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import topoctl
-from topoagent.state import StateError, format_rate, parse_host_state
+from topoagent.state import format_rate
 from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.render.addressing import Addressing
+from topoctl.render.validate import validate_plan  # noqa: F401  (re-exported)
 from topoctl.spec.cluster import Cluster, FabricGraph, format_duration
 
 
@@ -77,28 +76,3 @@ def plan_document(metadata: dict, fabric: dict, hosts: dict[str, dict], job: dic
     return {"apiVersion": "topoctl/v1", "kind": "Plan",
             "metadata": {"planner": f"topoctl {topoctl.__version__}"} | metadata,
             "fabric": fabric, "hosts": hosts, "job": job}
-
-
-def validate_plan(doc: Any) -> list[tuple[str, str]]:
-    """Problems (yaml path, message) of a Plan document: its shape and every host's state
-    against the agent's HostState schema. Empty when valid."""
-    if not isinstance(doc, dict):
-        return [("", "expected a mapping (a Plan)")]
-    problems = []
-    if doc.get("apiVersion") != "topoctl/v1" or doc.get("kind") != "Plan":
-        problems.append(("kind", "expected apiVersion: topoctl/v1, kind: Plan"))
-    for key in ("metadata", "fabric", "hosts", "job"):
-        if not isinstance(doc.get(key), dict):
-            problems.append((key, "missing (a mapping)"))
-    extra = set(doc) - {"apiVersion", "kind", "metadata", "fabric", "hosts", "job"}
-    problems += [(k, "unknown key") for k in sorted(extra)]
-    for name, state in (doc.get("hosts") or {}).items():
-        try:
-            parse_host_state(state, prefix=f"hosts.{name}")
-        except StateError as e:
-            problems += e.problems
-    procs = (doc.get("job") or {}).get("processes") or {}
-    for name in procs:
-        if name not in (doc.get("hosts") or {}):
-            problems.append((f"job.processes.{name}", "no such host in hosts"))
-    return problems

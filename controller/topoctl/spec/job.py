@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
-from topoagent.state import StateError, _Model, _problems, load_yaml
+from topoagent.state import StateError, _Model, _problems, load_yaml_file
 from topoctl.catalog.registry import ENTRIES, resolve_params
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -194,13 +194,8 @@ def parse_job(data: Any, source: str = "<input>") -> Job:
 
 def load_job(path: str | Path) -> Job:
     """Read and validate a job file; JobError (one line per problem) when it is bad."""
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise JobError([("", f"{p}: {e.strerror}")]) from None
-    try:
-        data = load_yaml(text, str(p))
+        data = load_yaml_file(path)
     except StateError as e:
         raise JobError(e.problems) from None
-    return parse_job(data, str(p))
+    return parse_job(data, str(path))

@@ -18,16 +18,18 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from topoctl.graph.cost import OpCost
-from topoctl.graph.devices import Device
-from topoctl.graph.ops import OpGraph
-from topoctl.sim.network import Network
-from topoctl.sim.routing import NextHops
-from topoctl.sim.tasks import Task
-from topoctl.spec.cluster import Cluster, FabricGraph
-from topoctl.spec.job import Job
+if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> (bounds, trees)
+    # must not pull in torch through the graph and job modules
+    from topoctl.graph.cost import OpCost
+    from topoctl.graph.devices import Device
+    from topoctl.graph.ops import OpGraph
+    from topoctl.sim.network import Network
+    from topoctl.sim.routing import NextHops
+    from topoctl.sim.tasks import Task
+    from topoctl.spec.cluster import Cluster, FabricGraph
+    from topoctl.spec.job import Job
 
 
 @dataclass
