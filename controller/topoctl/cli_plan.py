@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from topoagent.state import StateError, load_yaml
+from topoagent.state import StateError
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
+from topoctl.rollout import load_plan
 from topoctl.spec.cluster import ClusterError, load_cluster
 
 VALIDATE_ALL_UP_TO = 256  # hosts; larger plans validate an evenly spread sample of 64 hosts
@@ -83,17 +84,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from topoctl.render.explain import explain_text
 
     try:
-        text = Path(args.plan).read_text()
-    except OSError as e:
-        print(f"{args.plan}: {e.strerror}", file=sys.stderr)
-        return 2
-    try:
-        doc = load_yaml(text, args.plan)
+        doc = load_plan(args.plan)  # read + validate, as apply does
     except StateError as e:
         return _fail(args.plan, e)
-    problems = validate_plan(doc)
-    if problems:
-        return _fail(args.plan, StateError(problems))
     wanted = args.hosts.split(",") if args.hosts else None
     missing = [h for h in wanted or [] if h not in doc["hosts"]]
     if missing:
