@@ -32,9 +32,12 @@ class Target:
 
     @property
     def store_dir(self) -> Path:
+        """Where this target's applied states live. An agent started inside a named namespace
+        (say over SSH into a lab host) finds the same directory as `--netns NAME` would."""
         if self.state_dir is not None:
             return self.state_dir
-        return DEFAULT_STATE_ROOT / (f"netns-{self.netns}" if self.netns else "host")
+        netns = self.netns or current_netns_name()
+        return DEFAULT_STATE_ROOT / (f"netns-{netns}" if netns else "host")
 
     def iproute(self):
         """A pyroute2 IPRoute in the target (imported here: read-only paths never need it)."""
@@ -91,3 +94,16 @@ class Target:
     def write_sysctl(self, path: str, value: str) -> None:
         with self.inside():
             Path("/proc/sys", path).write_text(value)
+
+
+def current_netns_name() -> str | None:
+    """The name under /run/netns of the namespace this process runs in (None: unnamed, such
+    as the machine's own)."""
+    try:
+        mine = os.stat("/proc/self/ns/net").st_ino
+        for entry in os.scandir(NETNS_RUN_DIR):
+            if os.stat(entry.path).st_ino == mine:
+                return entry.name
+    except OSError:
+        pass
+    return None

@@ -45,17 +45,32 @@ def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
         if missing:
             raise StateError([("hosts", f"not in lab {lab_name}: {', '.join(missing)}")])
         return lab_ssh_transport(lab) if args.ssh else lab_transport(lab)
-    if not args.cluster:
-        raise StateError([("", f"no lab named {lab_name!r} is up: give --lab NAME, or "
-                           "--cluster FILE (host addresses) for SSH, or --local")])
-    cluster = load_cluster(args.cluster)
-    addresses = {h.name: h.address for h in cluster.hosts if h.address}
+    if args.cluster:  # the cluster file's inventory and addresses, flags as defaults
+        cluster = load_cluster(args.cluster)
+        inv = cluster.inventory.model_dump() if cluster.inventory else {
+            "transport": "ssh", "user": args.ssh_user, "port": 22, "key": args.ssh_key,
+            "known_hosts": args.known_hosts, "agent": [args.agent]}
+        inv["addresses"] = {h.name: h.address for h in cluster.hosts if h.address}
+        source = args.cluster
+    elif plan["metadata"].get("inventory"):
+        inv, source = plan["metadata"]["inventory"], "metadata.inventory"
+    else:
+        raise StateError([("", f"no lab named {lab_name!r} is up and the plan has no "
+                           "metadata.inventory: give --lab NAME, --cluster FILE (an inventory "
+                           "and host addresses), or --local")])
+    return inventory_transport(inv, hosts, source)
+
+
+def inventory_transport(inv: dict, hosts: list[str], source: str) -> Transport:
+    """SSH transport from an inventory: {transport, user, port, key, known_hosts, agent,
+    addresses: {host: ip}}."""
+    addresses = inv.get("addresses") or {}
     missing = [h for h in hosts if h not in addresses]
     if missing:
-        raise StateError([("hosts", f"no address in {args.cluster} for {', '.join(missing)}")])
-    return SshTransport(addresses, key=Path(args.ssh_key).expanduser(),
-                        known_hosts=Path(args.known_hosts).expanduser(), user=args.ssh_user,
-                        agent=[args.agent])
+        raise StateError([(f"{source}.addresses", f"no address for {', '.join(missing)}")])
+    return SshTransport(addresses, key=Path(inv["key"]).expanduser(),
+                        known_hosts=Path(inv["known_hosts"]).expanduser(), user=inv["user"],
+                        port=int(inv.get("port", 22)), agent=list(inv["agent"]))
 
 
 def _printer(console: Console, quiet: bool):

@@ -161,6 +161,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
            "samples_per_second": _r(ctx.job.batch.global_ / it) if it > 0 else 0.0,
            "cost_model": sorted({("measured" if _measured(ctx, h) else "roofline") + ":" +
                                  ctx.device[h].name for h in ctx.hosts})},
+        **({"inventory": _inventory(ctx.cluster)} if ctx.cluster.inventory else {}),
         "bound": {"name": bound_name, "iteration_time": _r(bound),
                   "ratio": _r(it / bound) if bound > 0 else None},
         "model": {"name": ctx.graph.model, "parameters_bytes": ctx.graph.param_bytes,
@@ -182,3 +183,9 @@ def _r(x: float) -> float:
     if x == 0 or not math.isfinite(x):
         return x
     return float(f"{x:.6g}")
+
+
+def _inventory(cluster: Cluster) -> dict:
+    """The cluster's inventory with each host's address: how apply reaches the hosts."""
+    inv = cluster.inventory.model_dump(mode="json")
+    return inv | {"addresses": {h.name: h.address for h in cluster.hosts if h.address}}

@@ -146,3 +146,59 @@ def test_bad_plan_file_is_an_error_naming_the_path(tmp_path):
     r = subprocess.run([sys.executable, "-m", "topoctl.cli", "apply", write_plan(tmp_path, doc),
                         "--lab", "nosuchlab"], capture_output=True, text=True)
     assert r.returncode == 1 and "hosts.h1.interfaces[0].mtu" in r.stderr
+
+
+def test_bare_metal_inventory_in_the_plan_reaches_hosts_over_ssh(lab, tmp_path, capsys):
+    """A plan whose cluster has an inventory (hosts' addresses, key, known_hosts) is applied
+    over SSH with no flags at all: the lab's sshd stands in for bare-metal hosts."""
+    doc = yaml.safe_load(PLAN.read_text())
+    doc["metadata"]["cluster"] = f"nolab{os.getpid()}"  # no lab of that name: no lab transport
+    doc["metadata"]["inventory"] = {
+        "transport": "ssh", "user": "root", "port": 22, "key": str(lab.ssh_key),
+        "known_hosts": str(lab.known_hosts), "agent": [sys.executable, "-m", "topoagent.cli"],
+        "addresses": {h.name: lab.mgmt_ip(h.name) for h in lab.cluster.hosts}}
+    path = write_plan(tmp_path, doc)
+    stores = [Path(f"/var/lib/topo-agent/netns-{lab.netns(h.name)}") for h in lab.cluster.hosts]
+    try:
+        assert topoctl("apply", path, "--json") == 2
+        report = json.loads(capsys.readouterr().out)
+        assert {e["result"] for e in report["hosts"].values()} == {"changed"}
+        assert all(agent_routes(lab, h.name) for h in lab.cluster.hosts)
+        # each host kept its own history (the agent found its namespace's state directory)
+        assert all((s / "history").is_dir() for s in stores)
+        assert topoctl("status", path) == 0
+        assert topoctl("rollback", path) == 2
+        assert not any(agent_routes(lab, h.name) for h in lab.cluster.hosts)
+        # a wrong host key is refused before anything is changed: rotate the known keys so
+        # every address is listed with another host's key
+        lines = lab.known_hosts.read_text().split("\n")
+        lines = [ln for ln in lines if ln]
+        keys = [ln.split(" ", 1)[1] for ln in lines]
+        lab.known_hosts.write_text("".join(f"{ln.split(' ', 1)[0]} {k}\n"
+                                           for ln, k in zip(lines, keys[1:] + keys[:1],
+                                                            strict=True)))
+        before = dumps(lab)
+        capsys.readouterr()
+        assert topoctl("apply", path, "--json") == 1
+        report = json.loads(capsys.readouterr().out)
+        assert {e["result"] for e in report["hosts"].values()} == {"unreachable"}
+        assert dumps(lab) == before
+    finally:
+        for s in stores:
+            sh(["rm", "-rf", str(s)], check=False)
+
+
+def test_lab_down_removes_the_agents_default_state_of_its_hosts(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
+    name = f"d{os.getpid() % 10**6}"
+    lab = labmod.up(load_cluster(CLUSTER), name=name, with_ssh=False)
+    try:
+        r = subprocess.run([sys.executable, "-m", "topoagent.cli", "--netns", lab.netns("h0"),
+                            "apply", "-"], input="sysctl: {ip_forward: true}\n", text=True,
+                           capture_output=True)
+        assert r.returncode == 2, r.stderr
+        store = Path(f"/var/lib/topo-agent/netns-{lab.netns('h0')}")
+        assert (store / "history").is_dir()
+    finally:
+        labmod.down(name)
+    assert not store.exists()

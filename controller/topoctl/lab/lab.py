@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.state import parse_rate
+from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoctl.lab import commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
@@ -194,6 +195,10 @@ def down(name: str, root: str | Path | None = None) -> dict[str, int]:
     d = state_root(root) / name
     if d.is_dir():
         shutil.rmtree(d)
+    # what agents reached without --state-dir (over SSH, or `topo-agent --netns`) kept for the
+    # lab's hosts: their default state directories are named after the namespace
+    for stale in AGENT_STATE_ROOT.glob(f"netns-{pre}*"):
+        shutil.rmtree(stale, ignore_errors=True)
     left = netops.list_netns(pre) + netops.root_links(pre)
     if left:
         raise LabError(f"could not remove {', '.join(left)}")

@@ -171,6 +171,20 @@ class Host(_Model):
     nics: Annotated[list[Nic], Field(min_length=1)]
 
 
+class Inventory(_Model):
+    """How `topoctl apply/run` reach the hosts of a bare-metal cluster (hosts[].address).
+
+    Plans carry it (metadata.inventory), so `topoctl apply plan.yaml` needs no flags. A lab
+    named after the cluster, when it is up, still wins: it is the embedded default target."""
+
+    transport: Literal["ssh"] = "ssh"  # (the lab and --local need no inventory)
+    user: str = "root"
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    key: str = "~/.ssh/id_ed25519"  # private key (key auth only)
+    known_hosts: str = "~/.ssh/known_hosts"  # strict host-key checking against this file
+    agent: list[str] = Field(default_factory=lambda: ["topo-agent"])  # the remote command
+
+
 class Defaults(_Model):
     gpus: Gpus = Field(default_factory=Gpus)
     nic_speed: Rate | None = None
@@ -250,6 +264,7 @@ class Cluster(_Model):
     fabric: Annotated[DirectFabric | SwitchedFabric, Field(discriminator="kind")]
     bandwidth_matrix: dict[Name, dict[Name, Rate]] | None = None
     addressing: Addressing = Field(default_factory=Addressing)
+    inventory: Inventory | None = None
 
     @_model_validator(mode="after")
     def _cross_checks(self) -> Cluster:

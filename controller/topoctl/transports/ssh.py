@@ -39,10 +39,14 @@ class SshTransport:
         if c is not None and c.get_transport() is not None and c.get_transport().is_active():
             return c
         c = paramiko.SSHClient()
-        if self.known_hosts is not None:
-            c.load_host_keys(str(self.known_hosts))
-        else:
-            c.load_system_host_keys()
+        try:
+            if self.known_hosts is not None:
+                c.load_host_keys(str(self.known_hosts))
+            else:
+                c.load_system_host_keys()
+        except (OSError, ValueError) as e:  # missing or corrupt (UnicodeDecodeError is one)
+            raise paramiko.SSHException(f"cannot read known_hosts {self.known_hosts}: {e}"
+                                        ) from None
         c.set_missing_host_key_policy(paramiko.RejectPolicy())
         c.connect(self.addresses[host], port=self.port, username=self.user,
                   key_filename=str(self.key), timeout=self.connect_timeout,

@@ -1,0 +1,72 @@
+"""A bare-metal cluster's inventory travels in the plan and picks the SSH transport."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from topoagent.state import StateError
+from topoctl.cli_apply import add_transport_args, pick_transport
+from topoctl.planner import make_plan
+from topoctl.spec.cluster import ClusterError, parse_cluster
+from topoctl.spec.job import parse_job
+from topoctl.transports.ssh import SshTransport
+
+CLUSTER = {
+    "apiVersion": "topoctl/v1", "kind": "Cluster", "name": "rack1",
+    "defaults": {"nic_speed": "100gbit", "gpus": {"count": 1, "type": "A100"}},
+    "inventory": {"user": "ops", "key": "/etc/topoctl/id_ed25519",
+                  "known_hosts": "/etc/topoctl/known_hosts",
+                  "agent": ["/usr/local/bin/topo-agent"]},
+    "hosts": [{"name": f"n{i}", "address": f"192.0.2.{10 + i}", "nics": [{"name": "ens1"}]}
+              for i in range(3)],
+    "fabric": {"kind": "switched", "switches": [{"name": "tor"}],
+               "attach": [{"port": f"n{i}:ens1", "switch": "tor"} for i in range(3)]},
+}
+JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "j",
+       "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 64, "features": 32,
+                                              "classes": 4}},
+       "batch": {"global": 6}, "cost": {"method": "roofline"}}
+
+
+def args_for(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_transport_args(p)
+    p.add_argument("--dry-run", action="store_true")
+    return p.parse_args(["plan.yaml", *argv])
+
+
+def test_the_plan_carries_the_inventory_and_apply_uses_it():
+    plan, _, _ = make_plan(parse_cluster(CLUSTER), parse_job(JOB), use_cache=False)
+    inv = plan["metadata"]["inventory"]
+    assert inv["user"] == "ops" and inv["addresses"]["n2"] == "192.0.2.12"
+    t = pick_transport(args_for(), plan)
+    assert isinstance(t, SshTransport)
+    assert t.addresses == {"n0": "192.0.2.10", "n1": "192.0.2.11", "n2": "192.0.2.12"}
+    assert t.user == "ops" and t.cmd == ["/usr/local/bin/topo-agent"]
+    assert str(t.known_hosts) == "/etc/topoctl/known_hosts"
+
+
+def test_a_host_without_an_address_is_an_error_naming_it():
+    plan, _, _ = make_plan(parse_cluster(CLUSTER), parse_job(JOB), use_cache=False)
+    del plan["metadata"]["inventory"]["addresses"]["n1"]
+    with pytest.raises(StateError) as e:
+        pick_transport(args_for(), plan)
+    assert e.value.problems == [("metadata.inventory.addresses", "no address for n1")]
+
+
+def test_no_lab_no_inventory_says_what_to_do():
+    plan, _, _ = make_plan(parse_cluster(CLUSTER), parse_job(JOB), use_cache=False)
+    del plan["metadata"]["inventory"]
+    plan["metadata"]["cluster"] = "nosuchlab1"
+    with pytest.raises(StateError) as e:
+        pick_transport(args_for(), plan)
+    assert "--lab NAME, --cluster FILE" in str(e.value)
+
+
+def test_inventory_rejects_unknown_keys():
+    bad = {**CLUSTER, "inventory": {"transport": "telnet"}}
+    with pytest.raises(ClusterError) as e:
+        parse_cluster(bad)
+    assert e.value.problems[0][0] == "inventory.transport"
