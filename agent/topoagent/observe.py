@@ -78,7 +78,6 @@ class ObsRule:
 
     rule: Rule | None
     proto: int
-    summary: tuple  # every field, for exact before/after comparison of foreign rules too
 
 
 @dataclass
@@ -157,8 +156,6 @@ def _routes(raw: list[RawRoute], obs: Observed, names: dict[int, str]) -> None:
 
 def _rules(raw: list[RawRule], obs: Observed) -> None:
     for r in raw:
-        summary = (r.priority, r.action, r.table, r.src, r.dst, r.fwmark, r.fwmask, r.iif,
-                   r.oif, r.tos, r.proto, r.suppress_prefixlen, r.suppress_ifgroup, r.exotic)
         plain = (r.action == FR_ACT_TO_TBL and r.tos == 0 and not r.exotic
                  and RULE_PRIORITY_MIN <= r.priority <= RULE_PRIORITY_MAX
                  and r.fwmask in (None, UNSET)
@@ -173,7 +170,7 @@ def _rules(raw: list[RawRule], obs: Observed) -> None:
                             oif=r.oif, to=r.dst, **{"from": r.src})
             except ValueError:
                 rule = None
-        obs.rules.append(ObsRule(rule=rule, proto=r.proto, summary=summary))
+        obs.rules.append(ObsRule(rule=rule, proto=r.proto))
 
 
 def _qos(sock, obs: Observed, names: dict[int, str]) -> None:

@@ -51,9 +51,6 @@ class Store:
     def _files(self) -> list[Path]:
         return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].json")) if self.dir.exists() else []
 
-    def history(self) -> list[HostState]:
-        return [_load(p) for p in self._files()]
-
     def last_applied(self) -> HostState | None:
         files = self._files()
         return _load(files[-1]) if len(files) > 1 else None

@@ -40,7 +40,7 @@ def observed(owned: HostState, foreign: HostState, links: set[str]) -> Observed:
         for r in state.routes:
             obs.routes[r.key] = ObsRoute(route=r, proto=proto)
         for r in state.rules:
-            obs.rules.append(ObsRule(rule=r, proto=proto, summary=()))
+            obs.rules.append(ObsRule(rule=r, proto=proto))
         if state.sysctl.ip_forward is not None:
             obs.sysctl[IP_FORWARD] = "1" if state.sysctl.ip_forward else "0"
         for dev, v in state.sysctl.rp_filter.items():
