@@ -162,6 +162,10 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
            "cost_model": sorted({("measured" if _measured(ctx, h) else "roofline") + ":" +
                                  ctx.device[h].name for h in ctx.hosts})},
         **({"inventory": _inventory(ctx.cluster)} if ctx.cluster.inventory else {}),
+        # what the strategy reports about its collective (trees: rate, optimum, bound name,
+        # achieved/optimal), so every plan states how close to the optimum it is
+        **({"collective": {k: _r(v) if isinstance(v, float) else v
+                           for k, v in s.notes.items()}} if s.notes else {}),
         "bound": {"name": bound_name, "iteration_time": _r(bound),
                   "ratio": _r(it / bound) if bound > 0 else None},
         "model": {"name": ctx.graph.model, "parameters_bytes": ctx.graph.param_bytes,

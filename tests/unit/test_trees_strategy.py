@@ -32,3 +32,6 @@ def test_trees_strategy_wins_on_two_racks_and_carries_its_schedule():
     assert len(sched.trees) == 16
     notes = next(e.strategy.notes for e in evals if e.strategy.name == "trees")
     assert notes["achieved_over_optimal"] > 0.999 and notes["bound"] == "partition"
+    reported = doc["metadata"]["collective"]  # the plan itself states achieved/optimal
+    assert reported["achieved_over_optimal"] > 0.999 and reported["bound"] == "partition"
+    assert reported["trees"] == 16
