@@ -87,8 +87,24 @@ def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
     return out
 
 
-def _dump(sock: socket.socket, msg_type: int, payload: bytes) -> Iterator[tuple[int, bytes, int]]:
-    """Yield (type, buffer, payload offset) of each message answering one dump request."""
+# family-specific headers after nlmsghdr; the same layout is sent as the dump request
+RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg, and fib_rule_hdr (same shape)
+IFINFOMSG = struct.Struct("=BxHiII")
+IFADDRMSG = struct.Struct("=BBBBI")
+TCMSG = struct.Struct("=BxxxiIII")
+
+
+def _dump(sock: socket.socket, request: int, header: struct.Struct, *fields: int
+          ) -> Iterator[tuple[tuple, dict[int, bytes]]]:
+    """One dump: send `request` (an RTM_GET*) with `header` filled from `fields`, yield the
+    (header fields, attributes) of every RTM_NEW* answer. Each GET is its NEW + 2."""
+    for kind, buf in _messages(sock, request, header.pack(*fields)):
+        if kind == request - 2:
+            yield header.unpack_from(buf, 16), _attrs(buf, 16 + header.size, len(buf))
+
+
+def _messages(sock: socket.socket, msg_type: int, payload: bytes) -> Iterator[tuple[int, bytes]]:
+    """Yield (type, message) of each message answering one dump request."""
     seq = 1
     sock.send(struct.pack("=IHHII", 16 + len(payload), msg_type, NLM_F_REQUEST | NLM_F_DUMP,
                           seq, 0) + payload)
@@ -104,7 +120,7 @@ def _dump(sock: socket.socket, msg_type: int, payload: bytes) -> Iterator[tuple[
                 if err:
                     raise OSError(-err, f"netlink dump failed: {errno.errorcode.get(-err)}")
                 return
-            yield kind, buf[off: off + length], 16
+            yield kind, buf[off: off + length]
             off += (length + 3) & ~3
 
 
@@ -121,15 +137,10 @@ def _ip(b: bytes) -> str:
 
 def dump_routes(sock: socket.socket) -> list[RawRoute]:
     out = []
-    for kind, buf, off in _dump(sock, RTM_GETROUTE, struct.pack("=BBBBBBBBI", socket.AF_INET,
-                                                                 0, 0, 0, 0, 0, 0, 0, 0)):
-        if kind != RTM_NEWROUTE:
-            continue
-        family, dst_len, _, _, table, proto, _, rtype, _ = struct.unpack_from("=BBBBBBBBI", buf,
-                                                                             off)
+    for head, a in _dump(sock, RTM_GETROUTE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
+        family, dst_len, _, _, table, proto, _, rtype, _ = head
         if family != socket.AF_INET:
             continue
-        a = _attrs(buf, off + 12, len(buf))
         multipath = []
         if RTA_MULTIPATH in a:
             mp, p = a[RTA_MULTIPATH], 0
@@ -162,12 +173,8 @@ class RawLink:
 
 def dump_links(sock: socket.socket) -> list[RawLink]:
     out = []
-    for kind, buf, off in _dump(sock, RTM_GETLINK, struct.pack("=BxHiII", socket.AF_UNSPEC,
-                                                                0, 0, 0, 0)):
-        if kind != RTM_NEWLINK:
-            continue
-        _, _, index, flags, _ = struct.unpack_from("=BxHiII", buf, off)
-        a = _attrs(buf, off + 16, len(buf))
+    for head, a in _dump(sock, RTM_GETLINK, IFINFOMSG, socket.AF_UNSPEC, 0, 0, 0, 0):
+        _, _, index, flags, _ = head
         mac = a.get(IFLA_ADDRESS)
         out.append(RawLink(index, _name(a, IFLA_IFNAME) or f"if{index}",
                            ":".join(f"{b:02x}" for b in mac) if mac and len(mac) == 6 else None,
@@ -178,14 +185,10 @@ def dump_links(sock: socket.socket) -> list[RawLink]:
 def dump_addrs(sock: socket.socket) -> list[tuple[int, str, int]]:
     """(ifindex, a.b.c.d/len, protocol) of every IPv4 address."""
     out = []
-    for kind, buf, off in _dump(sock, RTM_GETADDR, struct.pack("=BBBBI", socket.AF_INET,
-                                                                0, 0, 0, 0)):
-        if kind != RTM_NEWADDR:
-            continue
-        family, prefixlen, _, _, index = struct.unpack_from("=BBBBI", buf, off)
+    for head, a in _dump(sock, RTM_GETADDR, IFADDRMSG, socket.AF_INET, 0, 0, 0, 0):
+        family, prefixlen, _, _, index = head
         if family != socket.AF_INET:
             continue
-        a = _attrs(buf, off + 8, len(buf))
         raw = a.get(IFA_LOCAL) or a.get(IFA_ADDRESS)
         if raw:
             out.append((index, f"{_ip(raw)}/{prefixlen}", a[IFA_PROTO][0] if IFA_PROTO in a else 0))
@@ -202,15 +205,10 @@ def _name(a: dict[int, bytes], key: int) -> str | None:
 
 def dump_rules(sock: socket.socket) -> list[RawRule]:
     out = []
-    for kind, buf, off in _dump(sock, RTM_GETRULE, struct.pack("=BBBBBBBBI", socket.AF_INET,
-                                                                0, 0, 0, 0, 0, 0, 0, 0)):
-        if kind != RTM_NEWRULE:
-            continue
-        family, dst_len, src_len, tos, table, _, _, action, _ = struct.unpack_from(
-            "=BBBBBBBBI", buf, off)
+    for head, a in _dump(sock, RTM_GETRULE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
+        family, dst_len, src_len, tos, table, _, _, action, _ = head
         if family != socket.AF_INET:
             continue
-        a = _attrs(buf, off + 12, len(buf))
         out.append(RawRule(
             priority=_u32(a, FRA_PRIORITY) or 0, action=action,
             table=_u32(a, FRA_TABLE) or table, tos=tos,
@@ -239,15 +237,10 @@ class RawTc:
 
 
 def dump_tc(sock: socket.socket, request: int, ifindex: int = 0, parent: int = 0) -> list[RawTc]:
-    answer = {RTM_GETQDISC: RTM_NEWQDISC, RTM_GETTCLASS: RTM_NEWTCLASS,
-              RTM_GETTFILTER: RTM_NEWTFILTER}[request]
+    """`request` is RTM_GETQDISC, RTM_GETTCLASS or RTM_GETTFILTER."""
     out = []
-    for kind, buf, off in _dump(sock, request, struct.pack("=BxxxiIII", socket.AF_UNSPEC,
-                                                           ifindex, 0, parent, 0)):
-        if kind != answer:
-            continue
-        _, idx, handle, par, info = struct.unpack_from("=BxxxiIII", buf, off)
-        a = _attrs(buf, off + 20, len(buf))
+    for head, a in _dump(sock, request, TCMSG, socket.AF_UNSPEC, ifindex, 0, parent, 0):
+        _, idx, handle, par, info = head
         opts = a.get(TCA_OPTIONS, b"")
         out.append(RawTc(idx, handle, par, info, _name(a, TCA_KIND),
                          _attrs(opts, 0, len(opts))))
