@@ -188,9 +188,7 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
     wanted = {q.dev: q for q in desired.qos}
     for dev, tree in obs.qos.items():
         if dev not in wanted:
-            dst_of = {minor: dst for dst, minor in tree.filters.values()}
-            classes = tuple(QosClass(id=m, dst=dst_of.get(m, "0.0.0.0/0"), rate=c.rate,
-                                     ceil=c.ceil) for m, c in sorted(tree.classes.items()))
+            classes = tuple(c for _, c in sorted(tree.recreatable().items()))
             ops.append(DelQdisc(dev, tree.rate or 0, classes))
     for dev, q in wanted.items():
         if dev in obs.foreign_qdiscs:
@@ -210,11 +208,8 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
             c = classes.get(minor)
             if c is None or c.dst != dst or target != minor:
                 ops.append(DelFilter(dev, minor, dst))
-        for minor, have in tree.classes.items():
-            if minor not in classes:
-                dst = tree.filters.get(minor, ("0.0.0.0/0",))[0]
-                ops.append(DelClass(dev, QosClass(id=minor, dst=dst, rate=have.rate,
-                                                  ceil=have.ceil)))
+        ops += [DelClass(dev, c) for minor, c in tree.recreatable().items()
+                if minor not in classes]
         for minor, c in classes.items():
             have = tree.classes.get(minor)
             if have is None:

@@ -89,6 +89,18 @@ class ObsQos:
     classes: dict[int, QosClass] = field(default_factory=dict)  # minor -> class (dst unset)
     filters: dict[int, tuple[str, int]] = field(default_factory=dict)  # node -> (dst, class minor)
 
+    def classified(self) -> dict[int, QosClass]:
+        """Classes with the destination their filter matches (minor -> class); classes no
+        filter points at are left out."""
+        return {minor: self.classes[minor].model_copy(update={"dst": dst})
+                for dst, minor in sorted(self.filters.values(), key=lambda f: f[1])
+                if minor in self.classes}
+
+    def recreatable(self) -> dict[int, QosClass]:
+        """Every class, with its filter's destination where one points at it (0.0.0.0/0
+        otherwise): what an inverse needs to put the class back."""
+        return {**self.classes, **self.classified()}
+
 
 @dataclass
 class Observed:
@@ -230,9 +242,7 @@ def to_host_state(obs: Observed) -> HostState:
     ip_forward = obs.sysctl.get(IP_FORWARD)
     qos = []
     for dev, tree in obs.qos.items():
-        by_minor = {minor: dst for dst, minor in tree.filters.values()}
-        classes = [QosClass(id=m, dst=by_minor[m], rate=c.rate, ceil=c.ceil)
-                   for m, c in sorted(tree.classes.items()) if m in by_minor]
+        classes = list(tree.classified().values())
         if tree.rate is not None:
             qos.append(Qos(dev=dev, rate=tree.rate, classes=classes))
     return HostState(
