@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 
@@ -37,6 +38,11 @@ class AgentReply:
 
 
 UNREACHABLE = 255
+
+
+def agent_argv(cmd: list[str], state_dir: Path | None) -> list[str]:
+    """The fixed start of every agent command line: JSON output, the host's state directory."""
+    return [*cmd, "--json", *(["--state-dir", str(state_dir)] if state_dir else [])]
 
 
 class Transport(Protocol):

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from topoctl.transports import UNREACHABLE, AgentReply
+from topoctl.transports import UNREACHABLE, AgentReply, agent_argv
 
 AGENT = [sys.executable, "-m", "topoagent.cli"]  # the agent of this installation
 
@@ -24,11 +24,9 @@ class LocalTransport:
         self.cmd = agent or AGENT
 
     def _argv(self, host: str) -> list[str]:
-        argv = [*self.cmd, "--json"]
+        argv = agent_argv(self.cmd, self.state_dirs.get(host))
         if self.netns.get(host):
             argv += ["--netns", self.netns[host]]
-        if host in self.state_dirs:
-            argv += ["--state-dir", str(self.state_dirs[host])]
         return argv
 
     def stream(self, host: str, args: list[str], stdin: str | None,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paramiko
 
-from topoctl.transports import UNREACHABLE, AgentReply
+from topoctl.transports import UNREACHABLE, AgentReply, agent_argv
 
 
 class SshTransport:
@@ -57,10 +57,7 @@ class SshTransport:
         return c
 
     def _command(self, host: str, args: list[str]) -> str:
-        argv = [*self.cmd, "--json"]
-        if host in self.state_dirs:
-            argv += ["--state-dir", str(self.state_dirs[host])]
-        return shlex.join(argv + args)
+        return shlex.join(agent_argv(self.cmd, self.state_dirs.get(host)) + args)
 
     def stream(self, host: str, args: list[str], stdin: str | None,
                on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
