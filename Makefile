@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m topoctl.demo
+	$(PY) bench/demo.py
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check controller agent tests bench

@@ -16,7 +16,7 @@ import tempfile
 
 from topoctl.lab import lab as labmod
 from topoctl.lab.measure import measure
-from topoctl.spec.cluster import parse_cluster
+from topoctl.spec.cluster_load import parse_cluster
 
 RATES = ["50mbit", "100mbit", "200mbit"]
 

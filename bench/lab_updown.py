@@ -17,7 +17,7 @@ import time
 
 from topoctl.lab import lab as labmod
 from topoctl.lab import netops
-from topoctl.spec.cluster import parse_cluster
+from topoctl.spec.cluster_load import parse_cluster
 
 
 def ring_cluster(n: int, name: str = "bench") -> dict:

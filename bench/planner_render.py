@@ -14,12 +14,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from planner_common import direct, switched  # noqa: E402
 
 from topoagent.state import parse_host_state  # noqa: E402
-from topoctl.cli_plan import dump_plan  # noqa: E402
+from topoctl.cli.plan import dump_plan  # noqa: E402
 from topoctl.render.addressing import assign  # noqa: E402
 from topoctl.render.hoststate import render_hosts  # noqa: E402
 from topoctl.render.plan import fabric_wiring, plan_document  # noqa: E402
 from topoctl.sim.routing import shortest_next_hops  # noqa: E402
-from topoctl.spec.cluster import parse_cluster  # noqa: E402
+from topoctl.spec.cluster_load import parse_cluster  # noqa: E402
 
 
 def main(n: int = 1024, validate: bool = True) -> None:

@@ -16,7 +16,7 @@ from planner_common import direct, job, switched  # noqa: E402
 
 from topoctl.planner import prepare  # noqa: E402
 from topoctl.sim.engine import simulate  # noqa: E402
-from topoctl.spec.cluster import parse_cluster  # noqa: E402
+from topoctl.spec.cluster_load import parse_cluster  # noqa: E402
 from topoctl.spec.job import parse_job  # noqa: E402
 from topoctl.strategies.baseline import plan  # noqa: E402
 

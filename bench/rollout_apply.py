@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from topoagent.state import parse_host_state
-from topoctl import rollout
 from topoctl.lab import lab as labmod
-from topoctl.spec.cluster import parse_cluster
-from topoctl.transports.local import lab_transport
+from topoctl.rollout import twophase as rollout
+from topoctl.rollout.transports.local import lab_transport
+from topoctl.spec.cluster_load import parse_cluster
 
 ROUTES, RULES, CLASSES = 100, 50, 32
 

@@ -15,9 +15,9 @@ import json
 import os
 import time
 
-from topoctl.strategies.bounds import best_bound, tree_bounds
-from topoctl.strategies.capgraph import build_capgraph
-from topoctl.strategies.trees import plan_trees
+from topoctl.collective.trees.bounds import best_bound, tree_bounds
+from topoctl.collective.trees.pack import plan_trees
+from topoctl.fabric.capgraph import build_capgraph
 
 
 def torus(k):

@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -27,6 +26,9 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
+from topoagent.protocol import TopoError
+from topoagent.schema import Model, validation_problems
 
 # --- ownership marks: everything the agent creates carries one of these -------------------------
 # route/rule/address protocol number: the kernel's own are < 20, routing daemons >= 42
@@ -42,12 +44,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-class StateError(ValueError):
+class StateError(TopoError, ValueError):
     """Invalid desired state; `problems` is a list of (yaml_path, message)."""
-
-    def __init__(self, problems: list[tuple[str, str]]):
-        self.problems = problems
-        super().__init__("\n".join(f"{p}: {m}" if p else m for p, m in problems))
 
 
 # --- scalar types --------------------------------------------------------------------------------
@@ -145,8 +143,7 @@ Rate = Annotated[int, BeforeValidator(parse_rate), PlainSerializer(format_rate, 
 Table = Annotated[int, BeforeValidator(_table)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+_Model = Model  # the public schema base, short name inside this module
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -337,37 +334,6 @@ def _duplicates(section: str, keys: list, what: str) -> list[tuple[str, str]]:
 
 
 # --- loading -------------------------------------------------------------------------------------
-def yaml_path(loc: tuple) -> str:
-    """('routes', 3, 'nexthops', 0, 'via') -> 'routes[3].nexthops[0].via'."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part == "from_":
-            out += ".from"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _problems(err: ValidationError, prefix: str) -> list[tuple[str, str]]:
-    out = []
-    for e in err.errors():
-        loc = [p for p in e["loc"] if not (isinstance(p, str) and "[" in p)]  # drop union tags
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        ctx_err = e.get("ctx", {}).get("error")
-        if isinstance(ctx_err, StateError):
-            base = ".".join(filter(None, [prefix, yaml_path(tuple(loc))]))
-            out += [(".".join(filter(None, [base, p])) if p else base, m)
-                    for p, m in ctx_err.problems]
-            continue
-        path = yaml_path(tuple(loc))
-        out.append((".".join(filter(None, [prefix, path])), msg))
-    return out
-
-
 def parse_host_state(data: Any, prefix: str = "") -> HostState:
     """Validate plain data (as loaded from YAML) into a HostState; `prefix` is prepended to
     every error path (the controller passes `hosts.h3`)."""
@@ -379,7 +345,7 @@ def parse_host_state(data: Any, prefix: str = "") -> HostState:
     try:
         return HostState.model_validate(data)
     except ValidationError as e:
-        raise StateError(_problems(e, prefix)) from None
+        raise StateError(validation_problems(e, prefix)) from None
 
 
 def load_yaml(text: str, source: str = "<input>") -> Any:

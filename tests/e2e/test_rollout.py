@@ -16,7 +16,7 @@ import yaml
 from tests.netns import host_dump, ip_json, sh
 from topoctl import cli
 from topoctl.lab import lab as labmod
-from topoctl.spec.cluster import load_cluster
+from topoctl.spec.cluster_load import load_cluster
 
 pytestmark = pytest.mark.netns
 

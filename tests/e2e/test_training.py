@@ -13,7 +13,7 @@ import yaml
 from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.planner import make_plan
-from topoctl.spec.cluster import parse_cluster
+from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
 
 pytestmark = pytest.mark.netns

@@ -56,9 +56,9 @@ def planned_schedule() -> dict:
     """The planner's schedule for the two-rack 8-host mesh (16 trees)."""
     import itertools
 
-    from topoctl.strategies.capgraph import build_capgraph
-    from topoctl.strategies.tree_schedule import plan_to_schedule
-    from topoctl.strategies.trees import plan_trees
+    from topoctl.collective.trees.pack import plan_trees
+    from topoctl.collective.trees.schedule import plan_to_schedule
+    from topoctl.fabric.capgraph import build_capgraph
 
     pairs = itertools.combinations(range(8), 2)
     links = [(a, b, 10.0 if a // 4 == b // 4 else 1.0) for a, b in pairs]

@@ -22,7 +22,7 @@ from tests import netns as nsutil
 from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.lab.measure import measure
-from topoctl.spec.cluster import load_cluster, parse_cluster
+from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
 pytestmark = pytest.mark.netns
 

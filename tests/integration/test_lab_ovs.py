@@ -11,7 +11,7 @@ import pytest
 from tests import netns as nsutil
 from topoctl.lab import lab as labmod
 from topoctl.lab import ovs
-from topoctl.spec.cluster import parse_cluster
+from topoctl.spec.cluster_load import parse_cluster
 
 pytestmark = pytest.mark.netns
 

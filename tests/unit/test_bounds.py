@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from topoctl.strategies.bounds import (
+from topoctl.collective.trees.bounds import (
     best_bound,
     cut_bound,
     ingress_bound,
@@ -15,7 +15,7 @@ from topoctl.strategies.bounds import (
     rsag_optimum,
     tree_bounds,
 )
-from topoctl.strategies.capgraph import build_capgraph
+from topoctl.fabric.capgraph import build_capgraph
 
 
 def fabric(seed: int, switches: int):

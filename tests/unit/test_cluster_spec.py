@@ -8,13 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from topoctl.spec.cluster import (
-    ClusterError,
-    load_cluster,
-    parse_cluster,
-    parse_duration,
-    parse_loss,
-)
+from topoctl.spec.cluster import ClusterError, parse_duration, parse_loss
+from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 MBIT = 10**6

@@ -7,11 +7,12 @@ import argparse
 import pytest
 
 from topoagent.state import StateError
-from topoctl.cli_apply import add_transport_args, pick_transport
+from topoctl.cli.apply import add_transport_args, pick_transport
 from topoctl.planner import make_plan
-from topoctl.spec.cluster import ClusterError, parse_cluster
+from topoctl.rollout.transports.ssh import SshTransport
+from topoctl.spec.cluster import ClusterError
+from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.transports.ssh import SshTransport
 
 CLUSTER = {
     "apiVersion": "topoctl/v1", "kind": "Cluster", "name": "rack1",

@@ -9,7 +9,7 @@ import pytest
 
 from topoctl.lab import commands, names
 from topoctl.lab.layout import Layout, build_layout, find_cable, mgmt_block_size
-from topoctl.spec.cluster import load_cluster, parse_cluster
+from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 

@@ -11,10 +11,10 @@ import yaml
 
 from topoagent.state import parse_host_state
 from topoctl.cli import main
-from topoctl.cli_plan import dump_plan
+from topoctl.cli.plan import dump_plan
 from topoctl.planner import make_plan
 from topoctl.render.plan import validate_plan
-from topoctl.spec.cluster import load_cluster, parse_cluster
+from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import load_job, parse_job
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"

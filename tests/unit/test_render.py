@@ -13,7 +13,7 @@ from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.explain import explain_text
 from topoctl.render.hoststate import render_hosts
 from topoctl.sim.routing import RoutingError, shortest_next_hops
-from topoctl.spec.cluster import load_cluster, parse_cluster
+from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 CLUSTERS = sorted(PLANS.glob("*-cluster.yaml"))

@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from topoctl.strategies.bounds import partition_bound
-from topoctl.strategies.capgraph import FabricError, build_capgraph, read_edges
-from topoctl.strategies.trees import chunk_bytes, pipelined_time, plan_trees
+from topoctl.collective.trees.bounds import partition_bound
+from topoctl.collective.trees.pack import chunk_bytes, pipelined_time, plan_trees
+from topoctl.fabric.capgraph import FabricError, build_capgraph, read_edges
 
 PAIRS8 = list(itertools.combinations(range(8), 2))
 
@@ -207,9 +207,9 @@ def test_sync_cli_switch_paths_and_errors(tmp_path, capsys):
 
 
 def test_simulated_tree_schedule_beats_ring_on_two_racks():
+    from topoctl.collective.trees.schedule import plan_to_schedule
+    from topoctl.collective.trees.simulate import network_from_capgraph, tree_allreduce_schedule
     from topoctl.sim import Collective, ring_allreduce, simulate
-    from topoctl.strategies.tree_collective import network_from_capgraph, tree_allreduce_schedule
-    from topoctl.strategies.tree_schedule import plan_to_schedule
 
     links = [(f"h{a}", f"h{b}", 10.0 if a // 4 == b // 4 else 1.0)
              for a, b in itertools.combinations(range(8), 2)]

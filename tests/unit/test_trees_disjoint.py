@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from topoctl.strategies.bounds import partition_bound
-from topoctl.strategies.capgraph import build_capgraph
-from topoctl.strategies.disjoint_trees import disjoint_spanning_trees
-from topoctl.strategies.tree_oracle import Oracle
-from topoctl.strategies.trees import disjoint_candidates, plan_trees
+from topoctl.collective.trees.bounds import partition_bound
+from topoctl.collective.trees.disjoint import disjoint_spanning_trees
+from topoctl.collective.trees.oracle import Oracle
+from topoctl.collective.trees.pack import disjoint_candidates, plan_trees
+from topoctl.fabric.capgraph import build_capgraph
 
 
 def hypercube_edges(d: int) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from topoagent.collectives import load_schedule
 from topoctl.planner import make_plan
-from topoctl.spec.cluster import load_cluster
+from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"

@@ -24,7 +24,8 @@ from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoctl.lab import commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
-from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster, parse_cluster
+from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster
+from topoctl.spec.cluster_load import parse_cluster
 
 DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 

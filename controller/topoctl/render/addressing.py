@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from topoctl.spec.cluster import FabricGraph
+from topoctl.fabric.graph import FabricGraph
 
 
 class AddressingError(ValueError):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import gc
 
 from topoagent.state import format_rate
+from topoctl.fabric.graph import FabricGraph, FabricLink
 from topoctl.render.addressing import Addressing, AddressingError
 from topoctl.sim.routing import NextHops
-from topoctl.spec.cluster import FabricGraph, FabricLink
 
 
 def _weights(values: list[float]) -> list[int]:

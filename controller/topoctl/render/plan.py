@@ -14,9 +14,10 @@ from __future__ import annotations
 import topoctl
 from topoagent.state import format_rate
 from topoctl.catalog.registry import ENTRIES, resolve_params
+from topoctl.fabric.graph import FabricGraph
 from topoctl.render.addressing import Addressing
 from topoctl.render.validate import validate_plan  # noqa: F401  (re-exported)
-from topoctl.spec.cluster import Cluster, FabricGraph, format_duration
+from topoctl.spec.cluster import Cluster, format_duration
 
 
 def fabric_wiring(cluster: Cluster, graph: FabricGraph) -> dict:

@@ -9,9 +9,9 @@ Ethernet header, FCS, preamble and inter-frame gap around it): 99.0 % at MTU 900
 
 from __future__ import annotations
 
+from topoctl.fabric.graph import FabricGraph
 from topoctl.sim.network import Link, Network, Routes
 from topoctl.sim.routing import NextHops
-from topoctl.spec.cluster import FabricGraph
 
 
 def arc_id(u: str, v: str) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
-from topoctl.spec.cluster import FabricGraph, FabricLink
+from topoctl.fabric.graph import FabricGraph, FabricLink
 
 
 class RoutingError(ValueError):

@@ -32,7 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
-from topoagent.state import StateError, _Model, _problems, load_yaml_file
+from topoagent.schema import Model, validation_problems
+from topoagent.state import StateError, load_yaml_file
 from topoctl.catalog.registry import ENTRIES, resolve_params
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -65,13 +66,13 @@ def parse_size(v: Any) -> int:
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
-class InputSpec(_Model):
+class InputSpec(Model):
     shape: list[Annotated[int, Field(ge=1)]]
     dtype: Literal["float32", "float16", "bfloat16", "int64", "int32"] = "float32"
     high: Annotated[int, Field(ge=1)] | None = None
 
 
-class ModelSpec(_Model):
+class ModelSpec(Model):
     catalog: str | None = None
     params: dict[str, int] = Field(default_factory=dict)
     factory: str | None = None
@@ -109,24 +110,24 @@ class ModelSpec(_Model):
         return self
 
 
-class BatchSpec(_Model):
-    model_config = _Model.model_config | {"populate_by_name": True}
+class BatchSpec(Model):
+    model_config = Model.model_config | {"populate_by_name": True}
 
     global_: Annotated[int, Field(ge=1, alias="global")]
 
 
-class Parallelism(_Model):
+class Parallelism(Model):
     data: bool = True
     model: bool = False
     pipeline: bool = False
 
 
-class SyncSpec(_Model):
+class SyncSpec(Model):
     algorithm: str = "ring"
     bucket: Size = 25 * 10**6
 
 
-class CostSpec(_Model):
+class CostSpec(Model):
     """`device` plans as if every host had GPUs of this type (roofline; what-if planning on a
     lab of CPU hosts); default: each host's own gpus.type."""
 
@@ -137,7 +138,7 @@ class CostSpec(_Model):
     profile_batch: Annotated[int, Field(ge=1, le=4096)] | None = None  # measured: batch to time
 
 
-class LaunchSpec(_Model):
+class LaunchSpec(Model):
     """How ranks start. `threads`: torch threads per rank (CPU hosts; measured costs are timed
     with the same number); `iterations`: training steps to run."""
 
@@ -148,8 +149,8 @@ class LaunchSpec(_Model):
     command: list[str] = Field(default_factory=lambda: ["python3", "-m", "topoagent.train"])
 
 
-class Job(_Model):
-    model_config = _Model.model_config | {"populate_by_name": True}
+class Job(Model):
+    model_config = Model.model_config | {"populate_by_name": True}
 
     api_version: Literal["topoctl/v1"] = Field("topoctl/v1", alias="apiVersion")
     kind: Literal["Job"] = "Job"
@@ -189,7 +190,7 @@ def parse_job(data: Any, source: str = "<input>") -> Job:
     try:
         return Job.model_validate(data)
     except ValidationError as e:
-        raise JobError(_problems(e, "")) from None
+        raise JobError(validation_problems(e, "")) from None
 
 
 def load_job(path: str | Path) -> Job:

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> (bounds, trees)
     # must not pull in torch through the graph and job modules
+    from topoctl.fabric.graph import FabricGraph
     from topoctl.graph.cost import OpCost
     from topoctl.graph.devices import Device
     from topoctl.graph.ops import OpGraph
     from topoctl.sim.network import Network
     from topoctl.sim.routing import NextHops
     from topoctl.sim.tasks import Task
-    from topoctl.spec.cluster import Cluster, FabricGraph
+    from topoctl.spec.cluster import Cluster
     from topoctl.spec.job import Job
 
 

@@ -1,424 +1,56 @@
-"""Strategy ``trees``: topology-adaptive AllReduce by packed spanning trees.
+"""Planner strategy ``trees``: data parallelism with packed spanning trees (INFOCOM'21).
 
-INFOCOM'21, Zhang, Wu, Li, "Near-optimal topology-adaptive parameter synchronization in
-distributed DNN training" (seed 003); Blink (MLSys'20). The gradient of ``M`` bytes is split
-into partitions proportional to tree rates ``x_T``; each partition is reduced toward its tree's
-root and broadcast back down the same tree, pipelined, all trees at once. Time per byte is
-``1 / sum_T x_T`` (plus pipeline fill), so the best schedule is a maximum fractional
-spanning-tree packing; on a direct-connect fabric its value is the partition bound ``tau``.
-
-Pipeline of :func:`plan_trees`:
-
-1. Garg-Koenemann multiplicative weights with an MST oracle (warm start, O(I * m log n));
-2. restricted LP + column generation with HiGHS to the exact LP optimum (dual certificate);
-3. pruning to at most ``max_trees`` trees: top-K re-solve, K-bounded column swaps, then a small
-   MILP (HiGHS) choosing the best K of the candidate trees, and a final LP re-solve; on
-   direct-connect fabrics with uniform capacity the candidates include an exact edge-disjoint
-   spanning-tree packing (matroid union, :mod:`.disjoint_trees`);
-4. roots spread over distinct workers, each at a centre of its tree (minimum height).
-
-Pure functions over plain data; no I/O.
+Same iteration as ``baseline`` (``baseline.dp_tasks``), but every gradient bucket is
+all-reduced with the tree schedule that :func:`topoctl.collective.trees.pack.plan_trees` packs on
+the cluster's fabric (capacities in bytes/s), scored by the simulator through the collective
+interface (:mod:`topoctl.collective.trees.simulate`). The plan's ``job.collective`` carries
+the runtime schedule (``topoagent.collectives``): the launcher writes it to a file and points
+``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the trees are over hosts).
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
+from topoctl.collective.trees.bounds import best_bound, tree_bounds
+from topoctl.collective.trees.pack import plan_trees
+from topoctl.collective.trees.schedule import plan_to_schedule
+from topoctl.collective.trees.simulate import tree_algorithm
+from topoctl.fabric.capgraph import build_capgraph
+from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.routing import shortest_next_hops
 
-import numpy as np
-from scipy.optimize import LinearConstraint, milp
-from scipy.sparse import csr_matrix, diags, hstack, identity
-from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
+from . import PlanContext, Strategy
+from .baseline import dp_tasks
 
-from .capgraph import CapGraph
-from .disjoint_trees import disjoint_spanning_trees
-from .tree_lp import ColumnPool, _usage, column_generation, mw_pack, solve_restricted
-from .tree_oracle import Column, Oracle
-
-__all__ = [
-    "PackedTree",
-    "TreePlan",
-    "auto_max_trees",
-    "chunk_bytes",
-    "disjoint_candidates",
-    "pipelined_time",
-    "plan_trees",
-]
+LATENCY_S = 100e-6  # per-hop software latency assumed for the chunk size
 
 
-@dataclass
-class PackedTree:
-    """One tree of the schedule, by rank (rank r = ``workers[r]``).
-
-    ``parents[r]`` is r's parent rank (``None`` at the root); ``paths`` maps a tree edge
-    ``(a, b)`` (ranks, ``a < b``) that is not a direct link to its routed node paths
-    ``(a->b, b->a)``.
-    """
-
-    root: int
-    parents: list[int | None]
-    rate: float
-    height: int
-    paths: dict[tuple[int, int], tuple[list[int], list[int]]] = field(default_factory=dict)
-
-    @property
-    def edges(self) -> list[tuple[int, int]]:
-        return [(p, r) for r, p in enumerate(self.parents) if p is not None]
-
-
-@dataclass
-class TreePlan:
-    """Result of :func:`plan_trees`. Rates are in the fabric's capacity unit (data / time)."""
-
-    trees: list[PackedTree]
-    rate: float  # sum of the kept trees' rates: time per unit of data = 1 / rate
-    lp_optimum: float  # column generation value over all trees (before pruning)
-    upper_bound: float  # dual certificate on the LP optimum
-    mw_rate: float  # Garg-Koenemann's feasible packing alone
-    columns: int
-    lp_iterations: int
-    seconds: float
-    mode: str  # "direct" or "switched"
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def fractions(self) -> list[float]:
-        return [t.rate / self.rate for t in self.trees]
-
-
-def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 64) -> int:
-    """How many trees the optimum needs at least, clamped to ``[lo, hi]``.
-
-    A tree's rate is at most its weakest link and every tree crosses every cut, so a tree's
-    rate is at most ``c_b = min_S max_{e in delta(S)} c_e`` (the weakest edge of a maximum
-    spanning tree): at least ``tau / c_b`` trees are needed (two racks joined by slow cables:
-    tau / slow; uniform K_n: n/2). Direct fabrics only (switched: ``lo``).
-    """
-    if not g.is_direct:
-        return lo
-    from .bounds import partition_bound  # local: bounds is a separate, independent module
-
-    tau = partition_bound(g, exact_up_to=0)[0]
-    top = float(g.cap.max())
-    inv = csr_matrix((top + 1.0 - g.cap, (g.u, g.v)), shape=(g.n, g.n))
-    mst = minimum_spanning_tree(inv)  # maximum spanning tree of the capacities
-    c_b = top + 1.0 - float(mst.data.max())
-    need = math.ceil(tau / c_b - 1e-9)
-    return int(min(hi, max(lo, need)))
-
-
-def plan_trees(
-    g: CapGraph,
-    max_trees: int | None = None,
-    mw_eps: float = 0.1,
-    mw_budget_s: float = 1.0,
-    lp_budget_s: float = 5.0,
-    prune_budget_s: float = 2.0,
-) -> TreePlan:
-    """Pack spanning trees over ``g.workers`` and keep at most ``max_trees`` of them
-    (default: :func:`auto_max_trees`).
-
-    Complexity: MW ``O(I * oracle)``, column generation ``O(L * (LP + oracle))`` where the
-    oracle is an MST (direct) or ``W`` Dijkstras + a dense MST (switched).
-    """
-    if max_trees is None:
-        max_trees = auto_max_trees(g)
-    if max_trees < 1:
-        raise ValueError("max_trees must be >= 1")
-    t0 = time.perf_counter()
-    oracle = Oracle(g)
-    scale = float(oracle.capacity.max())
-    oracle.capacity = oracle.capacity / scale
-    disjoint = disjoint_candidates(oracle, max_trees)
-    td = time.perf_counter()
-    lp_budget_s = max(lp_budget_s - (td - t0), 1.0)  # the packing's time comes out of the LP's
-    mw_cols, flows, mw_ub, _ = mw_pack(oracle, eps=mw_eps, budget_s=mw_budget_s)
-    mw_rate = float(flows.sum())
-    t1 = time.perf_counter()
-    # seed the master LP with the trees that carried most flow (dense columns make HiGHS slow)
-    ranked = [mw_cols[i] for i in np.argsort(-flows)]
-    pool = ColumnPool()
-    for col in ranked[: max(32, 4 * max_trees)]:
-        pool.add(col)
-    x, lp_val, ub, iters = column_generation(oracle, pool, budget_s=lp_budget_s)
-    if lp_val < mw_rate:  # not converged within the budget: the MW packing is better
-        lp_val = mw_rate
-    ub = max(min(ub, mw_ub), lp_val)
-    t2 = time.perf_counter()
-    for col in ranked:
-        pool.add(col)
-    x = np.concatenate([x, np.zeros(len(pool.columns) - len(x))])
-    cols, rates = prune(oracle, pool, x, max_trees, budget_s=prune_budget_s, extra=disjoint)
-    t3 = time.perf_counter()
-    trees = _rooted(g, cols, rates * scale)
-    kept = float(rates.sum())
-    lp_val = max(lp_val, kept)  # column generation stopped at its budget below a kept packing
-    ub = max(ub, lp_val)
-    return TreePlan(
-        trees=trees,
-        rate=float(sum(t.rate for t in trees)),
-        lp_optimum=lp_val * scale,
-        upper_bound=ub * scale,
-        mw_rate=mw_rate * scale,
-        columns=len(pool.columns),
-        lp_iterations=iters,
-        seconds=time.perf_counter() - t0,
-        mode="direct" if g.is_direct else "switched",
-        timings={"disjoint": td - t0, "mw": t1 - td, "lp": t2 - t1, "prune": t3 - t2},
+def plan(ctx: PlanContext) -> Strategy:
+    if ctx.world_size != len(ctx.hosts):
+        raise ValueError("strategy trees: one rank per host only (trees are over hosts)")
+    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in ctx.fabric.links]
+    g = build_capgraph(links, list(ctx.hosts))
+    tp = plan_trees(g)
+    bounds = tree_bounds(g, lp_upper=tp.upper_bound, budget_s=5.0)
+    bname, bval = best_bound(bounds)
+    grad = float(ctx.graph.param_bytes)
+    sched = plan_to_schedule(
+        tp, nbytes=grad, latency_s=LATENCY_S, bytes_per_unit=1.0,
+        metadata={"hosts": list(ctx.hosts), "rate_bytes_per_s": tp.rate,
+                  "optimum_bytes_per_s": bval, "bound": bname},
+    )
+    hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
+    tasks, sizes = dp_tasks(ctx, list(ctx.hosts), tree_algorithm(sched))
+    return Strategy(
+        name="trees",
+        fabric=ctx.fabric,
+        hops=hops,
+        network=network_from_fabric(ctx.fabric, hops),
+        tasks=tasks,
+        collective={"algorithm": "trees", "order": list(ctx.hosts), "schedule": sched.dump()},
+        buckets=sizes,
+        notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
+               "bound": bname, "achieved_over_optimal": tp.rate / bval},
     )
 
 
-def prune(
-    oracle: Oracle,
-    pool: ColumnPool,
-    x: np.ndarray,
-    k: int,
-    budget_s: float = 3.0,
-    extra: list[Column] | None = None,
-) -> tuple[list[Column], np.ndarray]:
-    """Best packing with at most ``k`` trees found within ``budget_s``.
-
-    ``extra``: further candidate trees, also tried as a start (e.g. :func:`disjoint_candidates`).
-    Top-k of the LP solution re-solved; then K-bounded column swaps (price a tree under the
-    duals of the k-tree LP, add it, drop the smallest, keep if better); then a MILP over the
-    candidate trees with ``sum z_T <= k`` and ``x_T <= U_T z_T``.
-    """
-    cap = oracle.capacity
-    t0 = time.perf_counter()
-    order = [int(i) for i in np.argsort(-x) if x[i] > 1e-12]
-    lp_top = [pool.columns[i] for i in order] or [pool.columns[0]]
-    chains = chain_candidates(oracle, k)
-    greedy = greedy_disjoint(oracle, k)
-    extra = list(extra or [])[:k]
-    seen: set[bytes] = set()
-    cand: list[Column] = []
-    for col in [*extra, *lp_top[: 2 * k], *chains, *greedy, *lp_top[2 * k :]]:
-        if col.key not in seen:
-            seen.add(col.key)
-            cand.append(col)
-    if len(cand) <= k:
-        xs, _, _ = solve_restricted(cand, cap)
-        return _positive(cand, xs)
-    best, bx, bval, by = [], np.zeros(0), -1.0, np.zeros_like(cap)
-    for start in (lp_top[:k], chains[:k], greedy[:k], extra):
-        if start:
-            sx, sval, sy = solve_restricted(start, cap)
-            if sval > bval:
-                best, bx, bval, by = start, sx, sval, sy
-    while time.perf_counter() - t0 < budget_s / 2:
-        col = oracle(by)
-        if col.weight >= 1 - 1e-9:
-            break
-        trial = [*best, col]
-        tx, _, _ = solve_restricted(trial, cap)
-        drop = int(np.argmin(tx))
-        trial.pop(drop)
-        tx2, tval, ty = solve_restricted(trial, cap)
-        if col.key not in seen:
-            seen.add(col.key)
-            cand.append(col)
-        if tval <= bval * (1 + 1e-9):
-            break
-        best, bx, bval, by = trial, tx2, tval, ty
-    left = budget_s - (time.perf_counter() - t0)
-    if left > 0.2:
-        pick = _milp_pick(cand[: max(4 * k, 48)], cap, k, left)
-        if pick is not None:
-            px, pval, _ = solve_restricted(pick, cap)
-            if pval > bval * (1 + 1e-9):
-                best, bx, bval = pick, px, pval
-    return _positive(best, bx)
-
-
-def chain_candidates(oracle: Oracle, k: int) -> list[Column]:
-    """Low-degree trees that pruning to few trees needs (an MST under duals is often a star).
-
-    Switched fabrics: ``k`` rotations of one Hamiltonian chain of the workers in DFS order of
-    the fabric (neighbours stay close), each routed on fewest hops: every worker's uplink
-    carries at most 2 edges per chain, as in a ring. Complete direct-connect fabrics:
-    Walecki's zig-zag Hamiltonian paths (n/2 of them decompose K_n for even n).
-    """
-    g = oracle.g
-    nw = len(g.workers)
-    if nw < 3:
-        return []
-    chains: list[list[int]] = []
-    if not g.is_direct:
-        adj: dict[int, list[int]] = {}
-        for a, b in zip(g.u.tolist(), g.v.tolist(), strict=True):
-            adj.setdefault(a, []).append(b)
-            adj.setdefault(b, []).append(a)
-        pos = {node: r for r, node in enumerate(g.workers)}
-        order, seen, stack = [], set(), [g.workers[0]]
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if x in pos:
-                order.append(pos[x])
-            stack.extend(sorted(adj.get(x, []), reverse=True))
-        for s in range(min(k, nw)):
-            start = s * nw // min(k, nw)
-            chains.append(order[start:] + order[:start])
-    elif g.m == nw * (nw - 1) // 2:
-        for i in range(min(k, (nw + 1) // 2)):
-            path = [i]
-            for j in range(1, nw):
-                step = (j + 1) // 2 if j % 2 else -(j // 2)
-                path.append((i + step) % nw)
-            chains.append(path)
-    out = []
-    load = np.zeros(oracle.rows)
-    for chain in chains:
-        pairs = list(zip(chain[:-1], chain[1:], strict=True))
-        try:
-            if g.is_direct:
-                col = oracle.column_for(pairs)
-            else:  # fewest hops, ties broken away from arcs earlier chains loaded (spines)
-                col = oracle.column_for(pairs, 1.0 + 1e-3 * load / oracle.capacity)
-        except ValueError:
-            continue
-        load[col.rows] += col.counts
-        out.append(col)
-    return out
-
-
-def disjoint_candidates(oracle: Oracle, k: int, budget_s: float = 2.0) -> list[Column]:
-    """Up to ``k`` edge-disjoint spanning trees of a direct-connect fabric of uniform capacity.
-
-    With every link at capacity ``c``, ``j`` edge-disjoint spanning trees carry ``j c``; the
-    integral packing number is at most ``min(floor(m / (n - 1)), min degree)`` (the
-    Nash-Williams/Tutte partition bound on the whole vertex set and on singletons). On regular
-    graphs (hypercubes, tori, circulants) ``tau = m c / (n - 1)`` and the integral packing
-    reaches ``floor(tau / c) c`` (Q10: 5 of 5.005), a packing that MST-priced column
-    generation and pruning do not find (Q10: 4 trees plus fractions). Matroid-union augmenting
-    paths (:func:`disjoint_spanning_trees`; Q10: 0.25 s) find a maximum union of ``j`` forests;
-    if it is not ``j`` spanning trees, ``j - 1`` is tried. Other fabrics: ``[]``.
-    """
-    g = oracle.g
-    cap = oracle.capacity
-    if not g.is_direct or g.n < 2 or float(cap.max()) > float(cap.min()) * (1 + 1e-9):
-        return []
-    deg = np.bincount(np.concatenate([g.u, g.v]), minlength=g.n)
-    want = int(min(k, g.m // (g.n - 1), int(deg.min())))
-    edges = list(zip(g.u.tolist(), g.v.tolist(), strict=True))
-    rank = {node: r for r, node in enumerate(g.workers)}
-    t0 = time.perf_counter()
-    for j in (want, want - 1):
-        left = budget_s - (time.perf_counter() - t0)
-        if j < 1 or left <= 0:
-            break
-        forests = disjoint_spanning_trees(g.n, edges, j, budget_s=left)
-        spanning = [f for f in forests if len(f) == g.n - 1]
-        if len(spanning) == j or j < want:
-            return [oracle.column_for([(rank[edges[e][0]], rank[edges[e][1]]) for e in f])
-                    for f in spanning]
-    return []
-
-
-def greedy_disjoint(oracle: Oracle, k: int) -> list[Column]:
-    """``k`` trees, each an MST under the relative load the previous ones put on the rows
-    (ties broken at random, seeded): edge-disjoint whenever the greedy order allows it."""
-    rng = np.random.default_rng(0)
-    cap = oracle.capacity
-    load = np.zeros_like(cap)
-    out = []
-    for _ in range(k):
-        col = oracle(1e-3 * (1 + rng.random(cap.shape[0])) + load / cap)
-        load[col.rows] += col.counts
-        out.append(col)
-    return out
-
-
-def _positive(cols: list[Column], x: np.ndarray) -> tuple[list[Column], np.ndarray]:
-    keep = [i for i in range(len(cols)) if x[i] > 1e-12]
-    return [cols[i] for i in keep], np.array([x[i] for i in keep])
-
-
-def _milp_pick(cols: list[Column], cap: np.ndarray, k: int, limit: float) -> list[Column] | None:
-    n = len(cols)
-    a = _usage(cols, cap.shape[0]).tocsr()
-    used = np.flatnonzero(np.diff(a.indptr))
-    a = a[used]
-    ubound = np.array([float(np.min(cap[c.rows] / c.counts)) for c in cols])
-    eye = identity(n, format="csr")
-    cons = [
-        LinearConstraint(hstack([a, csr_matrix((len(used), n))]), -np.inf, cap[used]),
-        LinearConstraint(hstack([eye, -diags(ubound)]), -np.inf, 0.0),
-        LinearConstraint(hstack([csr_matrix((1, n)), np.ones((1, n))]), -np.inf, k),
-    ]
-    res = milp(
-        np.concatenate([-np.ones(n), np.zeros(n)]),
-        constraints=cons,
-        integrality=np.concatenate([np.zeros(n), np.ones(n)]),
-        bounds=(np.zeros(2 * n), np.concatenate([ubound, np.ones(n)])),
-        options={"time_limit": max(limit, 0.1), "disp": False},
-    )
-    if res.x is None:
-        return None
-    z = res.x[n:]
-    return [cols[i] for i in range(n) if z[i] > 0.5] or None
-
-
-def _rooted(g: CapGraph, cols: list[Column], rates: np.ndarray) -> list[PackedTree]:
-    """Give each tree a distinct root at (near) its centre; parents by rank."""
-    rank = {node: r for r, node in enumerate(g.workers)}
-    nw = len(g.workers)
-    order = np.argsort(-rates)
-    taken: set[int] = set()
-    out: list[PackedTree] = []
-    for i in order.tolist():
-        col = cols[i]
-        a = np.array([rank[e[0]] for e in col.edges])
-        b = np.array([rank[e[1]] for e in col.edges])
-        adj = csr_matrix((np.ones(len(a)), (a, b)), shape=(nw, nw))
-        hops = shortest_path(adj, directed=False, unweighted=True)
-        ecc = hops.max(axis=1)
-        free = [r for r in np.argsort(ecc, kind="stable").tolist() if r not in taken]
-        root = free[0] if free else int(np.argmin(ecc))
-        taken.add(root)
-        parents: list[int | None] = [None] * nw
-        dist = hops[root]
-        for x, y in zip(a.tolist(), b.tolist(), strict=True):
-            if dist[x] < dist[y]:
-                parents[y] = x
-            else:
-                parents[x] = y
-        paths = {}
-        for (u, v), (puv, pvu) in col.paths.items():  # keys (a, b) with rank a < rank b
-            if rank[u] < rank[v]:
-                paths[(rank[u], rank[v])] = (puv, pvu)
-            else:
-                paths[(rank[v], rank[u])] = (pvu, puv)
-        out.append(PackedTree(root, parents, float(rates[i]), int(ecc[root]), paths))
-    return out
-
-
-def pipelined_time(
-    nbytes: float, rate: float, height: int, chunk: float, latency: float
-) -> float:
-    """Time of one tree's pipelined reduce+broadcast of ``nbytes`` at ``rate`` bytes/s.
-
-    ``(ceil(m/s) + 2h - 1) * (a + s/r)`` (notes: NCCL-style pipelined tree model), with
-    ``a`` the per-hop latency.
-    """
-    if nbytes <= 0:
-        return 0.0
-    s = min(chunk, nbytes)
-    steps = math.ceil(nbytes / s) + max(2 * height - 1, 0)
-    return steps * (latency + s / rate)
-
-
-def chunk_bytes(
-    nbytes: float, rate: float, height: int, latency: float,
-    lo: int = 4096, hi: int = 4 << 20,
-) -> int:
-    """Chunk size minimising :func:`pipelined_time`: ``s* = sqrt(m a r / (2h - 1))``,
-    clamped to ``[lo, hi]`` and rounded to a multiple of 64 bytes."""
-    if height <= 0 or latency <= 0:
-        return int(max(lo, min(hi, nbytes)))
-    s = math.sqrt(nbytes * latency * rate / (2 * height - 1))
-    s = max(lo, min(hi, s, max(nbytes, 1)))
-    return max(64, int(s) // 64 * 64)
+PLANNER_STRATEGIES = {"trees": plan}

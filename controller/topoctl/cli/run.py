@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from topoctl.cli_apply import add_transport_args, open_plan
-from topoctl.runner import run_job, stop_job
+from topoctl.cli.apply import add_transport_args, open_plan
+from topoctl.rollout.run import run_job, stop_job
 
 
 def cmd_run(args: argparse.Namespace) -> int:

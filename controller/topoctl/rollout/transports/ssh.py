@@ -13,7 +13,7 @@ from pathlib import Path
 
 import paramiko
 
-from topoctl.transports import UNREACHABLE, AgentReply, agent_argv
+from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv
 
 
 class SshTransport:
@@ -105,7 +105,7 @@ class SshTransport:
 
 def lab_ssh_transport(lab) -> SshTransport:
     """Reach the lab's hosts over their real sshd, as on bare metal."""
-    from topoctl.transports.local import AGENT, agent_state_dirs
+    from topoctl.rollout.transports.local import AGENT, agent_state_dirs
 
     return SshTransport({h.name: lab.mgmt_ip(h.name) for h in lab.cluster.hosts},
                         key=lab.ssh_key, known_hosts=lab.known_hosts, agent=AGENT,

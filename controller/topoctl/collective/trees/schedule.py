@@ -1,4 +1,4 @@
-"""Turn a :class:`~topoctl.strategies.trees.TreePlan` into what others read: the runtime's
+"""Turn a :class:`~topoctl.collective.trees.pack.TreePlan` into what others read: the runtime's
 tree schedule (``topoagent.collectives.schedule``) and the ``topoctl sync --json`` document.
 Pure functions; no I/O."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from topoagent.collectives.schedule import TreeSchedule
+from topoctl.fabric.capgraph import CapGraph
 
-from .capgraph import CapGraph
-from .trees import TreePlan, chunk_bytes
+from .pack import TreePlan, chunk_bytes
 
 __all__ = ["plan_to_json", "plan_to_schedule"]
 

@@ -25,7 +25,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import csc_matrix
 
-from .tree_oracle import Column, Oracle
+from .oracle import Column, Oracle
 
 __all__ = ["ColumnPool", "column_generation", "mw_pack", "solve_restricted"]
 

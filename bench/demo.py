@@ -7,7 +7,7 @@ train for a fixed number of iterations under it (DDP over gloo between the hosts
 addresses), and compare the simulator's prediction with the measurement. Prints one table,
 saves it as JSON and a PNG plot next to it, and tears the lab down, also when interrupted.
 
-    python -m topoctl.demo [--iterations 8] [--out demo-results] [--strategies baseline trees]
+    python bench/demo.py [--iterations 8] [--out demo-results] [--strategies baseline trees]
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def allreduce_optimum(plans: dict[str, dict]) -> float | None:
 
 
 def measure(name: str, plan: dict, transport, iterations: int) -> dict:
-    from topoctl import rollout
-    from topoctl.runner import run_job
+    from topoctl.rollout import twophase as rollout
+    from topoctl.rollout.run import run_job
 
     t0 = time.perf_counter()
     report = rollout.apply_plan(plan, transport)
@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print("the demo needs root (network namespaces)", file=sys.stderr)
         return 1
     from topoctl.lab import lab as labmod
-    from topoctl.spec.cluster import load_cluster
+    from topoctl.rollout.transports.ssh import lab_ssh_transport
+    from topoctl.spec.cluster_load import load_cluster
     from topoctl.strategies import available
-    from topoctl.transports.ssh import lab_ssh_transport
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ import time
 from topoagent.state import StateError, format_rate, load_yaml
 from topoctl.lab import lab as labmod
 from topoctl.lab.netops import LabError
-from topoctl.spec.cluster import ClusterError, load_cluster
+from topoctl.spec.cluster import ClusterError
+from topoctl.spec.cluster_load import load_cluster
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from topoctl.strategies.bounds import best_bound, tree_bounds
-from topoctl.strategies.capgraph import FabricError, build_capgraph, read_edges
-from topoctl.strategies.tree_schedule import plan_to_json, plan_to_schedule
-from topoctl.strategies.trees import plan_trees
+from topoctl.collective.trees.bounds import best_bound, tree_bounds
+from topoctl.collective.trees.pack import plan_trees
+from topoctl.collective.trees.schedule import plan_to_json, plan_to_schedule
+from topoctl.fabric.capgraph import FabricError, build_capgraph, read_edges
 
 
 def register(sub: argparse._SubParsersAction) -> None:

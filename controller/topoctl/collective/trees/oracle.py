@@ -19,7 +19,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra, minimum_spanning_tree
 
-from .capgraph import CapGraph
+from topoctl.fabric.capgraph import CapGraph
 
 __all__ = ["Column", "Oracle", "make_oracle"]
 

@@ -14,11 +14,11 @@ import math
 from collections.abc import Sequence
 
 from topoagent.collectives.schedule import TreeSchedule, partition_sizes
+from topoctl.fabric.capgraph import CapGraph
 from topoctl.sim.collectives import CollectiveAlgorithm, Schedule, Step
 from topoctl.sim.network import Link, Network
 
-from .capgraph import CapGraph
-from .trees import TreePlan
+from .pack import TreePlan
 
 __all__ = ["network_from_capgraph", "tree_algorithm", "tree_allreduce_schedule"]
 

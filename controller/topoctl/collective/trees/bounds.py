@@ -29,7 +29,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components, maximum_flow
 
-from .capgraph import CapGraph
+from topoctl.fabric.capgraph import CapGraph
 
 __all__ = [
     "best_bound",

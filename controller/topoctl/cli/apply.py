@@ -15,14 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from topoagent.state import StateError
-from topoctl import rollout
 from topoctl.lab.lab import Lab, list_labs
 from topoctl.lab.netops import LabError
-from topoctl.rollout import Event, Report
-from topoctl.spec.cluster import load_cluster
-from topoctl.transports import Transport
-from topoctl.transports.local import LocalTransport, lab_transport
-from topoctl.transports.ssh import SshTransport, lab_ssh_transport
+from topoctl.rollout import twophase as rollout
+from topoctl.rollout.transports import Transport
+from topoctl.rollout.transports.local import LocalTransport, lab_transport
+from topoctl.rollout.transports.ssh import SshTransport, lab_ssh_transport
+from topoctl.rollout.twophase import Event, Report
+from topoctl.spec.cluster_load import load_cluster
 
 RESULT_STYLE = {"in sync": "green", "changes": "yellow", "changed": "green", "drifted": "yellow",
                 "rolled back": "magenta", "error": "red", "unreachable": "red"}

@@ -9,12 +9,12 @@ import sys
 
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [
-    "topoctl.cli_apply",
-    "topoctl.cli_bench",
-    "topoctl.cli_lab",
-    "topoctl.cli_plan",
-    "topoctl.cli_run",
-    "topoctl.cli_sync",
+    "topoctl.cli.apply",
+    "topoctl.cli.bench",
+    "topoctl.cli.lab",
+    "topoctl.cli.plan",
+    "topoctl.cli.run",
+    "topoctl.cli.sync",
 ]
 
 
@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # only pass-through verbs (bench) take arguments they do not declare
+        if not hasattr(args, "args"):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = [*extra, *args.args]
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

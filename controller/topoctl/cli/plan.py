@@ -14,8 +14,9 @@ from pathlib import Path
 from topoagent.state import StateError
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
-from topoctl.rollout import load_plan
-from topoctl.spec.cluster import ClusterError, load_cluster
+from topoctl.rollout.twophase import load_plan
+from topoctl.spec.cluster import ClusterError
+from topoctl.spec.cluster_load import load_cluster
 
 VALIDATE_ALL_UP_TO = 256  # hosts; larger plans validate an evenly spread sample of 64 hosts
 

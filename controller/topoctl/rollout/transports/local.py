@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from topoctl.transports import UNREACHABLE, AgentReply, agent_argv
+from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv
 
 AGENT = [sys.executable, "-m", "topoagent.cli"]  # the agent of this installation
 

@@ -23,7 +23,7 @@ import yaml
 
 from topoagent.state import StateError, load_yaml_file
 from topoctl.render.validate import validate_plan
-from topoctl.transports import UNREACHABLE, AgentReply, Transport
+from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 

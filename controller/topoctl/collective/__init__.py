@@ -1,0 +1,1 @@
+"""Collective-communication algorithms (pure functions over plain data)."""

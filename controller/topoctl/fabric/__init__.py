@@ -1,0 +1,1 @@
+"""Fabric-level graph code: the capacity graph of a cluster; direct-connect topology search."""

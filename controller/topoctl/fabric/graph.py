@@ -1,0 +1,117 @@
+"""The fabric as plain data: hosts, switches, ports and full-duplex links with capacities.
+
+`fabric_graph(cluster)` resolves a cluster file's fabric (direct cables or switches, defaults
+filled in) into a `FabricGraph`, the one shape every planner algorithm, the simulator and the
+renderer read; code here never cares how the file spelled it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from topoctl.spec.cluster import DirectFabric, parse_port_ref
+
+if TYPE_CHECKING:
+    from topoctl.spec.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Port:
+    host: str
+    nic: str
+    speed: int  # bit/s
+    mac: str | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.host}:{self.nic}"
+
+
+@dataclass(frozen=True)
+class FabricLink:
+    """A full-duplex link; `capacity` is per direction. Host ends name their NIC (`a_nic`),
+    switch ends have None. kind: `cable` (host-host), `access` (host-switch), `uplink`."""
+
+    a: str
+    b: str
+    capacity: int  # bit/s, each direction
+    latency: float = 0.0  # seconds, one way
+    loss: float = 0.0
+    a_nic: str | None = None
+    b_nic: str | None = None
+    kind: Literal["cable", "access", "uplink"] = "cable"
+
+
+@dataclass(frozen=True)
+class FabricGraph:
+    """Nodes are host and switch names (disjoint); links are full duplex. Parallel links between
+    the same two nodes are kept (merge them yourself if you want one arc)."""
+
+    kind: Literal["direct", "switched"]
+    hosts: tuple[str, ...]
+    switches: tuple[str, ...] = ()
+    ports: tuple[Port, ...] = ()
+    links: tuple[FabricLink, ...] = ()
+    mtu: int = 1500
+    _adj: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("_adj")
+        return d
+
+    def neighbours(self, node: str) -> list[tuple[str, FabricLink]]:
+        if not self._adj:
+            for ln in self.links:
+                self._adj.setdefault(ln.a, []).append((ln.b, ln))
+                self._adj.setdefault(ln.b, []).append((ln.a, ln))
+        return list(self._adj.get(node, []))
+
+    def is_connected(self) -> bool:
+        """True if every host reaches every other host."""
+        if not self.hosts:
+            return True
+        seen, todo = {self.hosts[0]}, [self.hosts[0]]
+        while todo:
+            for nb, _ in self.neighbours(todo.pop()):
+                if nb not in seen:
+                    seen.add(nb)
+                    todo.append(nb)
+        return all(h in seen for h in self.hosts)
+
+
+def fabric_graph(c: Cluster) -> FabricGraph:
+    """The cluster's fabric as plain data: ports with their speeds, links with capacity, latency
+    and loss (defaults filled in); switched fabrics with their uplinks' capacities resolved."""
+    d = c.defaults
+    ports = tuple(Port(h.name, n.name, n.speed or d.nic_speed, n.mac)  # type: ignore[arg-type]
+                  for h in c.hosts for n in h.nics)
+    speed = {p.ref: p.speed for p in ports}
+    hosts = tuple(h.name for h in c.hosts)
+    f = c.fabric
+    if isinstance(f, DirectFabric):
+        links = []
+        for ln in f.links:
+            (ah, an), (bh, bn) = parse_port_ref(ln.a), parse_port_ref(ln.b)
+            cap = ln.bandwidth or min(speed[ln.a], speed[ln.b])
+            links.append(FabricLink(ah, bh, cap, pick(ln.latency, d.latency),
+                                    pick(ln.loss, d.loss), an, bn, "cable"))
+        return FabricGraph("direct", hosts, (), ports, tuple(links), f.mtu)
+    links, down = [], {s.name: 0 for s in f.switches}
+    for ref, at in c.attachments():
+        h, n = parse_port_ref(ref)
+        cap = at.bandwidth or speed[ref]
+        down[at.switch] += cap
+        links.append(FabricLink(h, at.switch, cap, pick(at.latency, d.latency),
+                                pick(at.loss, d.loss), n, None, "access"))
+    for s in f.switches:
+        if s.uplink:
+            cap = s.uplink_bandwidth or max(1, int(down[s.name] / (s.oversubscription or 1)))
+            links.append(FabricLink(s.name, s.uplink, cap, pick(s.latency, d.latency), 0.0,
+                                    None, None, "uplink"))
+    return FabricGraph("switched", hosts, tuple(s.name for s in f.switches), ports, tuple(links),
+                       f.mtu)
+
+
+def pick(v: float | None, default: float) -> float:
+    return default if v is None else v

@@ -1,0 +1,43 @@
+"""Reading cluster files: YAML -> validated `Cluster`, or `ClusterError` with YAML paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from topoagent.schema import validation_problems
+from topoagent.state import StateError, load_yaml_file
+from topoctl.spec.cluster import API_VERSION, KIND, Cluster, ClusterError
+
+
+def parse_cluster(data: Any, source: str = "<input>") -> Cluster:
+    """Validate plain data (as loaded from YAML) into a Cluster, or raise ClusterError."""
+    if not isinstance(data, dict):
+        raise ClusterError([("", f"{source}: expected a mapping with apiVersion: {API_VERSION}, "
+                                 f"kind: {KIND}, got {type(data).__name__}")])
+    try:
+        return Cluster.model_validate(data)
+    except ValidationError as e:
+        raise ClusterError(cluster_problems(e)) from None
+
+
+def cluster_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """The agent's error paths, minus pydantic's discriminator tag (`fabric.direct.links`)."""
+    out = []
+    for path, msg in validation_problems(err, ""):
+        for tag in ("direct", "switched"):
+            if path == f"fabric.{tag}" or path.startswith(f"fabric.{tag}."):
+                path = "fabric" + path[len(f"fabric.{tag}"):]
+        out.append((path, msg))
+    return out
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster file; ClusterError (one line per problem) when it is bad."""
+    try:
+        data = load_yaml_file(path)
+    except StateError as e:
+        raise ClusterError(e.problems) from None
+    return parse_cluster(data, str(path))
