@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 from topoagent.diff import check_host, diff
+from topoagent.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
 from topoagent.mgmt import Mgmt, guard
 from topoagent.observe import Observed, observe, rp_filter_path
-from topoagent.ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
 from topoagent.probe import ping_many
 from topoagent.state import HostState, Interface, Sysctl
 from topoagent.store import Store

@@ -16,8 +16,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from topoagent.observe import IP_FORWARD, Observed, rp_filter_path
-from topoagent.ops import (
+from topoagent.kernel_ops import (
     AddAddress,
     AddFilter,
     AddQdisc,
@@ -36,6 +35,7 @@ from topoagent.ops import (
     SetSysctl,
     ordered,
 )
+from topoagent.observe import IP_FORWARD, Observed, rp_filter_path
 from topoagent.state import RT_PROTO, HostState, QosClass, Route, StateError
 
 

@@ -11,8 +11,8 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
+from topoagent.kernel_ops import DelAddress, DelRoute, Op, SetLink, SetRoute
 from topoagent.observe import Observed
-from topoagent.ops import DelAddress, DelRoute, Op, SetLink, SetRoute
 from topoagent.state import StateError
 
 

@@ -1,2 +1,3 @@
 """Drivers execute typed operations on a host. `netlink` is the kernel (pyroute2); the OVS
-driver (QoS queues, select groups) plugs in behind the same `topoagent.ops.Driver` interface."""
+driver (QoS queues, select groups) plugs in behind the same `topoagent.kernel_ops.Driver`
+interface."""

@@ -1,4 +1,5 @@
-"""Typed operations: the diff's output, the apply's input, each with its exact inverse.
+"""Typed kernel operations (netlink): the diff's output, the apply's input, each with its exact
+inverse. ("ops" in the agent means these; graph operators in the controller are `graph.ops`.)
 
 An operation carries everything needed to undo it (the value it overwrites, the object it
 deletes), so a failed apply is reverted by running the inverses of the operations already done,
