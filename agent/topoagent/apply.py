@@ -17,6 +17,7 @@ from topoagent.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, Se
 from topoagent.mgmt import Mgmt, guard
 from topoagent.observe import Observed, observe, rp_filter_path
 from topoagent.probe import ping_many
+from topoagent.protocol import TopoError
 from topoagent.state import HostState, Interface, Sysctl
 from topoagent.store import Store
 from topoagent.target import Target
@@ -25,7 +26,10 @@ VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (
 COMPOSITE = (AddQdisc, RestoreQdisc)  # several kernel requests: may fail half-done
 
 
-class ApplyError(RuntimeError):
+class ApplyError(TopoError, RuntimeError):
+    """An apply failed on the host; `done` the operations that ran, `reverted` whether they
+    were undone (the host is back where it was)."""
+
     def __init__(self, message: str, done: list[Op], reverted: bool):
         super().__init__(message)
         self.done = done

@@ -1,8 +1,9 @@
 """`topo-agent`: show, diff, apply and roll back one host's network state.
 
-Exit codes (diff, apply, rollback): 0 = nothing to do, 2 = changes needed (diff) or made
-(apply, rollback), 1 = error, and the host is unchanged. Human output by default, --json for
-programs (one JSON document on stdout)."""
+Exit codes (topoagent.protocol, README "Exit codes"): 0 = nothing to do, 2 = changes needed
+(diff, --dry-run) or made (apply, rollback, stop), 1 = error (bad input, refused, failed; the host
+is unchanged), 70 = a bug (traceback). Human output by default, --json for programs (one JSON
+document on stdout, errors included)."""
 
 from __future__ import annotations
 
@@ -13,27 +14,19 @@ import sys
 import time
 from pathlib import Path
 
-from topoagent.apply import ApplyError, Result, apply_state, plan
+from topoagent.apply import Result, apply_state, plan
+from topoagent.cliutil import ArgumentParser, run_guarded
 from topoagent.mgmt import Mgmt
 from topoagent.observe import observe, to_host_state
-from topoagent.state import (
-    HostState,
-    StateError,
-    load_host_state,
-    load_yaml,
-    load_yaml_file,
-    parse_host_state,
-)
-from topoagent.store import Store, StoreBusy
+from topoagent.protocol import EXIT_CHANGES, EXIT_OK
+from topoagent.state import HostState, load_host_state, read_text
+from topoagent.store import Store
 from topoagent.target import Target, TargetError
-
-EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
 
 def _read_state(path: str) -> HostState:
-    if path == "-":
-        return load_host_state(sys.stdin.read(), "<stdin>")
-    return parse_host_state(load_yaml_file(path))
+    source = "<stdin>" if path == "-" else path
+    return load_host_state(read_text(path), source)
 
 
 def _mgmt(args) -> Mgmt | None:
@@ -97,16 +90,11 @@ def cmd_rollback(args, target: Target) -> int:
 
 
 def cmd_launch(args, target: Target) -> int:
-    from topoagent.launch import LaunchError, launch
+    from topoagent.launch import launch
+    from topoagent.wire import load_launch_spec
 
-    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-    job = load_yaml(text, args.file)  # JSON is YAML too
-    if not isinstance(job, dict) or "command" not in job:
-        raise StateError([("job", "expected a job spec with command and processes")])
-    try:
-        return launch(job, args.host, target, target.store_dir / "run", args.timeout)
-    except LaunchError as e:
-        raise TargetError(str(e)) from None
+    job = load_launch_spec(args.file)  # JSON is YAML too
+    return launch(job, args.host, target, target.store_dir / "run", args.timeout)
 
 
 def cmd_stop(args, target: Target) -> int:
@@ -118,7 +106,7 @@ def cmd_stop(args, target: Target) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
     p.add_argument("--netns", help="act inside this network namespace")
     p.add_argument("--state-dir", type=Path,
                    help="where applied states are kept (default /var/lib/topo-agent/<target>)")
@@ -154,21 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
     args = build_parser().parse_args(argv)
-    target = Target(netns=args.netns, state_dir=args.state_dir)
-    try:
+
+    def verb() -> int:
+        target = Target(netns=args.netns, state_dir=args.state_dir)
         target.check()
         return args.func(args, target)
-    except (StateError, ApplyError, TargetError, StoreBusy) as e:
-        problems = getattr(e, "problems", None) or [("", str(e))]
-        if args.json:
-            print(json.dumps({"ok": False, "error": str(e),
-                              "reverted": getattr(e, "reverted", None),
-                              "problems": [{"path": p, "message": m} for p, m in problems]}))
-        else:
-            for path, msg in problems:
-                print(f"error: {path}: {msg}" if path else f"error: {msg}", file=sys.stderr)
-        return EXIT_ERROR
+    return run_guarded("topo-agent", verb, json_out=args.json)
 
 
 if __name__ == "__main__":

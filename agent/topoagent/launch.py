@@ -20,14 +20,16 @@ import time
 from collections import deque
 from pathlib import Path
 
+from topoagent.protocol import TopoError
 from topoagent.target import Target
+from topoagent.wire import LaunchSpec
 
 TAIL = 15  # last lines of a failed rank worth showing
 CLONE_NEWUTS = 0x04000000
 
 
-class LaunchError(RuntimeError):
-    pass
+class LaunchError(TopoError, RuntimeError):
+    """This host cannot launch the job (no ranks here, an earlier job still running)."""
 
 
 def _argv(command: list[str]) -> list[str]:
@@ -44,14 +46,18 @@ def _emit(lock: threading.Lock, line: str) -> None:
         sys.stdout.flush()
 
 
-def launch(job: dict, host: str, target: Target, run_dir: Path, timeout: float | None = None
-           ) -> int:
-    procs_spec = (job.get("processes") or {}).get(host)
+def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
+           timeout: float | None = None) -> int:
+    """Start `host`'s ranks of `job` inside `target`, supervise them until all end (or one
+    fails, or `timeout` seconds pass) and return the exit code: 0 all ranks ended well, 1 one
+    failed (a `failed` event names it). LaunchError when this host runs no rank or an earlier
+    job's ranks still run here. The job spec goes to the ranks as `run_dir/job.json`."""
+    procs_spec = job.processes.get(host)
     if not procs_spec:
-        raise LaunchError(f"job.processes.{host}: this host runs no rank")
+        raise LaunchError("this host runs no rank", f"job.processes.{host}")
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
-    job_file.write_text(json.dumps(job))
+    job_file.write_text(json.dumps(job.to_dict()))
     pidfile = run_dir / "job.pids"
     if pidfile.exists() and any(_alive(int(p)) for p in pidfile.read_text().split()):
         raise LaunchError(f"ranks of an earlier job still run here ({pidfile}): "
@@ -60,11 +66,11 @@ def launch(job: dict, host: str, target: Target, run_dir: Path, timeout: float |
     children: list[tuple[int, subprocess.Popen, deque]] = []
     try:
         for spec in procs_spec:
-            rank = int(spec["rank"])
-            env = {**os.environ, **{k: str(v) for k, v in spec.get("env", {}).items()},
+            rank = spec.rank
+            env = {**os.environ, **spec.env,
                    "TOPOCTL_JOB": str(job_file), "PYTHONUNBUFFERED": "1"}
-            bind = spec.get("bind_address") or env.get("TOPOCTL_BIND_ADDRESS")
-            p = subprocess.Popen(_argv(job["command"]), env=env, stdout=subprocess.PIPE,
+            bind = spec.bind_address or env.get("TOPOCTL_BIND_ADDRESS")
+            p = subprocess.Popen(_argv(job.command), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                  preexec_fn=_child_setup(target, bind))
             tail: deque = deque(maxlen=TAIL)

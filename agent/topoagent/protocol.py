@@ -1,13 +1,15 @@
 """The controller-agent contract: API version, exit codes and the one error type.
 
 Both programs (`topoctl`, `topo-agent`) and every verb use these; the agent never imports the
-controller, the controller imports this module.
+controller, the controller imports this module. The typed documents that cross the wire (the
+job launch spec, a plan's per-host part) are in `topoagent.wire`.
 
 Exit codes (README, "Exit codes"):
-  0 EXIT_OK       success, nothing to do / nothing changed
-  1 EXIT_ERROR    error: bad input (file and YAML path named), a failed host, a refused request
-  2 EXIT_CHANGES  changes made (apply, rollback) or pending (diff, dry-run, status: drift)
-  3 EXIT_PARTIAL  some hosts failed and were rolled back while others were fine
+  0  EXIT_OK       success, nothing to do / nothing changed
+  1  EXIT_ERROR    error: bad input (file and YAML path named), a failed host, a refused request
+  2  EXIT_CHANGES  changes made (apply, rollback, stop) or pending (diff, dry-run, status: drift)
+  3  EXIT_PARTIAL  some hosts failed and the hosts that had changed were rolled back
+  70 EXIT_BUG      an unexpected exception: a bug, reported with its traceback (EX_SOFTWARE)
 """
 
 from __future__ import annotations
@@ -15,19 +17,37 @@ from __future__ import annotations
 API_VERSION = "topoctl/v1"
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_BUG = 70  # sysexits.h EX_SOFTWARE: never the answer to bad input
 
 
 class TopoError(Exception):
     """Base of every expected error of both programs: bad input, an unreachable host, a refused
-    change. `problems` is a list of (yaml_path, message); `path` the first one's path. The CLIs
-    print it and exit with EXIT_ERROR; any other exception is a bug (traceback + report line)."""
+    change. `problems` is a list of (yaml_path, message); `path` the first one's path; `source`
+    the file (or `<stdin>`, `--flag`) the paths are in, empty when unknown. The CLIs print one
+    line per problem, `PROG: SOURCE: PATH: MESSAGE`, and exit with EXIT_ERROR; any other
+    exception is a bug (traceback + report line, EXIT_BUG)."""
 
-    def __init__(self, problems: str | list[tuple[str, str]], path: str = ""):
+    def __init__(self, problems: str | list[tuple[str, str]], path: str = "",
+                 source: str = ""):
         if isinstance(problems, str):
             problems = [(path, problems)]
         self.problems = list(problems)
-        super().__init__("\n".join(f"{p}: {m}" if p else m for p, m in self.problems))
+        self.source = source
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        return "\n".join(": ".join(filter(None, [self.source, p, m])) for p, m in self.problems)
+
+    def __str__(self) -> str:
+        return self._text()
 
     @property
     def path(self) -> str:
         return self.problems[0][0] if self.problems else ""
+
+    def at(self, source: str) -> TopoError:
+        """Name the file the problems are in (unless already named); returns self, so
+        `raise e.at(args.job)` re-raises it."""
+        if not self.source:
+            self.source = str(source)
+        return self

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -349,24 +350,47 @@ def parse_host_state(data: Any, prefix: str = "") -> HostState:
 
 
 def load_yaml(text: str, source: str = "<input>") -> Any:
+    """Parse YAML (or JSON) text; StateError naming `source` and the line when malformed."""
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(e, "problem", None) or str(e)
-        raise StateError([("", f"{source}: malformed YAML at {where}: {problem}")]) from None
+        raise StateError([("", f"malformed YAML at {where}: {problem}")], source=source) from None
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """UTF-8 bytes -> text; StateError naming `source` and the offending byte otherwise."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StateError([("", f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                               f"{e.start}")], source=source) from None
+
+
+def read_text(path: str | Path) -> str:
+    """The UTF-8 text of a file, or of stdin when `path` is "-"; StateError naming the file
+    when it cannot be read or is not UTF-8."""
+    if str(path) == "-":
+        return decode_text(sys.stdin.buffer.read(), "<stdin>")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise StateError([("", e.strerror or str(e))], source=str(path)) from None
+    return decode_text(data, str(path))
 
 
 def load_yaml_file(path: str | Path) -> Any:
-    """Read and parse a YAML (or JSON) file; StateError naming the file when it cannot be read
-    or is malformed."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise StateError([("", f"{path}: {e.strerror}")]) from None
-    return load_yaml(text, str(path))
+    """Read and parse a YAML (or JSON) file ("-": stdin); StateError naming the file when it
+    cannot be read, is not UTF-8 or is malformed."""
+    source = "<stdin>" if str(path) == "-" else str(path)
+    return load_yaml(read_text(path), source)
 
 
 def load_host_state(text: str, source: str = "<input>") -> HostState:
-    return parse_host_state(load_yaml(text, source))
+    """Parse and validate HostState YAML text; StateError (naming `source`) when invalid."""
+    try:
+        return parse_host_state(load_yaml(text, source))
+    except StateError as e:
+        raise e.at(source) from None

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from topoagent.protocol import TopoError
 from topoagent.state import HostState, Interface, Sysctl, parse_host_state
 
 
@@ -26,8 +27,8 @@ def _text(state: HostState) -> str:
     return json.dumps(state.to_dict()) + "\n"  # no indent: the C encoder
 
 
-class StoreBusy(RuntimeError):
-    pass
+class StoreBusy(TopoError, RuntimeError):
+    """Another topo-agent holds the store's lock (an apply or rollback is running)."""
 
 
 class Store:

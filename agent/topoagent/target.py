@@ -12,13 +12,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from topoagent.protocol import TopoError
+
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
 DEFAULT_STATE_ROOT = Path("/var/lib/topo-agent")
 
 
-class TargetError(RuntimeError):
-    pass
+class TargetError(TopoError, RuntimeError):
+    """The target (a namespace, this host) cannot be used: missing, not root, nothing to
+    roll back."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import scale_costs
 from topoctl.graph.devices import Device
@@ -22,7 +23,7 @@ from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.routing import RoutingError
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
-from topoctl.strategies import PlanContext, Strategy, available
+from topoctl.strategies import PlanContext, Strategy, StrategyError, available
 
 
 @dataclass
@@ -99,14 +100,20 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
 
 
 def evaluate(ctx: PlanContext, name: str) -> Evaluated:
+    """Run strategy `name` and simulate its iteration. A strategy's errors become the file's
+    they are about: StrategyError -> JobError at `strategies[i]`; RoutingError, FabricError,
+    SimError -> ClusterError (the fabric cannot carry the job)."""
     t0 = time.perf_counter()
     try:
         s = available()[name](ctx)
         res = simulate(s.tasks, s.network, record=False)
+    except StrategyError as e:
+        i = ctx.job.strategies.index(name) if name in ctx.job.strategies else 0
+        raise JobError([(f"strategies[{i}]", f"{name}: {m}") for _, m in e.problems]) from None
     except RoutingError as e:
-        raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
-    except SimError as e:
-        raise ClusterError([("fabric", str(e))]) from None
+        raise ClusterError(e.problems) from None
+    except (FabricError, SimError) as e:
+        raise ClusterError([("fabric", m) for _, m in e.problems]) from None
     return Evaluated(s, res, time.perf_counter() - t0)
 
 
@@ -148,7 +155,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
             for key, items in sections.items():
                 hosts[h][key] = hosts[h].get(key, []) + list(items)
     except AddressingError as e:
-        raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
+        raise ClusterError(e.problems) from None
     bound, bound_name = lower_bound(ctx, s.buckets)
     it = res.iteration_time
     meta = {

@@ -113,7 +113,7 @@ def test_a_failure_at_apply_on_one_host_rolls_every_host_back(lab, tmp_path, cap
         state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
     before = dumps(lab)
     capsys.readouterr()
-    assert topoctl("apply", write_plan(tmp_path, doc), "--lab", lab.name, "--json") == 1
+    assert topoctl("apply", write_plan(tmp_path, doc), "--lab", lab.name, "--json") == 3
     report = json.loads(capsys.readouterr().out)
     assert report["hosts"]["h5"]["result"] == "error"
     assert "apply failed on h5" in report["message"]

@@ -212,7 +212,7 @@ def test_cli_bad_cluster_creates_nothing(tmp_path):
     bad.write_text(text.replace('b: "h4:eth2"', 'b: "h4:eth9"').replace('b: "h5:eth2"',
                                                                       'b: "h8:eth2"'))
     p = _cli("up", str(bad), "--name", _name("b"), env_root=tmp_path)
-    assert p.returncode == 2
+    assert p.returncode == 1
     assert "fabric.links[8].b: host h4 has no NIC eth9" in p.stderr
     assert "fabric.links[9].b: no host h8" in p.stderr
     assert _gone(_name("b")) == [] and not (tmp_path / _name("b")).exists()
@@ -257,7 +257,7 @@ def test_cli_up_with_plan_then_rewire(tmp_path):
         assert "LOWER_UP" in _link(f"tp-{name}-h-h1", "eth1")["flags"]
         plan.write_text("fabric: {kind: direct, links: [{a: 'h0:eth0', b: 'h0:eth1'}]}\n")
         p = _cli("rewire", "--lab", name, str(plan), env_root=tmp_path)
-        assert p.returncode == 2 and "plan.fabric.links[0]: both ends on the same host" in p.stderr
+        assert p.returncode == 1 and "plan.fabric.links[0]: both ends on the same host" in p.stderr
     finally:
         labmod.down(name, tmp_path)
     assert _gone(name) == []

@@ -84,7 +84,7 @@ def test_cli_plan_then_explain(tmp_path, capsys):
     assert main(["explain", str(out), "--hosts", "h2,h5"]) == 0
     text = capsys.readouterr().out
     assert "host h2" in text and "host h5" in text and "host h7" not in text
-    assert main(["explain", str(out), "--hosts", "h9"]) == 2
+    assert main(["explain", str(out), "--hosts", "h9"]) == 1
 
 
 def cluster_data(**over) -> dict:
@@ -119,7 +119,7 @@ def test_bad_input_names_the_path_and_writes_nothing(tmp_path, capsys, cluster, 
     c = write(tmp_path, "cluster.yaml", cluster)
     j = write(tmp_path, "job.yaml", job)
     out = tmp_path / "plan.yaml"
-    assert main(["plan", c, j, "-o", str(out)]) == 2
+    assert main(["plan", c, j, "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert where in err.replace(str(tmp_path) + "/", ""), err
     assert not out.exists() and list(tmp_path.glob(".plan*")) == []
@@ -130,7 +130,7 @@ def test_explain_rejects_an_invalid_plan(tmp_path, capsys):
     doc = {"apiVersion": "topoctl/v1", "kind": "Plan", "metadata": {}, "fabric": {},
            "job": {}, "hosts": {"h3": {"routes": [{"dst": "10.0.0.1/8", "dev": "eth0"}]}}}
     p.write_text(yaml.safe_dump(doc))
-    assert main(["explain", str(p)]) == 2
+    assert main(["explain", str(p)]) == 1
     assert "hosts.h3.routes[0].dst" in capsys.readouterr().err
 
 

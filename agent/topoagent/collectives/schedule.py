@@ -26,6 +26,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from topoagent.protocol import API_VERSION, TopoError
+
 __all__ = [
     "ScheduleError",
     "ScheduleMismatch",
@@ -37,11 +39,11 @@ __all__ = [
 ]
 
 
-class ScheduleError(ValueError):
+class ScheduleError(TopoError, ValueError):
     """The schedule file is malformed."""
 
 
-class ScheduleMismatch(RuntimeError):
+class ScheduleMismatch(TopoError, RuntimeError):
     """The schedule does not fit the running job (world size)."""
 
 
@@ -77,7 +79,7 @@ class Tree(BaseModel):
 class TreeSchedule(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    api_version: Literal["topoctl/v1"] = Field(default="topoctl/v1", alias="apiVersion")
+    api_version: Literal[API_VERSION] = Field(default=API_VERSION, alias="apiVersion")
     kind: Literal["TreeSchedule"] = "TreeSchedule"
     world_size: int = Field(ge=1)
     chunk_bytes: int = Field(default=262144, gt=0)

@@ -1,11 +1,22 @@
 """`topoctl` command line. Each command group lives in its own module and registers itself
-here through `COMMANDS`: a module with `register(subparsers)` that sets `func` on its parsers."""
+here through `COMMANDS`: a module with `register(subparsers)` that sets `func` on its parsers.
+
+Errors: a verb raises a `TopoError` (topoagent.protocol) for anything expected (bad input, an
+unreachable host); `main` is the one place that maps it to `topoctl: FILE: yaml.path: message`
+and exit 1; any other exception is a bug (traceback, a line asking to report it, exit 70).
+Exit codes are the protocol's for every verb (README "Exit codes")."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
+
+from topoagent.cliutil import ArgumentParser, run_guarded
+from topoagent.protocol import EXIT_ERROR
+from topoagent.state import StateError
 
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [
@@ -18,8 +29,22 @@ COMMANDS: list[str] = [
 ]
 
 
+def write_output(path: str, text: str, flag: str = "-o") -> None:
+    """Write `text` to `path` atomically (a temporary file renamed over it: a reader never sees
+    half a file); StateError naming `flag` when the directory is missing or not writable."""
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise StateError(f"cannot write {path}: {e.strerror or e}", source=flag) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="topoctl", description=__doc__.split("\n")[0])
+    """The parser with every command group's verbs."""
+    parser = ArgumentParser(prog="topoctl", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMANDS:
         importlib.import_module(mod).register(sub)
@@ -27,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse `argv`, run the verb, return its exit code (errors mapped by `run_guarded`)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # only pass-through verbs (bench) take arguments they do not declare
@@ -35,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         args.args = [*extra, *args.args]
     if not getattr(args, "func", None):
         parser.print_help()
-        return 1
-    return int(args.func(args) or 0)
+        return EXIT_ERROR
+    return run_guarded("topoctl", lambda: args.func(args), json_out=getattr(args, "json", False))
 
 
 if __name__ == "__main__":

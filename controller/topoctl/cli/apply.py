@@ -1,14 +1,14 @@
 """`topoctl apply | diff | status | rollback PLAN`: drive every host's agent.
 
-Exit codes: apply and diff 0 = nothing to do, 2 = changes made (apply) or pending (diff,
-apply --dry-run), 1 = error (and no host changed, or every changed host rolled back); status
+Exit codes (topoctl.rollout.twophase): apply and diff 0 = nothing to do, 2 = changes made
+(apply) or pending (diff, apply --dry-run), 1 = error (bad plan, or prepare failed: no host
+changed), 3 = partial (the apply failed on some hosts, every changed host rolled back); status
 0 = in sync, 2 = drifted, 1 = unreachable or error."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -16,7 +16,6 @@ from rich.table import Table
 
 from topoagent.state import StateError
 from topoctl.lab.lab import Lab, list_labs
-from topoctl.lab.netops import LabError
 from topoctl.rollout import twophase as rollout
 from topoctl.rollout.transports import Transport
 from topoctl.rollout.transports.local import LocalTransport, lab_transport
@@ -104,28 +103,16 @@ def _summary(console: Console, report: Report, show_ops: bool) -> None:
     console.print(report.message, highlight=False, markup=False)
 
 
-def open_plan(args: argparse.Namespace) -> tuple[dict, Transport] | None:
-    """The validated plan and its transport, or None after printing why not."""
-    try:
-        plan = rollout.load_plan(args.plan)
-        return plan, pick_transport(args, plan)
-    except (StateError, LabError) as e:
-        problems = getattr(e, "problems", None) or [("", str(e))]
-        if args.json:
-            print(json.dumps({"exit_code": 1, "message": str(e),
-                              "problems": [{"path": p, "message": m} for p, m in problems]}))
-        else:
-            for p, m in problems:
-                print(f"error: {p}: {m}" if p else f"error: {m}", file=sys.stderr)
-        return None
+def open_plan(args: argparse.Namespace) -> tuple[dict, Transport]:
+    """The validated plan and its transport; StateError/LabError (mapped by the CLI) if not."""
+    plan = rollout.load_plan(args.plan)
+    return plan, pick_transport(args, plan)
 
 
 def run(args: argparse.Namespace) -> int:
+    """apply, diff, status or rollback every host of the plan; the report's exit code."""
     console = Console(stderr=False, highlight=False, soft_wrap=True)
-    opened = open_plan(args)
-    if opened is None:
-        return 1
-    plan, transport = opened
+    plan, transport = open_plan(args)
     progress = _printer(console, args.json)
     try:
         if args.command == "apply":
@@ -141,9 +128,6 @@ def run(args: argparse.Namespace) -> int:
             report = rollout.status(plan, transport, only=args.hosts, progress=progress)
         else:
             report = rollout.rollback(plan, transport, only=args.hosts, progress=progress)
-    except StateError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     finally:
         transport.close()
     if args.json:

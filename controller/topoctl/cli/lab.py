@@ -1,7 +1,8 @@
 """`topoctl lab ...`: a cluster of namespaces on this machine (see docs/lab.md).
 
 Every subcommand but `up` takes `--lab NAME`; without it, $TOPOCTL_LAB or the only lab there is.
-Exit codes: 0 ok, 1 the lab operation failed, 2 bad input (cluster/plan file, port name)."""
+Exit codes: 0 ok, 1 error (bad input: cluster/plan file, port name; or the lab operation
+failed; `status` and `measure`: a cable or host is not as configured)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import subprocess
 import sys
 import time
 
-from topoagent.state import StateError, format_rate, load_yaml
+from topoagent.protocol import EXIT_OK
+from topoagent.state import format_rate, load_yaml_file
 from topoctl.lab import lab as labmod
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import ClusterError
@@ -61,18 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _guard(func):
+    """Every lab verb but `list` needs root; errors are mapped by the CLI (topoctl.cli)."""
     def run(args: argparse.Namespace) -> int:
         if os.geteuid() != 0 and func is not _list:
-            print("error: topoctl lab needs root (network namespaces)", file=sys.stderr)
-            return 1
-        try:
-            return func(args) or 0
-        except (ClusterError, StateError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except LabError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+            raise LabError("topoctl lab needs root (network namespaces)")
+        return func(args) or EXIT_OK
     return run
 
 
@@ -91,13 +86,10 @@ def _load(args: argparse.Namespace) -> labmod.Lab:
 
 
 def _plan_fabric(path: str):
-    try:
-        with open(path) as f:
-            data = load_yaml(f.read(), path)
-    except OSError as e:
-        raise LabError(f"{path}: {e.strerror}") from None
+    """The `fabric` mapping of a plan (or cluster) file: the wiring to cable."""
+    data = load_yaml_file(path)
     if not isinstance(data, dict) or "fabric" not in data:
-        raise ClusterError([("", f"{path}: no `fabric` mapping (the wiring to cable)")])
+        raise ClusterError("no `fabric` mapping (the wiring to cable)", "fabric", source=path)
     return data["fabric"]
 
 

@@ -1,17 +1,17 @@
 """`topoctl plan CLUSTER JOB -o PLAN` and `topoctl explain PLAN [--png FILE]`.
 
-Exit codes: 0 ok, 2 bad input (every problem printed as `FILE: yaml.path: message`; nothing
-written)."""
+Exit codes: 0 ok, 1 bad input (every problem printed as `topoctl: FILE: yaml.path: message` by
+the CLI's one error handler; nothing written)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from pathlib import Path
 
+from topoagent.protocol import EXIT_OK
 from topoagent.state import StateError
+from topoctl.cli import write_output
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
 from topoctl.rollout.twophase import load_plan
@@ -22,10 +22,12 @@ VALIDATE_ALL_UP_TO = 256  # hosts; larger plans validate an evenly spread sample
 
 
 def dump_plan(doc: dict) -> str:
+    """The plan as YAML text, in the project's canonical layout (stable key order)."""
     return dump(doc)
 
 
 def _sample(doc: dict, mode: str) -> dict:
+    """The plan, or for a large one with mode auto/sample an evenly spread sample of hosts."""
     hosts = doc["hosts"]
     if mode == "all" or (mode == "auto" and len(hosts) <= VALIDATE_ALL_UP_TO):
         return doc
@@ -35,42 +37,28 @@ def _sample(doc: dict, mode: str) -> dict:
                   "job": doc["job"] | {"processes": {}}}
 
 
-def _fail(source: str, err: StateError) -> int:
-    for path, msg in err.problems:
-        print(f"{source}: {path}: {msg}" if path else f"{source}: {msg}", file=sys.stderr)
-    return 2
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
+    """`topoctl plan`: load and check the cluster and job, plan, validate, write the plan."""
     # torch and the catalog: imported only when planning, so every other command starts fast
     from topoctl.planner import make_plan
     from topoctl.spec.job import JobError, load_job
 
     t0 = time.perf_counter()
-    try:
-        cluster = load_cluster(args.cluster)
-    except ClusterError as e:
-        return _fail(args.cluster, e)
-    try:
-        job = load_job(args.job)
-    except JobError as e:
-        return _fail(args.job, e)
+    cluster = load_cluster(args.cluster)
+    job = load_job(args.job)
     try:
         doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache)
-    except JobError as e:
-        return _fail(args.job, e)
+    except JobError as e:  # the planner knows the YAML path, the CLI knows the file
+        raise e.at(args.job) from None
     except ClusterError as e:
-        return _fail(args.cluster, e)
+        raise e.at(args.cluster) from None
     if args.validate != "none":
         problems = validate_plan(_sample(doc, args.validate))
-        if problems:  # a planner bug, not bad input: say so loudly
-            return _fail("generated plan (planner bug)", StateError(problems))
+        if problems:  # a planner bug, not bad input: a traceback and a request to report it
+            raise RuntimeError(f"the generated plan fails validation: {problems[:5]}")
     text = dump_plan(doc)
     if args.output and args.output != "-":
-        out = Path(args.output)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_output(args.output, text)
     else:
         sys.stdout.write(text)
     m = doc["metadata"]
@@ -78,28 +66,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{m['prediction']['iteration_time'] * 1e3:.3f} ms/iteration (bound "
           f"{m['bound']['iteration_time'] * 1e3:.3f} ms), {len(doc['hosts'])} hosts, "
           f"{time.perf_counter() - t0:.2f} s", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    """`topoctl explain`: per-host tables (and a PNG drawing) of a validated plan."""
     from topoctl.render.explain import explain_text
 
-    try:
-        doc = load_plan(args.plan)  # read + validate, as apply does
-    except StateError as e:
-        return _fail(args.plan, e)
+    doc = load_plan(args.plan)  # read + validate, as apply does
     wanted = args.hosts.split(",") if args.hosts else None
     missing = [h for h in wanted or [] if h not in doc["hosts"]]
     if missing:
-        print(f"{args.plan}: hosts: no {', '.join(missing)} in this plan", file=sys.stderr)
-        return 2
+        raise StateError(f"no {', '.join(missing)} in this plan", "hosts", source=args.plan)
     print(explain_text(doc, wanted))
     if args.png:
         from topoctl.render.drawing import draw_png
 
         draw_png(doc, args.png)
         print(f"topology drawing: {args.png}", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

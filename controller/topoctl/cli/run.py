@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
 from topoctl.rollout.run import run_job, stop_job
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    opened = open_plan(args)
-    if opened is None:
-        return 1
-    plan, transport = opened
+    """`topoctl run`: launch the plan's job on every host and supervise it."""
+    plan, transport = open_plan(args)
     quiet = args.json
     try:
         result = run_job(plan, transport, iterations=args.iterations,
@@ -35,10 +34,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    opened = open_plan(args)
-    if opened is None:
-        return 1
-    plan, transport = opened
+    """`topoctl stop`: stop the plan's training processes; 2 stopped some, 0 none ran."""
+    plan, transport = open_plan(args)
     try:
         codes = stop_job(plan, transport)
     finally:
@@ -46,7 +43,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     print(json.dumps(codes) if args.json else
           "\n".join(f"{h}: {'stopped' if rc == 2 else 'nothing running' if rc == 0 else 'error'}"
                     for h, rc in codes.items()))
-    return 1 if any(rc not in (0, 2) for rc in codes.values()) else 0
+    if any(rc not in (EXIT_OK, EXIT_CHANGES) for rc in codes.values()):
+        return EXIT_ERROR
+    return EXIT_CHANGES if EXIT_CHANGES in codes.values() else EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

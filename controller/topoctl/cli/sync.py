@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
-from pathlib import Path
 
 import yaml
 
+from topoagent.state import StateError, read_text
+from topoctl.cli import write_output
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import plan_trees
 from topoctl.collective.trees.schedule import plan_to_json, plan_to_schedule
@@ -65,27 +65,22 @@ def sync(edges_text: str, workers: list[str] | None, max_trees: int | None) -> t
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        text = Path(args.edges).read_text()
-    except OSError as exc:
-        print(f"topoctl sync: error: --edges: {exc}", file=sys.stderr)
-        return 2
+    """`topoctl sync`: read the edges, pack trees, print (or --json) and write the schedule."""
+    text = read_text(args.edges)
     workers = [w for w in args.workers.split(",") if w] if args.workers else None
     if args.max_trees is not None and args.max_trees < 1:
-        print("topoctl sync: error: --max-trees must be >= 1", file=sys.stderr)
-        return 2
+        raise StateError("must be >= 1", source="--max-trees")
     try:
         doc, plan = sync(text, workers, args.max_trees)
-    except FabricError as exc:
-        print(f"topoctl sync: error: {args.edges}: {exc}", file=sys.stderr)
-        return 2
+    except FabricError as e:
+        raise e.at(args.edges) from None
     if args.schedule:
         sched = plan_to_schedule(
             plan,
             chunk_bytes=args.chunk_bytes,
             metadata={"workers": doc["workers"], "optimum": doc["optimum"], "bound": doc["bound"]},
         )
-        Path(args.schedule).write_text(yaml.safe_dump(sched.dump(), sort_keys=False))
+        write_output(args.schedule, yaml.safe_dump(sched.dump(), sort_keys=False), "-o")
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0

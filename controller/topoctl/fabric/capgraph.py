@@ -18,10 +18,12 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
+from topoagent.protocol import TopoError
+
 __all__ = ["CapGraph", "FabricError", "build_capgraph", "read_edges"]
 
 
-class FabricError(ValueError):
+class FabricError(TopoError, ValueError):
     """The fabric cannot carry a collective (disconnected, bad capacity, unknown worker...)."""
 
 

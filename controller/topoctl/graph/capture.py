@@ -13,6 +13,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
+from topoagent.protocol import TopoError
 from topoctl.catalog.registry import ENTRIES, InputSpec, build_model, make_inputs, resolve_params
 from topoctl.graph.flops import backward_flops, forward_flops
 from topoctl.graph.ops import VIEW_KINDS, Op, OpGraph
@@ -20,8 +21,8 @@ from topoctl.graph.ops import VIEW_KINDS, Op, OpGraph
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class CaptureError(ValueError):
-    pass
+class CaptureError(TopoError, ValueError):
+    """The model cannot be built, run or traced (the job's `model` section)."""
 
 
 def _metas(meta: Any) -> list[TensorMetadata]:

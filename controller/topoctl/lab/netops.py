@@ -13,10 +13,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from topoagent.protocol import TopoError
+
 NETNS_DIR = Path("/run/netns")
 
 
-class LabError(RuntimeError):
+class LabError(TopoError, RuntimeError):
     """The kernel refused part of a lab operation."""
 
 

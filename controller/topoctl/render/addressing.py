@@ -9,13 +9,15 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from topoagent.protocol import TopoError
 from topoctl.fabric.graph import FabricGraph
 
 
-class AddressingError(ValueError):
+class AddressingError(TopoError, ValueError):
+    """The cluster's address pools cannot number the fabric; `path` names the YAML path."""
+
     def __init__(self, path: str, message: str):
-        self.path = path
-        super().__init__(f"{path}: {message}")
+        super().__init__(message, path)
 
 
 @dataclass

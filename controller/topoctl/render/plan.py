@@ -12,7 +12,9 @@ training address."""
 from __future__ import annotations
 
 import topoctl
+from topoagent.protocol import API_VERSION
 from topoagent.state import format_rate
+from topoagent.wire import LaunchSpec
 from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.fabric.graph import FabricGraph
 from topoctl.render.addressing import Addressing
@@ -38,6 +40,9 @@ def fabric_wiring(cluster: Cluster, graph: FabricGraph) -> dict:
 
 def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addressing,
                 local_batch: int, collective: dict, buckets: list[int]) -> dict:
+    """The plan's `job` section, built through the agent's `LaunchSpec` (the wire contract):
+    per host its processes (rank, local rank, bind address, environment), the command, the
+    model as an import path. `job` is the validated Job; `ranks` host -> global ranks."""
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
     procs: dict[str, list[dict]] = {}
@@ -49,13 +54,15 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
                              "LOCAL_WORLD_SIZE": str(len(rs)),
                              "TOPOCTL_BIND_ADDRESS": addr.training[h]}}
                     for i, r in enumerate(rs)]
-    return {"name": job.name, "backend": job.launch.backend, "command": list(job.launch.command),
-            "world_size": world, "master": {"address": master, "port": job.launch.port},
-            "threads": job.launch.threads, "iterations": job.launch.iterations,
-            "batch": {"global": job.batch.global_, "per_rank": local_batch},
-            "model": model_launch_spec(job.model), "dtype": job.dtype,
-            "bucket_cap_mb": round(job.sync.bucket / 2**20, 6),
-            "collective": collective | {"buckets": buckets}, "processes": procs}
+    return LaunchSpec.model_validate({
+        "name": job.name, "backend": job.launch.backend, "command": list(job.launch.command),
+        "world_size": world, "master": {"address": master, "port": job.launch.port},
+        "threads": job.launch.threads, "iterations": job.launch.iterations,
+        "batch": {"global": job.batch.global_, "per_rank": local_batch},
+        "model": model_launch_spec(job.model), "dtype": job.dtype,
+        "bucket_cap_mb": round(job.sync.bucket / 2**20, 6),
+        "collective": collective | {"buckets": buckets}, "processes": procs,
+    }).to_dict(exclude_unset=True)
 
 
 def model_launch_spec(model) -> dict:
@@ -74,6 +81,8 @@ def model_launch_spec(model) -> dict:
 
 
 def plan_document(metadata: dict, fabric: dict, hosts: dict[str, dict], job: dict) -> dict:
-    return {"apiVersion": "topoctl/v1", "kind": "Plan",
+    """The Plan document: API version and kind, `metadata` (with the planner's version),
+    `fabric` wiring, `hosts` (name -> HostState data) and the `job` launch spec."""
+    return {"apiVersion": API_VERSION, "kind": "Plan",
             "metadata": {"planner": f"topoctl {topoctl.__version__}"} | metadata,
             "fabric": fabric, "hosts": hosts, "job": job}

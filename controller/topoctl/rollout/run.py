@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from topoagent.state import StateError
+from topoagent.wire import parse_launch_spec
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
@@ -65,9 +67,14 @@ class RunResult:
 
 
 def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
-    """The plan's job spec, with the model as factory + kwargs + inputs."""
+    """The plan's job spec for `topo-agent launch`, with the model as factory + kwargs + inputs
+    and the given iterations and threads, validated as the agent will (`LaunchSpec`).
+    StateError (YAML paths under `job`) when the plan has no job to run or it is invalid."""
     job = copy.deepcopy(plan["job"])
-    model = job["model"]
+    if "command" not in job:
+        raise StateError("this plan configures the network only: it has no job to run",
+                         "job.command")
+    model = job.get("model") or {}
     if model.get("catalog") and not model.get("factory"):  # plans rendered before factories
         from topoctl.catalog.registry import ENTRIES, resolve_params  # torch: only here
 
@@ -77,7 +84,7 @@ def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
                         "kwargs": params, "inputs": [asdict(s) for s in entry.inputs(params)]}
     job["iterations"] = iterations
     job["threads"] = threads
-    return job
+    return parse_launch_spec(job).to_dict(exclude_unset=True)
 
 
 def run_job(plan: dict, transport: Transport, iterations: int = 10,

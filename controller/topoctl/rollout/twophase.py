@@ -7,6 +7,11 @@
    host reverts itself). If any host fails, every host that did change is rolled back to its
    previous state (`rollback`), and the report names each host and its cause.
 
+Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
+--dry-run), 1 prepare failed (no host touched) or a rollback failed, 3 partial: the apply failed
+on some hosts and every host that had changed was rolled back; status 0 in sync, 2 drifted,
+1 a host could not be checked; rollback 2 rolled back, 1 a host failed.
+
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
 """
@@ -21,11 +26,10 @@ from pathlib import Path
 
 import yaml
 
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
 from topoagent.state import StateError, load_yaml_file
 from topoctl.render.validate import validate_plan
 from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
-
-EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
 
 @dataclass
@@ -69,7 +73,7 @@ def load_plan(path: str | Path) -> dict:
     doc = load_yaml_file(path)
     problems = validate_plan(doc)
     if problems:
-        raise StateError(problems)
+        raise StateError(problems, source=str(path))
     return doc
 
 
@@ -154,9 +158,11 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     unrolled = sorted(h for h, e in back.items() if e.result != "rolled back")
     msg = f"apply failed on {', '.join(failed)} ({_causes(done, failed)}); "
     msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
-    if unrolled:
+    if unrolled:  # hosts left changed: an error the operator must look at
         msg += f"; ROLLBACK FAILED on {', '.join(unrolled)}"
-    return Report("apply", EXIT_ERROR, events, msg)
+        return Report("apply", EXIT_ERROR, events, msg)
+    # partial: some hosts failed (each reverted itself), every other changed host rolled back
+    return Report("apply", EXIT_PARTIAL, events, msg)
 
 
 def _causes(events: dict[str, Event], hosts: list[str]) -> str:

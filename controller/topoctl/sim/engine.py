@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from topoagent.protocol import TopoError
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Network
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
@@ -31,8 +32,8 @@ from topoctl.sim.tasks import Collective, Compute, Task, Transfer
 _COMPUTE, _FLOW, _JOIN = 0, 1, 2
 
 
-class SimError(ValueError):
-    pass
+class SimError(TopoError, ValueError):
+    """The tasks cannot run on the network (a transfer without a route, a cycle)."""
 
 
 @dataclass

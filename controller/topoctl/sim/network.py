@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from topoagent.protocol import TopoError
+
 Path = tuple[str, ...]  # link ids, in order
 Routes = list[tuple[float, Path]]  # weighted paths (weights need not sum to 1)
 
@@ -20,8 +22,8 @@ class Link:
     latency: float = 0.0
 
 
-class NoRoute(LookupError):
-    pass
+class NoRoute(TopoError, LookupError):
+    """No path between two endpoints of the simulated network."""
 
 
 @dataclass

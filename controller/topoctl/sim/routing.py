@@ -17,15 +17,15 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
+from topoagent.protocol import TopoError
 from topoctl.fabric.graph import FabricGraph, FabricLink
 
 
-class RoutingError(ValueError):
+class RoutingError(TopoError, ValueError):
     """The fabric cannot carry the job (disconnected hosts); `path` names the YAML path."""
 
     def __init__(self, path: str, message: str):
-        self.path = path
-        super().__init__(f"{path}: {message}")
+        super().__init__(message, path)
 
 
 @dataclass

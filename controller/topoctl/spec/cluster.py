@@ -251,7 +251,7 @@ class Addressing(Model):
 class Cluster(Model):
     model_config = Model.model_config | {"populate_by_name": True}
 
-    api_version: Literal["topoctl/v1"] = Field(API_VERSION, alias="apiVersion")
+    api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")
     kind: Literal["Cluster"] = KIND
     name: Name
     description: str = ""

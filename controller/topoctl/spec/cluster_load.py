@@ -15,12 +15,12 @@ from topoctl.spec.cluster import API_VERSION, KIND, Cluster, ClusterError
 def parse_cluster(data: Any, source: str = "<input>") -> Cluster:
     """Validate plain data (as loaded from YAML) into a Cluster, or raise ClusterError."""
     if not isinstance(data, dict):
-        raise ClusterError([("", f"{source}: expected a mapping with apiVersion: {API_VERSION}, "
-                                 f"kind: {KIND}, got {type(data).__name__}")])
+        raise ClusterError([("", f"expected a mapping with apiVersion: {API_VERSION}, "
+                                 f"kind: {KIND}, got {type(data).__name__}")], source=source)
     try:
         return Cluster.model_validate(data)
     except ValidationError as e:
-        raise ClusterError(cluster_problems(e)) from None
+        raise ClusterError(cluster_problems(e), source=source) from None
 
 
 def cluster_problems(err: ValidationError) -> list[tuple[str, str]]:
@@ -39,5 +39,5 @@ def load_cluster(path: str | Path) -> Cluster:
     try:
         data = load_yaml_file(path)
     except StateError as e:
-        raise ClusterError(e.problems) from None
+        raise ClusterError(e.problems, source=e.source or str(path)) from None
     return parse_cluster(data, str(path))

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
+from topoagent.protocol import API_VERSION
 from topoagent.schema import Model, validation_problems
 from topoagent.state import StateError, load_yaml_file
 from topoctl.catalog.registry import ENTRIES, resolve_params
@@ -152,7 +153,7 @@ class LaunchSpec(Model):
 class Job(Model):
     model_config = Model.model_config | {"populate_by_name": True}
 
-    api_version: Literal["topoctl/v1"] = Field("topoctl/v1", alias="apiVersion")
+    api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")
     kind: Literal["Job"] = "Job"
     name: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
     model: ModelSpec
@@ -185,12 +186,12 @@ class Job(Model):
 
 def parse_job(data: Any, source: str = "<input>") -> Job:
     if not isinstance(data, dict):
-        raise JobError([("", f"{source}: expected a mapping with apiVersion: topoctl/v1, "
-                             f"kind: Job, got {type(data).__name__}")])
+        raise JobError([("", f"expected a mapping with apiVersion: {API_VERSION}, "
+                             f"kind: Job, got {type(data).__name__}")], source=source)
     try:
         return Job.model_validate(data)
     except ValidationError as e:
-        raise JobError(validation_problems(e, "")) from None
+        raise JobError(validation_problems(e, ""), source=source) from None
 
 
 def load_job(path: str | Path) -> Job:
@@ -198,5 +199,5 @@ def load_job(path: str | Path) -> Job:
     try:
         data = load_yaml_file(path)
     except StateError as e:
-        raise JobError(e.problems) from None
+        raise JobError(e.problems, source=e.source or str(path)) from None
     return parse_job(data, str(path))

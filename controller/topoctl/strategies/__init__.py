@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from topoagent.protocol import TopoError
+
 if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> (bounds, trees)
     # must not pull in torch through the graph and job modules
     from topoctl.fabric.graph import FabricGraph
@@ -31,6 +33,12 @@ if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> 
     from topoctl.sim.tasks import Task
     from topoctl.spec.cluster import Cluster
     from topoctl.spec.job import Job
+
+
+class StrategyError(TopoError, ValueError):
+    """This strategy cannot plan this job (e.g. trees on one host); the planner reports it at
+    the job's `strategies[i]`. A fabric that cannot carry the job raises FabricError or
+    RoutingError instead (reported against the cluster)."""
 
 
 @dataclass

@@ -18,15 +18,21 @@ from topoctl.fabric.capgraph import build_capgraph
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import shortest_next_hops
 
-from . import PlanContext, Strategy
+from . import PlanContext, Strategy, StrategyError
 from .baseline import dp_tasks
 
 LATENCY_S = 100e-6  # per-hop software latency assumed for the chunk size
 
 
 def plan(ctx: PlanContext) -> Strategy:
+    """Pack trees on the fabric, bound them, schedule the gradient buckets over them.
+    StrategyError for a job it cannot plan (one host, several ranks per host); FabricError
+    when the fabric cannot carry it (disconnected, a training host without links)."""
     if ctx.world_size != len(ctx.hosts):
-        raise ValueError("strategy trees: one rank per host only (trees are over hosts)")
+        raise StrategyError("one rank per host only (trees are over hosts)")
+    if len(ctx.hosts) < 2:
+        raise StrategyError("needs at least two training hosts (one host has nothing to "
+                            "all-reduce over the fabric): use baseline")
     links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in ctx.fabric.links]
     g = build_capgraph(links, list(ctx.hosts))
     tp = plan_trees(g)

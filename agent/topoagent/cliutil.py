@@ -1,0 +1,63 @@
+"""What both command lines share: the one mapping from errors to exit codes (protocol.py).
+
+`run_guarded` is the only place either program turns an exception into an exit code:
+a `TopoError` is expected (bad input, an unreachable host, a refused change): one line per
+problem, `PROG: SOURCE: YAML.PATH: MESSAGE`, on stderr (or one JSON document on stdout with
+--json) and EXIT_ERROR; anything else is a bug: its traceback, a line asking to report it, and
+EXIT_BUG. `ArgumentParser` makes usage errors exit EXIT_ERROR too (argparse's own is 2, which
+this convention keeps for "changes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable
+
+from topoagent.protocol import EXIT_BUG, EXIT_ERROR, TopoError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with usage errors on EXIT_ERROR (bad input), not argparse's 2 (= changes)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def error_lines(prog: str, err: TopoError) -> list[str]:
+    """`PROG: SOURCE: PATH: MESSAGE` per problem, empty parts left out."""
+    return [": ".join(filter(None, [prog, err.source, p, m])) for p, m in err.problems] or [
+        f"{prog}: {type(err).__name__}"]
+
+
+def error_document(err: TopoError) -> dict:
+    """The --json form of an error: what the controller's transports parse from the agent."""
+    return {"ok": False, "exit_code": EXIT_ERROR, "error": str(err), "source": err.source,
+            "reverted": getattr(err, "reverted", None),
+            "problems": [{"path": p, "message": m} for p, m in err.problems]}
+
+
+def run_guarded(prog: str, fn: Callable[[], int | None], json_out: bool = False) -> int:
+    """Run `fn` (a verb), mapping its exceptions to the exit-code convention; returns the code."""
+    try:
+        return int(fn() or 0)
+    except TopoError as e:
+        if json_out:
+            print(json.dumps(error_document(e)))
+        else:
+            for line in error_lines(prog, e):
+                print(line, file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130  # the shell's 128 + SIGINT
+    except BrokenPipeError:  # `topoctl plan ... | head`: the reader left, nothing to report
+        return EXIT_ERROR
+    except Exception:
+        traceback.print_exc()
+        print(f"{prog}: this is a bug in {prog}, please report it with the command line and "
+              "the traceback above", file=sys.stderr)
+        return EXIT_BUG
