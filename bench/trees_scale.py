@@ -94,7 +94,7 @@ def main() -> None:
         t0 = time.perf_counter()
         plan = plan_trees(g, max_trees=args.max_trees)
         secs = time.perf_counter() - t0
-        b = tree_bounds(g, lp_upper=plan.upper_bound, budget_s=20.0)
+        b = tree_bounds(g, lp_upper=plan.upper_bound)
         bname, bval = best_bound(b)
         row = {"fabric": name, "workers": len(g.workers), "links": g.m, "trees": len(plan.trees),
                "rate": plan.rate, "lp": plan.lp_optimum, "bound": bval, "bound_name": bname,

@@ -60,6 +60,7 @@ def sync(edges_text: str, workers: list[str] | None, max_trees: int | None) -> t
         "bounds": bounds,
         "bounds_seconds": time.perf_counter() - t0,
         "workers": [str(g.nodes[w]) for w in g.workers],
+        "cut_short": plan.cut_short,  # steps the wall-clock safety limit stopped (normally [])
     }
     return doc, plan
 

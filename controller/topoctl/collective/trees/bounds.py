@@ -22,7 +22,6 @@ An AllReduce of ``M`` bytes at rate ``R`` takes ``M / R``. Computed without the 
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 
 import numpy as np
@@ -30,6 +29,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components, maximum_flow
 
 from topoctl.fabric.capgraph import CapGraph
+from topoctl.limits import SafetyClock
 
 __all__ = [
     "best_bound",
@@ -108,12 +108,13 @@ def _flow_net(g: CapGraph, scale: float) -> tuple[np.ndarray, ...]:
     return tail, head, np.concatenate([cap, cap])
 
 
-def cut_bound(g: CapGraph, budget_s: float = 30.0) -> tuple[float, bool]:
+def cut_bound(g: CapGraph, clock: SafetyClock | None = None) -> tuple[float, bool]:
     """``(lambda, complete)``: min worker-separating cut (capacity per direction).
 
     Full-duplex links make ``B_out(S) = B_in(S)``, so max-flows from ``workers[0]`` to every
-    other worker suffice. ``complete`` is False if ``budget_s`` ran out (the value is then
-    still an upper bound on the rate, from the flows computed).
+    other worker suffice: ``W - 1`` max-flows, deterministic. ``complete`` is False if the
+    wall-clock safety ``clock`` cut it short (the value is then still an upper bound on the
+    rate, from the flows computed).
     """
     scale = _SCALE / float(g.cap.max())
     tail, head, cap = _flow_net(g, scale)
@@ -122,13 +123,12 @@ def cut_bound(g: CapGraph, budget_s: float = 30.0) -> tuple[float, bool]:
     src = g.workers[0]
     # cheap first: the weighted degree of every worker is a cut
     best = float(g.ingress()[list(g.workers)].min()) * scale
-    t0 = time.perf_counter()
     best /= scale
     for t in g.workers[1:]:
         _, side = _min_cut_side(mat, src, t)
         exact_cut = float(g.cap[side[g.u] != side[g.v]].sum())  # unrounded capacities
         best = min(best, exact_cut)
-        if time.perf_counter() - t0 > budget_s:
+        if clock is not None and clock.expired("cut_bound"):
             return best, False
     return best, True
 
@@ -149,15 +149,17 @@ def _min_cut_side(mat: csr_matrix, s: int, t: int) -> tuple[int, np.ndarray]:
     return int(res.flow_value), seen
 
 
-def rsag_optimum(g: CapGraph, budget_s: float = 30.0) -> tuple[float, bool] | None:
+def rsag_optimum(g: CapGraph, rounds: int = 50, clock: SafetyClock | None = None
+                 ) -> tuple[float, bool] | None:
     """``(rate, exact)`` of the optimal reduce-scatter + allgather: ``N / (2 rho*)`` with
-    ``rho* = max_S |S cap W| / B_out(S)``. ``None`` if not even one Dinkelbach round fits."""
+    ``rho* = max_S |S cap W| / B_out(S)``, by at most ``rounds`` Dinkelbach rounds of ``W``
+    max-flows each (deterministic; ``exact`` when the last round found no better set). The
+    wall-clock safety ``clock`` can only cut it short (``exact`` False)."""
     n, w = g.n, list(g.workers)
     nw = len(w)
     deg = g.ingress()
     rho = max(1.0 / float(deg[x]) for x in w)  # S = {w}
     rho = max(rho, (nw - 1) / float(min(deg[x] for x in w)))  # S = V - {w}
-    t0 = time.perf_counter()
     exact = False
     unit = 4096  # integer scale of one worker's weight
     tail0 = np.concatenate([g.u, g.v])
@@ -165,7 +167,7 @@ def rsag_optimum(g: CapGraph, budget_s: float = 30.0) -> tuple[float, bool] | No
     cap0 = np.concatenate([g.cap, g.cap])
     s_node, z_node = n, n + 1
     big = np.int64(2**30)
-    for _ in range(50):
+    for _ in range(rounds):
         lam = rho  # maximise |S cap W| - rho * B_out(S)  (> 0 iff a better S exists)
         arc = np.maximum(0, np.round(cap0 * lam * unit)).astype(np.int64)
         improved = False
@@ -184,7 +186,7 @@ def rsag_optimum(g: CapGraph, budget_s: float = 30.0) -> tuple[float, bool] | No
                 bout = float(g.cap[sset[g.u] != sset[g.v]].sum())  # symmetric links
                 if bout > 0 and sw / bout > rho * (1 + 1e-9):
                     rho, improved = sw / bout, True
-            if time.perf_counter() - t0 > budget_s:
+            if clock is not None and clock.expired("rsag_optimum"):
                 return nw / (2 * rho), False
         if not improved:
             exact = True
@@ -192,38 +194,23 @@ def rsag_optimum(g: CapGraph, budget_s: float = 30.0) -> tuple[float, bool] | No
     return nw / (2 * rho), exact
 
 
-def all_bounds(g: CapGraph, budget_s: float = 20.0) -> dict[str, float]:
-    """Every bound that fits in ``budget_s`` (rates), keyed by name."""
-    out: dict[str, float] = {"ingress": ingress_bound(g)}
-    lam, _ = cut_bound(g, budget_s=budget_s / 2)
-    out["cut"] = lam
-    if g.is_direct:
-        out["partition"] = partition_bound(g)[0]
-    if len(g.workers) <= 64:
-        r = rsag_optimum(g, budget_s=budget_s / 2)
-        if r is not None:
-            out["rsag"] = r[0]
-    return out
-
-
-
-
 def tree_bounds(
-    g: CapGraph, lp_upper: float | None = None, budget_s: float = 10.0
+    g: CapGraph, lp_upper: float | None = None, clock: SafetyClock | None = None
 ) -> dict[str, float | None]:
     """Upper bounds on the rate of tree schedules, plus the RS+AG comparator.
 
     Keys: ``partition`` (direct only), ``cut``, ``ingress``, ``lp_certificate`` (the packing
-    LP's dual certificate, if given) and ``rsag`` (comparator, <= 64 workers).
+    LP's dual certificate, if given) and ``rsag`` (comparator, <= 64 workers). Deterministic;
+    ``clock`` is the wall-clock safety net (the steps it cut short are recorded in it).
     """
     out: dict[str, float | None] = {}
     if g.is_direct:
         out["partition"] = partition_bound(g)[0]
-    out["cut"] = cut_bound(g, budget_s=budget_s / 2)[0]
+    out["cut"] = cut_bound(g, clock=clock)[0]
     out["ingress"] = ingress_bound(g)
     if lp_upper is not None:
         out["lp_certificate"] = lp_upper
-    r = rsag_optimum(g, budget_s=budget_s / 2) if len(g.workers) <= 64 else None
+    r = rsag_optimum(g, clock=clock) if len(g.workers) <= 64 else None
     out["rsag"] = r[0] if r else None
     return out
 

@@ -18,12 +18,13 @@ optimum is the partition bound ``tau`` (Nash-Williams/Tutte).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import csc_matrix
+
+from topoctl.limits import SafetyClock
 
 from .oracle import Column, Oracle
 
@@ -83,14 +84,14 @@ def mw_pack(
     oracle: Oracle,
     eps: float = 0.1,
     max_iters: int = 5000,
-    budget_s: float = 2.0,
+    clock: SafetyClock | None = None,
 ) -> tuple[list[Column], np.ndarray, float, int]:
     """Garg-Koenemann packing.
 
     Returns ``(columns, flows, upper_bound, iterations)``: the distinct trees used with their
     feasible rates (scaled by the maximum row load, so the packing fits), and the best
-    weak-duality bound. Stops at the Garg-Koenemann criterion ``c.l >= 1``, ``max_iters`` or
-    ``budget_s``.
+    weak-duality bound. Stops at the Garg-Koenemann criterion ``c.l >= 1`` or ``max_iters``
+    (deterministic), or when the wall-clock safety ``clock`` expires (recorded in it).
     """
     pool = ColumnPool()
     flow: dict[bytes, float] = {}
@@ -101,7 +102,6 @@ def mw_pack(
     load = np.zeros(rows)
     total = 0.0
     ub = math.inf
-    t0 = time.perf_counter()
     it = 0
     while it < max_iters:
         dval = float(cap @ length)
@@ -117,7 +117,7 @@ def mw_pack(
         length[col.rows] *= 1.0 + eps * f * col.counts / cap[col.rows]
         total += f
         it += 1
-        if time.perf_counter() - t0 > budget_s:
+        if clock is not None and clock.expired("mw_pack"):
             break
     scale = float(np.max(load / cap)) if total > 0 else 1.0
     flows = np.array([flow[c.key] / scale for c in pool.columns])
@@ -129,20 +129,20 @@ def column_generation(
     pool: ColumnPool,
     gap: float = 1e-7,
     max_iters: int = 2000,
-    budget_s: float = 60.0,
+    clock: SafetyClock | None = None,
     per_round: int = 4,
 ) -> tuple[np.ndarray, float, float, int]:
     """Solve the packing LP to optimality by column generation over ``pool``.
 
     Returns ``(x, value, upper_bound, iterations)``; ``x`` is aligned with ``pool.columns``.
     The upper bound is the dual certificate ``c.y / min_T y(T)`` (valid for any ``y >= 0``);
-    at exit ``value >= (1 - gap) * upper_bound`` unless a limit was hit.
+    at exit ``value >= (1 - gap) * upper_bound`` unless ``max_iters`` LP solves were reached
+    (deterministic) or the wall-clock safety ``clock`` expired (recorded in it).
     """
     cap = oracle.capacity
     if not pool.columns:
         pool.add(oracle(np.ones_like(cap)))
     ub = math.inf
-    t0 = time.perf_counter()
     it = 0
     while True:
         x, val, y = solve_restricted(pool.columns, cap)
@@ -158,12 +158,12 @@ def column_generation(
         bump = float(y[y > 0].mean()) if np.any(y > 0) else 1.0
         extra = col
         for _ in range(per_round - 1):
-            if time.perf_counter() - t0 > budget_s:
-                break
             yp[extra.rows] += bump * extra.counts
             extra = oracle(yp)
             if float((y[extra.rows] * extra.counts).sum()) < 1.0 - 1e-9:
                 added = pool.add(extra) or added
-        if not added or it >= max_iters or time.perf_counter() - t0 > budget_s:
+        if not added or it >= max_iters:
+            break
+        if clock is not None and clock.expired("column_generation"):
             break
     return x, val, max(ub, val), it

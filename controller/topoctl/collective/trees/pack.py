@@ -32,6 +32,7 @@ from scipy.sparse import csr_matrix, diags, hstack, identity
 from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
 
 from topoctl.fabric.capgraph import CapGraph
+from topoctl.limits import SafetyClock
 
 from .disjoint import disjoint_spanning_trees
 from .lp import ColumnPool, _usage, column_generation, mw_pack, solve_restricted
@@ -79,9 +80,10 @@ class TreePlan:
     mw_rate: float  # Garg-Koenemann's feasible packing alone
     columns: int
     lp_iterations: int
-    seconds: float
+    seconds: float  # wall clock spent (reported, never used to decide anything)
     mode: str  # "direct" or "switched"
     timings: dict[str, float] = field(default_factory=dict)
+    cut_short: list[str] = field(default_factory=list)  # steps the safety clock stopped
 
     @property
     def fractions(self) -> list[float]:
@@ -113,12 +115,20 @@ def plan_trees(
     g: CapGraph,
     max_trees: int | None = None,
     mw_eps: float = 0.1,
-    mw_budget_s: float = 1.0,
-    lp_budget_s: float = 5.0,
-    prune_budget_s: float = 2.0,
+    mw_iters: int = 5000,
+    lp_iters: int = 2000,
+    swaps: int = 64,
+    milp_nodes: int = 2000,
+    clock: SafetyClock | None = None,
 ) -> TreePlan:
     """Pack spanning trees over ``g.workers`` and keep at most ``max_trees`` of them
     (default: :func:`auto_max_trees`).
+
+    Deterministic: the searches are bounded by counts (``mw_iters`` Garg-Koenemann steps,
+    ``lp_iters`` column-generation rounds, ``swaps`` pruning swaps, ``milp_nodes`` branch and
+    bound nodes), so the same graph gives the same trees on any machine. ``clock`` (default
+    :class:`~topoctl.limits.SafetyClock`) is only a wall-clock safety net; the steps it cut
+    short are listed in ``TreePlan.cut_short``.
 
     Complexity: MW ``O(I * oracle)``, column generation ``O(L * (LP + oracle))`` where the
     oracle is an MST (direct) or ``W`` Dijkstras + a dense MST (switched).
@@ -127,34 +137,36 @@ def plan_trees(
         max_trees = auto_max_trees(g)
     if max_trees < 1:
         raise ValueError("max_trees must be >= 1")
+    clock = clock or SafetyClock()
     t0 = time.perf_counter()
     oracle = Oracle(g)
     scale = float(oracle.capacity.max())
     oracle.capacity = oracle.capacity / scale
-    disjoint = disjoint_candidates(oracle, max_trees)
+    disjoint = disjoint_candidates(oracle, max_trees, clock)
     td = time.perf_counter()
-    lp_budget_s = max(lp_budget_s - (td - t0), 1.0)  # the packing's time comes out of the LP's
-    mw_cols, flows, mw_ub, _ = mw_pack(oracle, eps=mw_eps, budget_s=mw_budget_s)
+    mw_cols, flows, mw_ub, _ = mw_pack(oracle, eps=mw_eps, max_iters=mw_iters, clock=clock)
     mw_rate = float(flows.sum())
     t1 = time.perf_counter()
-    # seed the master LP with the trees that carried most flow (dense columns make HiGHS slow)
-    ranked = [mw_cols[i] for i in np.argsort(-flows)]
+    # seed the master LP with the trees that carried most flow (dense columns make HiGHS slow);
+    # a stable sort: equal flows keep their discovery order on every machine
+    ranked = [mw_cols[i] for i in np.argsort(-flows, kind="stable")]
     pool = ColumnPool()
     for col in ranked[: max(32, 4 * max_trees)]:
         pool.add(col)
-    x, lp_val, ub, iters = column_generation(oracle, pool, budget_s=lp_budget_s)
-    if lp_val < mw_rate:  # not converged within the budget: the MW packing is better
+    x, lp_val, ub, iters = column_generation(oracle, pool, max_iters=lp_iters, clock=clock)
+    if lp_val < mw_rate:  # not converged within its iterations: the MW packing is better
         lp_val = mw_rate
     ub = max(min(ub, mw_ub), lp_val)
     t2 = time.perf_counter()
     for col in ranked:
         pool.add(col)
     x = np.concatenate([x, np.zeros(len(pool.columns) - len(x))])
-    cols, rates = prune(oracle, pool, x, max_trees, budget_s=prune_budget_s, extra=disjoint)
+    cols, rates = prune(oracle, pool, x, max_trees, swaps=swaps, milp_nodes=milp_nodes,
+                        extra=disjoint, clock=clock)
     t3 = time.perf_counter()
     trees = _rooted(g, cols, rates * scale)
     kept = float(rates.sum())
-    lp_val = max(lp_val, kept)  # column generation stopped at its budget below a kept packing
+    lp_val = max(lp_val, kept)  # column generation stopped at its limit below a kept packing
     ub = max(ub, lp_val)
     return TreePlan(
         trees=trees,
@@ -167,6 +179,7 @@ def plan_trees(
         seconds=time.perf_counter() - t0,
         mode="direct" if g.is_direct else "switched",
         timings={"disjoint": td - t0, "mw": t1 - td, "lp": t2 - t1, "prune": t3 - t2},
+        cut_short=list(clock.cut),
     )
 
 
@@ -175,10 +188,14 @@ def prune(
     pool: ColumnPool,
     x: np.ndarray,
     k: int,
-    budget_s: float = 3.0,
+    swaps: int = 64,
+    milp_nodes: int = 2000,
     extra: list[Column] | None = None,
+    clock: SafetyClock | None = None,
 ) -> tuple[list[Column], np.ndarray]:
-    """Best packing with at most ``k`` trees found within ``budget_s``.
+    """Best packing with at most ``k`` trees found within ``swaps`` column swaps and a MILP of
+    at most ``milp_nodes`` branch-and-bound nodes (deterministic; ``clock`` is the wall-clock
+    safety net only).
 
     ``extra``: further candidate trees, also tried as a start (e.g. :func:`disjoint_candidates`).
     Top-k of the LP solution re-solved; then K-bounded column swaps (price a tree under the
@@ -186,8 +203,7 @@ def prune(
     candidate trees with ``sum z_T <= k`` and ``x_T <= U_T z_T``.
     """
     cap = oracle.capacity
-    t0 = time.perf_counter()
-    order = [int(i) for i in np.argsort(-x) if x[i] > 1e-12]
+    order = [int(i) for i in np.argsort(-x, kind="stable") if x[i] > 1e-12]
     lp_top = [pool.columns[i] for i in order] or [pool.columns[0]]
     chains = chain_candidates(oracle, k)
     greedy = greedy_disjoint(oracle, k)
@@ -207,7 +223,9 @@ def prune(
             sx, sval, sy = solve_restricted(start, cap)
             if sval > bval:
                 best, bx, bval, by = start, sx, sval, sy
-    while time.perf_counter() - t0 < budget_s / 2:
+    for _ in range(swaps):
+        if clock is not None and clock.expired("prune swaps"):
+            break
         col = oracle(by)
         if col.weight >= 1 - 1e-9:
             break
@@ -222,9 +240,9 @@ def prune(
         if tval <= bval * (1 + 1e-9):
             break
         best, bx, bval, by = trial, tx2, tval, ty
-    left = budget_s - (time.perf_counter() - t0)
-    if left > 0.2:
-        pick = _milp_pick(cand[: max(4 * k, 48)], cap, k, left)
+    if milp_nodes > 0 and not (clock is not None and clock.expired("prune milp")):
+        left = clock.left() if clock is not None else None
+        pick = _milp_pick(cand[: max(4 * k, 48)], cap, k, milp_nodes, left)
         if pick is not None:
             px, pval, _ = solve_restricted(pick, cap)
             if pval > bval * (1 + 1e-9):
@@ -286,7 +304,8 @@ def chain_candidates(oracle: Oracle, k: int) -> list[Column]:
     return out
 
 
-def disjoint_candidates(oracle: Oracle, k: int, budget_s: float = 2.0) -> list[Column]:
+def disjoint_candidates(oracle: Oracle, k: int, clock: SafetyClock | None = None
+                        ) -> list[Column]:
     """Up to ``k`` edge-disjoint spanning trees of a direct-connect fabric of uniform capacity.
 
     With every link at capacity ``c``, ``j`` edge-disjoint spanning trees carry ``j c``; the
@@ -306,12 +325,10 @@ def disjoint_candidates(oracle: Oracle, k: int, budget_s: float = 2.0) -> list[C
     want = int(min(k, g.m // (g.n - 1), int(deg.min())))
     edges = list(zip(g.u.tolist(), g.v.tolist(), strict=True))
     rank = {node: r for r, node in enumerate(g.workers)}
-    t0 = time.perf_counter()
     for j in (want, want - 1):
-        left = budget_s - (time.perf_counter() - t0)
-        if j < 1 or left <= 0:
+        if j < 1 or (clock is not None and clock.expired("disjoint_candidates")):
             break
-        forests = disjoint_spanning_trees(g.n, edges, j, budget_s=left)
+        forests = disjoint_spanning_trees(g.n, edges, j, clock=clock)
         spanning = [f for f in forests if len(f) == g.n - 1]
         if len(spanning) == j or j < want:
             return [oracle.column_for([(rank[edges[e][0]], rank[edges[e][1]]) for e in f])
@@ -338,7 +355,11 @@ def _positive(cols: list[Column], x: np.ndarray) -> tuple[list[Column], np.ndarr
     return [cols[i] for i in keep], np.array([x[i] for i in keep])
 
 
-def _milp_pick(cols: list[Column], cap: np.ndarray, k: int, limit: float) -> list[Column] | None:
+def _milp_pick(cols: list[Column], cap: np.ndarray, k: int, nodes: int,
+               safety_s: float | None) -> list[Column] | None:
+    """At most ``k`` of ``cols`` maximising the packed rate: a MILP limited to ``nodes``
+    branch-and-bound nodes (deterministic; HiGHS runs single-threaded here), with the safety
+    clock's remaining seconds as HiGHS's time limit."""
     n = len(cols)
     a = _usage(cols, cap.shape[0]).tocsr()
     used = np.flatnonzero(np.diff(a.indptr))
@@ -355,7 +376,8 @@ def _milp_pick(cols: list[Column], cap: np.ndarray, k: int, limit: float) -> lis
         constraints=cons,
         integrality=np.concatenate([np.zeros(n), np.ones(n)]),
         bounds=(np.zeros(2 * n), np.concatenate([ubound, np.ones(n)])),
-        options={"time_limit": max(limit, 0.1), "disp": False},
+        options={"node_limit": nodes, "disp": False,
+                 **({"time_limit": max(safety_s, 0.1)} if safety_s is not None else {})},
     )
     if res.x is None:
         return None

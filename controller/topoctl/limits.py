@@ -1,0 +1,49 @@
+"""Search limits that keep plans deterministic: same cluster and job, same plan bytes.
+
+Every search (tree packing, bounds, and the strategies to come) is bounded by counts:
+iterations, nodes, augmentations, seeds, never by wall-clock seconds, so a loaded machine plans
+exactly what a quiet one does. Wall clock appears only as an outer safety net (`SafetyClock`)
+against a pathological input: when it cuts a search short the search stops where it is and says
+so (`SafetyClock.cut`), and the strategy reports it in the plan's metadata, since that plan may
+then differ from run to run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+SAFETY_S = 300.0  # per strategy; a search this long is a bug or an absurd input
+
+
+@dataclass
+class SafetyClock:
+    """Wall-clock safety net shared by the steps of one search.
+
+    `expired(step)` is True once `seconds` have passed since creation, and records `step` in
+    `cut` (each step once). It never decides anything while it has not expired."""
+
+    seconds: float = SAFETY_S
+    start: float = field(default_factory=time.perf_counter)
+    cut: list[str] = field(default_factory=list)
+
+    def expired(self, step: str) -> bool:
+        """Has the safety limit passed? If so, note that `step` was cut short."""
+        if time.perf_counter() - self.start <= self.seconds:
+            return False
+        if step not in self.cut:
+            self.cut.append(step)
+        return True
+
+    def left(self) -> float:
+        """Seconds until the limit (>= 0): what an external solver may be given as its own
+        time limit, alongside a deterministic node/iteration limit."""
+        return max(0.0, self.seconds - (time.perf_counter() - self.start))
+
+    def report(self) -> dict:
+        """{"cut_short": [...]} when the limit cut in (for plan metadata), else {}."""
+        if not self.cut:
+            return {}
+        return {"cut_short": list(self.cut),
+                "cut_short_note": f"wall-clock safety limit ({self.seconds:g} s) reached: this "
+                                  "plan may differ from run to run"}
