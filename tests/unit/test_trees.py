@@ -208,8 +208,11 @@ def test_sync_cli_switch_paths_and_errors(tmp_path, capsys):
 
 def test_simulated_tree_schedule_beats_ring_on_two_racks():
     from topoctl.collective.trees.schedule import plan_to_schedule
-    from topoctl.collective.trees.simulate import network_from_capgraph, tree_allreduce_schedule
+    from topoctl.collective.trees.simulate import tree_allreduce_schedule
+    from topoctl.fabric.graph import FabricGraph, FabricLink
     from topoctl.sim import Collective, ring_allreduce, simulate
+    from topoctl.sim.fabric import network_from_fabric
+    from topoctl.sim.routing import shortest_next_hops
 
     links = [(f"h{a}", f"h{b}", 10.0 if a // 4 == b // 4 else 1.0)
              for a, b in itertools.combinations(range(8), 2)]
@@ -217,7 +220,10 @@ def test_simulated_tree_schedule_beats_ring_on_two_racks():
     plan = plan_trees(g, max_trees=16)
     sched = plan_to_schedule(plan, chunk_bytes=1 << 16)
     members = [str(g.nodes[w]) for w in g.workers]
-    net = network_from_capgraph(g, bytes_per_unit=1e6, plan=plan)
+    # the simulator's network of the same full mesh, 1 unit = 1 MB/s: every pair has its link
+    fab = FabricGraph("direct", tuple(members),
+                      links=tuple(FabricLink(a, b, int(c * 8e6)) for a, b, c in links))
+    net = network_from_fabric(fab, shortest_next_hops(fab), efficiency=1.0)
     size = 1e7
     trees = simulate([Collective("t", tree_allreduce_schedule(members, size, sched, 32))], net)
     ring = simulate([Collective("r", ring_allreduce(members, size))], net)

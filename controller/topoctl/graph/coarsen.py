@@ -1,5 +1,9 @@
 """Graph coarsening for placement search: fusion of chains and cheap ops, then co-location
-groups (the placement thesis's algebraic transformation; see ../shared/notes).
+groups: the algebraic transformation of the thesis "Joint optimization of algebraic
+transformation, device placement, and network bandwidth allocation for distributed DNN
+training" (iterative operator fusion and co-location).
+
+Kept for the placement strategy (issue 13): no planner path uses it yet; tests cover it.
 
 `coarsen`: contract edges (u, v) to a fixpoint when u has one successor and v one predecessor
 (a pure chain), or u is cheap (< alpha) and has one successor, or v is cheap and has one

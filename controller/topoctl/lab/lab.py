@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,12 +323,3 @@ def load_measurements(lab: Lab) -> dict[str, dict]:
         return json.loads((lab.state_dir / "measure.json").read_text())
     except (OSError, ValueError):
         return {}
-
-
-def wait_for(predicate, timeout: float = 5.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
-    return True

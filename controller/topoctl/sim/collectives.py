@@ -91,10 +91,6 @@ def ring_allreduce(order: Sequence[str], size: float) -> Schedule:
     return _ring("ring-allreduce", order, size, 2 * (len(order) - 1))
 
 
-def ring_reduce_scatter(order: Sequence[str], size: float) -> Schedule:
-    return _ring("ring-reduce-scatter", order, size, len(order) - 1)
-
-
 def ring_allgather(order: Sequence[str], size: float) -> Schedule:
     """All-gather of a `size`-byte result (each member contributes size/n)."""
     return _ring("ring-allgather", order, size, len(order) - 1)

@@ -66,7 +66,10 @@ class Strategy:
     """A complete strategy. `routes` overrides `hops` per (src host, dst host) with weighted
     next-hop nodes (multipath); `rates` are per-(src host, dst host) bandwidth allocations in
     bit/s, rendered as QoS classes on the source's egress port and used as caps by the
-    simulator; `collective` says how the launcher synchronises gradients."""
+    simulator; `collective` says how the launcher synchronises gradients.
+
+    `routes`, `rates` and `extra` are kept for the bandwidth and multipath strategy (issue 14):
+    the renderer and simulator honour them, no strategy sets them yet."""
 
     name: str
     fabric: FabricGraph

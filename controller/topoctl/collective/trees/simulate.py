@@ -14,13 +14,9 @@ import math
 from collections.abc import Sequence
 
 from topoagent.collectives.schedule import TreeSchedule, partition_sizes
-from topoctl.fabric.capgraph import CapGraph
 from topoctl.sim.collectives import CollectiveAlgorithm, Schedule, Step
-from topoctl.sim.network import Link, Network
 
-from .pack import TreePlan
-
-__all__ = ["network_from_capgraph", "tree_algorithm", "tree_allreduce_schedule"]
+__all__ = ["tree_algorithm", "tree_allreduce_schedule"]
 
 
 def _depths(parents: Sequence[int | None]) -> list[int]:
@@ -87,57 +83,3 @@ def tree_algorithm(schedule: TreeSchedule, max_chunks: int = 16) -> CollectiveAl
         return tree_allreduce_schedule(members, size, schedule, max_chunks)
 
     return algo
-
-
-def network_from_capgraph(
-    g: CapGraph,
-    bytes_per_unit: float,
-    latency: float = 0.0,
-    plan: TreePlan | None = None,
-) -> Network:
-    """A simulator network of ``g`` (each link two arcs of ``cap * bytes_per_unit`` bytes/s).
-
-    Routes: a direct link if there is one; else the plan's routed paths for that worker pair
-    (weighted by tree rate); else fewest hops."""
-    links: dict[str, Link] = {}
-    adj: dict[str, list[str]] = {}
-    for a, b, c in zip(g.u.tolist(), g.v.tolist(), g.cap.tolist(), strict=True):
-        na, nb = str(g.nodes[a]), str(g.nodes[b])
-        for s, d in ((na, nb), (nb, na)):
-            links[f"{s}>{d}"] = Link(f"{s}>{d}", s, d, c * bytes_per_unit, latency)
-            adj.setdefault(s, []).append(d)
-    table: dict[tuple[str, str], dict[tuple[str, ...], float]] = {}
-    if plan is not None:
-        label = [str(g.nodes[w]) for w in g.workers]
-        for t in plan.trees:
-            for (a, b), (pab, pba) in t.paths.items():
-                for x, y, p in ((a, b, pab), (b, a, pba)):
-                    ids = tuple(
-                        f"{g.nodes[i]}>{g.nodes[j]}" for i, j in zip(p[:-1], p[1:], strict=True)
-                    )
-                    key = (label[x], label[y])
-                    table.setdefault(key, {})
-                    table[key][ids] = table[key].get(ids, 0.0) + t.rate
-
-    def route(src: str, dst: str):
-        if f"{src}>{dst}" in links:
-            return [(1.0, (f"{src}>{dst}",))]
-        if (src, dst) in table:
-            return [(w, p) for p, w in table[(src, dst)].items()]
-        prev = {src: ""}
-        queue = [src]
-        for x in queue:
-            for y in adj.get(x, []):
-                if y not in prev:
-                    prev[y] = x
-                    queue.append(y)
-        if dst not in prev:
-            return []
-        path = []
-        cur = dst
-        while cur != src:
-            path.append(f"{prev[cur]}>{cur}")
-            cur = prev[cur]
-        return [(1.0, tuple(reversed(path)))]
-
-    return Network(links, route)
