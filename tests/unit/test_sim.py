@@ -8,9 +8,9 @@ import random
 import pytest
 
 from topoctl.sim import Collective, Compute, Network, Transfer, maxmin_rates, ring_allreduce
-from topoctl.sim.collectives import Schedule, Step, from_phases, ring_allgather
 from topoctl.sim.engine import SimError, simulate
 from topoctl.sim.network import Link, star, static_router
+from topoctl.sim.schedules import Schedule, Step, from_phases, ring_allgather
 
 
 def line(capacity: float, latency: float = 0.0) -> Network:

@@ -3,7 +3,8 @@
 - `maxmin`: max-min fair rates of flows over capacitated links (progressive filling).
 - `network`: `Network` = directed links with capacity (bytes/s) and latency, a router giving
   weighted paths between two nodes, per-(src, dst) rate caps (QoS ceilings).
-- `collectives`: the collective interface. A collective is a `Schedule`: point-to-point `Step`s
+- `schedules`: the collective interface (simulated schedules; the runtime collectives are
+  `topoagent.collectives`). A collective is a `Schedule`: point-to-point `Step`s
   (src, dst, bytes) with dependencies between steps. Ring AllReduce is one implementation; tree
   schedules plug in by returning a `Schedule` too.
 - `tasks`: what a strategy hands the engine: `Compute` (a device busy for a duration),
@@ -13,10 +14,10 @@
   (a `Network` built from a cluster fabric and a routing).
 """
 
-from topoctl.sim.collectives import Schedule, Step, ring_allreduce
 from topoctl.sim.engine import SimResult, simulate
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Link, Network
+from topoctl.sim.schedules import Schedule, Step, ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Transfer
 
 __all__ = ["Collective", "Compute", "Link", "Network", "Schedule", "SimResult", "Step",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topoctl.sim.collectives import Schedule
+from topoctl.sim.schedules import Schedule
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from topoctl.graph.ops import OpGraph
-from topoctl.sim.collectives import ALGORITHMS, CollectiveAlgorithm
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.schedules import ALGORITHMS, CollectiveAlgorithm
 from topoctl.sim.tasks import Collective, Compute, Task
 from topoctl.strategies import PlanContext, Strategy
 

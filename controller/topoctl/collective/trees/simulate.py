@@ -1,4 +1,4 @@
-"""Tree schedules as simulator collectives (``topoctl.sim.collectives.Schedule``).
+"""Tree schedules as simulator collectives (``topoctl.sim.schedules.Schedule``).
 
 Each tree's partition is cut into chunks; the reduce step of chunk ``k`` on arc
 ``child -> parent`` waits for chunk ``k`` from all of the child's children and for chunk
@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from topoagent.collectives.schedule import TreeSchedule, partition_sizes
-from topoctl.sim.collectives import CollectiveAlgorithm, Schedule, Step
+from topoctl.sim.schedules import CollectiveAlgorithm, Schedule, Step
 
 __all__ = ["tree_algorithm", "tree_allreduce_schedule"]
 
