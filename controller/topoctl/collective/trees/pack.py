@@ -2,9 +2,10 @@
 
 Zhang, Wu, Li, "Near-optimal topology-adaptive parameter synchronization in distributed DNN
 training", IEEE INFOCOM 2021 (doi:10.1109/INFOCOM42981.2021.9488678); Blink (MLSys'20). The
-gradient of ``M`` bytes is split into partitions proportional to tree rates ``x_T``; each partition is reduced toward its tree's
-root and broadcast back down the same tree, pipelined, all trees at once. Time per byte is
-``1 / sum_T x_T`` (plus pipeline fill), so the best schedule is a maximum fractional
+gradient of ``M`` bytes is split into partitions proportional to tree rates ``x_T``; each
+partition is reduced toward its tree's root and broadcast back down the same tree, pipelined,
+all trees at once. Time per byte is ``1 / sum_T x_T`` (plus pipeline fill), so the best
+schedule is a maximum fractional
 spanning-tree packing; on a direct-connect fabric its value is the partition bound ``tau``.
 
 Pipeline of :func:`plan_trees`:
