@@ -13,27 +13,38 @@ import sys
 import time
 from pathlib import Path
 
-from topoagent.apply import ApplyError, Result, apply_state, plan
+from topoagent import journal
+from topoagent.apply import Result, apply_state, plan
+from topoagent.journal import Recovery
 from topoagent.mgmt import Mgmt
 from topoagent.observe import observe, to_host_state
+from topoagent.protocol import TopoError
 from topoagent.state import (
     HostState,
     StateError,
-    load_host_state,
     load_yaml,
     load_yaml_file,
     parse_host_state,
 )
-from topoagent.store import Store, StoreBusy
+from topoagent.store import DEFAULT_KEEP, Store, StoreBusy
 from topoagent.target import Target, TargetError
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
 
-def _read_state(path: str) -> HostState:
+def _read_state(path: str, allow_empty: bool = False) -> HostState:
+    """The desired state from a file or stdin. An empty document (0 bytes, `null`, `{}`) would
+    remove everything the agent made: an error unless --allow-empty says that is the intent (a
+    document that lists a section, even `routes: []`, says what it wants)."""
     if path == "-":
-        return load_host_state(sys.stdin.read(), "<stdin>")
-    return parse_host_state(load_yaml_file(path))
+        data, source = load_yaml(sys.stdin.read(), "<stdin>"), "<stdin>"
+    else:
+        data, source = load_yaml_file(path), path
+    if data in (None, {}) and not allow_empty:
+        raise StateError([("", f"{source}: empty state: it would remove every route, rule, "
+                           f"address and QoS tree the agent made; pass --allow-empty if that "
+                           f"is the intent")])
+    return parse_host_state(data)
 
 
 def _mgmt(args) -> Mgmt | None:
@@ -68,15 +79,47 @@ def cmd_show(args, target: Target) -> int:
 
 
 def cmd_diff(args, target: Target) -> int:
-    desired = _read_state(args.file)
+    desired = _read_state(args.file, args.allow_empty)
     t0 = time.perf_counter()
     _, ops = plan(target, desired, mgmt=_mgmt(args))
     return _emit_ops(args, "changes needed", Result(ops, time.perf_counter() - t0, dry_run=True))
 
 
+def _store(args, target: Target) -> Store:
+    return Store(target.store_dir, keep=args.keep_history)
+
+
+def recover_at_start(args, target: Target) -> Recovery | None:
+    """An apply killed mid-way left a journal: put the host back before doing anything else.
+    Skipped while another agent holds the lock (its journal is live, not abandoned)."""
+    if not journal.pending(target.store_dir):
+        return None
+    try:
+        with _store(args, target).lock():
+            rec = journal.recover(target, target.store_dir)
+    except StoreBusy:
+        return None
+    if rec is not None:
+        print(f"topo-agent: {rec.describe()}", file=sys.stderr)
+    return rec
+
+
+def cmd_recover(args, target: Target) -> int:
+    rec = recover_at_start(args, target)
+    if args.json:
+        print(json.dumps({"ok": rec is None or not rec.problems, "recovered": rec is not None,
+                          "undone": rec.undone if rec else 0,
+                          "problems": rec.problems if rec else []}))
+    elif rec is None:
+        print("nothing to recover")
+    if rec is not None and rec.problems:
+        return EXIT_ERROR
+    return EXIT_CHANGES if rec is not None and rec.undone else EXIT_OK
+
+
 def cmd_apply(args, target: Target) -> int:
-    desired = _read_state(args.file)
-    store = Store(target.store_dir)
+    desired = _read_state(args.file, args.allow_empty)
+    store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
                              store=store, mgmt=_mgmt(args))
@@ -84,13 +127,13 @@ def cmd_apply(args, target: Target) -> int:
 
 
 def cmd_rollback(args, target: Target) -> int:
-    store = Store(target.store_dir)
+    store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         previous = store.previous()
         if previous is None:
             raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
         result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe,
-                             mgmt=_mgmt(args))
+                             mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:
             store.pop()
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
@@ -128,14 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-mgmt", action="store_true",
                    help="allow changes to the interface, address or route of the management "
                         "connection")
+    p.add_argument("--keep-history", type=int, default=DEFAULT_KEEP, metavar="N",
+                   help=f"applied states kept for rollback (default {DEFAULT_KEEP}, min 2)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("show", help="print the observed state as HostState YAML").set_defaults(
         func=cmd_show)
     d = sub.add_parser("diff", help="print the operations that would reach FILE")
     d.add_argument("file", help="HostState YAML, or - for stdin")
+    d.add_argument("--allow-empty", action="store_true",
+                   help="accept an empty state (removes everything the agent made)")
     d.set_defaults(func=cmd_diff)
     a = sub.add_parser("apply", help="make the host match FILE (transactional)")
     a.add_argument("file", help="HostState YAML, or - for stdin")
+    a.add_argument("--allow-empty", action="store_true",
+                   help="accept an empty state (removes everything the agent made)")
     a.add_argument("--dry-run", action="store_true", help="print the operations, change nothing")
     a.add_argument("--no-probe", action="store_true", help="skip next-hop reachability probes")
     a.set_defaults(func=cmd_apply)
@@ -150,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(func=cmd_launch)
     sub.add_parser("stop", help="stop the ranks of a running launch").set_defaults(
         func=cmd_stop)
+    sub.add_parser("recover", help="undo an apply that was killed half-way (every start does "
+                   "this first)").set_defaults(func=cmd_recover)
     return p
 
 
@@ -158,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(netns=args.netns, state_dir=args.state_dir)
     try:
         target.check()
+        if args.command != "recover":
+            recover_at_start(args, target)
         return args.func(args, target)
-    except (StateError, ApplyError, TargetError, StoreBusy) as e:
+    except (TopoError, TargetError) as e:
         problems = getattr(e, "problems", None) or [("", str(e))]
         if args.json:
             print(json.dumps({"ok": False, "error": str(e),
