@@ -19,7 +19,7 @@ from pathlib import Path
 from topoagent.diff import check_host, diff
 from topoagent.journal import Journal, crash_point, recover, restore
 from topoagent.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
-from topoagent.mgmt import Mgmt, guard
+from topoagent.mgmt import Mgmt, guard, route_get
 from topoagent.observe import Observed, observe, rp_filter_path, to_host_state
 from topoagent.probe import ping_many
 from topoagent.protocol import TopoError
@@ -68,10 +68,12 @@ def plan(target: Target, desired: HostState, mgmt: Mgmt | None = None
 
 def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
                 probe: bool = True, store: Store | None = None,
-                mgmt: Mgmt | None = None, journal_dir: Path | None = None) -> Result:
+                mgmt: Mgmt | None = None, journal_dir: Path | None = None,
+                watch: list[tuple[str, str | None]] = ()) -> Result:
     """Take the host to `desired` or leave it as it was. With `store`, the applied state joins
     the history; with `store` or `journal_dir`, every change is journaled first (crash safety:
-    topoagent.journal)."""
+    topoagent.journal). `watch`: (address, source) pairs whose path (`ip route get`) must be
+    the same after the apply as before (the management connection and configured probes)."""
     t0 = time.perf_counter()
     before, ops = plan(target, desired, mgmt)
     if dry_run:
@@ -86,7 +88,7 @@ def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
     if journal is not None:
         journal.begin(before, store.history_len() if store is not None else None)
     if ops:
-        _transact(target, desired, before, ops, probes, journal)
+        _transact(target, desired, before, ops, probes, journal, list(watch))
     try:
         if store is not None:
             store.push(desired)
@@ -101,14 +103,16 @@ def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
 
 
 def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],
-              probes: list[str], journal: Journal | None = None) -> None:
+              probes: list[str], journal: Journal | None = None,
+              watch: list[tuple[str, str | None]] | None = None) -> None:
     from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
 
     done: list[Op] = []
     with contextlib.closing(target.iproute()) as ipr, _term_as_exception():
         drv = NetlinkDriver(target, ipr)
+        paths = {(ip, src): route_get(ipr, ip, src) for ip, src in watch or ()}
         try:
-            _run(drv, desired, before, ops, probes, done, journal)
+            _run(drv, desired, before, ops, probes, done, journal, paths)
         except ApplyError:
             if journal is not None:
                 journal.finish()  # reverted in process
@@ -141,7 +145,8 @@ def _term_as_exception() -> Iterator[None]:
 
 
 def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
-         probes: list[str], done: list[Op], journal: Journal | None = None) -> None:
+         probes: list[str], done: list[Op], journal: Journal | None = None,
+         paths: dict | None = None) -> None:
     target = drv.target
     crash_point(0)
     for op in ops:
@@ -165,6 +170,11 @@ def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
     if left:
         _fail("verify: the host does not match after apply: "
               + "; ".join(op.describe() for op in left[:5]), drv, before, done)
+    changed = [f"{ip}: {was} -> {now}" for (ip, src), was in (paths or {}).items()
+               if (now := route_get(drv.ipr, ip, src)) != was]
+    if changed:
+        _fail("management path changed (ip route get): " + "; ".join(changed)
+              + "; use --force-mgmt to allow it", drv, before, done)
     if probes:
         lost = sorted(set(probes) - ping_many(target, probes))
         if lost:

@@ -16,7 +16,7 @@ from pathlib import Path
 from topoagent import journal
 from topoagent.apply import Result, apply_state, plan
 from topoagent.journal import Recovery
-from topoagent.mgmt import Mgmt
+from topoagent.mgmt import Mgmt, resolve
 from topoagent.observe import observe, to_host_state
 from topoagent.protocol import TopoError
 from topoagent.state import (
@@ -52,6 +52,15 @@ def _mgmt(args) -> Mgmt | None:
     if args.force_mgmt:
         return None
     return Mgmt.parse(args.mgmt) if args.mgmt else Mgmt.from_env()
+
+
+def _watch(args, mgmt: Mgmt | None) -> list[tuple[str, str | None]]:
+    """Addresses whose path must not change: the management client (from the server address
+    it connected to) and every --mgmt-probe; nothing with --force-mgmt."""
+    if args.force_mgmt:
+        return []
+    out: list[tuple[str, str | None]] = [(mgmt.client, mgmt.server)] if mgmt else []
+    return out + [(ip, None) for ip in resolve(args.mgmt_probe or [])]
 
 
 def _emit_ops(args, verb: str, result: Result) -> int:
@@ -120,9 +129,10 @@ def cmd_recover(args, target: Target) -> int:
 def cmd_apply(args, target: Target) -> int:
     desired = _read_state(args.file, args.allow_empty)
     store = _store(args, target)
+    mgmt = _mgmt(args)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
-                             store=store, mgmt=_mgmt(args))
+                             store=store, mgmt=mgmt, watch=_watch(args, mgmt))
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
@@ -168,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--mgmt", metavar="CLIENT_IP,SERVER_IP",
                    help="management connection to protect (default: from SSH_CONNECTION)")
+    p.add_argument("--mgmt-probe", action="append", metavar="ADDR",
+                   help="an address (or DNS name) whose route must be the same after an apply "
+                        "as before (repeatable: gateway, controller, ...)")
     p.add_argument("--force-mgmt", action="store_true",
                    help="allow changes to the interface, address or route of the management "
                         "connection")

@@ -33,7 +33,7 @@ from topoagent import kernel_ops
 from topoagent.kernel_ops import Driver, Op
 from topoagent.observe import Observed, observe, to_host_state
 from topoagent.protocol import TopoError
-from topoagent.state import HostState, QosClass, Route, Rule, parse_host_state
+from topoagent.state import HostState, QosClass, Route, Rule
 
 JOURNAL = "journal"
 _MODELS = {"Route": Route, "Rule": Rule, "QosClass": QosClass}
@@ -186,7 +186,10 @@ def recover(target, root: Path) -> Recovery | None:
     if header is None:  # killed before the header reached the disk: nothing was changed
         path.unlink()
         return Recovery(time.time(), 0, [])
-    before = parse_host_state(header["before"], prefix=str(path))
+    try:  # the host as observed (not a desired document: one IP on two links can be)
+        before = HostState.model_validate(header["before"])
+    except ValueError as e:
+        raise JournalError(f"{path}: unreadable snapshot, recover by hand: {e}") from None
     routes = [(_dec(e["route"]), e["proto"]) for e in header["routes"]]
     with contextlib.closing(target.iproute()) as ipr:
         problems = restore(NetlinkDriver(target, ipr), list(reversed(undo)), before, routes)

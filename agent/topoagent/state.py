@@ -316,7 +316,6 @@ class HostState(_Model):
         problems += _duplicates("routes", [r.key for r in self.routes], "table/dst/metric")
         problems += _duplicates("rules", [r.priority for r in self.rules], "priority")
         problems += _duplicates("qos", [q.dev for q in self.qos], "dev")
-        problems += _shared_ips(self.interfaces)
         if problems:
             raise StateError(problems)
         return self
@@ -365,9 +364,15 @@ def parse_host_state(data: Any, prefix: str = "") -> HostState:
         kind = type(data).__name__
         raise StateError([(prefix, f"expected a mapping of HostState keys, got {kind}")])
     try:
-        return HostState.model_validate(data)
+        state = HostState.model_validate(data)
     except ValidationError as e:
         raise StateError(validation_problems(e, prefix)) from None
+    # a host may have one IP on two links (someone else put it there): `show` and the journal
+    # must describe that, so this is a check of desired documents, not of the model
+    shared = _shared_ips(state.interfaces)
+    if shared:
+        raise StateError([(".".join(filter(None, [prefix, p])), m) for p, m in shared])
+    return state
 
 
 class _UniqueKeyLoader(_Loader):  # type: ignore[misc, valid-type]
