@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from topoagent.diff import check_host, diff
+from topoagent.journal import Journal, crash_point, recover, restore
 from topoagent.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
-from topoagent.mgmt import Mgmt, guard
-from topoagent.observe import Observed, observe, rp_filter_path
+from topoagent.mgmt import Mgmt, guard, route_get
+from topoagent.observe import Observed, observe, rp_filter_path, to_host_state
 from topoagent.probe import ping_many
 from topoagent.protocol import TopoError
 from topoagent.state import HostState, Interface, Sysctl
@@ -24,6 +29,10 @@ from topoagent.target import Target
 
 VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (rarely)
 COMPOSITE = (AddQdisc, RestoreQdisc)  # several kernel requests: may fail half-done
+
+
+class Interrupted(TopoError):
+    """The apply was stopped by a signal (SIGTERM) and reverted."""
 
 
 class ApplyError(TopoError, RuntimeError):
@@ -62,32 +71,90 @@ def plan(target: Target, desired: HostState, mgmt: Mgmt | None = None
 
 def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
                 probe: bool = True, store: Store | None = None,
-                mgmt: Mgmt | None = None) -> Result:
+                mgmt: Mgmt | None = None, journal_dir: Path | None = None,
+                watch: list[tuple[str, str | None]] = ()) -> Result:
+    """Take the host to `desired` or leave it as it was. With `store`, the applied state joins
+    the history; with `store` or `journal_dir`, every change is journaled first (crash safety:
+    topoagent.journal). `watch`: (address, source) pairs whose path (`ip route get`) must be
+    the same after the apply as before (the management connection and configured probes)."""
     t0 = time.perf_counter()
     before, ops = plan(target, desired, mgmt)
     if dry_run:
         return Result(ops, time.perf_counter() - t0, dry_run=True)
     probes = _choose_probes(target, desired, before) if probe and ops else []
+    if store is not None and ops:
+        # the original values go to disk before anything changes: a crash or a failed apply
+        # can no longer lose them (rollback to the baseline restores them)
+        store.save_baseline(_baseline(ops))
+    root = store.root if store is not None else journal_dir
+    journal = Journal(root) if root is not None and ops else None
+    if journal is not None:
+        journal.begin(before, store.history_len() if store is not None else None)
     if ops:
-        _transact(target, desired, before, ops, probes)
-    if store is not None:
-        store.push(desired, _baseline(ops))
+        _transact(target, desired, before, ops, probes, journal, list(watch))
+    try:
+        if store is not None:
+            store.push(desired)
+        crash_point(len(ops) + 1)
+    except BaseException:
+        if journal is not None:  # the history could not be written: back to the old state
+            recover(target, journal.root)
+        raise
+    if journal is not None:
+        journal.finish()
     return Result(ops, time.perf_counter() - t0, probes=probes)
 
 
 def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],
-              probes: list[str]) -> None:
+              probes: list[str], journal: Journal | None = None,
+              watch: list[tuple[str, str | None]] | None = None) -> None:
     from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
 
-    with contextlib.closing(target.iproute()) as ipr:
-        _run(NetlinkDriver(target, ipr), desired, before, ops, probes)
+    done: list[Op] = []
+    with contextlib.closing(target.iproute()) as ipr, _term_as_exception():
+        drv = NetlinkDriver(target, ipr)
+        paths = {(ip, src): route_get(ipr, ip, src) for ip, src in watch or ()}
+        try:
+            _run(drv, desired, before, ops, probes, done, journal, paths)
+        except ApplyError:
+            if journal is not None:
+                journal.finish()  # reverted in process
+            raise
+        except BaseException as e:  # interrupted (SIGTERM, a bug): revert, then report it
+            problems = revert(drv, before, done)
+            if journal is not None and not problems:
+                journal.finish()  # else the next start retries from the journal
+            state = ("REVERT INCOMPLETE: " + "; ".join(problems) if problems
+                     else f"reverted {len(done)} operations; host is as before")
+            if isinstance(e, TopoError):
+                raise ApplyError(f"{e} ({state})", done, reverted=not problems) from None
+            raise
+
+
+@contextlib.contextmanager
+def _term_as_exception() -> Iterator[None]:
+    """SIGTERM during the kernel changes becomes an exception, so the apply reverts itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Interrupted(f"interrupted by signal {signum} during apply")
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
-         probes: list[str]) -> None:
+         probes: list[str], done: list[Op], journal: Journal | None = None,
+         paths: dict | None = None) -> None:
     target = drv.target
-    done: list[Op] = []
+    crash_point(0)
     for op in ops:
+        if journal is not None:
+            journal.record(op)
         try:
             op.apply(drv)
         except Exception as e:  # the kernel said no: undo everything done so far
@@ -95,6 +162,7 @@ def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
                 done.append(op)
             _fail(f"{op.describe()}: {_reason(e)}", drv, before, done)
         done.append(op)
+        crash_point(len(done))
 
     left: list[Op] = []
     for delay in VERIFY_DELAYS:
@@ -105,6 +173,11 @@ def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
     if left:
         _fail("verify: the host does not match after apply: "
               + "; ".join(op.describe() for op in left[:5]), drv, before, done)
+    changed = [f"{ip}: {was} -> {now}" for (ip, src), was in (paths or {}).items()
+               if (now := route_get(drv.ipr, ip, src)) != was]
+    if changed:
+        _fail("management path changed (ip route get): " + "; ".join(changed)
+              + "; use --force-mgmt to allow it", drv, before, done)
     if probes:
         lost = sorted(set(probes) - ping_many(target, probes))
         if lost:
@@ -122,22 +195,10 @@ def _fail(message: str, drv: Driver, before: Observed, done: list[Op]) -> None:
 
 
 def revert(drv: Driver, before: Observed, done: list[Op]) -> list[str]:
-    """Undo `done` newest first, then re-add any route of `before` the kernel dropped."""
-    problems = []
-    for op in reversed(done):
-        inv = op.inverse()
-        try:
-            inv.apply(drv)
-        except Exception as e:
-            problems.append(f"{inv.describe()}: {_reason(e)}")
-    now = observe(drv.target)
-    for key, o in before.routes.items():
-        if key not in now.routes:
-            try:
-                drv.set_route(o.route, o.proto)
-            except Exception as e:
-                problems.append(f"restore route {o.route.dst}: {_reason(e)}")
-    return problems
+    """Undo `done` newest first, re-add any route of `before` the kernel dropped, and settle
+    what is left against `before` (topoagent.journal.restore); returns what still differs."""
+    routes = [(o.route, o.proto) for o in before.routes.values()]
+    return restore(drv, [op.inverse() for op in reversed(done)], to_host_state(before), routes)
 
 
 def _reason(e: Exception) -> str:

@@ -14,19 +14,32 @@ import sys
 import time
 from pathlib import Path
 
+from topoagent import journal
 from topoagent.apply import Result, apply_state, plan
 from topoagent.cliutil import ArgumentParser, run_guarded
-from topoagent.mgmt import Mgmt
+from topoagent.journal import Recovery
+from topoagent.mgmt import Mgmt, resolve
 from topoagent.observe import observe, to_host_state
-from topoagent.protocol import EXIT_CHANGES, EXIT_OK
-from topoagent.state import HostState, load_host_state, read_text
-from topoagent.store import Store
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
+from topoagent.state import HostState, StateError, load_yaml, parse_host_state, read_text
+from topoagent.store import DEFAULT_KEEP, Store, StoreBusy
 from topoagent.target import Target, TargetError
 
 
-def _read_state(path: str) -> HostState:
+def _read_state(path: str, allow_empty: bool = False) -> HostState:
+    """The desired state from a file or stdin. An empty document (0 bytes, `null`, `{}`) would
+    remove everything the agent made: an error unless --allow-empty says that is the intent (a
+    document that lists a section, even `routes: []`, says what it wants)."""
     source = "<stdin>" if path == "-" else path
-    return load_host_state(read_text(path), source)
+    data = load_yaml(read_text(path), source)
+    if data in (None, {}) and not allow_empty:
+        raise StateError([("", f"{source}: empty state: it would remove every route, rule, "
+                           f"address and QoS tree the agent made; pass --allow-empty if that "
+                           f"is the intent")])
+    try:
+        return parse_host_state(data)
+    except StateError as e:
+        raise e.at(source) from None
 
 
 def _mgmt(args) -> Mgmt | None:
@@ -34,6 +47,15 @@ def _mgmt(args) -> Mgmt | None:
     if args.force_mgmt:
         return None
     return Mgmt.parse(args.mgmt) if args.mgmt else Mgmt.from_env()
+
+
+def _watch(args, mgmt: Mgmt | None) -> list[tuple[str, str | None]]:
+    """Addresses whose path must not change: the management client (from the server address
+    it connected to) and every --mgmt-probe; nothing with --force-mgmt."""
+    if args.force_mgmt:
+        return []
+    out: list[tuple[str, str | None]] = [(mgmt.client, mgmt.server)] if mgmt else []
+    return out + [(ip, None) for ip in resolve(args.mgmt_probe or [])]
 
 
 def _emit_ops(args, verb: str, result: Result) -> int:
@@ -61,29 +83,62 @@ def cmd_show(args, target: Target) -> int:
 
 
 def cmd_diff(args, target: Target) -> int:
-    desired = _read_state(args.file)
+    desired = _read_state(args.file, args.allow_empty)
     t0 = time.perf_counter()
     _, ops = plan(target, desired, mgmt=_mgmt(args))
     return _emit_ops(args, "changes needed", Result(ops, time.perf_counter() - t0, dry_run=True))
 
 
+def _store(args, target: Target) -> Store:
+    return Store(target.store_dir, keep=args.keep_history)
+
+
+def recover_at_start(args, target: Target) -> Recovery | None:
+    """An apply killed mid-way left a journal: put the host back before doing anything else.
+    Skipped while another agent holds the lock (its journal is live, not abandoned)."""
+    if not journal.pending(target.store_dir):
+        return None
+    try:
+        with _store(args, target).lock():
+            rec = journal.recover(target, target.store_dir)
+    except StoreBusy:
+        return None
+    if rec is not None:
+        print(f"topo-agent: {rec.describe()}", file=sys.stderr)
+    return rec
+
+
+def cmd_recover(args, target: Target) -> int:
+    rec = recover_at_start(args, target)
+    if args.json:
+        print(json.dumps({"ok": rec is None or not rec.problems, "recovered": rec is not None,
+                          "undone": rec.undone if rec else 0,
+                          "problems": rec.problems if rec else []}))
+    elif rec is None:
+        print("nothing to recover")
+    if rec is not None and rec.problems:
+        return EXIT_ERROR
+    return EXIT_CHANGES if rec is not None and rec.undone else EXIT_OK
+
+
 def cmd_apply(args, target: Target) -> int:
-    desired = _read_state(args.file)
-    store = Store(target.store_dir)
+    desired = _read_state(args.file, args.allow_empty)
+    store = _store(args, target)
+    mgmt = _mgmt(args)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
-                             store=store, mgmt=_mgmt(args))
+                             store=store, mgmt=mgmt, watch=_watch(args, mgmt))
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
 def cmd_rollback(args, target: Target) -> int:
-    store = Store(target.store_dir)
+    store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         previous = store.previous()
         if previous is None:
             raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
         result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe,
-                             mgmt=_mgmt(args))
+                             mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:
             store.pop()
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
@@ -113,17 +168,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--mgmt", metavar="CLIENT_IP,SERVER_IP",
                    help="management connection to protect (default: from SSH_CONNECTION)")
+    p.add_argument("--mgmt-probe", action="append", metavar="ADDR",
+                   help="an address (or DNS name) whose route must be the same after an apply "
+                        "as before (repeatable: gateway, controller, ...)")
     p.add_argument("--force-mgmt", action="store_true",
                    help="allow changes to the interface, address or route of the management "
                         "connection")
+    p.add_argument("--keep-history", type=int, default=DEFAULT_KEEP, metavar="N",
+                   help=f"applied states kept for rollback (default {DEFAULT_KEEP}, min 2)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("show", help="print the observed state as HostState YAML").set_defaults(
         func=cmd_show)
     d = sub.add_parser("diff", help="print the operations that would reach FILE")
     d.add_argument("file", help="HostState YAML, or - for stdin")
+    d.add_argument("--allow-empty", action="store_true",
+                   help="accept an empty state (removes everything the agent made)")
     d.set_defaults(func=cmd_diff)
     a = sub.add_parser("apply", help="make the host match FILE (transactional)")
     a.add_argument("file", help="HostState YAML, or - for stdin")
+    a.add_argument("--allow-empty", action="store_true",
+                   help="accept an empty state (removes everything the agent made)")
     a.add_argument("--dry-run", action="store_true", help="print the operations, change nothing")
     a.add_argument("--no-probe", action="store_true", help="skip next-hop reachability probes")
     a.set_defaults(func=cmd_apply)
@@ -138,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(func=cmd_launch)
     sub.add_parser("stop", help="stop the ranks of a running launch").set_defaults(
         func=cmd_stop)
+    sub.add_parser("recover", help="undo an apply that was killed half-way (every start does "
+                   "this first)").set_defaults(func=cmd_recover)
     return p
 
 
@@ -148,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     def verb() -> int:
         target = Target(netns=args.netns, state_dir=args.state_dir)
         target.check()
+        if args.command != "recover":
+            recover_at_start(args, target)
         return args.func(args, target)
     return run_guarded("topo-agent", verb, json_out=args.json)
 

@@ -98,6 +98,12 @@ def check_host(desired: HostState, obs: Observed) -> None:
                 problems.append((f"{where}.via",
                                  f"gateway {hop.via} is not on link {hop.dev} (it is on "
                                  f"{', '.join(sorted(on))})"))
+    for i, rule in enumerate(desired.rules):
+        for key in ("iif", "oif"):
+            dev = getattr(rule, key)
+            if dev is not None and dev not in obs.links:
+                problems.append((f"rules[{i}].{key}", f"no such link: {dev}"))
+    problems += _foreign_conflicts(desired, obs)
     for i, q in enumerate(desired.qos):
         if q.dev not in obs.links:
             problems.append((f"qos[{i}].dev", f"no such link: {q.dev}"))
@@ -106,6 +112,42 @@ def check_host(desired: HostState, obs: Observed) -> None:
                              f"({obs.foreign_qdiscs[q.dev]}); remove it first"))
     if problems:
         raise StateError(problems)
+
+
+def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str]]:
+    """A desired object whose key an object the agent does not own already holds (a route with
+    the same table/dst/metric, a rule at the same priority, the same IP): the agent would have
+    to replace or shadow someone else's object, and could not give it back. An identical
+    foreign object is no conflict: it already is what is desired."""
+    from topoagent.kernel_ops import route_text, rule_text
+
+    problems = []
+    for i, route in enumerate(desired.routes):
+        have = obs.routes.get(route.key)
+        if have is not None and have.proto != RT_PROTO and not _same_route(route, have.route):
+            problems.append((f"routes[{i}]", f"a route the agent does not own has the same "
+                             f"table/dst/metric: {route_text(have.route)} (proto "
+                             f"{have.proto}); remove it or change the metric"))
+    for i, rule in enumerate(desired.rules):
+        for o in obs.rules:
+            if o.proto == RT_PROTO or o.rule == rule:
+                continue
+            if o.priority == rule.priority:
+                what = rule_text(o.rule) if o.rule is not None else "(not expressible here)"
+                problems.append((f"rules[{i}].priority", f"a rule the agent does not own has "
+                                 f"priority {o.priority}: {what} (protocol {o.proto})"))
+    ips = {a.split("/")[0]: (dev, a, proto) for dev, addrs in obs.addresses.items()
+           for a, proto in addrs.items()}
+    for i, iface in enumerate(desired.interfaces):
+        for j, a in enumerate(iface.addresses):
+            found = ips.get(a.split("/")[0])
+            if found is None:
+                continue
+            dev, have, proto = found
+            if proto != RT_PROTO and (dev, have) != (iface.name, a):
+                problems.append((f"interfaces[{i}].addresses[{j}]", f"{have} on {dev} has "
+                                 f"this IP and is not the agent's (proto {proto})"))
+    return problems
 
 
 def _subnets_after(desired: HostState, obs: Observed) -> dict[str, list]:

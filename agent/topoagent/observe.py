@@ -78,6 +78,7 @@ class ObsRule:
 
     rule: Rule | None
     proto: int
+    priority: int = 0
 
 
 @dataclass
@@ -182,7 +183,7 @@ def _rules(raw: list[RawRule], obs: Observed) -> None:
                             oif=r.oif, to=r.dst, **{"from": r.src})
             except ValueError:
                 rule = None
-        obs.rules.append(ObsRule(rule=rule, proto=r.proto))
+        obs.rules.append(ObsRule(rule=rule, proto=r.proto, priority=r.priority))
 
 
 def _qos(sock, obs: Observed, names: dict[int, str]) -> None:

@@ -54,6 +54,9 @@ _IFNAME = re.compile(r"^[A-Za-z0-9_.:@+-]{1,15}$")
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
 _RATE_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+# HTB keeps a rate in bytes/s and its burst as a 32-bit transmit time: at 1 byte/s that time
+# overflows (8bit failed at apply); 1kbit is comfortably inside what the kernel can express
+MIN_RATE = 1000
 
 
 def _ifname(v: str) -> str:
@@ -77,7 +80,10 @@ def _ipv4(v: Any) -> str:
 
 
 def _ipv4_interface(v: Any) -> str:
-    """`a.b.c.d/len` (host address plus prefix length); a bare address means /32."""
+    """`a.b.c.d/len` (host address plus prefix length). The prefix is required: a bare address
+    would silently become a /32 with no connected route."""
+    if not isinstance(v, str) or "/" not in v:
+        raise ValueError(f"not an IPv4 address with prefix length (a.b.c.d/len): {v!r}")
     try:
         return str(ipaddress.IPv4Interface(str(v)))
     except ValueError:
@@ -113,8 +119,8 @@ def parse_rate(v: Any) -> int:
         if (m.group(3) or "bit").lower() == "bps":
             bits *= 8
         bits = int(round(bits))
-    if not 8 <= bits <= 4 * 10**12:
-        raise ValueError(f"rate out of range (8bit .. 4tbit): {v!r}")
+    if not MIN_RATE <= bits <= 4 * 10**12:
+        raise ValueError(f"rate out of range (1kbit .. 4tbit; HTB cannot express less): {v!r}")
     return bits
 
 
@@ -323,6 +329,21 @@ class HostState(_Model):
                          default_flow_style=False)
 
 
+def _shared_ips(interfaces: list[Interface]) -> list[tuple[str, str]]:
+    """One IP on two links (or twice on one, with two prefixes) is ambiguous: an error."""
+    seen: dict[str, str] = {}
+    out = []
+    for i, iface in enumerate(interfaces):
+        for j, a in enumerate(iface.addresses):
+            ip = a.split("/")[0]
+            where = f"interfaces[{i}].addresses[{j}]"
+            if ip in seen:
+                out.append((where, f"{ip} is already at {seen[ip]}"))
+            else:
+                seen[ip] = where
+    return out
+
+
 def _duplicates(section: str, keys: list, what: str) -> list[tuple[str, str]]:
     seen: dict = {}
     out = []
@@ -344,15 +365,43 @@ def parse_host_state(data: Any, prefix: str = "") -> HostState:
         kind = type(data).__name__
         raise StateError([(prefix, f"expected a mapping of HostState keys, got {kind}")])
     try:
-        return HostState.model_validate(data)
+        state = HostState.model_validate(data)
     except ValidationError as e:
         raise StateError(validation_problems(e, prefix)) from None
+    # a host may have one IP on two links (someone else put it there): `show` and the journal
+    # must describe that, so this is a check of desired documents, not of the model
+    shared = _shared_ips(state.interfaces)
+    if shared:
+        raise StateError([(".".join(filter(None, [prefix, p])), m) for p, m in shared])
+    return state
+
+
+class _UniqueKeyLoader(_Loader):  # type: ignore[misc, valid-type]
+    """A duplicate key in a mapping is an error, not a silent last-wins."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # unhashable key: the base constructor says so
+                    continue
+                if dup:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def load_yaml(text: str, source: str = "<input>") -> Any:
-    """Parse YAML (or JSON) text; StateError naming `source` and the line when malformed."""
+    """Parse YAML (or JSON); StateError naming `source`, line and column when malformed or when
+    a mapping repeats a key."""
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"

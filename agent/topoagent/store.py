@@ -4,7 +4,12 @@ history/0000.json is the baseline: the values of every sysctl and link attribute
 ever changed, as they were before it first changed them (and no addresses, routes, rules or
 QoS). Each successful apply appends the desired state; rollback re-applies the one before the
 newest and drops the newest. One directory per target, so many namespaces never collide.
-Files are JSON (which is YAML too): a 1,000-route state writes and reads in milliseconds."""
+Files are JSON (which is YAML too): a 1,000-route state writes and reads in milliseconds.
+
+The directory is 0700 and every file 0600 (a state names the host's addresses and routes).
+Only the newest `keep` applied states stay (default 20, `--keep-history`), plus the baseline;
+the baseline is written before an apply changes anything, so a crash cannot lose an original
+value. Writes are atomic and fsynced (old or new file, never a torn one)."""
 
 from __future__ import annotations
 
@@ -31,17 +36,28 @@ class StoreBusy(TopoError, RuntimeError):
     """Another topo-agent holds the store's lock (an apply or rollback is running)."""
 
 
+DEFAULT_KEEP = 20
+
+
 class Store:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, keep: int = DEFAULT_KEEP):
         self.root = Path(root)
         self.dir = self.root / "history"
+        self.keep = max(2, keep)  # two: rollback needs the one before the newest
+
+    def _mkdirs(self) -> None:
+        for d in (self.root, self.dir):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if d.stat().st_mode & 0o077:
+                d.chmod(0o700)  # made by an older agent with the umask's 0755
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """One apply or rollback at a time per target; a second one fails at once instead of
         interleaving its operations with the first."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "lock", "w") as f:
+        self._mkdirs()
+        fd = os.open(self.root / "lock", os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -65,21 +81,51 @@ class Store:
             return None
         return with_baseline(_load(files[-2]), _load(files[0]))
 
-    def _write(self, n: int, text: str) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{n:04d}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.dir / f"{n:04d}.json")  # atomic: a crash leaves old or new
+    def history_len(self) -> int:
+        return len(self._files())
 
-    def push(self, desired: HostState, baseline_additions: HostState) -> None:
+    def _write(self, n: int, text: str) -> None:
+        self._mkdirs()
+        tmp = self.dir / f".{n:04d}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / f"{n:04d}.json")  # atomic: a crash leaves old or new
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def save_baseline(self, additions: HostState) -> None:
+        """Merge the original values an apply is about to overwrite into the baseline (first
+        seen wins), before the apply changes them."""
         files = self._files()
-        if not files or baseline_additions != HostState():
-            base = _load(files[0]) if files else HostState()
-            self._write(0, _text(merge_baseline(base, baseline_additions)))
+        if files and additions == HostState():
+            return
+        base = _load(files[0]) if files else HostState()
+        merged = merge_baseline(base, additions)
+        if not files or merged != base:
+            self._write(0, _text(merged))
+
+    def push(self, desired: HostState) -> None:
+        files = self._files()
+        if not files:
+            self.save_baseline(HostState())
+            files = self._files()
         text = _text(desired)
         if len(files) > 1 and files[-1].read_text() == text:
             return  # re-applying the same state does not grow the history
         self._write(int(files[-1].stem) + 1 if len(files) > 1 else 1, text)
+        self.prune()
+
+    def prune(self) -> None:
+        """Keep the baseline and the newest `keep` applied states."""
+        files = self._files()
+        for f in files[1:-self.keep]:
+            f.unlink()
 
     def pop(self) -> None:
         files = self._files()

@@ -205,7 +205,7 @@ def test_foreign_objects_survive_apply_diff_and_rollback(host: Host):
     sh(["ip", "-n", ns, "addr", "add", "10.231.4.1/24", "dev", "tpd0"])
     sh(["ip", "-n", ns, "route", "add", "10.236.50.0/24", "via", "10.231.4.9", "proto", "static"])
     sh(["ip", "-n", ns, "route", "add", "10.236.51.0/24", "dev", "tpd0", "table", "100"])
-    sh(["ip", "-n", ns, "rule", "add", "priority", "1000", "to", "10.236.50.0/24", "table", "50"])
+    sh(["ip", "-n", ns, "rule", "add", "priority", "1500", "to", "10.236.50.0/24", "table", "50"])
     sh(["ip", "-n", ns, "rule", "add", "priority", "5000", "fwmark", "9", "table", "51"])
     sh(["tc", "-n", ns, "qdisc", "add", "dev", "tpd0", "root", "handle", "5:", "tbf", "rate",
         "10mbit", "burst", "32kbit", "latency", "50ms"])
@@ -227,7 +227,10 @@ def test_foreign_objects_survive_apply_diff_and_rollback(host: Host):
     smaller = dict(state, rules=[], routes=state["routes"][:1], qos=[])
     assert host.apply(smaller).returncode == 2
     still_there()
-    assert host.apply({}).returncode == 2  # deletes every object the agent made, nothing else
+    assert host.apply({}).returncode == 1  # an empty state must say so
+    still_there()
+    # deletes every object the agent made, nothing else
+    assert host.apply({}, "--allow-empty").returncode == 2
     still_there()
     assert host.agent("rollback").returncode == 2
     still_there()

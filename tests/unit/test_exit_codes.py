@@ -148,7 +148,7 @@ def test_agent_success_codes(make_netns, tmp_path, capsys):
     state = tmp_path / "s.yaml"
     state.write_text(yaml.safe_dump({"sysctl": {"ip_forward": True}}))
     empty = tmp_path / "empty.yaml"
-    empty.write_text("{}\n")
+    empty.write_text("routes: []\n")  # an explicit (empty) intent, not an empty document
 
     def agent(*args: str) -> int:
         return agent_cli.main([*base, *args])
