@@ -33,14 +33,7 @@ from topoagent.protocol import TopoError
 
 
 class TopologyError(TopoError):
-    """A topology request that cannot be met (bad n, degree or group size)."""
-
-    def __init__(self, message: str, path: str = ""):
-        super().__init__([(path, message)] if path else [("", message)])
-        self.message = message
-
-    def __str__(self) -> str:  # one clear line, no YAML path decoration
-        return self.message
+    """A topology request that cannot be met (n, degree, group size, ports)."""
 
 
 def placement_stride(n: int, g: int) -> int:
