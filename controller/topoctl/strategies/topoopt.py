@@ -45,7 +45,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import arc_id, network_from_fabric
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.spec.cluster import DirectFabric
+from topoctl.spec.cluster import ClusterError, DirectFabric
 from topoctl.strategies import PlanContext, Strategy
 from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
 
@@ -54,8 +54,8 @@ MCMC_ITERATIONS = 24
 MCMC_SEED = 12
 MCMC_ALPHA = 20.0  # acceptance exp(-alpha * relative slowdown)
 TREES_MAX_HOSTS = 64  # tree packing beyond this is left out (reported)
-ECMP_PATHS = 4
-PATH_CHUNKS = 64  # pipelining chunks per tree and bucket (a path tree is n/2 deep)  # simulator: paths per (src, dst)
+ECMP_PATHS = 4  # simulator: paths per (src, dst)
+PATH_CHUNKS = 64  # pipelining chunks per tree and bucket (a path tree is n/2 deep)
 
 
 @dataclass
@@ -299,10 +299,20 @@ def mcmc(ctx: PlanContext, cur: _Design, cands: list[str], own: dict[str, str],
 
 
 def plan(ctx: PlanContext) -> Strategy:
+    """The strategy (see the module docstring); errors are ClusterErrors naming the YAML path
+    (the planner prints them against the cluster file)."""
     if not isinstance(ctx.cluster.fabric, DirectFabric):
-        raise TopologyError("strategy topoopt needs a direct-connect cluster (fabric.kind: "
-                            "direct, hosts' ports on a patch panel or optical switch)",
-                            "fabric.kind")
+        raise ClusterError([("fabric.kind", "strategy topoopt needs a direct-connect cluster "
+                                            "(kind: direct: hosts' ports on a patch panel or "
+                                            "optical switch)")])
+    try:
+        return _plan(ctx)
+    except TopologyError as e:
+        where = "hosts" if "ports" in str(e) else "fabric"
+        raise ClusterError([(where, f"strategy topoopt: {e}")]) from None
+
+
+def _plan(ctx: PlanContext) -> Strategy:
     mp_allowed = ctx.job.parallelism.model and ctx.world_size == len(ctx.hosts)
     cands = mp_candidates(ctx.graph) if mp_allowed else []
     own = owners(list(ctx.hosts), cands)
