@@ -54,6 +54,7 @@ MCMC_ITERATIONS = 24
 MCMC_SEED = 12
 MCMC_ALPHA = 20.0  # acceptance exp(-alpha * relative slowdown)
 TREES_MAX_HOSTS = 64  # tree packing beyond this is left out (reported)
+EXACT_RINGS_UP_TO = 64  # members; larger: one ring stands for all (see totient_algorithm)
 ECMP_PATHS = 4  # simulator: paths per (src, dst)
 PATH_CHUNKS = 64  # pipelining chunks per tree and bucket (a path tree is n/2 deep)
 
@@ -133,12 +134,18 @@ def _network(ctx: PlanContext, topo: Topology, fabric: FabricGraph, hops) -> Net
     return Network(base.links, route, {})
 
 
-def totient_algorithm(orders: list[list[str]]):
+def totient_algorithm(orders: list[list[str]], exact_up_to: int = EXACT_RINGS_UP_TO):
     """AllReduce split evenly over several rings (one per order): each ring carries 1/k of the
-    buffer. The orders must have the same members."""
+    buffer. The orders must have the same members. Above `exact_up_to` members only the first
+    ring is simulated, carrying 1/k: the rings of distinct strides and directions use disjoint
+    link directions, so with no other traffic this is the same time at 1/k of the cost (with
+    model-parallel traffic, the other rings' load on its links is left out)."""
 
     def algorithm(members, size: float) -> Schedule:
         k = len(orders)
+        if len(orders[0]) > exact_up_to:
+            unit = _ring_steps(tuple(orders[0]), 2 * (len(orders[0]) - 1))
+            return Schedule("totient-rings", tuple(orders[0]), unit, size / k)
         steps: list[Step] = []
         for order in orders:
             base = len(steps)
