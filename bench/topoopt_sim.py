@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for d in (int(x) for x in args.degrees.split(",")):
         for speed in args.speeds.split(","):
-            for w in args.workloads.split(","):
+            for w in [x for x in args.workloads.split(",") if x]:
                 print(f"n={args.hosts} d={d} {speed} {w} ...", file=sys.stderr, flush=True)
                 results.append({"n": args.hosts, "d": d, "speed": speed, "workload": w,
                                 "fabrics": run_case(args.hosts, d, speed, w)})

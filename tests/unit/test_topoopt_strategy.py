@@ -79,3 +79,40 @@ def test_switched_cluster_and_too_few_ports_are_clear_errors():
                   use_cache=False)
     with pytest.raises(ClusterError, match="at least 2 ports"):
         make_plan(parse_cluster(_cluster(4, 1)), parse_job(JOB), use_cache=False)
+
+
+def _with_macs(data: dict) -> dict:
+    for i, h in enumerate(data["hosts"]):
+        for k, nic in enumerate(h["nics"]):
+            nic["mac"] = f"02:00:00:00:{i:02x}:{k:02x}"
+    return data
+
+
+def test_tc_offload_rules_are_rendered_and_valid():
+    job = JOB | {"forwarding": "tc-offload"}
+    doc, _, _ = make_plan(parse_cluster(_with_macs(_cluster(6, 2))), parse_job(job),
+                          use_cache=False)
+    st = doc["hosts"]["h0"]
+    fw = parse_host_state(st).forwarding
+    assert fw.mode == "tc-offload"
+    # a ring of 6 (d = 2): h0 forwards for the 5 others from each of its 2 ports but the
+    # egress one -> 5 rules, each rewriting to the next hop's MAC
+    assert len(fw.rules) == 5
+    macs = {nic["mac"] for h in _with_macs(_cluster(6, 2))["hosts"] for nic in h["nics"]}
+    assert all(r.dst_mac in macs and r.dev != r.redirect for r in fw.rules)
+    assert "tc-offload" in doc["metadata"]["collective"]["forwarding"]
+
+
+def test_tc_offload_needs_macs_and_is_refused_without_flower():
+    from topoagent.diff import check_host, tc_offload_available
+    from topoagent.observe import Observed
+    from topoagent.state import StateError
+
+    with pytest.raises(ClusterError, match="needs its mac"):
+        make_plan(parse_cluster(_cluster(6, 2)), parse_job(JOB | {"forwarding": "tc-offload"}),
+                  use_cache=False)
+    if tc_offload_available():
+        pytest.skip("this kernel has tc flower and pedit")
+    desired = parse_host_state({"forwarding": {"mode": "tc-offload"}})
+    with pytest.raises(StateError, match="tc flower and pedit"):
+        check_host(desired, Observed())

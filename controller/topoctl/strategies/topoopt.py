@@ -358,9 +358,29 @@ def _plan(ctx: PlanContext) -> Strategy:
                           "matching": t.matching or "none"},
              "allreduce": alls, "model_parallel": sorted(final.mp), "rounds": history,
              "forwarding": "kernel"}
+    extra = {}
+    if ctx.job.forwarding == "tc-offload":
+        extra = offload_extra(ctx, final)
+        notes["forwarding"] = "tc-offload (tc flower + pedit + mirred; the agent refuses it on " \
+                              "kernels without cls_flower/act_pedit)"
     return Strategy(name="topoopt", fabric=final.fabric, hops=final.hops,  # type: ignore[arg-type]
                     network=final.network, tasks=final.tasks, collective=final.collective,
-                    buckets=final.buckets, routes=final.routes, notes=notes)
+                    buckets=final.buckets, routes=final.routes, notes=notes, extra=extra)
+
+
+def offload_extra(ctx: PlanContext, d: _Design) -> dict[str, dict]:
+    """`forwarding: {mode: tc-offload, rules}` per host (`topoctl.render.offload`)."""
+    from topoctl.render.addressing import AddressingError, assign
+    from topoctl.render.offload import OffloadError, offload_rules
+
+    try:
+        addr = assign(d.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
+        rules = offload_rules(d.fabric, d.hops, addr.training, d.routes, list(ctx.hosts))
+    except AddressingError as e:
+        raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
+    except OffloadError as e:
+        raise ClusterError(e.problems) from None
+    return {h: {"forwarding": {"mode": "tc-offload", "rules": r}} for h, r in rules.items()}
 
 
 def _r(x: float) -> float:
