@@ -294,13 +294,33 @@ class Qos(_Model):
         return out
 
 
+class OffloadRule(_Model):
+    """One TopoOpt-testbed forwarding rule: packets arriving on `dev` for `dst` get destination
+    MAC `dst_mac` (tc pedit) and leave by `redirect` (tc mirred), i.e.
+    `tc filter add dev DEV ingress protocol ip flower dst_ip DST action pedit ex munge eth dst
+    set DST_MAC pipe action mirred egress redirect dev REDIRECT`."""
+
+    dev: IfName
+    dst: IPv4Net
+    dst_mac: Mac
+    redirect: IfName
+
+
 class Forwarding(_Model):
     """How this host forwards traffic for others (TopoOpt's host-based forwarding).
 
     `kernel`: IP forwarding in the kernel. `tc-offload`: RoCE NICs forward in hardware through tc
-    flower rules with pedit; rendered and validated here, applied only where the kernel has them."""
+    flower rules with pedit (`rules`); rendered and validated here, applied only where the
+    kernel has them."""
 
     mode: Literal["kernel", "tc-offload"] = "kernel"
+    rules: list[OffloadRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rules_need_offload(self) -> Forwarding:
+        if self.rules and self.mode != "tc-offload":
+            raise StateError([("rules", "offload rules need mode: tc-offload")])
+        return self
 
 
 class HostState(_Model):

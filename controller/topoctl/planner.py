@@ -153,7 +153,9 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
         hosts = render_hosts(s.fabric, s.hops, addr, s.routes, s.rates)
         for h, sections in s.extra.items():
             for key, items in sections.items():
-                hosts[h][key] = hosts[h].get(key, []) + list(items)
+                # lists append to the rendered section; mappings (forwarding) are set
+                hosts[h][key] = dict(items) if isinstance(items, dict) else \
+                    hosts[h].get(key, []) + list(items)
     except AddressingError as e:
         raise ClusterError(e.problems) from None
     bound, bound_name = lower_bound(ctx, s.buckets)

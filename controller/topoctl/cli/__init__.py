@@ -26,6 +26,7 @@ COMMANDS: list[str] = [
     "topoctl.cli.plan",
     "topoctl.cli.run",
     "topoctl.cli.sync",
+    "topoctl.cli.topology",
 ]
 
 

@@ -18,6 +18,7 @@
                                          # device: A100 (plan as if every GPU were one)
                                          # scale: 4 (compute slowdown, e.g. ranks per core)
     hosts: [h0, h1]                      # optional subset; default: every host with GPUs
+    forwarding: kernel                   # or tc-offload (RoCE NICs; strategy topoopt)
     launch: {backend: gloo, port: 29500, threads: 1, iterations: 10,
              command: [python3, -m, topoagent.train]}
 
@@ -166,6 +167,9 @@ class Job(Model):
     cost: CostSpec = Field(default_factory=CostSpec)
     hosts: list[str] | None = None
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
+    # how hosts forward for others on direct fabrics: kernel IP forwarding, or tc flower rules
+    # with pedit/mirred (RoCE NICs, TopoOpt's testbed; rendered by strategy topoopt)
+    forwarding: Literal["kernel", "tc-offload"] = "kernel"
 
     @model_validator(mode="after")
     def _checks(self) -> Job:

@@ -81,8 +81,9 @@ class Strategy:
     routes: dict[tuple[str, str], list[tuple[str, float]]] = field(default_factory=dict)
     rates: dict[tuple[str, str], int] = field(default_factory=dict)
     # host -> HostState sections appended verbatim after rendering, e.g. {"rules": [...],
-    # "routes": [...]} for policy routing in custom tables (the schema still validates them)
-    extra: dict[str, dict[str, list]] = field(default_factory=dict)
+    # "routes": [...]} for policy routing in custom tables (the schema still validates them);
+    # a mapping value (e.g. "forwarding") replaces the section
+    extra: dict[str, dict[str, list | dict]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
 
