@@ -16,6 +16,7 @@ from topoagent.state import format_rate
 from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.fabric.graph import FabricGraph
 from topoctl.render.addressing import Addressing
+from topoctl.render.pipeline import pipeline_addresses
 from topoctl.render.validate import validate_plan  # noqa: F401  (re-exported)
 from topoctl.spec.cluster import Cluster, format_duration
 
@@ -40,6 +41,8 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
                 local_batch: int, collective: dict, buckets: list[int]) -> dict:
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
+    if collective.get("algorithm") == "pipeline":  # which training addresses talk to which
+        collective = pipeline_addresses(collective, addr.training)
     procs: dict[str, list[dict]] = {}
     for h in hosts:
         rs = ranks[h]
