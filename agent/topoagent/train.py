@@ -63,6 +63,10 @@ def main() -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     job = json.loads(open(os.environ["TOPOCTL_JOB"]).read())
+    if job.get("collective", {}).get("algorithm") == "pipeline":  # a placed model: stages
+        from topoagent.pipeline import main as pipeline_main
+
+        return pipeline_main(job)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
     torch.set_num_threads(int(job.get("threads", 1)))

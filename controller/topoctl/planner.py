@@ -25,6 +25,8 @@ from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
 from topoctl.strategies import PlanContext, Strategy, StrategyError, available
 
+PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data parallelism
+
 
 @dataclass
 class Evaluated:
@@ -56,9 +58,11 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
         if s not in known:
             raise JobError([(f"strategies[{i}]", f"unknown strategy {s!r} (known: "
                                                  f"{', '.join(sorted(known))})")])
-    if not job.parallelism.data:
-        raise JobError([("parallelism.data", "only data-parallel strategies exist so far; "
-                                             "allow data: true")])
+    dp_only = [s for s in job.strategies if s not in PIPELINE_STRATEGIES]
+    if not job.parallelism.data and dp_only:
+        raise JobError([("parallelism.data", f"{', '.join(dp_only)}: data-parallel strategies; "
+                                             "allow data: true or list only "
+                                             f"{' / '.join(sorted(PIPELINE_STRATEGIES))}")])
     ranks, r = {}, 0
     for h in hosts:
         n = cluster.gpus(h).count

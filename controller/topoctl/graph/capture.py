@@ -79,12 +79,47 @@ def _owned_params(node: fx.Node, gm: fx.GraphModule, seen: set[int]) -> list[tup
     return out
 
 
+class _WhereTracer(fx.Tracer):
+    """A symbolic tracer that remembers which module it is inside and the last op it
+    recorded, so a failed trace can name where it stopped (module path, class, last op)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.failed_in: str | None = None  # innermost module when the trace raised
+        self.last: str | None = None
+
+    def call_module(self, m, forward, args, kwargs):
+        path = self.path_of_module(m)
+        self.stack.append(f"{path or '<root>'} ({type(m).__name__})")
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed_in is None:
+                self.failed_in = self.stack[-1]
+            raise
+        finally:
+            self.stack.pop()
+
+    def create_node(self, *args, **kwargs):
+        node = super().create_node(*args, **kwargs)
+        self.last = node.name
+        return node
+
+    def where(self) -> str:
+        inside = self.failed_in or "the model's forward"
+        return inside + (f", after op {self.last}" if self.last else "")
+
+
 def capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], name: str = "model") -> OpGraph:
     """Trace `model` and propagate shapes of `inputs` (on any device; `meta` is cheapest)."""
+    tracer = _WhereTracer()
     try:
-        gm = fx.symbolic_trace(model)
+        gm = fx.GraphModule(model, tracer.trace(model), type(model).__name__)
     except Exception as e:  # fx raises many types for untraceable control flow
-        raise CaptureError(f"torch.fx cannot trace {name}: {e}") from None
+        raise CaptureError(f"torch.fx cannot trace {name}: stopped in {tracer.where()}: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                           ) from None
     try:
         ShapeProp(gm).propagate(*inputs)
     except Exception as e:

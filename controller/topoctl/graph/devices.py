@@ -15,15 +15,18 @@ class Device:
     mem_bw: float  # bytes/s
     launch: float = 5e-6  # fixed cost per kernel (launch + scheduling), seconds
     efficiency: float = 0.6  # achievable fraction of the roofline on real kernels
+    memory: float = 80e9  # bytes the device holds (placement's memory limit)
 
     def peak(self, dtype: str) -> float:
         return self.flops.get(dtype, self.flops["float32"])
 
 
 DEVICES: dict[str, Device] = {d.name: d for d in [
-    Device("V100", {"float32": 15.7e12, "float16": 125e12, "bfloat16": 15.7e12}, 900e9),
+    Device("V100", {"float32": 15.7e12, "float16": 125e12, "bfloat16": 15.7e12}, 900e9,
+           memory=32e9),
     Device("A100", {"float32": 19.5e12, "float16": 312e12, "bfloat16": 312e12}, 2039e9),
     Device("H100", {"float32": 67e12, "float16": 989e12, "bfloat16": 989e12}, 3350e9),
     # a generic server CPU socket, only for rough roofline planning without a GPU
-    Device("CPU", {"float32": 1e12, "float16": 0.5e12, "bfloat16": 1e12}, 100e9, 2e-6, 0.3),
+    Device("CPU", {"float32": 1e12, "float16": 0.5e12, "bfloat16": 1e12}, 100e9, 2e-6, 0.3,
+           memory=64e9),
 ]}

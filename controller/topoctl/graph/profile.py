@@ -36,7 +36,8 @@ def device_table(cluster) -> dict[str, Device]:
     out = dict(DEVICES)
     for name, t in cluster.gpu_types.items():
         flops = dict.fromkeys(("float32", "float16", "bfloat16"), t.peak_flops)
-        out[name] = Device(name, flops, t.memory_bandwidth)
+        out[name] = Device(name, flops, t.memory_bandwidth,
+                           **({"memory": t.memory} if t.memory else {}))
     return out
 
 

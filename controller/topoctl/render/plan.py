@@ -18,6 +18,7 @@ from topoagent.wire import LaunchSpec
 from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.fabric.graph import FabricGraph
 from topoctl.render.addressing import Addressing
+from topoctl.render.pipeline import pipeline_addresses
 from topoctl.render.validate import validate_plan  # noqa: F401  (re-exported)
 from topoctl.spec.cluster import Cluster, format_duration
 
@@ -45,6 +46,8 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
     model as an import path. `job` is the validated Job; `ranks` host -> global ranks."""
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
+    if collective.get("algorithm") == "pipeline":  # which training addresses talk to which
+        collective = pipeline_addresses(collective, addr.training)
     procs: dict[str, list[dict]] = {}
     for h in hosts:
         rs = ranks[h]

@@ -28,6 +28,9 @@ class RankStats:
     host: str
     iterations: list[float] = field(default_factory=list)  # seconds per iteration
     checksum: str | None = None
+    # pipeline plans: ranks of one stage hold the same parameters; < 0: a host without a stage
+    stage: int | None = None
+    losses: list[float] = field(default_factory=list)  # as reported (pipeline: last stage)
 
     def median(self) -> float | None:
         xs = self.iterations[WARMUP:] or self.iterations
@@ -53,9 +56,12 @@ class RunResult:
 
     @property
     def synchronous(self) -> bool:
-        """Every rank ended with the same parameters."""
-        sums = {r.checksum for r in self.ranks.values()}
-        return len(sums) == 1 and None not in sums
+        """Every rank ended with the same parameters (pipeline: every rank of a stage)."""
+        groups: dict[int | None, set] = {}
+        for r in self.ranks.values():
+            groups.setdefault(r.stage, set()).add(r.checksum)
+        return bool(groups) and all(len(v) == 1 and (None not in v or (s is not None and s < 0))
+                                    for s, v in groups.items())
 
     def to_dict(self) -> dict:
         return {"exit_code": self.exit_code, "seconds": round(self.seconds, 3),
@@ -63,6 +69,8 @@ class RunResult:
                 "failure": self.failure,
                 "ranks": {r: {"host": s.host, "iterations": len(s.iterations),
                               "median": s.median(), "checksum": s.checksum}
+                          | ({"stage": s.stage, "losses": s.losses} if s.stage is not None
+                             else {})
                           for r, s in sorted(self.ranks.items())}}
 
 
@@ -109,6 +117,8 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
         with lock:
             if event and event.get("event") == "iter" and rank in ranks:
                 ranks[rank].iterations.append(float(event["seconds"]))
+                if event.get("stage") is not None and event.get("loss") is not None:
+                    ranks[rank].losses.append(float(event["loss"]))
                 if rank == min(ranks) and not verbose:
                     n = len(ranks[rank].iterations)
                     dt = time.perf_counter() - t0
@@ -117,6 +127,7 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
                     return
             elif event and event.get("event") == "done" and rank in ranks:
                 ranks[rank].checksum = event["checksum"]
+                ranks[rank].stage = event.get("stage")
             elif event and event.get("event") == "failed":
                 failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
                                 "lines:\n    " + "\n    ".join(event.get("last", [])))

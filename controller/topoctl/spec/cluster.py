@@ -151,6 +151,7 @@ class GpuType(Model):
 
     peak_flops: Annotated[float, Field(gt=0)]  # FLOP/s
     memory_bandwidth: Annotated[float, Field(gt=0)]  # bytes/s
+    memory: Annotated[float, Field(gt=0)] | None = None  # bytes per device (placement limit)
 
 
 class Nic(Model):

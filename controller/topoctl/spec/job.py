@@ -119,9 +119,14 @@ class BatchSpec(Model):
 
 
 class Parallelism(Model):
+    """`microbatches` per iteration and `search` (auto: MILP on small coarse graphs, else the
+    heuristic) for the pipeline strategies (`placement`, `pipeline`)."""
+
     data: bool = True
     model: bool = False
     pipeline: bool = False
+    microbatches: Annotated[int, Field(ge=1, le=1024)] = 4
+    search: Literal["auto", "milp", "heuristic", "partition"] = "auto"
 
 
 class SyncSpec(Model):

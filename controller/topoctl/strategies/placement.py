@@ -1,0 +1,263 @@
+"""Planner strategies ``placement`` and ``pipeline``: the model split into pipeline stages over
+the hosts, optionally each stage data-parallel over a group of hosts (hybrid).
+
+``placement`` (the thesis's pipeline): coarsen the op graph (`graph.coarsen.coarsen_graph`:
+fusion + co-location groups, thresholds from the cost distribution), then place the coarse
+graph on the stage groups with the exact MILP (`placement.milp`, HiGHS, deterministic node
+limit) when it is small and the HEFT heuristic (`placement.heft`) always, keeping the better
+under the shared objective. ``pipeline`` is the baseline: the balanced contiguous partition
+(`placement.partition`) of the same coarse graph, as GPipe/PipeDream-style tools split a model.
+
+Candidates: every g dividing the host count with H/g >= 2 stage groups of g consecutive hosts
+(g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
+s + 1). Each is scored by the simulator: per replica, a GPipe iteration of `microbatches`
+micro-batches (every forward, then every backward in reverse, one compute stream per host),
+activations and their gradients crossing consecutive stages as flows on the fabric, then one
+ring AllReduce of the stage's gradients over its group and the optimiser step. The fastest
+candidate is returned. Stages are the placement's devices in the order of the acyclic graph
+between them; values produced before a boundary and read after it cross it (the runtime,
+`topoagent.pipeline`, forwards them stage by stage), which is what the simulator charges.
+
+Bad input: a model that fits on no device, fewer hosts than the memory needs, a batch that
+does not split into micro-batches: `JobError` naming the cause; nothing is written.
+O(candidates * (search + simulation)).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import networkx as nx
+
+from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
+from topoctl.placement import heft, milp, partition
+from topoctl.placement.build import build_problem, route_matrix
+from topoctl.placement.problem import Placement, PlacementError, PlacementProblem
+from topoctl.sim.collectives import ring_allreduce
+from topoctl.sim.engine import simulate
+from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.tasks import Collective, Compute, Task, Transfer
+from topoctl.spec.job import JobError
+from topoctl.strategies import PlanContext, Strategy
+
+MILP_MAX_VARS = 400  # nodes x devices up to which the MILP runs on the coarse graph
+MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
+
+
+@dataclass
+class Candidate:
+    groups: list[list[str]]
+    placement: Placement
+    stages: list[list[str]]  # fx op names per stage, in stage order
+    stage_groups: list[list[str]]  # hosts per stage
+    strategy: Strategy
+    iteration_time: float
+
+
+def stage_order(p: PlacementProblem, assign: list[int]) -> list[int] | None:
+    """Devices in use, in the topological order of the graph between them (None: cyclic)."""
+    dg = nx.DiGraph()
+    dg.add_nodes_from(sorted(set(assign)))
+    dg.add_edges_from({(assign[i], assign[j]) for i, j in p.edges if assign[i] != assign[j]})
+    try:
+        return list(nx.lexicographical_topological_sort(
+            dg, key=lambda d: min(i for i, a in enumerate(assign) if a == d)))
+    except nx.NetworkXUnfeasible:
+        return None
+
+
+def cut_bytes(ctx: PlanContext, stage_of: dict[str, int], nstages: int, scale: float
+              ) -> list[float]:
+    """Bytes crossing the boundary after each stage (all values live across it)."""
+    last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
+    for o in ctx.graph.ops:
+        for i in o.inputs:
+            if i in last:
+                last[i] = max(last[i], stage_of[o.name])
+    out = [0.0] * max(0, nstages - 1)
+    for o in ctx.graph.ops:
+        for s in range(stage_of[o.name], last[o.name]):
+            out[s] += o.out_bytes * scale
+    return out
+
+
+def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
+                   micro: int, scale: float) -> tuple[list[Task], list[int]]:
+    """One GPipe iteration per replica, then per-stage AllReduce and step (module docstring).
+    Returns (tasks, gradient bytes per stage)."""
+    stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
+    cut = cut_bytes(ctx, stage_of, len(stages), scale)
+    ops = ctx.graph.by_name()
+    grads = [sum(ops[o].param_bytes for o in st) for st in stages]
+    k, g = len(stages), len(groups[0])
+
+    def fwd(s: int, h: str) -> float:
+        c = ctx.host_costs(h)
+        return scale * sum(c[o].fwd for o in stages[s])
+
+    def bwd(s: int, h: str) -> float:
+        c = ctx.host_costs(h)
+        return scale * sum(c[o].bwd for o in stages[s])
+
+    tasks: list[Task] = []
+    for r in range(g):
+        for m in range(micro):
+            for s in range(k):
+                h = groups[s][r]
+                deps = (f"act{s - 1}.{m}.{r}",) if s else ()
+                tasks.append(Compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps))
+                if s + 1 < k:
+                    tasks.append(Transfer(f"act{s}.{m}.{r}", h, groups[s + 1][r], cut[s],
+                                          (f"F{s}.{m}.{r}",)))
+    for r in range(g):
+        for m in reversed(range(micro)):
+            for s in reversed(range(k)):
+                h = groups[s][r]
+                deps = (f"F{s}.{m}.{r}",) + ((f"grad{s}.{m}.{r}",) if s + 1 < k else ())
+                tasks.append(Compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps))
+                if s:
+                    tasks.append(Transfer(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
+                                          cut[s - 1], (f"B{s}.{m}.{r}",)))
+    for s in range(k):
+        done = tuple(f"B{s}.{m}.{r}" for m in range(micro) for r in range(g))
+        if g > 1 and grads[s]:
+            tasks.append(Collective(f"ar{s}", ring_allreduce(groups[s], float(grads[s])), done))
+            done = (f"ar{s}",)
+        for r in range(g):
+            h = groups[s][r]
+            d = ctx.device[h]
+            step = ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency))
+            tasks.append(Compute(f"step{s}.{r}", h, step, done))
+    return tasks, grads
+
+
+def _search(p: PlacementProblem, method: str) -> Placement:
+    if method == "partition":
+        return partition.place(p)
+    best = heft.place(p)
+    if method in ("auto", "milp") and (method == "milp" or
+                                       len(p.nodes) * len(p.devices) <= MILP_MAX_VARS):
+        try:
+            m = milp.place(p, node_limit=MILP_NODE_LIMIT)
+        except PlacementError:
+            m = None
+        if m is not None and m.objective < best.objective:
+            best = m
+    return best
+
+
+def _capacity(ctx: PlanContext) -> dict[str, float]:
+    return {h: ctx.device[h].memory for h in ctx.hosts}
+
+
+def _coarse(ctx: PlanContext) -> tuple[CoarseGraph, dict]:
+    ref = ctx.host_costs(ctx.hosts[0])
+    fine = from_opgraph(ctx.graph, ref)
+    hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
+    bw, _ = route_matrix(network_from_fabric(ctx.fabric, hops), ctx.hosts)
+    slowest = min(bw.values(), default=1e9)
+    coarse, stats = coarsen_graph(fine, slowest)
+    return coarse, stats.to_dict()
+
+
+def search(ctx: PlanContext, method: str, name: str) -> Strategy:
+    """All candidates (module docstring), the fastest as a Strategy."""
+    t0 = time.perf_counter()
+    hosts = list(ctx.hosts)
+    if ctx.world_size != len(hosts):
+        raise JobError([("strategies", f"strategy {name}: one rank per host (gpus.count: 1); "
+                                       f"the job has {ctx.world_size} ranks on {len(hosts)} "
+                                       "hosts")])
+    if len(hosts) < 2:
+        raise JobError([("hosts", f"strategy {name}: a pipeline needs at least 2 hosts, the "
+                                  f"job has {len(hosts)}")])
+    micro = ctx.job.parallelism.microbatches
+    coarse, cstats = _coarse(ctx)
+    hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
+    network = network_from_fabric(ctx.fabric, hops)
+    op_cost = {h: {o: c.fwd + c.bwd for o, c in ctx.host_costs(h).items()} for h in hosts}
+    cap = _capacity(ctx)
+    global_batch = ctx.job.batch.global_
+    cands: list[Candidate] = []
+    errors: list[str] = []
+    for g in [d for d in range(1, len(hosts) // 2 + 1) if len(hosts) % d == 0]:
+        if global_batch % (g * micro):
+            errors.append(f"{len(hosts) // g} stages x {g} replicas: batch.global "
+                          f"{global_batch} does not split into {g} x {micro} micro-batches")
+            continue
+        groups = [hosts[i:i + g] for i in range(0, len(hosts), g)]
+        scale = global_batch / (g * micro) / ctx.local_batch
+        p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
+        try:
+            pl = _search(p, method)
+        except PlacementError as e:
+            errors.append(str(e))
+            continue
+        order = stage_order(p, pl.assign)
+        if order is None:  # stages must form a chain for the runtime: fall back to contiguous
+            pl = partition.place(p)
+            order = stage_order(p, pl.assign)
+        stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
+                          for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
+                  for d in order]
+        sgroups = [groups[d] for d in order]
+        tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale)
+        res = simulate(tasks, network, record=False)
+        strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=network, tasks=tasks,
+                         collective={}, buckets=[b for b in grads if b])
+        cands.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
+    if not cands:
+        raise JobError([("model", f"strategy {name}: no pipeline fits: " + "; ".join(
+            dict.fromkeys(errors)) + _min_devices_hint(ctx, coarse, cap, micro))]) from None
+    best = min(cands, key=lambda c: (c.iteration_time, len(c.groups[0])))
+    s = best.strategy
+    stage_of = {op: i for i, ops in enumerate(best.stages) for op in ops}
+    g = len(best.stage_groups[0])
+    scale = global_batch / (g * micro) / ctx.local_batch
+    cut = cut_bytes(ctx, stage_of, len(best.stages), scale)
+    s.collective = {
+        "algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
+        "micro_batch": global_batch // (g * micro), "replicas": g,
+        "stages": [{"hosts": list(grp), "ranks": [ctx.ranks[h][0] for h in grp],
+                    "ops": list(ops), "send_bytes": int(cut[i]) if i < len(cut) else 0}
+                   for i, (grp, ops) in enumerate(zip(best.stage_groups, best.stages,
+                                                       strict=True))]}
+    s.notes = {"search": best.placement.algorithm, "gap": best.placement.gap,
+               "stages": len(best.stages), "replicas": g,
+               "objective_s": best.placement.objective,
+               "coarsening": cstats, "candidates": {
+                   f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands},
+               "search_seconds": time.perf_counter() - t0}
+    return s
+
+
+def _fx_pos(ctx: PlanContext):
+    pos = {o.name: i for i, o in enumerate(ctx.graph.ops)}
+    return pos.__getitem__
+
+
+def _min_devices_hint(ctx: PlanContext, coarse: CoarseGraph, cap: dict[str, float],
+                      micro: int) -> str:
+    from topoctl.placement.build import node_memory
+
+    scale = ctx.job.batch.global_ / micro / ctx.local_batch  # micro-batch of a pure pipeline
+    need = sum(node_memory(n.param_bytes, scale * n.act_bytes, micro)
+               for n in coarse.nodes.values())
+    biggest = max(cap.values())
+    k = -(-int(need) // int(biggest))
+    return (f" (the model needs {need / 1e9:.3g} GB with {micro} micro-batches in flight; "
+            f"devices hold {biggest / 1e9:.3g} GB: at least {k} devices, the job has "
+            f"{len(ctx.hosts)})")
+
+
+def plan_placement(ctx: PlanContext) -> Strategy:
+    return search(ctx, ctx.job.parallelism.search, "placement")
+
+
+def plan_pipeline(ctx: PlanContext) -> Strategy:
+    return search(ctx, "partition", "pipeline")
+
+
+PLANNER_STRATEGIES = {"placement": plan_placement, "pipeline": plan_pipeline}
