@@ -146,7 +146,10 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
         hosts = render_hosts(s.fabric, s.hops, addr, s.routes, s.rates)
         for h, sections in s.extra.items():
             for key, items in sections.items():
-                hosts[h][key] = hosts[h].get(key, []) + list(items)
+                if isinstance(items, dict):  # e.g. sysctl: merged key by key
+                    hosts[h][key] = hosts[h].get(key, {}) | items
+                else:
+                    hosts[h][key] = hosts[h].get(key, []) + list(items)
     except AddressingError as e:
         raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
     bound, bound_name = lower_bound(ctx, s.buckets)

@@ -71,7 +71,8 @@ class Strategy:
     rates: dict[tuple[str, str], int] = field(default_factory=dict)
     # host -> HostState sections appended verbatim after rendering, e.g. {"rules": [...],
     # "routes": [...]} for policy routing in custom tables (the schema still validates them)
-    extra: dict[str, dict[str, list]] = field(default_factory=dict)
+    # (a dict section, e.g. {"sysctl": {"ip_forward": True}}, is merged key by key)
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
 
