@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from topoagent.ovs_state import OVS_OWNER
+from topoagent.protocol import TopoError
 
 OWNER_KEY = "topoctl-owner"
 TABLES = ("Open_vSwitch", "Bridge", "Port", "Interface", "QoS", "Queue")
@@ -27,8 +28,8 @@ DEFAULT_DB = "unix:/run/openvswitch/db.sock"
 TIMEOUT_S = 10.0
 
 
-class OvsDbError(RuntimeError):
-    pass
+class OvsDbError(TopoError, RuntimeError):
+    """ovsdb-server unreachable or a transaction refused."""
 
 
 @dataclass(frozen=True)
