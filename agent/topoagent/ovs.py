@@ -97,7 +97,7 @@ def desired_openflow(state) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
                                + "actions=" + acts(h.port, f.dst, h.mac) for h in f.nexthops)
             groups.add(f"group_id={gid},type=select,{buckets}")
             flows.add(f"{match} actions=group:{gid}")
-        for (port, dst), q in sorted(qid.items()):
+        for (port, dst), q in sorted(qid.items()):  # one id per dst (ovs_problems checks)
             if port in b.ports and dst not in named:
                 flows.add(f"priority=100,ip,nw_dst={_nw(dst)} actions=set_queue:{q},NORMAL")
         out[b.name] = (frozenset(flows), frozenset(groups))

@@ -136,6 +136,19 @@ def ovs_problems(state) -> list[tuple[str, str]]:
             out.append((f"qos[{i}].driver", f"tc on {q.dev}, a port of ovs bridge "
                                             f"{ports[q.dev]}: OVS owns its ports' qdiscs; use "
                                             "driver: ovs"))
-        if q.driver == "ovs" and len(q.classes) > 0xFFFE:
-            out.append((f"qos[{i}].classes", "too many queues"))
+    # a destination without its own flow gets `set_queue:ID, NORMAL`: the queue is chosen
+    # before the port, so its class id must be the same on every port of the bridge
+    explicit = {f.dst for b in (state.ovs.bridges if state.ovs else []) for f in b.flows}
+    ids: dict[tuple[str, str], tuple[int, str]] = {}
+    for i, q in enumerate(state.qos):
+        if q.driver != "ovs" or q.dev not in ports:
+            continue
+        for j, c in enumerate(q.resolved_classes()):
+            key = (ports[q.dev], c.dst)
+            if c.dst in explicit:
+                continue
+            if key in ids and ids[key][0] != c.id:
+                out.append((f"qos[{i}].classes[{j}].id", f"{c.dst} has class id {c.id} here "
+                            f"and {ids[key][0]} on {ids[key][1]} (same bridge): give it one id"))
+            ids.setdefault(key, (c.id, q.dev))
     return out

@@ -16,6 +16,7 @@ from topoctl.graph.devices import Device
 from topoctl.graph.profile import device_table, job_costs, job_graph
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
+from topoctl.render.ovs import ovs_host
 from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
 from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
@@ -150,6 +151,9 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
                     hosts[h][key] = hosts[h].get(key, {}) | items
                 else:
                     hosts[h][key] = hosts[h].get(key, []) + list(items)
+        for h in hosts:  # hosts marked `ovs: true` enforce their part through Open vSwitch
+            if ctx.cluster.runs_ovs(h):
+                hosts[h] = ovs_host(hosts[h])
     except AddressingError as e:
         raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None
     bound, bound_name = lower_bound(ctx, s.buckets)

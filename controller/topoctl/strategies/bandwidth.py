@@ -65,15 +65,16 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") 
     extra: dict[str, dict] = {}
     addr = assign(base.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
     per_dev: dict[tuple[str, str], list[dict]] = {}
+    order = {h: i for i, h in enumerate(base.fabric.hosts)}
     for r in sorted(rows, key=lambda r: (r.src, r.dev, r.dst)):
-        c = {"dst": f"{addr.training[r.dst]}/32", "rate": format_rate(r.rate)}
+        # one class id per destination on every NIC (an OVS queue is chosen before the port)
+        c = {"id": 2 + order[r.dst], "dst": f"{addr.training[r.dst]}/32",
+             "rate": format_rate(r.rate)}
         if not ceil_is_rate:
             c["ceil"] = format_rate(speed[(r.src, r.dev)])
         per_dev.setdefault((r.src, r.dev), []).append(c)
     for (h, dev), cls in per_dev.items():
         q = {"dev": dev, "rate": format_rate(speed[(h, dev)]), "classes": cls}
-        if ctx.cluster.runs_ovs(h):
-            q["driver"] = "ovs"
         extra.setdefault(h, {}).setdefault("qos", []).append(q)
     split = multipath(rows)
     for (s, d), lst in sorted(split.items()):
