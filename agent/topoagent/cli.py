@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from topoagent import journal
 from topoagent.apply import Result, apply_state, plan
 from topoagent.cliutil import ArgumentParser, run_guarded
@@ -77,8 +79,20 @@ def _emit_ops(args, verb: str, result: Result) -> int:
 
 
 def cmd_show(args, target: Target) -> int:
-    state = to_host_state(observe(target))
+    obs = observe(target)
+    if getattr(args, "ovs", False):  # the agent's Open vSwitch state alone
+        from topoagent.ovs import show_ovs
+
+        rep = show_ovs(obs.ovs) or {"db": target.ovs_db, "error": "no ovsdb-server answers"}
+        print(json.dumps(rep) if args.json else yaml.safe_dump(rep, sort_keys=False), end="")
+        return EXIT_OK
+    state = to_host_state(obs)
     print(json.dumps(state.to_dict()) if args.json else state.to_yaml(), end="\n" * args.json)
+    if obs.ovs is not None and not args.json:  # as comments: the output stays a HostState
+        from topoagent.ovs import show_ovs
+
+        text = yaml.safe_dump({"ovs_observed": show_ovs(obs.ovs)}, sort_keys=False)
+        print("".join(f"# {line}\n" for line in text.splitlines()), end="")
     return EXIT_OK
 
 
@@ -166,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path,
                    help="where applied states are kept (default /var/lib/topo-agent/<target>)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--ovsdb", metavar="REMOTE", help="ovsdb-server of this host (default "
+                   "$TOPO_OVSDB, else unix:/run/openvswitch/db.sock)")
     p.add_argument("--mgmt", metavar="CLIENT_IP,SERVER_IP",
                    help="management connection to protect (default: from SSH_CONNECTION)")
     p.add_argument("--mgmt-probe", action="append", metavar="ADDR",
@@ -177,8 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-history", type=int, default=DEFAULT_KEEP, metavar="N",
                    help=f"applied states kept for rollback (default {DEFAULT_KEEP}, min 2)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("show", help="print the observed state as HostState YAML").set_defaults(
-        func=cmd_show)
+    sh = sub.add_parser("show", help="print the observed state as HostState YAML (the agent's "
+                                     "Open vSwitch state follows as comments)")
+    sh.add_argument("--ovs", action="store_true", help="print only the agent's OVS state: "
+                    "bridges, queues, flows, groups, and the queueing mechanism per port")
+    sh.set_defaults(func=cmd_show)
     d = sub.add_parser("diff", help="print the operations that would reach FILE")
     d.add_argument("file", help="HostState YAML, or - for stdin")
     d.add_argument("--allow-empty", action="store_true",
@@ -212,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def verb() -> int:
-        target = Target(netns=args.netns, state_dir=args.state_dir)
+        target = Target(netns=args.netns, state_dir=args.state_dir, ovsdb=args.ovsdb)
         target.check()
         if args.command != "recover":
             recover_at_start(args, target)

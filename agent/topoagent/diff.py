@@ -36,6 +36,7 @@ from topoagent.kernel_ops import (
     ordered,
 )
 from topoagent.observe import IP_FORWARD, Observed, rp_filter_path
+from topoagent.ovs import check_ovs, diff_ovs, internal_ports
 from topoagent.state import RT_PROTO, HostState, QosClass, Route, StateError
 
 
@@ -63,15 +64,19 @@ def desired_sysctls(desired: HostState) -> dict[str, str]:
 def check_host(desired: HostState, obs: Observed) -> None:
     """Host-dependent validation; raises StateError naming each YAML path."""
     problems: list[tuple[str, str]] = []
+    created = internal_ports(desired)  # OVS internal ports: made by this apply
+    known = set(obs.links) | created
     for i, iface in enumerate(desired.interfaces):
         link = obs.links.get(iface.name)
+        if link is None and iface.name in created:
+            continue
         if link is None:
             problems.append((f"interfaces[{i}].name", f"no such link: {iface.name}"))
         elif iface.mac and (link.mac or "").lower() != iface.mac:
             problems.append((f"interfaces[{i}].mac",
                              f"link {iface.name} has MAC {link.mac}, not {iface.mac}"))
     for dev in desired.sysctl.rp_filter:
-        if dev not in ("all", "default") and dev not in obs.links:
+        if dev not in ("all", "default") and dev not in known:
             problems.append((f"sysctl.rp_filter.{dev}", f"no such link: {dev}"))
     if desired.forwarding is not None:
         if desired.forwarding.mode == "kernel" and desired.sysctl.ip_forward is False:
@@ -85,7 +90,7 @@ def check_host(desired: HostState, obs: Observed) -> None:
         hops = route.nexthops or [route]
         for j, hop in enumerate(hops):
             where = f"routes[{i}].nexthops[{j}]" if route.nexthops else f"routes[{i}]"
-            if hop.dev is not None and hop.dev not in obs.links:
+            if hop.dev is not None and hop.dev not in known:
                 problems.append((f"{where}.dev", f"no such link: {hop.dev}"))
                 continue
             if hop.via is None:
@@ -107,9 +112,10 @@ def check_host(desired: HostState, obs: Observed) -> None:
     for i, q in enumerate(desired.qos):
         if q.dev not in obs.links:
             problems.append((f"qos[{i}].dev", f"no such link: {q.dev}"))
-        elif q.dev in obs.foreign_qdiscs:
+        elif q.driver == "tc" and q.dev in obs.foreign_qdiscs:
             problems.append((f"qos[{i}].dev", f"{q.dev} has a root qdisc the agent does not own "
                              f"({obs.foreign_qdiscs[q.dev]}); remove it first"))
+    problems += check_ovs(desired, obs.ovs, getattr(obs.ovs, "db", None) or "the ovsdb socket")
     if problems:
         raise StateError(problems)
 
@@ -193,7 +199,11 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
     for iface in desired.interfaces:
         link = obs.links.get(iface.name)
         if link is None:
-            continue  # check_host reports it
+            if iface.name in internal_ports(desired):  # an OVS internal port made by this apply
+                if iface.mtu is not None or iface.up is not None:
+                    ops.append(SetLink(iface.name, iface.mtu, iface.up, None, None))
+                ops += [AddAddress(iface.name, a) for a in iface.addresses]
+            continue  # else check_host reports it
         mtu = iface.mtu if iface.mtu is not None and iface.mtu != link.mtu else None
         up = iface.up if iface.up is not None and iface.up != link.up else None
         if mtu is not None or up is not None:
@@ -222,12 +232,13 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
     ops += [DelRule(o.rule, o.proto) for o in obs.owned_rules() if o.rule not in wanted_rules]
 
     ops += _diff_qos(desired, obs)
+    ops += diff_ovs(desired, obs.ovs)
     return ordered(ops)
 
 
 def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
     ops: list[Op] = []
-    wanted = {q.dev: q for q in desired.qos}
+    wanted = {q.dev: q for q in desired.qos if q.driver == "tc"}  # ovs: topoagent.ovs
     for dev, tree in obs.qos.items():
         if dev not in wanted:
             classes = tuple(c for _, c in sorted(tree.recreatable().items()))

@@ -17,9 +17,10 @@ from topoagent.state import RT_PROTO, QosClass, Route, Rule, format_rate
 from topoagent.target import Target
 
 PHASES = (
-    "sysctl", "link", "addr-add", "filter-del", "class-del", "qdisc-del", "rule-del", "route-del",
-    "addr-del", "route-set", "rule-add", "qdisc-set", "class-set", "filter-add", "link-down",
-)
+    "sysctl", "ovs-db", "link", "addr-add", "filter-del", "class-del", "qdisc-del", "rule-del",
+    "route-del", "addr-del", "ovs-db-del", "route-set", "rule-add", "qdisc-set", "class-set",
+    "filter-add", "ovs-flows", "ovs-filters", "link-down",
+)  # ovs-*: topoagent.ovs (bridges and internal ports before links; flows after everything)
 
 
 class Driver(Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from typing import Any
 
 from topoagent.nldump import (
     RTM_GETQDISC,
@@ -112,6 +113,7 @@ class Observed:
     qos: dict[str, ObsQos] = field(default_factory=dict)
     foreign_qdiscs: dict[str, str] = field(default_factory=dict)  # dev -> "kind handle"
     sysctl: dict[str, str] = field(default_factory=dict)  # /proc/sys path -> value
+    ovs: Any = None  # topoagent.ovs.ObsOvs when an ovsdb-server answers, else None
 
     def owned_rules(self) -> list[ObsRule]:
         return [r for r in self.rules if r.proto == RT_PROTO and r.rule is not None]
@@ -139,6 +141,9 @@ def observe(target: Target) -> Observed:
                     obs.sysctl[p] = f.read().strip()
             except FileNotFoundError:
                 pass
+    from topoagent.ovs import observe_ovs  # OVS only where an ovsdb-server answers
+
+    obs.ovs = observe_ovs(target)
     return obs
 
 

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from topoagent.ovs_state import OvsState, ovs_problems
 from topoagent.protocol import TopoError
 from topoagent.schema import Model, validation_problems
 
@@ -250,7 +251,7 @@ class Qos(_Model):
     """Per-destination egress QoS: an HTB tree, one class per destination, u32 dst filters."""
 
     dev: IfName
-    driver: Literal["tc"] = "tc"
+    driver: Literal["tc", "ovs"] = "tc"  # ovs: queues of an OVS port (see ovs_state)
     rate: Rate  # the link rate: root class; classes borrow up to their ceil below it
     classes: list[QosClass] = Field(default_factory=list)
 
@@ -330,10 +331,12 @@ class HostState(_Model):
     rules: list[Rule] = Field(default_factory=list)
     qos: list[Qos] = Field(default_factory=list)
     forwarding: Forwarding | None = None
+    ovs: OvsState | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> HostState:
         problems = _duplicates("interfaces", [i.name for i in self.interfaces], "name")
+        problems += ovs_problems(self)
         problems += _duplicates("routes", [r.key for r in self.routes], "table/dst/metric")
         problems += _duplicates("rules", [r.priority for r in self.rules], "priority")
         problems += _duplicates("qos", [q.dev for q in self.qos], "dev")

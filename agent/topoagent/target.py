@@ -28,6 +28,11 @@ class TargetError(TopoError, RuntimeError):
 class Target:
     netns: str | None = None
     state_dir: Path | None = None  # where last-applied state is kept; default per target
+    ovsdb: str | None = None  # ovsdb-server to use (default: $TOPO_OVSDB, else the system's)
+
+    @property
+    def ovs_db(self) -> str:
+        return self.ovsdb or os.environ.get("TOPO_OVSDB") or "unix:/run/openvswitch/db.sock"
 
     def check(self) -> None:
         if self.netns is not None and not (NETNS_RUN_DIR / self.netns).exists():

@@ -17,6 +17,7 @@ from topoctl.graph.devices import Device
 from topoctl.graph.profile import device_table, job_costs, job_graph
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
+from topoctl.render.ovs import ovs_host
 from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
 from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
@@ -157,9 +158,13 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
         hosts = render_hosts(s.fabric, s.hops, addr, s.routes, s.rates)
         for h, sections in s.extra.items():
             for key, items in sections.items():
-                # lists append to the rendered section; mappings (forwarding) are set
-                hosts[h][key] = dict(items) if isinstance(items, dict) else \
-                    hosts[h].get(key, []) + list(items)
+                if isinstance(items, dict):  # e.g. sysctl: merged key by key
+                    hosts[h][key] = hosts[h].get(key, {}) | items
+                else:
+                    hosts[h][key] = hosts[h].get(key, []) + list(items)
+        for h in hosts:  # hosts marked `ovs: true` enforce their part through Open vSwitch
+            if ctx.cluster.runs_ovs(h):
+                hosts[h] = ovs_host(hosts[h])
     except AddressingError as e:
         raise ClusterError(e.problems) from None
     bound, bound_name = lower_bound(ctx, s.buckets)

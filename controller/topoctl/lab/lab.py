@@ -82,7 +82,21 @@ class Lab:
         return ovs.Ovs(self.netns(host), self.state_dir / "ovs" / host)
 
     def ovs_start(self, host: str) -> ovs.Ovs:
-        return ovs.start(self.netns(host), self.state_dir / "ovs" / host)
+        o = ovs.start(self.netns(host), self.state_dir / "ovs" / host)
+        # the userspace datapath reads frames through AF_PACKET: a TCP segment whose checksum
+        # the sending veth left to offload arrives broken, so the wire ends facing this host's
+        # NICs compute checksums in software (the agent does the same on the NICs themselves)
+        h = next(x for x in self.layout.hosts if x.name == host)
+        for p in h.ports:
+            netops.run(["ip", "netns", "exec", self.layout.wire_ns, "ethtool", "-K", p.end,
+                        "tx", "off"], check=False)
+        return o
+
+    def ovsdb(self, host: str) -> str | None:
+        """The OVSDB remote of a host that runs OVS (what its agent gets as --ovsdb)."""
+        if not self.cluster.runs_ovs(host):
+            return None
+        return self.ovs(host).db
 
     def save(self) -> None:
         data = {"lab": self.name, "netem": self.netem, "cluster": self.cluster.to_dict(),

@@ -75,10 +75,29 @@ def host_tables(doc: dict, only: list[str] | None = None) -> list[str]:
         rows = [[k, str(n)] for k, n in sorted(by_hop.items())]
         if rows:
             out += ["  " + x for x in _table(rows, ["next hop (host:port) via dev", "routes"])]
-        for q in st.get("qos", []):
-            out.append(f"  qos {q['dev']} {q['rate']}: " + ", ".join(
-                f"{c['dst']} {c['rate']}" for c in q.get("classes", [])))
+        out += _bandwidth_rows(st, owner, addr)
         out.append("")
+    return out
+
+
+def _bandwidth_rows(st: dict, owner: dict, addr: dict) -> list[str]:
+    """Per-destination rates (destination host, egress link, rate, ceiling, driver) and the
+    policy-routing multipath weights of locally originated traffic."""
+    rows = []
+    for q in st.get("qos", []):
+        for c in q.get("classes", []):
+            dst = c["dst"].split("/")[0]
+            rows.append([owner.get(dst, dst), f"{q['dev']} ({q['rate']})", c["rate"],
+                         c.get("ceil", q["rate"]), q.get("driver", "tc")])
+    out = ["  " + x for x in _table(rows, ["destination", "link", "rate", "ceil", "driver"])] \
+        if rows else []
+    for r in st.get("routes", []):
+        if r.get("table", "main") in ("main", 254) or not r.get("nexthops"):
+            continue
+        dst = r["dst"].split("/")[0]
+        out.append(f"  multipath to {owner.get(dst, dst)} (table {r['table']}): " + ", ".join(
+            f"{x.get('dev')} -> {addr.get(x.get('via'), x.get('via'))} weight {x['weight']}"
+            for x in r["nexthops"]))
     return out
 
 

@@ -82,8 +82,8 @@ class Strategy:
     rates: dict[tuple[str, str], int] = field(default_factory=dict)
     # host -> HostState sections appended verbatim after rendering, e.g. {"rules": [...],
     # "routes": [...]} for policy routing in custom tables (the schema still validates them);
-    # a mapping value (e.g. "forwarding") replaces the section
-    extra: dict[str, dict[str, list | dict]] = field(default_factory=dict)
+    # a mapping section (e.g. {"sysctl": {"ip_forward": True}}, "forwarding") is merged key by key
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
 

@@ -18,15 +18,18 @@ class LocalTransport:
     name = "local"
 
     def __init__(self, netns: dict[str, str | None], state_dirs: dict[str, Path] | None = None,
-                 agent: list[str] | None = None):
+                 agent: list[str] | None = None, ovsdb: dict[str, str] | None = None):
         self.netns = netns
         self.state_dirs = state_dirs or {}
         self.cmd = agent or AGENT
+        self.ovsdb = ovsdb or {}  # host -> its ovsdb-server (lab hosts running OVS)
 
     def _argv(self, host: str) -> list[str]:
         argv = agent_argv(self.cmd, self.state_dirs.get(host))
         if self.netns.get(host):
             argv += ["--netns", self.netns[host]]
+        if self.ovsdb.get(host):
+            argv += ["--ovsdb", self.ovsdb[host]]
         return argv
 
     def stream(self, host: str, args: list[str], stdin: str | None,
@@ -64,7 +67,8 @@ def lab_transport(lab) -> LocalTransport:
     """The lab's hosts through `--netns`, with one agent state directory per host under the
     lab's own state directory (shared with the lab's SSH transport)."""
     hosts = [h.name for h in lab.cluster.hosts]
-    t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab))
+    ovsdb = {h: db for h in hosts if (db := lab.ovsdb(h))}
+    t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab), ovsdb=ovsdb)
     t.name = "lab"
     return t
 

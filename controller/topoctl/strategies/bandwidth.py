@@ -1,0 +1,119 @@
+"""Post-pass ``+bandwidth``: per-destination rates and multipath on top of any strategy.
+
+The base strategy's iteration traffic matrix (`bandwidth.paths.traffic_matrix`) and candidate
+paths (the routed path plus one-detour alternatives on direct fabrics) go into the bandwidth LP
+(`bandwidth.lp.allocate`, objective ``minmax``: all of the iteration's transfers finish as early
+as possible; the thesis' bandwidth step). The result becomes
+- QoS: on each source NIC one class per destination with its allocated rate (HTB rate; the
+  ceiling is the rate itself, a hard cap, or the link rate, work-conserving: both are simulated
+  and the faster is kept, so the post-pass never makes the plan slower in the simulator);
+- multipath: destinations the LP splits over several first hops get weighted next hops in a
+  policy-routing table (`TABLE`), looked up only for locally originated packets (rule
+  ``iif lo``), so hosts forwarding a detour route it by the main table, as the LP assumed;
+- the simulator's network: the LP's paths with their rates as weights, the rates as caps.
+
+Registered as ``baseline+bandwidth`` (alias ``bandwidth``) and ``trees+bandwidth``;
+`with_bandwidth(ctx, strategy)` applies it to any other.
+"""
+
+from __future__ import annotations
+
+from topoctl.bandwidth.classes import class_rows, multipath
+from topoctl.bandwidth.lp import allocate
+from topoctl.bandwidth.paths import candidate_paths, traffic_matrix
+from topoctl.render.addressing import assign
+from topoctl.sim.engine import simulate
+from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
+from topoctl.sim.network import Network
+
+from . import PlanContext, Strategy
+from . import baseline as _baseline
+from . import trees as _trees
+
+TABLE = 100  # policy-routing table of the multipath routes
+RULE_PRIORITY = 1100  # `iif lo lookup TABLE`
+
+
+def _weights(values: list[float]) -> list[int]:
+    top = max(values)
+    return [max(1, min(256, round(256 * v / top))) for v in values]
+
+
+def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") -> Strategy:
+    """`base` with per-destination rates and multipath from the bandwidth LP."""
+    from topoagent.state import format_rate  # the agent's rate spelling
+
+    demand = traffic_matrix(base.tasks)
+    paths = candidate_paths(base.hops, sorted(demand))
+    eff = tcp_efficiency(base.fabric.mtu)
+    plain = network_from_fabric(base.fabric, base.hops)
+    cap = {k: ln.capacity for k, ln in plain.links.items()}
+    alloc = allocate(demand, paths, cap, objective)
+    routed = {p: [(r, path) for path, r in lst] for p, lst in alloc.rates.items()}
+
+    def route(src: str, dst: str):
+        return routed.get((src, dst)) or plain.router(src, dst)
+
+    caps = {p: alloc.total(p) for p in alloc.rates}
+    hard = Network(plain.links, route, caps)
+    soft = Network(plain.links, route)
+    t_hard = simulate(base.tasks, hard, record=False).iteration_time
+    t_soft = simulate(base.tasks, soft, record=False).iteration_time
+    ceil_is_rate = t_hard <= t_soft
+    rows = class_rows(alloc, base.hops.bundles, eff)
+    speed = {(p.host, p.nic): p.speed for p in base.fabric.ports}
+    extra: dict[str, dict] = {}
+    addr = assign(base.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
+    per_dev: dict[tuple[str, str], list[dict]] = {}
+    order = {h: i for i, h in enumerate(base.fabric.hosts)}
+    for r in sorted(rows, key=lambda r: (r.src, r.dev, r.dst)):
+        # one class id per destination on every NIC (an OVS queue is chosen before the port)
+        c = {"id": 2 + order[r.dst], "dst": f"{addr.training[r.dst]}/32",
+             "rate": format_rate(r.rate)}
+        if not ceil_is_rate:
+            c["ceil"] = format_rate(speed[(r.src, r.dev)])
+        per_dev.setdefault((r.src, r.dev), []).append(c)
+    for (h, dev), cls in per_dev.items():
+        q = {"dev": dev, "rate": format_rate(speed[(h, dev)]), "classes": cls}
+        extra.setdefault(h, {}).setdefault("qos", []).append(q)
+    split = multipath(rows)
+    for (s, d), lst in sorted(split.items()):
+        ws = _weights([r.rate for r in lst])
+        hops = [{"via": addr.ip(r.peer, r.peer_nic), "dev": r.dev, "weight": w}
+                for r, w in zip(lst, ws, strict=True)]
+        ex = extra.setdefault(s, {})
+        ex.setdefault("routes", []).append({"dst": f"{addr.training[d]}/32", "table": TABLE,
+                                            "src": addr.training[s], "nexthops": hops})
+        if "rules" not in ex:
+            ex["rules"] = [{"priority": RULE_PRIORITY, "iif": "lo", "table": TABLE}]
+    # hosts in the middle of a detour forward for others
+    transit = {ln.split(">", 1)[1] for lst in alloc.rates.values() for path, _ in lst
+               for ln in path[:-1]} & set(base.fabric.hosts) - base.hops.transit_hosts()
+    for h in sorted(transit):
+        extra.setdefault(h, {})["sysctl"] = {"ip_forward": True}
+    for h, sections in base.extra.items():
+        for k, items in sections.items():
+            if isinstance(items, dict):
+                extra.setdefault(h, {})[k] = items | extra.get(h, {}).get(k, {})
+            else:
+                extra.setdefault(h, {}).setdefault(k, [])[:0] = list(items)
+    notes = dict(base.notes) | {"bandwidth": {
+        "objective": objective, "lp_comm_time": alloc.time, "pairs": len(demand),
+        "multipath_pairs": len(split), "ceil": "rate" if ceil_is_rate else "link",
+        "classes": [[r.src, r.dst, r.dev, r.rate] for r in rows]}}
+    return Strategy(name=f"{base.name}+bandwidth", fabric=base.fabric, hops=base.hops,
+                    network=hard if ceil_is_rate else soft, tasks=base.tasks,
+                    collective=base.collective, buckets=base.buckets, routes=base.routes,
+                    rates={}, extra=extra, notes=notes)
+
+
+def baseline_bw(ctx: PlanContext) -> Strategy:
+    return with_bandwidth(ctx, _baseline.plan(ctx))
+
+
+def trees_bw(ctx: PlanContext) -> Strategy:
+    return with_bandwidth(ctx, _trees.plan(ctx))
+
+
+PLANNER_STRATEGIES = {"bandwidth": baseline_bw, "baseline+bandwidth": baseline_bw,
+                      "trees+bandwidth": trees_bw}

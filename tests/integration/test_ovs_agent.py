@@ -1,0 +1,273 @@
+"""topo-agent's Open vSwitch driver against real ovsdb-server + ovs-vswitchd (userspace
+datapath) in throwaway namespaces, through the real CLI; assertions read the host back with
+ovs-vsctl, ovs-ofctl, tc and iperf3.
+
+Host namespace H runs OVS; bridge tpbr1 holds H's two veths (tpa0, tpc0) and the internal port
+tpin0 with 10.231.9.1/24. The peer namespace P has tpb0 (10.231.9.2/24, 10.231.9.3/24) and tpd0
+(10.231.10.2/24), and 10.231.8.2/32 on lo (the multipath destination)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.netns import ip_json, ns_exec, sh
+from topoctl.lab import ovs as labovs
+
+pytestmark = pytest.mark.netns
+
+
+@dataclass
+class OvsHost:
+    ns: str
+    peer: str
+    rundir: Path
+    state_dir: Path
+
+    @property
+    def db(self) -> str:
+        return f"unix:{self.rundir}/db.sock"
+
+    def agent(self, *args: str, stdin: str | None = None, db: str | None = None
+              ) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "topoagent.cli", "--netns", self.ns, "--state-dir",
+               str(self.state_dir), "--ovsdb", db or self.db, *args]
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=180)
+
+    def apply(self, state: dict, *extra: str, db: str | None = None
+              ) -> subprocess.CompletedProcess:
+        return self.agent("apply", "-", "--no-probe", *extra, stdin=yaml.safe_dump(state),
+                          db=db)
+
+    def vsctl(self, *args: str) -> str:
+        return sh(["ovs-vsctl", f"--db={self.db}", "--timeout=10", *args]).stdout
+
+    def ofctl(self, *args: str) -> str:
+        return sh(["ovs-ofctl", "-O", "OpenFlow15", "--names", *args]).stdout
+
+    def flows(self, br: str = "tpbr1") -> list[str]:
+        out = self.ofctl("--no-stats", "dump-flows", f"unix:{self.rundir}/{br}.mgmt")
+        return sorted(x.strip() for x in out.splitlines() if "actions=" in x)
+
+    def groups(self, br: str = "tpbr1") -> list[str]:
+        out = self.ofctl("dump-groups", f"unix:{self.rundir}/{br}.mgmt")
+        return sorted(x.strip() for x in out.splitlines() if x.strip().startswith("group_id"))
+
+    def ovs_dump(self) -> dict:
+        """Everything an apply could change, read with the stock tools."""
+        def rows(table: str, cols: str) -> list[str]:  # content, not UUIDs (a revert
+            # writes equal rows under new UUIDs)
+            return sorted(self.vsctl(f"--columns={cols}", "list", table).split("\n\n"))
+
+        return {"vsctl": self.vsctl("show"), "qos": rows("qos", "other_config,type"),
+                "queues": rows("queue", "other_config"),
+                "flows": self.flows() if "tpbr1" in self.vsctl("list-br") else [],
+                "groups": self.groups() if "tpbr1" in self.vsctl("list-br") else [],
+                "tc": sh(["tc", "-n", self.ns, "filter", "show", "dev", "tpa0", "parent",
+                          "1:"], check=False).stdout,
+                "addrs": sorted(a["local"] for ln in ip_json(self.ns, "addr")
+                                for a in ln.get("addr_info", []))}
+
+
+@pytest.fixture
+def host(make_netns, tmp_path) -> OvsHost:
+    ns, peer = make_netns(), make_netns()
+    for a, b in (("tpa0", "tpb0"), ("tpc0", "tpd0")):
+        sh(["ip", "-n", ns, "link", "add", a, "type", "veth", "peer", "name", b, "netns", peer])
+        sh(["ip", "-n", ns, "link", "set", a, "up"])
+        sh(["ip", "-n", peer, "link", "set", b, "up"])
+        # the userspace datapath receives through AF_PACKET: segments whose checksum the
+        # sending veth left to offload arrive broken; the peer end computes them instead
+        ns_exec(peer, "ethtool", "-K", b, "tx", "off")
+    for a in ("10.231.9.2/24", "10.231.9.3/24"):
+        sh(["ip", "-n", peer, "addr", "add", a, "dev", "tpb0"])
+    sh(["ip", "-n", peer, "addr", "add", "10.231.10.2/24", "dev", "tpd0"])
+    sh(["ip", "-n", peer, "addr", "add", "10.231.8.2/32", "dev", "lo"])
+    for k in ("all", "default", "tpb0", "tpd0"):
+        ns_exec(peer, "sysctl", "-qw", f"net.ipv4.conf.{k}.rp_filter=0")
+    rundir = tmp_path / "ovs"
+    labovs.start(ns, rundir)
+    try:
+        yield OvsHost(ns, peer, rundir, tmp_path / "state")
+    finally:
+        for pid in labovs.pids(rundir):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def _mac(ns: str, dev: str) -> str:
+    return ip_json(ns, "link", "show", dev)[0]["address"]
+
+
+def state(classes=None, flows=None, ports=("tpa0", "tpc0")) -> dict:
+    st = {"interfaces": [{"name": "tpin0", "addresses": ["10.231.9.1/24"], "up": True}],
+          "routes": [{"dst": "10.231.8.2/32", "via": "10.231.9.2", "dev": "tpin0"}],
+          "ovs": {"bridges": [{"name": "tpbr1", "datapath_type": "netdev",
+                               "ports": list(ports), "internal": ["tpin0"],
+                               "flows": flows or []}]}}
+    if classes is not None:
+        st["qos"] = [{"dev": "tpa0", "driver": "ovs", "rate": "100mbit",
+                      "classes": copy.deepcopy(classes)}]
+    return st
+
+
+CLASSES = [{"dst": "10.231.9.2/32", "rate": "20mbit", "ceil": "20mbit"},
+           {"dst": "10.231.9.3/32", "rate": "40mbit", "ceil": "40mbit"}]
+
+
+def test_apply_reapply_show_and_foreign_rows_untouched(host: OvsHost):
+    host.vsctl("add-br", "tpfor", "--", "set", "bridge", "tpfor", "datapath_type=netdev")
+    host.ofctl("add-flow", f"unix:{host.rundir}/tpfor.mgmt", "priority=5,ip,actions=drop")
+    foreign = host.flows("tpfor")
+    r = host.apply(state(CLASSES))
+    assert r.returncode == 2, r.stderr
+    # what the stock tools see: the bridge, integer rates, one queue per destination, flows
+    # with set_queue, and the tc stand-in for set_queue on the userspace datapath
+    assert sorted(host.vsctl("list-br").split()) == ["tpbr1", "tpfor"]
+    assert host.vsctl("get", "bridge", "tpbr1", "datapath_type").strip() == "netdev"
+    assert host.vsctl("get", "qos", host.vsctl("get", "port", "tpa0", "qos").strip(),
+                      "other_config").strip() == '{max-rate="100000000"}'
+    queues = host.vsctl("--columns=other_config", "list", "queue")
+    assert 'max-rate="20000000"' in queues and 'min-rate="40000000"' in queues
+    flows = host.flows()
+    assert "cookie=0x7470, priority=100,ip,nw_dst=10.231.9.2 actions=set_queue:2,NORMAL" in flows
+    tc = sh(["tc", "-n", host.ns, "-j", "filter", "show", "dev", "tpa0", "parent", "1:"]).stdout
+    assert {f["options"]["flowid"] for f in json.loads(tc) if "flowid" in f.get("options", {})} \
+        == {"1:3", "1:4"}
+    assert any(a["local"] == "10.231.9.1" for ln in ip_json(host.ns, "addr", "show", "tpin0")
+               for a in ln["addr_info"])
+    assert ns_exec(host.ns, "ping", "-c1", "-W3", "10.231.9.2", check=False).returncode == 0
+    # re-apply: nothing to do
+    r = host.apply(state(CLASSES))
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+    # a foreign flow on our bridge survives a change of ours
+    host.ofctl("add-flow", f"unix:{host.rundir}/tpbr1.mgmt",
+               "cookie=0x99,priority=7,ip,nw_dst=10.231.77.7,actions=drop")
+    r = host.apply(state(CLASSES[:1]))
+    assert r.returncode == 2, r.stderr
+    flows = host.flows()
+    assert any("cookie=0x99" in f for f in flows)
+    assert not any("10.231.9.3" in f for f in flows)
+    assert host.flows("tpfor") == foreign
+    show = host.agent("show", "--ovs")
+    rep = yaml.safe_load(show.stdout)
+    (port,) = [p for p in rep["bridges"][0]["ports"] if p["name"] == "tpa0"]
+    assert port["classification"].startswith("tc u32")
+    assert rep["foreign_bridges"] == ["tpfor"]
+    # removing the section removes our bridge, QoS and queues; the foreign bridge stays
+    r = host.apply({})
+    assert r.returncode == 2, r.stderr
+    assert host.vsctl("list-br").split() == ["tpfor"]
+    assert host.vsctl("list", "qos").strip() == "" and host.vsctl("list", "queue").strip() == ""
+    assert host.flows("tpfor") == foreign
+
+
+def test_failure_in_the_middle_reverts_ovs_too(host: OvsHost):
+    assert host.apply(state(CLASSES)).returncode == 2
+    before = host.ovs_dump()
+    bad = state(CLASSES[:1] + [{"dst": "10.231.9.4/32", "rate": "10mbit"}],
+                flows=[{"dst": "10.231.8.2/32", "output": "tpc0"}])
+    # the kernel refuses a preferred source the host does not own (after the OVS writes)
+    bad["routes"].append({"dst": "10.231.7.0/24", "via": "10.231.9.2", "src": "10.231.99.99"})
+    r = host.apply(bad)
+    assert r.returncode == 1 and "reverted" in r.stderr, r.stdout + r.stderr
+    assert host.ovs_dump() == before
+
+
+def test_bad_input_is_refused_with_the_yaml_path(host: OvsHost):
+    before = host.ovs_dump()
+    r = host.apply(state(CLASSES), db=f"unix:{host.rundir}/nothing.sock")
+    assert r.returncode == 1 and "error: ovs: no ovsdb-server answers" in r.stderr, r.stderr
+    bad = state(CLASSES)
+    bad["qos"][0]["dev"] = "tpx9"  # queues on a port OVS does not have
+    r = host.apply(bad)
+    assert r.returncode == 1 and "qos[0].dev: driver ovs, but tpx9 is not a port" in r.stderr
+    bad = state(CLASSES)
+    bad["qos"][0]["classes"][1]["rate"] = "90mbit"  # 20 + 90 above the NIC's 100 Mbit/s
+    r = host.apply(bad)
+    assert r.returncode == 1 and "qos[0]: " in r.stderr and "above the link rate" in r.stderr
+    bad = state(CLASSES)
+    bad["qos"][0]["driver"] = "tc"  # tc and ovs on one port
+    r = host.apply(bad)
+    assert r.returncode == 1 and "qos[0].driver: tc on tpa0" in r.stderr
+    assert host.ovs_dump() == before
+
+
+def _iperf(ns: str, dst: str, port: int, seconds: int, parallel: int = 1) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", ns, "iperf3", "-c", dst, "-p", str(port),
+                             "-t", str(seconds), "-P", str(parallel), "-J"],
+                            stdout=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def _servers(ns: str, binds: list[tuple[str, int]]):
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns, "iperf3", "-s", "-B", a, "-p",
+                               str(p)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for a, p in binds]
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def _received(p: subprocess.Popen) -> float:
+    out, _ = p.communicate(timeout=120)
+    return json.loads(out)["end"]["sum_received"]["bits_per_second"]
+
+
+def test_per_destination_rates_measured_with_iperf3(host: OvsHost):
+    assert host.apply(state(CLASSES)).returncode == 2
+    plan = {"10.231.9.2": 20e6, "10.231.9.3": 40e6}
+    got: dict = {}
+    with _servers(host.peer, [("10.231.9.2", 5301), ("10.231.9.3", 5302)]):
+        for _attempt in range(3):  # a loaded machine can starve one run: retry, keep the best
+            ps = {d: _iperf(host.ns, d, 5301 + i, 5) for i, d in enumerate(plan)}
+            for d, p in ps.items():
+                got[d] = max(got.get(d, 0.0), _received(p))
+            if all(0.9 * plan[d] <= got[d] <= 1.05 * plan[d] for d in plan):
+                break
+    # goodput of a shaped 1500-byte MTU link is ~95.6 % of the line rate (tc framing)
+    for d, rate in plan.items():
+        assert 0.9 * rate <= got[d] <= 1.05 * rate, (d, got)
+
+
+def test_multipath_weights_show_in_the_split(host: OvsHost):
+    flows = [{"dst": "10.231.8.2/32", "nexthops": [
+        {"port": "tpa0", "weight": 3, "mac": _mac(host.peer, "tpb0")},
+        {"port": "tpc0", "weight": 1, "mac": _mac(host.peer, "tpd0")}]}]
+    r = host.apply(state(flows=flows))
+    assert r.returncode == 2, r.stderr
+    (g,) = host.groups()
+    assert "type=select" in g and "weight:3" in g
+    assert host.apply(state(flows=flows)).returncode == 0
+
+    def rx() -> dict[str, int]:
+        return {ln["ifname"]: ln["stats64"]["rx"]["bytes"]
+                for ln in ip_json(host.peer, "-s", "link") if ln["ifname"] in ("tpb0", "tpd0")}
+
+    share = 0.0
+    with _servers(host.peer, [("10.231.8.2", 5303)]):
+        for _attempt in range(3):
+            r0 = rx()
+            _received(_iperf(host.ns, "10.231.8.2", 5303, 3, parallel=16))
+            r1 = rx()
+            b, d = r1["tpb0"] - r0["tpb0"], r1["tpd0"] - r0["tpd0"]
+            share = b / (b + d)
+            if 0.6 <= share <= 0.9:
+                break
+    # 16 TCP connections hashed over weights 3:1: about 3/4 of the bytes on tpa0's link
+    assert 0.6 <= share <= 0.9, share
