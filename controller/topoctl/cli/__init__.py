@@ -11,6 +11,7 @@ import sys
 COMMANDS: list[str] = [
     "topoctl.cli.apply",
     "topoctl.cli.bench",
+    "topoctl.cli.inventory",
     "topoctl.cli.lab",
     "topoctl.cli.plan",
     "topoctl.cli.run",
