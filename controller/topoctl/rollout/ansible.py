@@ -107,6 +107,9 @@ def run_playbook(playbook: str, inventory: str | Path, *, private_data_dir: Path
     # mode, without the playbook): put the one found first on PATH
     bin_dir = Path(bin_dir) if bin_dir else Path(find_ansible_playbook()).parent
     private_data_dir.mkdir(parents=True, exist_ok=True)
+    # runner writes extravars/cmdline into env/ and reads them back on the next run when the
+    # new ones are empty: a stale variable would leak into this run
+    shutil.rmtree(private_data_dir / "env", ignore_errors=True)
     events: list[Event] = []
     seen = {"host_events": 0}
 
@@ -139,16 +142,18 @@ def run_playbook(playbook: str, inventory: str | Path, *, private_data_dir: Path
         raise AnsibleRunError(f"ansible-runner wrote no rc artifact in {artifacts} (status "
                               f"{r.status}): ansible-playbook (looked in {bin_dir} and PATH) "
                               f"did not run; see {artifacts / 'stdout'}")
-    stats = r.stats
-    if not stats or not seen["host_events"] and r.rc == 0:
-        raise AnsibleRunError(
-            f"ansible-runner kept no stats ({r.status}, rc {r.rc}): events were dropped (an "
-            f"event_handler must return True); artifacts {artifacts}")
+    stats = r.stats or {}
     processed = set(stats.get("processed", {}))
     if not processed:
-        why = (f"--limit {','.join(limit)} matched no host of the inventory" if limit
-               else "the inventory has no host the playbook could run on")
-        raise AnsibleRunError(f"{why}: nothing ran ({_tail(artifacts)})")
+        if seen["host_events"]:  # hosts ran, yet runner kept nothing
+            raise AnsibleRunError(
+                f"ansible-runner kept no stats ({r.status}, rc {r.rc}) although hosts ran: "
+                f"events were dropped (an event_handler must return True); {artifacts}")
+        if limit:
+            raise AnsibleRunError(f"--limit {','.join(limit)} matched no host of the "
+                                  f"inventory {inventory}: nothing ran ({_tail(artifacts)})")
+        raise AnsibleRunError(f"ansible-playbook failed before any host ran (rc {r.rc}): "
+                              f"{_tail(artifacts)}")
     return _report(command, r.rc, stats, events, processed, seconds, artifacts)
 
 
