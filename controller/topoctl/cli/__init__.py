@@ -16,6 +16,7 @@ COMMANDS: list[str] = [
     "topoctl.cli.plan",
     "topoctl.cli.run",
     "topoctl.cli.sync",
+    "topoctl.cli.vagrant",
 ]
 
 
