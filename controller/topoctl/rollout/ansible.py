@@ -36,6 +36,11 @@ AGENT_TASKS = {
 }
 
 
+# apply.yml's tasks that only restate (as a failure) what an agent task already reported
+REPORT_TASKS = {"Stop unless every host prepared", "Report the failed apply",
+                "Report the rollback"}
+
+
 class AnsibleRunError(TopoError):
     """ansible-runner could not run the playbook, or ran it without a trace of any host."""
 
@@ -85,8 +90,8 @@ def event_of(ev: dict) -> Event | None:
         return Event(host, phase, "error", problems or [
             doc.get("error") or (res.get("stderr") or res.get("msg") or f"exit {rc}").strip()],
             seconds)
-    if task == "Stop unless every host prepared":
-        return None  # the hosts that did not prepare have their own events
+    if task in REPORT_TASKS:
+        return None  # the hosts' own agent events already say it
     if kind == "runner_on_failed" and not data.get("ignore_errors"):
         return Event(host, "prepare", "error", [str(res.get("msg", "failed")).strip()], seconds)
     return None
