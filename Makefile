@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
-DEBS  := iproute2 ethtool iperf3 iputils-ping openvswitch-switch openssh-server openssh-client
+DEBS  := iproute2 ethtool iperf3 iputils-ping openvswitch-switch openssh-server openssh-client ruby
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench deps clean
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip >/dev/null
 	# CPU wheel first: nothing later may pull the CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[controller,dev]'
+	$(PIP) install -q -e '.[controller,dev,ansible]'
 	touch $(STAMP)
 
 demo: $(STAMP)

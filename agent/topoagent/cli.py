@@ -174,6 +174,21 @@ def cmd_stop(args, target: Target) -> int:
     return EXIT_CHANGES if n else EXIT_OK
 
 
+def cmd_watch(args, target: Target) -> int:
+    from topoagent.watch import watch
+
+    rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,
+                status_file=args.status_file, mgmt=_mgmt(args))
+    if args.json:
+        print(json.dumps({"ok": rnd.status != "error", "status": rnd.status,
+                          "drift": rnd.drift, "repaired": rnd.repaired, "error": rnd.error}))
+    else:
+        print(rnd.status + (f": {rnd.error}" if rnd.error else ""))
+        for what in rnd.repaired or rnd.drift:
+            print(f"  {what}")
+    return rnd.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
     p.add_argument("--netns", help="act inside this network namespace")
@@ -219,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--host", required=True, help="this host's name in job.processes")
     la.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
     la.set_defaults(func=cmd_launch)
+    w = sub.add_parser("watch", help="reconcile loop: report (and --repair) drift from the "
+                       "last applied state")
+    w.add_argument("--interval", type=float, default=30.0, help="seconds between rounds")
+    w.add_argument("--repair", action="store_true", help="re-apply the last applied state "
+                   "when the host drifted")
+    w.add_argument("--once", action="store_true", help="one round; exit 0 in sync or idle, "
+                   "2 drifted or repaired, 1 error")
+    w.add_argument("--status-file", type=Path,
+                   help="JSON status written every round (default <state dir>/watch.json)")
+    w.set_defaults(func=cmd_watch)
     sub.add_parser("stop", help="stop the ranks of a running launch").set_defaults(
         func=cmd_stop)
     sub.add_parser("recover", help="undo an apply that was killed half-way (every start does "

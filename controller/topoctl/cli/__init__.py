@@ -22,11 +22,13 @@ from topoagent.state import StateError
 COMMANDS: list[str] = [
     "topoctl.cli.apply",
     "topoctl.cli.bench",
+    "topoctl.cli.inventory",
     "topoctl.cli.lab",
     "topoctl.cli.plan",
     "topoctl.cli.run",
     "topoctl.cli.sync",
     "topoctl.cli.topology",
+    "topoctl.cli.vagrant",
 ]
 
 

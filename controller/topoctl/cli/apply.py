@@ -112,6 +112,17 @@ def open_plan(args: argparse.Namespace) -> tuple[dict, Transport]:
 def run(args: argparse.Namespace) -> int:
     """apply, diff, status or rollback every host of the plan; the report's exit code."""
     console = Console(stderr=False, highlight=False, soft_wrap=True)
+    if getattr(args, "via", "agent") == "ansible":
+        from topoctl.cli.apply_ansible import run_via_ansible
+
+        got = run_via_ansible(args, _printer(console, args.json))
+        if isinstance(got, int):
+            return got
+        if args.json:
+            print(json.dumps(got.to_dict()))
+        else:
+            _summary(console, got, show_ops=args.command == "diff" or args.dry_run)
+        return got.exit_code
     plan, transport = open_plan(args)
     progress = _printer(console, args.json)
     try:
@@ -166,4 +177,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="allow changes to the management interface, address or route")
         p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
         p.add_argument("--dry-run", action="store_true", help="(apply) show, change nothing")
+        if name in ("apply", "diff"):
+            p.add_argument("--via", choices=["agent", "ansible"], default="agent",
+                           help="ansible: run playbooks/apply.yml through ansible-runner "
+                                "(diff: in check mode)")
+            p.add_argument("--inventory", help="(--via ansible) Ansible inventory to use")
         p.set_defaults(func=run, command=name)

@@ -1,0 +1,120 @@
+"""`topoctl inventory cluster.yaml`: an Ansible inventory (YAML) for the playbooks in playbooks/.
+
+From a cluster file: every host with its `address` (ansible_host), the cluster's `inventory`
+(user, port, key, known_hosts with strict checking, the agent command), `topo_agent_require_ovs`
+for hosts with `ovs: true`, and one group per rack. With `--lab NAME`: the lab's management
+addresses, key, known_hosts and per-host agent state directories, and this installation's
+agent (the lab hosts share this machine's filesystem). Hosts without an address are an error
+naming their YAML path; nothing is written."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from topoagent.protocol import EXIT_ERROR, EXIT_OK, TopoError
+from topoctl.lab.netops import LabError
+from topoctl.spec.cluster import Cluster
+from topoctl.spec.cluster_load import load_cluster
+
+# The lab hosts run the agent of this installation through the system Python's ansible modules.
+LAB_PYTHON = "/usr/bin/python3"
+
+
+def cluster_inventory(cluster: Cluster) -> dict:
+    """Inventory for a bare-metal cluster (hosts[].address, the cluster's `inventory`)."""
+    missing = [(f"hosts[{i}].address", f"host {h.name} has no address (needed for SSH)")
+               for i, h in enumerate(cluster.hosts) if not h.address]
+    if missing:
+        raise TopoError(missing)
+    inv = cluster.inventory
+    common = {"ansible_user": inv.user if inv else "root",
+              "ansible_port": inv.port if inv else 22}
+    if inv:
+        common["ansible_ssh_private_key_file"] = inv.key
+        common["ansible_ssh_common_args"] = (f"-o UserKnownHostsFile={inv.known_hosts} "
+                                             "-o StrictHostKeyChecking=yes")
+        if inv.agent != ["topo-agent"]:
+            common["topo_agent_command"] = list(inv.agent)
+            common["topo_agent_install_method"] = "none"
+    hosts = {h.name: {"ansible_host": str(h.address), **_host_vars(cluster, h.name)}
+             for h in cluster.hosts}
+    return _document(cluster, hosts, common)
+
+
+def lab_inventory(lab, agent: list[str] | None = None) -> dict:
+    """Inventory for a running lab: its sshd per host, the agent of this installation."""
+    agent = agent or [sys.executable, "-m", "topoagent.cli"]
+    common = {
+        "ansible_user": "root",
+        "ansible_python_interpreter": LAB_PYTHON,
+        "ansible_ssh_private_key_file": str(lab.ssh_key),
+        "ansible_ssh_common_args": f"-F {lab.ssh_config}",
+        "topo_agent_install_method": "none",
+        "topo_agent_command": agent,
+        "topo_agent_service": False,  # no systemd in a lab namespace
+        "topo_agent_python": LAB_PYTHON,
+    }
+    hosts = {h.name: {"ansible_host": lab.mgmt_ip(h.name),
+                      "topo_agent_state_dir": str(lab.state_dir / "agent" / h.name),
+                      "topo_agent_config_dir": str(lab.state_dir / "agent-etc" / h.name),
+                      "topo_agent_systemd_dir": str(lab.state_dir / "agent-etc" / h.name),
+                      **_host_vars(lab.cluster, h.name)}
+             for h in lab.cluster.hosts}
+    return _document(lab.cluster, hosts, common)
+
+
+def _host_vars(cluster: Cluster, host: str) -> dict:
+    h = cluster.host(host)
+    ovs = h.ovs if h.ovs is not None else cluster.defaults.ovs
+    return {"topo_agent_require_ovs": True} if ovs else {}
+
+
+def _document(cluster: Cluster, hosts: dict[str, dict], common: dict) -> dict:
+    racks: dict[str, dict] = {}
+    for h in cluster.hosts:
+        if h.rack:
+            racks.setdefault(f"rack_{h.rack}", {"hosts": {}})["hosts"][h.name] = {}
+    return {"all": {"vars": common, "hosts": hosts,
+                    **({"children": dict(sorted(racks.items()))} if racks else {})}}
+
+
+def inventory_text(doc: dict) -> str:
+    return f"# topoctl inventory: Ansible YAML inventory\n{yaml.safe_dump(doc, sort_keys=False)}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.lab:
+            from topoctl.lab.lab import Lab
+
+            doc = lab_inventory(Lab.load(args.lab))
+        elif args.cluster:
+            doc = cluster_inventory(load_cluster(args.cluster))
+        else:
+            raise TopoError("give a cluster file or --lab NAME")
+    except (TopoError, LabError, OSError) as e:
+        problems = getattr(e, "problems", None) or [("", str(e))]
+        source = args.cluster or f"lab {args.lab}"
+        for p, m in problems:
+            print(f"error: {source}: {p}: {m}" if p else f"error: {source}: {m}",
+                  file=sys.stderr)
+        return EXIT_ERROR
+    text = inventory_text(doc)
+    if args.output in (None, "-"):
+        print(text, end="")
+    else:
+        Path(args.output).write_text(text)
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    text = "write an Ansible inventory for the cluster's hosts (or a lab's)"
+    p = sub.add_parser("inventory", help=text, description=text)
+    p.add_argument("cluster", nargs="?", help="cluster.yaml (hosts need an address)")
+    p.add_argument("--lab", help="a running lab instead of a cluster file")
+    p.add_argument("-o", "--output", help="file to write (default stdout)")
+    p.set_defaults(func=run)

@@ -1,0 +1,176 @@
+"""A libvirt Vagrantfile from a cluster file: the same cluster as VMs (anchor: netlab, which turns
+one topology into a libvirt Vagrantfile and an Ansible inventory).
+
+- One VM per host, one NIC per cluster NIC, fixed lowercase MACs (the cluster's, else the same
+  stable MAC the namespace lab gives the port), `auto_config: false` (addresses are the agent's).
+- A direct cable is a point-to-point libvirt UDP tunnel: cable i joins 127.1.<a>.1:(10000+i) and
+  127.1.<b>.1:(10000+i), each end's local address/port mirrored as the other's remote one.
+- A switched fabric is one isolated libvirt network (no forwarding, no DHCP) per switch tree
+  (a leaf and its spine share one: a bridge cannot emulate an oversubscribed uplink).
+- Vagrant's own management network for SSH; the fabric NICs are renamed to the cluster's names
+  by MAC (systemd .link files plus a live rename) before Ansible runs playbooks/site.yml.
+Rates, latency and loss are not emulated in the VMs (libvirt tunnels run at host speed).
+
+Pure: the same cluster gives the same bytes."""
+
+from __future__ import annotations
+
+from topoctl.lab.names import port_mac
+from topoctl.spec.cluster import Cluster, SwitchedFabric
+
+TUNNEL_BASE_PORT = 10000
+
+
+def _ruby(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("#", "\\#") + '"'
+
+
+def _mac(cluster: Cluster, host: str, nic: str) -> str:
+    for n in cluster.host(host).nics:
+        if n.name == nic and n.mac:
+            return n.mac.lower()
+    return port_mac(cluster.name, host, nic)
+
+
+def _tunnel_ip(index: int) -> str:
+    return f"127.1.{index // 250}.{index % 250 + 1}"
+
+
+def nic_networks(cluster: Cluster) -> dict[tuple[str, str], list[str]]:
+    """(host, nic) -> the Ruby option lines of its `vm.network` (uncabled NICs: none)."""
+    index = {h.name: i for i, h in enumerate(cluster.hosts)}
+    out: dict[tuple[str, str], list[str]] = {}
+    fabric = cluster.fabric
+    if isinstance(fabric, SwitchedFabric):
+        tree = _switch_trees(fabric)
+        for port, att in cluster.attachments():
+            host, nic = port.split(":")
+            net = f"tp-{cluster.name}-{tree[att.switch]}"
+            out[(host, nic)] = [
+                f":libvirt__network_name => {_ruby(net)}",
+                ':libvirt__forward_mode => "none"', ":libvirt__dhcp_enabled => false",
+                ":libvirt__mtu => " + str(fabric.mtu)]
+        return out
+    for i, link in enumerate(fabric.links, start=1):
+        ends = [link.a.split(":"), link.b.split(":")]
+        for (host, nic), (peer, _) in (ends, ends[::-1]):
+            port = TUNNEL_BASE_PORT + i
+            out[(host, nic)] = [
+                ':libvirt__tunnel_type => "udp"',
+                f":libvirt__tunnel_local_ip => {_ruby(_tunnel_ip(index[host]))}",
+                f":libvirt__tunnel_local_port => {port}",
+                f":libvirt__tunnel_ip => {_ruby(_tunnel_ip(index[peer]))}",
+                f":libvirt__tunnel_port => {port}",
+                f":libvirt__iface_name => {_ruby(f'vt{i}{chr(97 + (host != ends[0][0]))}')}"]
+    return out
+
+
+def _switch_trees(fabric: SwitchedFabric) -> dict[str, str]:
+    """switch -> the name of its tree's root (a leaf joins its spine's network)."""
+    up = {s.name: s.uplink for s in fabric.switches}
+
+    def root(s: str) -> str:
+        seen = set()
+        while up.get(s) and s not in seen:
+            seen.add(s)
+            s = up[s]  # type: ignore[assignment]
+        return s
+    return {s.name: root(s.name) for s in fabric.switches}
+
+
+def _rename_script(cluster: Cluster, host: str) -> str:
+    """Shell: name each fabric NIC as the cluster does, by MAC, now and at every boot."""
+    lines = ["set -e", "mgmt=$(ip -o route show default | awk '{print $5; exit}')"]
+    for nic in cluster.host(host).nics:
+        mac = _mac(cluster, host, nic.name)
+        lines += [
+            f"printf '[Match]\\nMACAddress={mac}\\n[Link]\\nName={nic.name}\\n' "
+            f"> /etc/systemd/network/10-topo-{nic.name}.link",
+            f"cur=$(ip -o link | awk -F': ' 'tolower($0) ~ /{mac}/ {{print $2}}' | cut -d@ -f1)",
+            f'if [ "$mgmt" = {nic.name} ]; then echo "the box names its management NIC '
+            f'{nic.name}, a fabric port of the cluster: use a box with predictable NIC names" '
+            f">&2; exit 1; fi",
+            f'if [ -n "$cur" ] && [ "$cur" != {nic.name} ]; then '
+            f"ip link set \"$cur\" down; ip link set \"$cur\" name {nic.name}; fi",
+            f"ip link set {nic.name} mtu {cluster.fabric.mtu} up"]
+    return "\n".join(lines)
+
+
+def vagrantfile(cluster: Cluster, *, source: str = "", box: str = "debian/bookworm64",
+                cpus: int = 2, memory: int = 2048, playbooks: str = "../playbooks",
+                wheels: str = "../dist/wheels") -> str:
+    """The Vagrantfile text."""
+    nets = nic_networks(cluster)
+    out = [
+        "# -*- mode: ruby -*-",
+        f"# Generated by `topoctl vagrant {source or cluster.name}`: do not edit, regenerate.",
+        f"# Cluster {cluster.name}: {len(cluster.hosts)} hosts, fabric {cluster.fabric.kind}.",
+        "# Needs vagrant-libvirt; see vagrant/README.md. Fabric NICs: auto_config false (the",
+        "# agent configures them); rates, latency and loss are not emulated.",
+        "",
+        'Vagrant.configure("2") do |config|',
+        f"  config.vm.box = {_ruby(box)}",
+        '  config.vm.synced_folder ".", "/vagrant", disabled: true',
+        "  config.vm.provider :libvirt do |libvirt|",
+        f"    libvirt.cpus = {cpus}",
+        f"    libvirt.memory = {memory}",
+        '    libvirt.management_network_name = "vagrant-libvirt"',
+        "  end",
+    ]
+    last = cluster.hosts[-1].name
+    for i, h in enumerate(cluster.hosts):
+        var = "h_" + "".join(c if c.isalnum() else "_" for c in h.name)
+        out += ["", f"  config.vm.define {_ruby(h.name)} do |{var}|",
+                f"    {var}.vm.hostname = {_ruby(h.name)}",
+                f"    {var}.vm.provider :libvirt do |domain|",
+                f"      domain.management_network_mac = {_ruby(_mgmt_mac(cluster, i))}",
+                "    end"]
+        for nic in h.nics:
+            opts = nets.get((h.name, nic.name))
+            if opts is None:  # uncabled: an isolated network of its own, link down
+                opts = [f":libvirt__network_name => {_ruby(f'tp-{cluster.name}-unused')}",
+                        ':libvirt__forward_mode => "none"', ":libvirt__dhcp_enabled => false"]
+            out.append(f"    # {h.name}:{nic.name}")
+            out.append(f"    {var}.vm.network :private_network,")
+            for opt in opts:
+                out.append(f"      {opt},")
+            out.append(f"      :mac => {_ruby(_mac(cluster, h.name, nic.name))},")
+            out.append("      auto_config: false")
+        out += [f"    {var}.vm.provision :shell, name: \"topo-nic-names\", inline: <<~'SHELL'",
+                *(f"      {line}" for line in _rename_script(cluster, h.name).splitlines()),
+                "    SHELL"]
+        if h.name == last:  # one Ansible run for all hosts, once every VM is up
+            out += _ansible(cluster, var, playbooks, wheels)
+        out.append("  end")
+    out += ["end", ""]
+    return "\n".join(out)
+
+
+def _mgmt_mac(cluster: Cluster, index: int) -> str:
+    return f"52:54:00:7a:{index // 256:02x}:{index % 256:02x}"
+
+
+def _ansible(cluster: Cluster, var: str, playbooks: str, wheels: str) -> list[str]:
+    ovs = [h.name for h in cluster.hosts if cluster.runs_ovs(h.name)]
+    racks: dict[str, list[str]] = {}
+    for h in cluster.hosts:
+        if h.rack:
+            racks.setdefault(f"rack_{h.rack}", []).append(h.name)
+    lines = [f"    {var}.vm.provision :ansible do |ansible|",
+             f"      ansible.playbook = {_ruby(playbooks + '/site.yml')}",
+             '      ansible.limit = "all"',
+             '      ansible.become = true',
+             "      ansible.extra_vars = {",
+             '        "topo_agent_install_method" => "wheel",',
+             f'        "topo_agent_wheel_dir" => File.expand_path({_ruby(wheels)}, __dir__),',
+             "      }"]
+    if ovs:
+        lines += ["      ansible.host_vars = {",
+                  *(f'        {_ruby(h)} => {{"topo_agent_require_ovs" => true}},'
+                    for h in ovs), "      }"]
+    if racks:
+        lines += ["      ansible.groups = {",
+                  *(f"        {_ruby(g)} => [{', '.join(_ruby(h) for h in hs)}],"
+                    for g, hs in sorted(racks.items())), "      }"]
+    lines.append("    end")
+    return lines
