@@ -29,9 +29,9 @@ from topoctl.placement import heft, milp
 from topoctl.placement.build import build_problem
 from topoctl.placement.problem import PlacementError
 from topoctl.placement.simulate import placed_tasks
-from topoctl.sim.collectives import ring_allreduce
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import star
+from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute
 
 MODELS = {

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from topoctl.graph.cost import OpCost
 from topoctl.graph.ops import OpGraph
-from topoctl.sim.collectives import CollectiveAlgorithm
+from topoctl.sim.schedules import CollectiveAlgorithm
 from topoctl.sim.tasks import Compute, Task, Transfer
 from topoctl.strategies import PlanContext
 from topoctl.strategies.baseline import dp_tasks

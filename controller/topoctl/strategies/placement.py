@@ -34,10 +34,10 @@ from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.placement import heft, milp, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem
-from topoctl.sim.collectives import ring_allreduce
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy

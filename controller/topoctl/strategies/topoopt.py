@@ -40,11 +40,11 @@ from topoctl.fabric.graph import FabricGraph
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
 from topoctl.fabric.topology import ArGroup, Topology, distances, find_topology
 from topoctl.fabric.totient import TopologyError
-from topoctl.sim.collectives import Schedule, Step, _ring_steps
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import arc_id, network_from_fabric
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.schedules import Schedule, Step, _ring_steps
 from topoctl.spec.cluster import ClusterError, DirectFabric
 from topoctl.strategies import PlanContext, Strategy
 from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
