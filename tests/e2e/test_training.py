@@ -97,7 +97,7 @@ def test_stop_ends_a_running_job_on_every_host(lab_and_plan, capsys):
         time.sleep(0.2)
     assert all(p.exists() for p in pids)
     time.sleep(3)  # let training get going
-    assert cli.main(["stop", plan, "--lab", lab.name]) == 0
+    assert cli.main(["stop", plan, "--lab", lab.name]) == 2
     runner.join(timeout=60)
     assert not runner.is_alive() and codes == [1]
     assert not any(p.exists() for p in pids)

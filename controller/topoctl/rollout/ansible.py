@@ -119,9 +119,10 @@ def run_playbook(playbook: str, inventory: str | Path, *, private_data_dir: Path
     seen = {"host_events": 0}
 
     def handler(ev: dict) -> bool:
+        if ev.get("event_data", {}).get("host"):  # any per-host event, agent task or not
+            seen["host_events"] += 1
         e = event_of(ev)
         if e is not None:
-            seen["host_events"] += 1
             events.append(e)
             progress(e)
         return bool(keep_event(ev))
