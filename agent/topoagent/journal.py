@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from topoagent import kernel_ops
+from topoagent import kernel_ops, ovs
+from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
 from topoagent.kernel_ops import Driver, Op
 from topoagent.observe import Observed, observe, to_host_state
 from topoagent.protocol import TopoError
@@ -48,10 +49,22 @@ class JournalError(TopoError):
 
 
 # --- operations as JSON --------------------------------------------------------------------------
+# plain-data values inside OVS operations (frozen dataclasses, frozensets, dicts of them)
+_DATA = {c.__name__: c for c in (PortQos, PortConfig, BridgeConfig, DbConfig)}
+_OP_MODULES = (kernel_ops, ovs)
+
+
 def _enc(v: Any) -> Any:
     if isinstance(v, (Route, Rule, QosClass)):
         return {"__model__": type(v).__name__,
                 "data": v.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    if type(v).__name__ in _DATA and dataclasses.is_dataclass(v):
+        return {"__data__": type(v).__name__,
+                "data": {f.name: _enc(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if isinstance(v, frozenset):
+        return {"__frozenset__": sorted((_enc(x) for x in v), key=json.dumps)}
+    if isinstance(v, dict):
+        return {"__dict__": [[k, _enc(x)] for k, x in v.items()]}
     if isinstance(v, (list, tuple)):
         return [_enc(x) for x in v]
     return v
@@ -60,6 +73,12 @@ def _enc(v: Any) -> Any:
 def _dec(v: Any) -> Any:
     if isinstance(v, dict) and "__model__" in v:
         return _MODELS[v["__model__"]].model_validate(v["data"])
+    if isinstance(v, dict) and "__data__" in v:
+        return _DATA[v["__data__"]](**{k: _dec(x) for k, x in v["data"].items()})
+    if isinstance(v, dict) and "__frozenset__" in v:
+        return frozenset(_dec(x) for x in v["__frozenset__"])
+    if isinstance(v, dict) and "__dict__" in v:
+        return {k: _dec(x) for k, x in v["__dict__"]}
     if isinstance(v, list):
         return tuple(_dec(x) for x in v)
     return v
@@ -71,10 +90,11 @@ def op_to_json(op: Op) -> dict:
 
 
 def op_from_json(d: dict) -> Op:
-    cls = getattr(kernel_ops, d["op"])
-    if not (isinstance(cls, type) and issubclass(cls, Op)):
-        raise JournalError(f"journal: unknown operation {d['op']!r}")
-    return cls(**{k: _dec(v) for k, v in d.items() if k != "op"})
+    for module in _OP_MODULES:
+        cls = getattr(module, d["op"], None)
+        if isinstance(cls, type) and issubclass(cls, Op):
+            return cls(**{k: _dec(v) for k, v in d.items() if k != "op"})
+    raise JournalError(f"journal: unknown operation {d['op']!r}")
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -224,14 +244,21 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
         if route.key not in now:
             with contextlib.suppress(Exception):
                 drv.set_route(route, proto)
+    def left() -> list[Op]:
+        # a HostState snapshot does not carry the OVS rows, flows and filters (its diff would
+        # delete them): those are put back by their inverses alone, which are exact (each
+        # writes the whole old configuration of its bridge or port)
+        return [op for op in diff(before, observe(drv.target))
+                if not isinstance(op, ovs.OVS_OPS)]
+
     for _ in range(2):
-        left = diff(before, observe(drv.target))
-        if not left:
+        ops = left()
+        if not ops:
             return []
-        for op in left:
+        for op in ops:
             with contextlib.suppress(Exception):
                 op.apply(drv)
-    return [op.describe() for op in diff(before, observe(drv.target))]
+    return [op.describe() for op in left()]
 
 
 def _truncate_history(root: Path, history_len: int | None) -> None:

@@ -363,3 +363,7 @@ def show_ovs(ovs_obs: ObsOvs | None) -> dict | None:
     if foreign:
         out["foreign_bridges"] = foreign
     return out
+
+
+# every operation of this driver (the journal's settle step leaves these to their inverses)
+OVS_OPS = (OvsDbWrite, OvsFlows, OvsFilters)
