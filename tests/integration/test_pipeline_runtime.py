@@ -50,7 +50,7 @@ def reference_losses(job: dict, global_batch: int) -> list[float]:
     model = _factory(spec["factory"])(**spec["kwargs"])
     opt = torch.optim.SGD(model.parameters(), lr=float(job.get("lr", 1e-3)))
     out = []
-    for it in range(ITERS):
+    for it in range(int(job.get("iterations", ITERS))):
         x = batch_inputs(spec["inputs"], global_batch, it, 0)
         opt.zero_grad()
         loss = model(*x).float().pow(2).mean()
