@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
 JOB = ROOT / "plans" / "mlp-job.yaml"
 
