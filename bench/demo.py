@@ -123,8 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cluster = load_cluster(CLUSTER)
     job_doc = yaml.safe_load(JOB.read_text())
-    strategies = args.strategies or ["baseline"] + sorted(s for s in available()
-                                                          if s != "baseline")
+    # one row per strategy function: an alias ("bandwidth" = "baseline+bandwidth") runs once,
+    # under its longest, most descriptive name
+    names: dict = {}
+    for s, fn in sorted(available().items()):
+        if s != "baseline":
+            names.setdefault(fn, []).append(s)
+    strategies = args.strategies or ["baseline"] + sorted(max(v, key=len)
+                                                          for v in names.values())
     t_start = time.perf_counter()
     log(f"planning {JOB.name} on {cluster.name} with: {', '.join(strategies)}")
     plans = {}
@@ -139,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     transport = lab_ssh_transport(lab)  # as on bare metal: each host's own sshd
     try:
         for s, plan in plans.items():
+            # a strategy that re-cables (topoopt) brings its own fabric: the lab's patch
+            # panel follows the plan, as a real one would (no change for the others)
+            changed = labmod.rewire(lab, plan["fabric"])
+            if changed["removed"] or changed["added"]:
+                log(f"{s}: re-cabled the lab ({len(changed['removed'])} cables out, "
+                    f"{len(changed['added'])} in)")
             m = measure(s, plan, transport, args.iterations)
             meta = plan["metadata"]
             rows.append({"strategy": s, "predicted": meta["prediction"]["iteration_time"],

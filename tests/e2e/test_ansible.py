@@ -251,7 +251,7 @@ def test_runner_pitfalls_are_errors_not_silent_success(lab, inventory, tmp_path,
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     empty = tmp_path / "bin"
     empty.mkdir()
-    with pytest.raises(AnsibleRunError, match="no rc artifact"):
+    with pytest.raises(AnsibleRunError, match="ansible-playbook .*did not run"):
         run(lab, inventory, "apply.yml", bin_dir=empty, extravars={"topo_plan": str(PLAN)})
     monkeypatch.setattr(sys, "executable", str(empty / "python"))
     with pytest.raises(AnsibleRunError, match="ansible-playbook not found"):

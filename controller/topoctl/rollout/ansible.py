@@ -155,6 +155,10 @@ def run_playbook(playbook: str, inventory: str | Path, *, private_data_dir: Path
             raise AnsibleRunError(
                 f"ansible-runner kept no stats ({r.status}, rc {r.rc}) although hosts ran: "
                 f"events were dropped (an event_handler must return True); {artifacts}")
+        if r.rc == 127:  # the shell's "command not found": runner wrote rc, nothing ran
+            raise AnsibleRunError(f"ansible-playbook (looked in {bin_dir} and PATH) did not "
+                                  f"run: not found or not executable (rc 127); see "
+                                  f"{artifacts / 'stdout'}")
         if limit:
             raise AnsibleRunError(f"--limit {','.join(limit)} matched no host of the "
                                   f"inventory {inventory}: nothing ran ({_tail(artifacts)})")
