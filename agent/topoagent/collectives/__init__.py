@@ -30,7 +30,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "tree_allreduce":
-        from .allreduce import tree_allreduce
+        from .program import tree_allreduce
 
         return tree_allreduce
     if name == "register_tree_hook":
