@@ -91,7 +91,7 @@ class TreePlan:
         return [t.rate / self.rate for t in self.trees]
 
 
-def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 64) -> int:
+def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 256) -> int:
     """How many trees the optimum needs at least, clamped to ``[lo, hi]``.
 
     A tree's rate is at most its weakest link and every tree crosses every cut, so a tree's
