@@ -77,6 +77,8 @@ def plan(ctx: PlanContext) -> Strategy:
     for size in sorted(set(sizes)):
         c = chunk_count(sched, max(1, size // 4), 4)
         preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency)
+    if sizes:
+        sched.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
     tasks, sizes = dp_tasks(ctx, hosts, tree_algorithm(sched, max_chunks=SIM_MAX_CHUNKS))
     tasks = _with_cpu_part(tasks, [preds[s].cpu_s for s in sizes])
     largest = preds[max(sizes)] if sizes else None
@@ -90,7 +92,8 @@ def plan(ctx: PlanContext) -> Strategy:
         buckets=sizes,
         notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
                "bound": bname, "achieved_over_optimal": tp.rate / bval,
-               **({"runtime": _runtime_note(preds, sizes, costs.source)} if largest else {})}
+               **({"runtime": _runtime_note(preds, sizes, costs.source, sched.chunk_bytes)}
+                  if largest else {})}
         | clock.report(),
     )
 
@@ -118,13 +121,13 @@ def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
     return fixed
 
 
-def _runtime_note(preds: dict, sizes: list[int], source: str) -> dict:
+def _runtime_note(preds: dict, sizes: list[int], source: str, chunk_bytes: int) -> dict:
     """Network and CPU part of the iteration's tree AllReduces (sum over buckets), and the
     largest bucket's pipeline."""
     big = preds[max(sizes)]
     return {"buckets": len(sizes), "network_s": sum(preds[s].network_s for s in sizes),
             "cpu_s": sum(preds[s].cpu_s for s in sizes), "chunks": big.chunks,
-            "chunk_bytes": big.chunk_bytes, "steps": big.steps, "messages": big.messages,
+            "chunk_bytes": chunk_bytes, "steps": big.steps, "messages": big.messages,
             "ranks_per_core": big.share, "cpu_costs": source}
 
 
