@@ -13,6 +13,11 @@ process, gloo's included), not wall time:
   connection (kernel copies, gloo), with the per-message part removed;
 * ``reduce_bytes_per_s`` / ``copy_bytes_per_s``: bytes per CPU second of ``torch.add(out=)`` and
   ``Tensor.copy_`` on 16 MiB float32 blocks (one thread, as the ranks run);
+* ``per_message_shared_s`` / ``wire_bytes_per_s_shared``: the same with ``4 * cores`` processes
+  in pairs at once (as the lab's ranks share the cores: every blocking wait is a context
+  switch);
+* ``per_piece_s``: CPU seconds of the executor's work per piece of a packed message (a tensor
+  slice and a small ``torch.add(out=)``/``copy_``: torch's per-call overhead);
 * ``cores``: CPUs this process may run on.
 
 Cached as JSON under ``$TOPOCTL_CACHE/runtime/`` (default ``~/.cache/topoctl/runtime``), one file
@@ -36,7 +41,7 @@ from typing import Any
 __all__ = ["calibration_path", "ensure_calibration", "load_calibration", "machine_key",
            "measure"]
 
-VERSION = 1
+VERSION = 3
 
 
 def _cpu_model() -> str:
@@ -99,7 +104,7 @@ def _cpu() -> float:
 
 
 def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
-            big_bytes: int) -> None:
+            big_bytes: int, world: int = 2) -> None:
     import statistics
 
     import torch
@@ -108,9 +113,9 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+                            world_size=world)
     pg = dist.distributed_c10d._get_default_group()
-    peer = 1 - rank
+    peer = rank ^ 1  # pairs (0, 1), (2, 3), ... exchange at the same time
 
     def exchange(nbytes: int, steps: int) -> float:
         half = max(1, nbytes // 4)
@@ -133,7 +138,7 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
         2 * big * big_bytes / max(exchange(big_bytes, big) - 2 * big * per_msg, 1e-9)
         for _ in range(rounds))
     res: dict[str, float] = {"per_message_s": per_msg, "wire_bytes_per_s": wire}
-    if rank == 0:  # 16 MiB blocks: gradients do not fit in the caches either
+    if rank == 0 and world == 2:  # 16 MiB blocks: gradients do not fit in the caches either
         a, b = torch.ones(1 << 22), torch.ones(1 << 22)
         nb = a.numel() * 4
 
@@ -147,6 +152,20 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
             timed(lambda: torch.add(a, b, out=a)) for _ in range(rounds))
         res["copy_bytes_per_s"] = statistics.median(timed(lambda: a.copy_(b))
                                                     for _ in range(rounds))
+
+        def pieces() -> float:  # the executor's work per piece: slice + add/copy/cat
+            n, ln = 2000, 256
+            c0 = _cpu()
+            for i in range(n):
+                o = (i * ln) % (a.numel() - ln)
+                dst = a[o : o + ln]
+                if i % 2:
+                    torch.add(dst, b[o : o + ln], out=dst)
+                else:
+                    dst.copy_(b[o : o + ln])
+            return (_cpu() - c0) / n
+
+        res["per_piece_s"] = statistics.median(pieces() for _ in range(rounds))
     Path(out, f"{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
@@ -167,6 +186,20 @@ def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 
         mp.spawn(_worker, args=(port, tmp, rounds, small, big, big_bytes), nprocs=2, join=True)
         r0 = json.loads(Path(tmp, "0.json").read_text())
         r1 = json.loads(Path(tmp, "1.json").read_text())
+    # oversubscribed: 4 ranks per core in pairs (the lab: 8 ranks on 2 cores); blocking
+    # waits then cost context switches
+    shared = 4 * _cores()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="tp-calibrate-") as tmp:
+        mp.spawn(_worker, args=(port, tmp, rounds, small // 4, big, big_bytes, shared),
+                 nprocs=shared, join=True)
+        rs = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(shared)]
+    import statistics
+
+    per_shared = statistics.median(r["per_message_s"] for r in rs)
+    wire_shared = statistics.median(r["wire_bytes_per_s"] for r in rs)
     return {
         "version": VERSION,
         "key": machine_key(),
@@ -174,8 +207,12 @@ def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 
         "cores": _cores(),
         "per_message_s": float(f"{(r0['per_message_s'] + r1['per_message_s']) / 2:.4g}"),
         "wire_bytes_per_s": float(f"{(r0['wire_bytes_per_s'] + r1['wire_bytes_per_s']) / 2:.4g}"),
+        "shared_ranks": shared,
+        "per_message_shared_s": float(f"{per_shared:.4g}"),
+        "wire_bytes_per_s_shared": float(f"{wire_shared:.4g}"),
         "reduce_bytes_per_s": float(f"{r0['reduce_bytes_per_s']:.4g}"),
         "copy_bytes_per_s": float(f"{r0['copy_bytes_per_s']:.4g}"),
+        "per_piece_s": float(f"{r0['per_piece_s']:.4g}"),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -208,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{calibration_path()}")
     print(f"  per message      {data['per_message_s'] * 1e6:.1f} us CPU")
     print(f"  wire (loopback)  {data['wire_bytes_per_s'] / 1e9:.2f} GB per CPU second")
+    if "per_message_shared_s" in data:
+        print(f"  {data['shared_ranks']} ranks sharing the cores: per message "
+              f"{data['per_message_shared_s'] * 1e6:.1f} us, wire "
+              f"{data['wire_bytes_per_s_shared'] / 1e9:.2f} GB per CPU second")
     print(f"  reduction        {data['reduce_bytes_per_s'] / 1e9:.2f} GB per CPU second")
     print(f"  copy             {data['copy_bytes_per_s'] / 1e9:.2f} GB per CPU second")
+    print(f"  per piece        {data.get('per_piece_s', 0) * 1e6:.1f} us CPU")
     print(f"  cores            {data['cores']}")
     return 0
 

@@ -10,11 +10,13 @@ AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
   bytes at its rate ``x_t`` (the same time ``M / (R C)`` on every tree, which is why all trees
   use the same ``C``), ``a`` the largest path latency of a tree edge; the bottleneck links are
   busy in every full step, the ``2h - 1`` fill/drain steps are the pipeline's cost;
-* CPU part, per rank ``r``: ``n_r * c_msg + B^red_r / rho_red + B^copy_r / rho_copy +
-  B^wire_r / rho_wire`` with ``n_r`` the point-to-point messages it posts (one per peer and
-  direction per step, pieces of several trees packed: counted exactly as the union of each
-  (peer, direction)'s step ranges), ``B^red`` the bytes it adds, ``B^copy`` the bytes packed or
-  unpacked, ``B^wire`` the bytes it sends and receives; the CPU costs ``c_msg``, ``rho_*`` come
+* CPU part, per rank ``r``: ``n_r * c_msg + p_r * c_piece + B^red_r / rho_red +
+  B^copy_r / rho_copy + B^wire_r / rho_wire`` with ``n_r`` the point-to-point messages it posts
+  (one per peer and direction per step, pieces of several trees packed: counted exactly as the
+  union of each (peer, direction)'s step ranges), ``p_r`` the pieces it packs, adds or copies
+  (one per tree edge, direction and chunk), ``B^red`` the bytes it adds, ``B^copy`` the bytes
+  packed or unpacked, ``B^wire`` the bytes it sends and receives; the CPU costs ``c_*``,
+  ``rho_*`` come
   from the machine's calibration (``python -m topoagent.collectives.calibrate``). Ranks that
   share ``cores`` cores (the lab: every rank on one machine) stretch it by
   ``max(1, ranks / cores)``: the part is ``max(max_r cpu_r, sum_r cpu_r / cores)`` then.
@@ -53,6 +55,7 @@ class RuntimeCosts:
     wire_bytes_per_s: float = 5.5e9
     reduce_bytes_per_s: float = 20e9
     copy_bytes_per_s: float = 16e9
+    per_piece_s: float = 8e-6
     cores: int = 2
     source: str = "default"
 
@@ -67,6 +70,7 @@ def runtime_costs(calibration: dict | None) -> RuntimeCosts:
         wire_bytes_per_s=float(calibration["wire_bytes_per_s"]),
         reduce_bytes_per_s=float(calibration["reduce_bytes_per_s"]),
         copy_bytes_per_s=float(calibration["copy_bytes_per_s"]),
+        per_piece_s=float(calibration.get("per_piece_s", RuntimeCosts.per_piece_s)),
         cores=int(calibration["cores"]),
         source=f"calibrated:{calibration.get('key', '?')}",
     )
@@ -198,7 +202,11 @@ def predict(
     counts = np.bincount(shape.group, minlength=2 * n * n)
     shared = counts[shape.group] > 1
     copy = np.bincount(rank, weights=np.where(shared, pbytes, 0.0), minlength=n)
-    cpu = (msgs * costs.per_message_s + red / costs.reduce_bytes_per_s
+    # pieces: every (tree edge, direction) entry of the rank moves one piece per chunk (a
+    # slice and a torch call to pack, add or copy it)
+    pieces = np.bincount(rank, minlength=n) * min(c, max(1, int(nbytes)))
+    cpu = (msgs * costs.per_message_s + pieces * costs.per_piece_s
+           + red / costs.reduce_bytes_per_s
            + copy / costs.copy_bytes_per_s + wire / costs.wire_bytes_per_s)
     share = max(1.0, ranks_per_machine / costs.cores)
     if ranks_per_machine >= n > 1:  # every rank on one machine: its cores run them all
