@@ -19,8 +19,8 @@ from topoctl.collective.trees.pipeline import (
 )
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
-FREE = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e30, reduce_bytes_per_s=1e30,
-                    copy_bytes_per_s=1e30)
+FREE = RuntimeCosts(per_message_s=0.0, per_piece_s=0.0, wire_bytes_per_s=1e30,
+                    reduce_bytes_per_s=1e30, copy_bytes_per_s=1e30)
 
 
 def random_schedule(world: int, ntrees: int, seed: int) -> TreeSchedule:
