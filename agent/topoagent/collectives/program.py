@@ -16,13 +16,17 @@ takes ``C + 2 h_t - 1`` steps and the program ``max_t (C + 2 h_t - 1)``. In one 
 sends at most one message to each peer and receives at most one from each: the pieces of all
 trees and both phases that go to the same peer in that step are packed (in (tree, phase, chunk)
 order, the same on both ends) into one contiguous buffer. All sends and receives of a step are
-posted at once and waited together, then received pieces are added (reduce) or copied
-(broadcast) in place; a message with a single piece is sent from / received into the tensor
-itself when no addition is needed. One thread, no locks.
+posted at once; each received message is added (reduce) or copied (broadcast) in place as soon
+as it is in (the step's sends read other chunks), then the sends are waited for; a message
+with a single piece is sent from / received into the tensor itself when no addition is needed.
+One thread, no locks.
 
 Correctness of the in-place buffer: a rank's reduce send of chunk ``k`` (step ``k + up(r)``)
 precedes the broadcast receive that overwrites it (step ``k + h_t + d - 1 >= k + up(r) + 2d - 1``,
-``d >= 1``), and every step's operations complete before the next step starts.
+``d >= 1``), and every step's operations complete before the next step starts. Within a step,
+the chunk a reduce piece is added into (``s - up(c)`` for a child ``c``) or a broadcast piece
+copied into (``s - h_t - d + 1``) is never the one a send of that step reads (``s - up(r)``,
+``s - h_t - d``), so a message is processed while the others are still in flight.
 
 Cost: compiling is ``O(T * C * deg(r))`` for the rank's own tree edges; executing is
 ``max_t (C + 2 h_t - 1)`` steps of at most ``2 * peers`` point-to-point operations each.
@@ -167,11 +171,11 @@ def compile_program(
 
 def run_program(program: Program, flat: torch.Tensor, pg) -> None:
     """Execute ``program`` on the contiguous 1-D ``flat`` (in place) over process group ``pg``
-    (its ``send``/``recv`` take group ranks): per step, post every send and receive, wait for
-    all, then add/copy the received pieces."""
+    (its ``send``/``recv`` take group ranks): per step, post every send and receive, add/copy
+    each received message as it arrives, then wait for the sends."""
     scratch = torch.empty(program.scratch, dtype=flat.dtype, device=flat.device)
     for snd, rcv in program.steps:
-        works = []
+        sends = []
         pos = 0
         for m in snd:
             if len(m.pieces) == 1:
@@ -181,20 +185,22 @@ def run_program(program: Program, flat: torch.Tensor, pg) -> None:
                 buf = scratch[pos : pos + m.length]
                 pos += m.length
                 torch.cat([flat[o : o + ln] for o, ln, _ in m.pieces], out=buf)
-            works.append(pg.send([buf], m.peer, TAG))
-        post = []
+            sends.append(pg.send([buf], m.peer, TAG))
+        recvs = []
         for m in rcv:
             if len(m.pieces) == 1 and m.pieces[0][2] == _BCAST:
                 o, ln, _ = m.pieces[0]
-                works.append(pg.recv([flat[o : o + ln]], m.peer, TAG))
+                recvs.append((pg.recv([flat[o : o + ln]], m.peer, TAG), None, None))
                 continue
             buf = scratch[pos : pos + m.length]
             pos += m.length
-            works.append(pg.recv([buf], m.peer, TAG))
-            post.append((buf, m.pieces))
-        for w in works:
-            w.wait()
-        for buf, pieces in post:
+            recvs.append((pg.recv([buf], m.peer, TAG), buf, m.pieces))
+        # each received message is reduced/copied as soon as it is in, while the others are
+        # still in flight: none of them touches what this step's sends read (other chunks)
+        for work, buf, pieces in recvs:
+            work.wait()
+            if buf is None:
+                continue
             b = 0
             for o, ln, kind in pieces:
                 dst = flat[o : o + ln]
@@ -203,6 +209,8 @@ def run_program(program: Program, flat: torch.Tensor, pg) -> None:
                 else:
                     dst.copy_(buf[b : b + ln])
                 b += ln
+        for work in sends:
+            work.wait()
 
 
 _CACHE: OrderedDict = OrderedDict()
