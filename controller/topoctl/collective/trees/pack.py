@@ -134,7 +134,8 @@ def plan_trees(
     :class:`~topoctl.limits.SafetyClock`) is only a wall-clock safety net; the steps it cut
     short are listed in ``TreePlan.cut_short``.
 
-    Shortcut (direct fabrics): ``ceil(greedy_factor * max_trees)`` (<= 256) load-balanced MSTs
+    Shortcut (direct fabrics, ``max_trees >= 16``): the edge-disjoint trees, else
+    ``ceil(greedy_factor * max_trees)`` (<= 256) load-balanced MSTs
     (:func:`greedy_disjoint`: each an MST under the relative load of the previous ones) and
     their restricted LP; if at most ``max_trees`` of them carry flow and the packing is within
     ``shortcut_gap`` of the partition bound ``tau`` (an upper bound on any tree packing), it is
@@ -157,7 +158,7 @@ def plan_trees(
     oracle.capacity = oracle.capacity / scale
     disjoint = disjoint_candidates(oracle, max_trees, clock)
     td = time.perf_counter()
-    quick = _greedy_shortcut(g, oracle, max_trees, greedy_factor, shortcut_gap)
+    quick = _greedy_shortcut(g, oracle, max_trees, greedy_factor, shortcut_gap, disjoint)
     if quick is not None:  # load-balanced MSTs already within shortcut_gap of tau
         cols, rates, val = quick
         trees = _rooted(g, cols, rates * scale)
@@ -206,20 +207,25 @@ def plan_trees(
     )
 
 
-def _greedy_shortcut(g: CapGraph, oracle: Oracle, max_trees: int, factor: float, gap: float
+def _greedy_shortcut(g: CapGraph, oracle: Oracle, max_trees: int, factor: float, gap: float,
+                     disjoint: list[Column] | None = None
                      ) -> tuple[list[Column], np.ndarray, float] | None:
-    """The greedy packing of :func:`plan_trees`'s shortcut, or None when it does not apply."""
+    """The shortcut of :func:`plan_trees`: the edge-disjoint trees, else the greedy packing, if
+    within ``gap`` of tau with at most ``max_trees`` trees; None when it does not apply."""
     if not g.is_direct or factor <= 0 or gap <= 0 or max_trees < 16:
         return None
-    k = int(min(256, math.ceil(factor * max_trees)))
-    cols = greedy_disjoint(oracle, k)
-    x, val, _ = solve_restricted(cols, oracle.capacity)
     scale = float(np.max(oracle.g.cap)) if oracle.g.cap.size else 1.0
     tau = partition_bound(g, exact_up_to=0)[0] / scale
-    keep, rates = _positive(cols, x)
-    if len(keep) > max_trees or val < (1.0 - gap) * tau:
-        return None
-    return keep, rates, val
+    k = int(min(256, math.ceil(factor * max_trees)))
+    for make in (lambda: list(disjoint or []), lambda: greedy_disjoint(oracle, k)):
+        cols = make()
+        if not cols:
+            continue
+        x, val, _ = solve_restricted(cols, oracle.capacity)
+        keep, rates = _positive(cols, x)
+        if len(keep) <= max_trees and val >= (1.0 - gap) * tau:
+            return keep, rates, val
+    return None
 
 
 def prune(
