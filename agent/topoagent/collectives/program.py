@@ -63,10 +63,7 @@ class Message:
 
     peer: int
     pieces: tuple[tuple[int, int, int], ...]
-
-    @property
-    def length(self) -> int:
-        return sum(p[1] for p in self.pieces)
+    length: int  # elements: the sum of the pieces' lengths
 
 
 @dataclass(frozen=True)
@@ -159,7 +156,8 @@ def compile_program(
     for table, side in ((sends, 0), (recvs, 1)):
         for (s, peer), items in sorted(table.items()):
             items.sort()
-            by_step[s][side].append(Message(peer, tuple((o, ln, kd) for *_, o, ln, kd in items)))
+            pieces = tuple((o, ln, kd) for *_, o, ln, kd in items)
+            by_step[s][side].append(Message(peer, pieces, sum(p[1] for p in pieces)))
     scratch = 0
     for snd, rcv in by_step:
         need = sum(m.length for m in snd if len(m.pieces) > 1)
