@@ -82,9 +82,13 @@ def iperf_emulation(seconds: float):
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+        busy = (b1[0] - b0[0]) / max(b1[1] - b0[1], 1e-9)
+        cores = os.cpu_count() or 1
+        # wire bytes per core-second of emulation + TCP (the cost model's
+        # emulation_bytes_per_s; includes other jobs' load when the machine is not quiet)
         return {"edges": len(rate), "offered_bit_s": sum(rate.values()),
-                "received_bit_s": got, "seconds": wall,
-                "machine_busy": (b1[0] - b0[0]) / max(b1[1] - b0[1], 1e-9)}
+                "received_bit_s": got, "seconds": wall, "machine_busy": busy,
+                "emulation_bytes_per_core_s": got / 8 / max(busy * cores, 1e-9)}
 
     return run
 
@@ -137,6 +141,15 @@ def main() -> int:
               f"({p['network_s']:.3f} + {p['cpu_s']:.3f}) | {x['trees_busy']:.0%} / "
               f"{em.get('machine_busy', float('nan')):.0%} | {x['load_average'][0]:.1f} |"
               + ("" if x["correct"] else " WRONG RESULT |"))
+    for x in rows:
+        em = x["emulation"] or {}
+        if em:
+            print(f"{x['lab']} x{x['scale']:g}: iperf3 {em['received_bit_s'] / 1e9:.2f} of "
+                  f"{em['offered_bit_s'] / 1e9:.2f} Gbit/s on {em['edges']} directed edges, "
+                  f"machine {em['machine_busy']:.0%} busy: "
+                  f"{em['emulation_bytes_per_core_s'] / 1e9:.2f} GB per core-second (the cost "
+                  "model assumes 0.51; put a quiet figure in the calibration's "
+                  "emulation_bytes_per_s)")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "calibration": cal}, indent=1))
     return 0

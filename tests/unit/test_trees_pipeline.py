@@ -77,7 +77,10 @@ def test_cores_shared_by_colocated_ranks_stretch_the_cpu_part():
     alone = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=2), 1).cpu_s
     lab = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=2), 8).cpu_s
     big = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=64), 8).cpu_s
-    assert lab > 2 * alone and big == pytest.approx(alone)
+    # many cores: no stretching, but a lab's wire bytes still cost the cable emulation
+    assert lab > 2 * alone and alone < big < lab
+    free_emulation = RuntimeCosts(cores=64, emulation_bytes_per_s=1e30)
+    assert predict(sh, 8e6, 1e7, 10, free_emulation, 8).cpu_s == pytest.approx(alone)
 
 
 def test_runtime_costs_from_a_calibration_document():

@@ -16,10 +16,12 @@ AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
   union of each (peer, direction)'s step ranges), ``p_r`` the pieces it packs, adds or copies
   (one per tree edge, direction and chunk), ``B^red`` the bytes it adds, ``B^copy`` the bytes
   packed or unpacked, ``B^wire`` the bytes it sends and receives; the CPU costs ``c_*``,
-  ``rho_*`` come
-  from the machine's calibration (``python -m topoagent.collectives.calibrate``). Ranks that
-  share ``cores`` cores (the lab: every rank on one machine) stretch it by
-  ``max(1, ranks / cores)``: the part is ``max(max_r cpu_r, sum_r cpu_r / cores)`` then.
+  ``rho_*`` come from the machine's calibration (``python -m topoagent.collectives.calibrate``).
+  Ranks that share ``cores`` cores (the lab: every rank on one machine) stretch it by
+  ``max(1, ranks / cores)``: the part is ``max(max_r cpu_r, sum_r cpu_r / cores)`` then, and
+  a wire byte costs the lab's cable emulation too (``rho_wire`` becomes at most twice
+  ``emulation_bytes_per_s``, wire bytes per core-second of veth + tc shaping + TCP at both
+  ends, as iperf3 measured it: the bytes are counted at both ends).
 
 The two parts are added (a step's CPU work is not overlapped with its transfers: a rank posts,
 waits, then reduces). ``C`` minimises the sum over candidate counts (deterministic scan).
@@ -56,6 +58,10 @@ class RuntimeCosts:
     reduce_bytes_per_s: float = 20e9
     copy_bytes_per_s: float = 16e9
     per_piece_s: float = 8e-6
+    # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work: wire
+    # bytes per core-second; iperf3 on all 28 tworack8 cables of this machine, 2026-11-23:
+    # 5.29 Gbit/s with 65% of 2 cores busy (issue 16). bench/trees_figures.py re-measures it.
+    emulation_bytes_per_s: float = 0.51e9
     cores: int = 2
     source: str = "default"
 
@@ -71,6 +77,8 @@ def runtime_costs(calibration: dict | None) -> RuntimeCosts:
         reduce_bytes_per_s=float(calibration["reduce_bytes_per_s"]),
         copy_bytes_per_s=float(calibration["copy_bytes_per_s"]),
         per_piece_s=float(calibration.get("per_piece_s", RuntimeCosts.per_piece_s)),
+        emulation_bytes_per_s=float(calibration.get("emulation_bytes_per_s",
+                                                    RuntimeCosts.emulation_bytes_per_s)),
         cores=int(calibration["cores"]),
         source=f"calibrated:{calibration.get('key', '?')}",
     )
@@ -205,11 +213,15 @@ def predict(
     # pieces: every (tree edge, direction) entry of the rank moves one piece per chunk (a
     # slice and a torch call to pack, add or copy it)
     pieces = np.bincount(rank, minlength=n) * min(c, max(1, int(nbytes)))
+    lab = ranks_per_machine >= n > 1  # every rank on one machine (the lab)
+    # in the lab a wire byte also costs the cable emulation; wire_r counts it at both ends
+    wire_rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
+                 else costs.wire_bytes_per_s)
     cpu = (msgs * costs.per_message_s + pieces * costs.per_piece_s
            + red / costs.reduce_bytes_per_s
-           + copy / costs.copy_bytes_per_s + wire / costs.wire_bytes_per_s)
+           + copy / costs.copy_bytes_per_s + wire / wire_rate)
     share = max(1.0, ranks_per_machine / costs.cores)
-    if ranks_per_machine >= n > 1:  # every rank on one machine: its cores run them all
+    if lab:  # its cores run every rank
         cpu_s = max(float(cpu.max()), float(cpu.sum()) / costs.cores)
     else:
         cpu_s = float(cpu.max()) * share
