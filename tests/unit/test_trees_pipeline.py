@@ -116,3 +116,9 @@ def test_strategy_adds_the_cpu_part_on_a_cpu_lab(monkeypatch, tmp_path):
     rate = doc["metadata"]["collective"]["rate_bytes_per_s"] * (9000 - 52) / (9000 + 38)
     assert rt["network_s"] > m / rate
     assert it >= rt["cpu_s"] + m / rate
+    # topoctl explain shows both parts and the pipeline
+    from topoctl.render.explain import explain_text
+
+    text = explain_text(doc)
+    assert "network part" in text and "CPU part" in text
+    assert f"{rt['chunks']} chunks per tree of up to {rt['chunk_bytes']} bytes" in text
