@@ -3,6 +3,7 @@ cluster file's cables, as the lab benches route them (one cable per host pair, t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -38,11 +39,14 @@ def cluster_cables(path: str | Path, scale: float = 1.0) -> tuple[list[str], lis
 
 
 def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
-              chunk_bytes: int | None = None, colocated: int | None = None
+              chunk_bytes: int | None = None, colocated: int | None = None,
+              loopback: bool = False
               ) -> tuple[TreePlan, float, TreeSchedule, TreePrediction]:
     """Plan trees on ``links`` (bytes/s), the optimum rate tau (partition bound), the runtime
     schedule (chunk from the cost model unless ``chunk_bytes``) and the predicted AllReduce of
-    ``nbytes`` with all ranks on this machine (``colocated``, default every rank)."""
+    ``nbytes`` with all ranks on this machine (``colocated``, default every rank). The chunk is
+    chosen for the lab; ``loopback``: predict without the cable emulation's cost (ranks over
+    loopback, as in ``trees_cpu.py``)."""
     g = build_capgraph(links, hosts)
     plan = plan_trees(g)
     tau = partition_bound(g)[0]
@@ -57,6 +61,8 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     from topoagent.collectives.program import chunk_count
 
     c = chunk_count(sched, nbytes // 4, 4)
+    if loopback:
+        costs = replace(costs, emulation_bytes_per_s=1e30)
     pred = predict(shape, float(nbytes), rate, c, costs, ranks)
     return plan, tau, sched, pred
 

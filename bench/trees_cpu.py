@@ -97,7 +97,7 @@ def main() -> int:
         world = world or len(hosts)
         if len(hosts) != world:
             raise SystemExit("all labs need the same number of hosts")
-        plan, _, sched, pred = trees_for(hosts, links, mtu, args.bytes)
+        plan, _, sched, pred = trees_for(hosts, links, mtu, args.bytes, loopback=True)
         _, _, legacy, _ = trees_for(hosts, links, mtu, args.bytes, chunk_bytes=LEGACY_CHUNK)
         label = Path(lab).stem.replace("-cluster", "")
         jobs.append((f"{label} new", sched.dump(), False))
@@ -124,7 +124,9 @@ def main() -> int:
               f"{r['correct']} |")
     for label, i in info.items():
         print(f"{label}: {i['trees']} trees, {i['chunks']} chunks per tree; the cost model's "
-              f"CPU part (all ranks on {os.cpu_count()} cores) {i['predicted_cpu_s']:.3f} s")
+              f"CPU part (all ranks on {os.cpu_count()} cores, loopback: no cable emulation) "
+              f"{i['predicted_cpu_s']:.3f} s = {i['predicted_cpu_s'] * os.cpu_count() / world:.3f} "
+              "s per rank")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": res, "info": info,
                                                "load": [load0, os.getloadavg()]}, indent=1))
