@@ -1,7 +1,7 @@
 """Measured AllReduce on a lab (real namespaces, tc-shaped cables, real gloo traffic).
 
     python bench/allreduce_lab.py --lab plans/tworack8-cluster.yaml [--scale 0.25]
-        [--bytes 33554432] [--chunk-bytes 16384] [--iters 3] [--json OUT]
+        [--bytes 33554432] [--chunk-bytes N] [--iters 3] [--no-ring] [--json OUT]
 
 Builds a throwaway lab (``topoctl lab up``, name ``tp5...``) from the cluster file, with cable
 rates multiplied by ``--scale`` so that 2 cores are not the bottleneck. Every host gets a
@@ -10,8 +10,10 @@ peer over their direct cable (parallel cables: the fastest one) and fewest-hop r
 forwarding hosts to the others: the baseline routing. Packed
 trees are planned for the cables' rates, then 8 ranks over gloo compare, side by side in one
 run: gloo's default all_reduce, a ring in the best order (maximum bottleneck) and the packed
-trees. Reports time, algbw (M / t) and measured/optimal (optimum = M / tau, the partition
-bound). Always removes the lab. Direct-connect clusters only.
+trees (the lock-step runtime; chunk from the cost model, ``topoctl.collective.trees.pipeline``,
+unless ``--chunk-bytes``), with the cost model's prediction of the trees' time. Reports time,
+algbw (M / t) and measured/optimal (optimum = M / tau, the partition bound). Always removes
+the lab. Direct-connect clusters only.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from pathlib import Path
 import yaml
 
 from topoctl.collective.trees.bounds import partition_bound
-from topoctl.collective.trees.pack import plan_trees
-from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.fabric.capgraph import build_capgraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trees_common import trees_for  # noqa: E402
 
 PY = sys.executable
 TOPOCTL = str(Path(sys.executable).with_name("topoctl"))
@@ -101,7 +104,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bytes", type=int, default=32 << 20, help="AllReduce size (32 MiB)")
     ap.add_argument("--iters", type=int, default=3, help="tree iterations (3)")
     ap.add_argument("--ring-iters", type=int, default=1, help="baseline iterations (1)")
-    ap.add_argument("--chunk-bytes", type=int, default=16384, help="tree chunk (16 KiB)")
+    ap.add_argument("--chunk-bytes", type=int, default=None,
+                    help="tree chunk (default: the cost model's choice)")
+    ap.add_argument("--no-ring", action="store_true", help="skip the ring baseline")
     ap.add_argument("--name", default=f"tp5{os.getpid() % 100000}", help="lab name")
     ap.add_argument("--trees-only", action="store_true", help="skip the baselines (tuning)")
     ap.add_argument("--json", help="write the raw results here")
@@ -113,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     return run(ap.parse_args(argv))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, during=None) -> int:
+    """Measure; ``during(ctx)`` (optional) runs while the lab is up, with ``ctx`` = {"lab",
+    "hosts", "addr", "cables", "plan", "sched"}; the results are in ``args.result``."""
     from topoctl.lab.lab import Lab
 
     tmp = Path(tempfile.mkdtemp(prefix="tp5-bench-"))
@@ -159,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         # plan on the cables' rates in bytes/s
         links = [(a, b, r / 8.0) for (a, b), (r, _, _) in cables.items()]
         g = build_capgraph(links, hosts)
-        plan = plan_trees(g)
         tau = partition_bound(g)[0]
-        sched = plan_to_schedule(plan, chunk_bytes=args.chunk_bytes)
+        plan, _, sched, pred = trees_for(hosts, links, lab.layout.mtu, args.bytes,
+                                         chunk_bytes=args.chunk_bytes)
         spath = tmp / "schedule.yaml"
         spath.write_text(yaml.safe_dump(sched.dump(), sort_keys=False))
         capd = {}
@@ -178,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
                    "--ring-order", ",".join(map(str, order))]
             if args.trees_only:
                 cmd.append("--trees-only")
+            if getattr(args, "no_ring", False):
+                cmd.append("--no-ring")
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
         outs = [p.communicate(timeout=900) for p in procs]
@@ -186,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
                 print(err[-3000:], file=sys.stderr)
                 raise SystemExit(f"a rank failed (exit {p.returncode})")
         res = json.loads(outs[0][0].strip().splitlines()[-1])
+        if during is not None:
+            res["during"] = during({"lab": lab, "hosts": hosts, "addr": addr,
+                                    "cables": cables, "plan": plan, "sched": sched})
     finally:
         for p in procs:
             if p.poll() is None:
@@ -195,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
     t_opt = m / tau
     print(f"cluster {args.lab} (rates x{args.scale}), {len(hosts)} ranks, M = {m / 2**20:.1f}"
           f" MiB, {len(plan.trees)} trees (planned rate {plan.rate * 8 / 1e6:.1f} Mbit/s, "
-          f"tau {tau * 8 / 1e6:.1f} Mbit/s), optimum {t_opt:.3f} s; ring order {order}")
+          f"tau {tau * 8 / 1e6:.1f} Mbit/s), optimum {t_opt:.3f} s; ring order {order}; "
+          f"chunk {sched.chunk_bytes} B; trees predicted {pred.seconds:.3f} s (network "
+          f"{pred.network_s:.3f} + CPU {pred.cpu_s:.3f})")
     print("| method | median s | algbw MB/s | measured/optimal | vs gloo | bench CPU (cores) | "
           "machine busy |")
     print("|---|---|---|---|---|---|---|")
@@ -207,8 +221,11 @@ def run(args: argparse.Namespace) -> int:
               f"{r['bench_cores']:.2f} | {r['machine_busy']:.0%} |"
               + ("" if r["correct"] else " WRONG RESULT |"))
     print(f"load average {os.getloadavg()}; lab up + addressing {t_up:.1f} s")
+    args.result = {"tau": tau, "optimum_s": t_opt, "plan_rate": plan.rate,
+                   "trees": len(plan.trees), "chunk_bytes": sched.chunk_bytes,
+                   "predicted": pred.as_dict(), "load_average": os.getloadavg(), **res}
     if args.json:
-        Path(args.json).write_text(json.dumps({"tau": tau, "plan_rate": plan.rate, **res}))
+        Path(args.json).write_text(json.dumps(args.result))
     return 0
 
 

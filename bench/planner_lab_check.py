@@ -4,7 +4,11 @@ cluster as a lab, apply every rendered HostState with `topo-agent`, launch the p
 median measured iteration (iterations >= 1, all ranks) with the plan's prediction.
 
     python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
+        [--strategies baseline trees ...]
 
+With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
+planned, applied and measured in turn on the same lab, one line each; trees plans get the
+runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, cached).
 Uses only the command-line tools; the lab gets its own name and is removed at the end."""
 
 from __future__ import annotations
@@ -27,13 +31,27 @@ def run(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
 
 
-def main(cluster_file: str, job_file: str, iterations: int = 5) -> int:
+def main(cluster_file: str, job_file: str, iterations: int = 5,
+         strategies: list[str] | None = None) -> int:
+    job = yaml.safe_load(Path(job_file).read_text())
+    strategies = strategies or list(job.get("strategies") or ["baseline"])
+    if "trees" in strategies:
+        r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
+        if r.returncode:
+            print(r.stderr, file=sys.stderr)
+            return 1
+    rc = 0
+    for s in strategies:
+        rc |= check(cluster_file, {**job, "strategies": [s]}, iterations)
+    return rc
+
+
+def check(cluster_file: str, job: dict, iterations: int) -> int:
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
     label = cluster["name"]
     cluster["name"] = name
-    job = yaml.safe_load(Path(job_file).read_text())
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
@@ -79,11 +97,20 @@ def main(cluster_file: str, job_file: str, iterations: int = 5) -> int:
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
     predicted = plan["metadata"]["prediction"]["iteration_time"]
     measured = statistics.median(times)
-    print(f"{label}/{plan['metadata']['job']}: predicted {predicted:.3f} s, "
+    print(f"{label}/{plan['metadata']['job']} [{plan['metadata']['strategy']}]: "
+          f"predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:])))
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cluster")
+    ap.add_argument("job")
+    ap.add_argument("iterations", nargs="?", type=int, default=5)
+    ap.add_argument("--strategies", nargs="+")
+    a = ap.parse_args()
+    sys.exit(main(a.cluster, a.job, a.iterations, a.strategies))

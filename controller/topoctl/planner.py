@@ -101,7 +101,8 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
                              meas, use_cache) for name, meas in measured.items()}
     if job.cost.scale != 1.0:
         costs = {k: scale_costs(v, job.cost.scale) for k, v in costs.items()}
-    return PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs)
+    return PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
+                       use_cache)
 
 
 def evaluate(ctx: PlanContext, name: str) -> Evaluated:

@@ -36,10 +36,14 @@ JOB = {
 
 
 @pytest.fixture
-def lab_and_plan(tmp_path, monkeypatch):
+def lab_and_plan(request, tmp_path, monkeypatch):
+    """The plan uses the strategy given as the fixture's parameter (default baseline)."""
     monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
     cluster = parse_cluster(CLUSTER)
-    plan, _, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
+    strategy = getattr(request, "param", "baseline")
+    plan, _, _ = make_plan(cluster, parse_job({**JOB, "strategies": [strategy]}),
+                           use_cache=False)
+    assert plan["metadata"]["strategy"] == strategy
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
     name = f"t{os.getpid() % 10**6}"
@@ -50,7 +54,10 @@ def lab_and_plan(tmp_path, monkeypatch):
         labmod.down(name)
 
 
+@pytest.mark.parametrize("lab_and_plan", ["baseline", "trees"], indirect=True)
 def test_ddp_over_the_lab_trains_in_lockstep(lab_and_plan, capsys):
+    """The ring, and the tree schedule's lock-step runtime as DDP hook: every rank ends with
+    bit-identical parameters (`synchronous`)."""
     lab, plan = lab_and_plan
     assert cli.main(["apply", plan, "--lab", lab.name]) == 2
     capsys.readouterr()

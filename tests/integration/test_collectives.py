@@ -105,6 +105,13 @@ def _worker(rank: int, port: int, outdir: str, planned: dict) -> None:
                     got = tree_allreduce(x.clone(), sched, grp)
                     _check(fails, f"w={w} trees={ntrees} n={size} chunk={cb}", got, want)
                     counts["cases"] += 1
+                # more pipeline chunks than elements: most chunks are empty
+                for size in (3, 5):
+                    x = torch.randn(size, generator=torch.Generator().manual_seed(rank + size))
+                    want = x.clone()
+                    dist.all_reduce(want, group=grp)
+                    got = tree_allreduce(x.clone(), sched, grp, chunks=16)
+                    _check(fails, f"w={w} trees={ntrees} n={size} chunks=16", got, want)
             # integers are exact; a 2-D non-contiguous view is reduced in place
             xi = torch.arange(30, dtype=torch.int64).reshape(5, 6).t() * (rank + 1)
             wi = xi.clone()

@@ -1,10 +1,12 @@
 """Runtime collectives used inside training processes: tree-schedule AllReduce and DDP hook.
 
-Imports torch lazily so that the rest of the agent never needs it.
+Imports torch lazily so that the rest of the agent never needs it (the calibration is read
+without torch; measuring it imports torch).
 """
 
 from __future__ import annotations
 
+from .calibrate import calibration_path, ensure_calibration, load_calibration
 from .schedule import (
     ScheduleError,
     ScheduleMismatch,
@@ -20,7 +22,10 @@ __all__ = [
     "ScheduleMismatch",
     "Tree",
     "TreeSchedule",
+    "calibration_path",
     "check_world_size",
+    "ensure_calibration",
+    "load_calibration",
     "load_schedule",
     "partition_sizes",
     "register_tree_hook",
@@ -30,7 +35,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "tree_allreduce":
-        from .allreduce import tree_allreduce
+        from .program import tree_allreduce
 
         return tree_allreduce
     if name == "register_tree_hook":

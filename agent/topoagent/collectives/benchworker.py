@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--schedule", required=True)
     ap.add_argument("--ring-order", default="")
     ap.add_argument("--trees-only", action="store_true", help="skip the baselines (tuning)")
+    ap.add_argument("--no-ring", action="store_true", help="skip the ring baseline")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
@@ -83,6 +84,8 @@ def main() -> None:
     }
     if args.trees_only:
         methods = {"packed trees": methods["packed trees"]}
+    elif args.no_ring:
+        del methods["ring, best order"]
     out = {}
     for name, (fn, iters) in methods.items():
         x = base[:4096].clone()

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .allreduce import tree_allreduce
+from .program import tree_allreduce
 from .schedule import ScheduleError, TreeSchedule, check_world_size, load_schedule
 
 __all__ = ["ENV_SCHEDULE", "TreeHookState", "register_tree_hook", "tree_allreduce_hook"]

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--edges", required=True, metavar="FILE", help="'u v capacity' per line")
     p.add_argument("--workers", metavar="LIST", help="comma-separated workers (default: all)")
     p.add_argument("--max-trees", type=int, metavar="K",
-                   help="keep at most K trees (default: as many as the optimum needs, 16-64)")
+                   help="keep at most K trees (default: as many as the optimum needs, 16-256)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("-o", "--schedule", metavar="FILE", help="write the runtime schedule (YAML)")
     p.add_argument("--chunk-bytes", type=int, default=262144, help="schedule chunk size")

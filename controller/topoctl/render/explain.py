@@ -39,6 +39,31 @@ def headline(doc: dict) -> list[str]:
         out.append("busiest links: " + ", ".join(f"{k} {100 * u:.0f}%" for k, u in busy.items()))
     for name, s in m.get("strategies", {}).items():
         out.append(f"  strategy {name}: {_ms(s.get('iteration_time'))}")
+    out += collective_lines(doc)
+    return out
+
+
+def collective_lines(doc: dict) -> list[str]:
+    """The gradient collective's predicted cost, network part and CPU part separately (trees:
+    the runtime's pipeline and CPU model; other collectives: their network time only)."""
+    m = doc.get("metadata", {})
+    c = m.get("collective", {})
+    algo = doc.get("job", {}).get("collective", {}).get("algorithm")
+    rt = c.get("runtime")
+    if not algo:
+        return []
+    if not rt:
+        return [f"collective {algo}: network part in the simulation above; CPU part not "
+                "modelled"]
+    out = [f"collective {algo}: {rt.get('buckets')} AllReduce(s) per iteration, network part "
+           f"{_ms(rt.get('network_s'))}, CPU part {_ms(rt.get('cpu_s'))} "
+           f"({rt.get('ranks_per_core')} ranks per core; CPU costs {rt.get('cpu_costs')})",
+           f"  largest bucket: {rt.get('chunks')} chunks per tree of up to "
+           f"{rt.get('chunk_bytes')} bytes, {rt.get('steps')} lock-step steps, "
+           f"{rt.get('messages')} messages on the busiest rank"]
+    if "achieved_over_optimal" in c:
+        out.append(f"  {c.get('trees')} trees at {c.get('achieved_over_optimal')} of the optimum "
+                   f"[{c.get('bound')}]")
     return out
 
 

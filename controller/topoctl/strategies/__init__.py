@@ -52,6 +52,7 @@ class PlanContext:
     graph: OpGraph  # captured at local_batch
     device: dict[str, Device]  # host -> device type used for its costs
     costs: dict[str, dict[str, OpCost]]  # device type name -> op -> cost
+    use_cache: bool = True  # machine caches (op times, the runtime's CPU calibration) allowed
 
     @property
     def world_size(self) -> int:

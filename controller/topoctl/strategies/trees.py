@@ -2,27 +2,40 @@
 
 Same iteration as ``baseline`` (``baseline.dp_tasks``), but every gradient bucket is
 all-reduced with the tree schedule that :func:`topoctl.collective.trees.pack.plan_trees` packs on
-the cluster's fabric (capacities in bytes/s), scored by the simulator through the collective
-interface (:mod:`topoctl.collective.trees.simulate`). The plan's ``job.collective`` carries
-the runtime schedule (``topoagent.collectives``): the launcher writes it to a file and points
-``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the trees are over hosts).
+the cluster's fabric (capacities in bytes/s). Each bucket's AllReduce is two simulator tasks:
+the network part, the tree schedule as a collective (:mod:`topoctl.collective.trees.simulate`,
+links shared max-min fairly by the engine, pipelined in the chunk count the runtime will use),
+then the runtime's CPU part (:mod:`topoctl.collective.trees.pipeline`: messages x per-message
+cost + bytes reduced, copied and moved at the machine's calibrated rates, stretched by the ranks
+that share the machine's cores) on a pseudo-device ``trees-cpu/ar<k>`` of its own (so that
+it does not count as the hosts' compute). The chunk size is
+the one :func:`~topoctl.collective.trees.pipeline.choose_chunks` picks for the largest bucket.
+
+The plan's ``job.collective`` carries the runtime schedule (``topoagent.collectives``): the
+launcher writes it to a file and points ``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the
+trees are over hosts). Hosts whose device is the CPU are taken to be lab hosts, all ranks on
+this machine sharing its cores (the calibration's ``cores``).
 """
 
 from __future__ import annotations
 
+from topoagent.collectives import load_calibration
+from topoagent.collectives.program import chunk_count
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import plan_trees
+from topoctl.collective.trees.pipeline import choose_chunks, predict, runtime_costs, tree_shape
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_algorithm
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.limits import SafetyClock
-from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.tasks import Collective, Compute
 
 from . import PlanContext, Strategy, StrategyError
 from .baseline import dp_tasks
 
-LATENCY_S = 100e-6  # per-hop software latency assumed for the chunk size
+SIM_MAX_CHUNKS = 64  # chunks per tree the simulator schedule models at most (planning speed)
 
 
 def plan(ctx: PlanContext) -> Strategy:
@@ -40,25 +53,82 @@ def plan(ctx: PlanContext) -> Strategy:
     tp = plan_trees(g, clock=clock)
     bounds = tree_bounds(g, lp_upper=tp.upper_bound, clock=clock)
     bname, bval = best_bound(bounds)
-    grad = float(ctx.graph.param_bytes)
-    sched = plan_to_schedule(
-        tp, nbytes=grad, latency_s=LATENCY_S, bytes_per_unit=1.0,
-        metadata={"hosts": list(ctx.hosts), "rate_bytes_per_s": tp.rate,
-                  "optimum_bytes_per_s": bval, "bound": bname},
-    )
     hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
-    tasks, sizes = dp_tasks(ctx, list(ctx.hosts), tree_algorithm(sched))
+    network = network_from_fabric(ctx.fabric, hops)
+    costs = runtime_costs(load_calibration() if ctx.use_cache else None)
+    colocated = len(ctx.hosts) if all(ctx.device[h].name == "CPU" for h in ctx.hosts) else 1
+    rate = tp.rate * tcp_efficiency(ctx.fabric.mtu)  # goodput of the packed trees
+    hosts = list(ctx.hosts)
+    latency = max((network.latency(path) for t in tp.trees for p, c in t.edges
+                   for _, path in network.routes(hosts[c], hosts[p]) + network.routes(
+                       hosts[p], hosts[c])), default=0.0)
+    shape = tree_shape([t.parents for t in tp.trees], [t.rate for t in tp.trees])
+    _, sizes = dp_tasks(ctx, hosts, tree_algorithm(plan_to_schedule(tp, chunk_bytes=1 << 20)))
+    best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency)
+    sched = plan_to_schedule(
+        tp, chunk_bytes=max(1, best.chunk_bytes),
+        metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
+                  "optimum_bytes_per_s": bval, "bound": bname,
+                  "pipeline": {"chunks": best.chunks, "for_bytes": int(max(sizes, default=0)),
+                               "cpu_costs": costs.source}},
+    )
+    # what the runtime will do with every bucket: its own chunk count from chunk_bytes
+    preds = {}
+    for size in sorted(set(sizes)):
+        c = chunk_count(sched, max(1, size // 4), 4)
+        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency)
+    if sizes:
+        sched.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
+    tasks, sizes = dp_tasks(ctx, hosts, tree_algorithm(sched, max_chunks=SIM_MAX_CHUNKS))
+    tasks = _with_cpu_part(tasks, [preds[s].cpu_s for s in sizes])
+    largest = preds[max(sizes)] if sizes else None
     return Strategy(
         name="trees",
         fabric=ctx.fabric,
         hops=hops,
-        network=network_from_fabric(ctx.fabric, hops),
+        network=network,
         tasks=tasks,
-        collective={"algorithm": "trees", "order": list(ctx.hosts), "schedule": sched.dump()},
+        collective={"algorithm": "trees", "order": hosts, "schedule": sched.dump()},
         buckets=sizes,
         notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
-               "bound": bname, "achieved_over_optimal": tp.rate / bval} | clock.report(),
+               "bound": bname, "achieved_over_optimal": tp.rate / bval,
+               **({"runtime": _runtime_note(preds, sizes, costs.source, sched.chunk_bytes)}
+                  if largest else {})}
+        | clock.report(),
     )
+
+
+def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
+    """After every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of the runtime's CPU
+    part; whatever waited for ``ar{k}`` waits for it instead."""
+    out = []
+    k = 0
+    for t in tasks:
+        if isinstance(t, Collective):
+            out.append(t)
+            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], (t.id,)))
+            k += 1
+        else:
+            out.append(t)
+    renamed = {f"ar{i}": f"ar{i}/cpu" for i in range(k)}
+    fixed = []
+    for t in out:
+        if isinstance(t, Compute) and t.id.endswith("/cpu"):
+            fixed.append(t)
+            continue
+        deps = tuple(renamed.get(d, d) for d in t.deps)
+        fixed.append(type(t)(**{**t.__dict__, "deps": deps}))
+    return fixed
+
+
+def _runtime_note(preds: dict, sizes: list[int], source: str, chunk_bytes: int) -> dict:
+    """Network and CPU part of the iteration's tree AllReduces (sum over buckets), and the
+    largest bucket's pipeline."""
+    big = preds[max(sizes)]
+    return {"buckets": len(sizes), "network_s": sum(preds[s].network_s for s in sizes),
+            "cpu_s": sum(preds[s].cpu_s for s in sizes), "chunks": big.chunks,
+            "chunk_bytes": chunk_bytes, "steps": big.steps, "messages": big.messages,
+            "ranks_per_core": big.share, "cpu_costs": source}
 
 
 PLANNER_STRATEGIES = {"trees": plan}

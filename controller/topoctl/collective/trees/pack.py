@@ -35,6 +35,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree, shortest_path
 from topoctl.fabric.capgraph import CapGraph
 from topoctl.limits import SafetyClock
 
+from .bounds import ingress_bound, partition_bound
 from .disjoint import disjoint_spanning_trees
 from .lp import ColumnPool, _usage, column_generation, mw_pack, solve_restricted
 from .oracle import Column, Oracle
@@ -91,7 +92,7 @@ class TreePlan:
         return [t.rate / self.rate for t in self.trees]
 
 
-def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 64) -> int:
+def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 256) -> int:
     """How many trees the optimum needs at least, clamped to ``[lo, hi]``.
 
     A tree's rate is at most its weakest link and every tree crosses every cut, so a tree's
@@ -101,8 +102,6 @@ def auto_max_trees(g: CapGraph, lo: int = 16, hi: int = 64) -> int:
     """
     if not g.is_direct:
         return lo
-    from .bounds import partition_bound  # local: bounds is a separate, independent module
-
     tau = partition_bound(g, exact_up_to=0)[0]
     top = float(g.cap.max())
     inv = csr_matrix((top + 1.0 - g.cap, (g.u, g.v)), shape=(g.n, g.n))
@@ -121,6 +120,8 @@ def plan_trees(
     swaps: int = 64,
     milp_nodes: int = 2000,
     clock: SafetyClock | None = None,
+    greedy_factor: float = 1.25,
+    shortcut_gap: float = 0.02,
 ) -> TreePlan:
     """Pack spanning trees over ``g.workers`` and keep at most ``max_trees`` of them
     (default: :func:`auto_max_trees`).
@@ -131,8 +132,20 @@ def plan_trees(
     :class:`~topoctl.limits.SafetyClock`) is only a wall-clock safety net; the steps it cut
     short are listed in ``TreePlan.cut_short``.
 
+    Shortcut (``max_trees >= 16``; switched fabrics: the Hamiltonian chains of
+    :func:`chain_candidates` within 0.5% of the ingress bound: leaf-spine 1,024 99.9% in 3 s
+    where column generation runs into the safety limit): the edge-disjoint trees, else
+    ``ceil(greedy_factor * max_trees)`` (<= 256) load-balanced MSTs
+    (:func:`greedy_disjoint`: each an MST under the relative load of the previous ones) and
+    their restricted LP; if at most ``max_trees`` of them carry flow and the packing is within
+    ``shortcut_gap`` of the partition bound ``tau`` (an upper bound on any tree packing), it is
+    the plan: no MW, column generation or pruning (two-rack mesh 64: 171 trees, 98.4% of tau,
+    0.2 s, where column generation over 174+ trees takes minutes). Deterministic (values, not
+    time).
+
     Complexity: MW ``O(I * oracle)``, column generation ``O(L * (LP + oracle))`` where the
-    oracle is an MST (direct) or ``W`` Dijkstras + a dense MST (switched).
+    oracle is an MST (direct) or ``W`` Dijkstras + a dense MST (switched); shortcut
+    ``O(K m log n)`` + one LP.
     """
     if max_trees is None:
         max_trees = auto_max_trees(g)
@@ -145,6 +158,18 @@ def plan_trees(
     oracle.capacity = oracle.capacity / scale
     disjoint = disjoint_candidates(oracle, max_trees, clock)
     td = time.perf_counter()
+    quick = _greedy_shortcut(g, oracle, max_trees, greedy_factor, shortcut_gap, disjoint)
+    if quick is not None:  # load-balanced MSTs already within shortcut_gap of tau
+        cols, rates, val = quick
+        trees = _rooted(g, cols, rates * scale)
+        return TreePlan(
+            trees=trees, rate=float(sum(t.rate for t in trees)), lp_optimum=val * scale,
+            upper_bound=float(partition_bound(g, exact_up_to=0)[0] if g.is_direct
+                              else ingress_bound(g)), mw_rate=0.0,
+            columns=len(cols), lp_iterations=0, seconds=time.perf_counter() - t0,
+            mode="direct" if g.is_direct else "switched",
+            timings={"disjoint": td - t0, "greedy": time.perf_counter() - td},
+            cut_short=list(clock.cut))
     mw_cols, flows, mw_ub, _ = mw_pack(oracle, eps=mw_eps, max_iters=mw_iters, clock=clock)
     mw_rate = float(flows.sum())
     t1 = time.perf_counter()
@@ -152,7 +177,7 @@ def plan_trees(
     # a stable sort: equal flows keep their discovery order on every machine
     ranked = [mw_cols[i] for i in np.argsort(-flows, kind="stable")]
     pool = ColumnPool()
-    for col in ranked[: max(32, 4 * max_trees)]:
+    for col in ranked[: max(32, min(4 * max_trees, 256))]:  # LP solves grow with columns
         pool.add(col)
     x, lp_val, ub, iters = column_generation(oracle, pool, max_iters=lp_iters, clock=clock)
     if lp_val < mw_rate:  # not converged within its iterations: the MW packing is better
@@ -182,6 +207,37 @@ def plan_trees(
         timings={"disjoint": td - t0, "mw": t1 - td, "lp": t2 - t1, "prune": t3 - t2},
         cut_short=list(clock.cut),
     )
+
+
+def _greedy_shortcut(g: CapGraph, oracle: Oracle, max_trees: int, factor: float, gap: float,
+                     disjoint: list[Column] | None = None
+                     ) -> tuple[list[Column], np.ndarray, float] | None:
+    """The shortcut of :func:`plan_trees`: the edge-disjoint trees, else the greedy packing, if
+    within ``gap`` of tau with at most ``max_trees`` trees; None when it does not apply."""
+    if factor <= 0 or gap <= 0 or max_trees < 16:
+        return None
+    scale = float(np.max(oracle.g.cap)) if oracle.g.cap.size else 1.0
+    if not g.is_direct:  # switched: the ring-like chains against the ingress bound, within
+        gap = min(gap, 0.005)  # 0.5% (the full search reaches 99.9-100% on small fabrics)
+        bound = ingress_bound(g) / scale
+        cols = chain_candidates(oracle, max_trees)
+        if cols:
+            x, val, _ = solve_restricted(cols, oracle.capacity)
+            keep, rates = _positive(cols, x)
+            if len(keep) <= max_trees and val >= (1.0 - gap) * bound:
+                return keep, rates, val
+        return None
+    tau = partition_bound(g, exact_up_to=0)[0] / scale
+    k = int(min(256, math.ceil(factor * max_trees)))
+    for make in (lambda: list(disjoint or []), lambda: greedy_disjoint(oracle, k)):
+        cols = make()
+        if not cols:
+            continue
+        x, val, _ = solve_restricted(cols, oracle.capacity)
+        keep, rates = _positive(cols, x)
+        if len(keep) <= max_trees and val >= (1.0 - gap) * tau:
+            return keep, rates, val
+    return None
 
 
 def prune(

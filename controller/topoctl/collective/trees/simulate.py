@@ -1,18 +1,20 @@
 """Tree schedules as simulator collectives (``topoctl.sim.schedules.Schedule``).
 
-Each tree's partition is cut into chunks; the reduce step of chunk ``k`` on arc
-``child -> parent`` waits for chunk ``k`` from all of the child's children and for chunk
-``k - 1`` on the same arc (FIFO); the broadcast step ``parent -> child`` waits for chunk ``k``
-to have reached the parent (at the root: all of its children's reduce steps) and for chunk
-``k - 1`` on the same arc. All trees run at once, sharing links max-min fairly in the engine:
-the same model the simulator uses for rings. O(trees * chunks * N) steps.
+Each tree's partition is cut into the runtime's chunk count (the same on every tree,
+``topoagent.collectives.program.chunk_count``; at most ``max_chunks`` here); the reduce step
+of chunk ``k`` on arc ``child -> parent`` waits for chunk ``k`` from all of the child's
+children and for chunk ``k - 1`` on the same arc (FIFO); the broadcast step
+``parent -> child`` waits for chunk ``k`` to have reached the parent (at the root: all of its
+children's reduce steps) and for chunk ``k - 1`` on the same arc. All trees run at once,
+sharing links max-min fairly in the engine: the same model the simulator uses for rings.
+O(trees * chunks * N) steps.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
+from topoagent.collectives.program import chunk_count
 from topoagent.collectives.schedule import TreeSchedule, partition_sizes
 from topoctl.sim.schedules import CollectiveAlgorithm, Schedule, Step
 
@@ -40,12 +42,12 @@ def tree_allreduce_schedule(
     steps: list[Step] = []
     units = max(1, int(round(size)))
     parts = partition_sizes(units, schedule.fractions)
+    chunks = chunk_count(schedule, units, 1)  # the runtime's: the same count on every tree
     for tree, part in zip(schedule.trees, parts, strict=True):
         nbytes = part * size / units
         if nbytes <= 0:
             continue
-        cb = tree.chunk_bytes or schedule.chunk_bytes
-        nch = max(1, min(max_chunks, math.ceil(nbytes / cb)))
+        nch = max(1, min(max_chunks, chunks, part))
         chunk = nbytes / nch
         par = tree.parents
         depth = _depths(par)

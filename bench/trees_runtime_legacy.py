@@ -1,4 +1,7 @@
-"""AllReduce (sum) that executes a tree schedule with torch.distributed point-to-point ops.
+"""The previous tree-schedule executor (threaded, one blocking op per 16 KiB chunk), kept only as
+the baseline of ``bench/trees_cpu.py``; training uses ``topoagent.collectives.program``.
+
+AllReduce (sum) that executes a tree schedule with torch.distributed point-to-point ops.
 
 Per tree ``T`` with partition ``P_T`` (size proportional to its rate): every rank adds its
 children's chunks into its own and sends the sum to its parent (reduce, child->parent); the
@@ -20,15 +23,15 @@ import threading
 import torch
 import torch.distributed as dist
 
-from .schedule import TreeSchedule, check_world_size, partition_sizes
+from topoagent.collectives.schedule import TreeSchedule, check_world_size, partition_sizes
 
-__all__ = ["TAG_BASE", "tree_allreduce"]
+__all__ = ["TAG_BASE", "legacy_tree_allreduce"]
 
 TAG_BASE = 0x7470  # "tp"
 WINDOW = 8  # receives posted ahead per peer
 
 
-def tree_allreduce(
+def legacy_tree_allreduce(
     tensor: torch.Tensor,
     schedule: TreeSchedule,
     group: dist.ProcessGroup | None = None,

@@ -1,0 +1,72 @@
+"""Shared by the tree-runtime benchmarks: packed trees and the runtime's chunk choice for a
+cluster file's cables, as the lab benches route them (one cable per host pair, the fastest)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from topoagent.collectives import TreeSchedule, load_calibration
+from topoctl.collective.trees.bounds import partition_bound
+from topoctl.collective.trees.pack import TreePlan, plan_trees
+from topoctl.collective.trees.pipeline import (
+    TreePrediction,
+    choose_chunks,
+    predict,
+    runtime_costs,
+    tree_shape,
+)
+from topoctl.collective.trees.schedule import plan_to_schedule
+from topoctl.fabric.capgraph import build_capgraph
+from topoctl.sim.fabric import tcp_efficiency
+from topoctl.spec.cluster_load import load_cluster
+
+LEGACY_CHUNK = 16384  # what the threaded executor used
+
+
+def cluster_cables(path: str | Path, scale: float = 1.0) -> tuple[list[str], list, int]:
+    """(hosts, [(a, b, bytes/s)] one per host pair (the fastest cable), MTU) of a direct
+    cluster file, rates x ``scale``."""
+    cluster = load_cluster(path)
+    fab = cluster.graph()
+    best: dict[tuple[str, str], float] = {}
+    for ln in fab.links:
+        key = tuple(sorted((ln.a, ln.b)))
+        best[key] = max(best.get(key, 0.0), ln.capacity * scale / 8.0)
+    return list(fab.hosts), [(a, b, c) for (a, b), c in sorted(best.items())], fab.mtu
+
+
+def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
+              chunk_bytes: int | None = None, colocated: int | None = None,
+              loopback: bool = False
+              ) -> tuple[TreePlan, float, TreeSchedule, TreePrediction]:
+    """Plan trees on ``links`` (bytes/s), the optimum rate tau (partition bound), the runtime
+    schedule (chunk from the cost model unless ``chunk_bytes``) and the predicted AllReduce of
+    ``nbytes`` with all ranks on this machine (``colocated``, default every rank). The chunk is
+    chosen for the lab; ``loopback``: predict without the cable emulation's cost (ranks over
+    loopback, as in ``trees_cpu.py``)."""
+    g = build_capgraph(links, hosts)
+    plan = plan_trees(g)
+    tau = partition_bound(g)[0]
+    costs = runtime_costs(load_calibration())
+    shape = tree_shape([t.parents for t in plan.trees], [t.rate for t in plan.trees])
+    rate = plan.rate * tcp_efficiency(mtu)
+    ranks = colocated or len(hosts)
+    if chunk_bytes is None:
+        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks)
+        chunk_bytes = max(1, pred.chunk_bytes)
+    sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
+    from topoagent.collectives.program import chunk_count
+
+    c = chunk_count(sched, nbytes // 4, 4)
+    if loopback:
+        costs = replace(costs, emulation_bytes_per_s=1e30)
+    pred = predict(shape, float(nbytes), rate, c, costs, ranks)
+    return plan, tau, sched, pred
+
+
+def write_schedule(sched: TreeSchedule, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(sched.dump(), sort_keys=False))
+    return path

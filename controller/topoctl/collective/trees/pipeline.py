@@ -1,0 +1,257 @@
+"""Cost model of the lock-step tree AllReduce runtime (``topoagent.collectives.program``) and
+the choice of its pipeline depth. Pure functions over plain data; no I/O.
+
+The runtime cuts every tree's partition into the same number ``C`` of chunks and runs
+``S = max_t (C + 2 h_t - 1)`` lock-step steps (pipelined reduce then broadcast; Zhang, Wu, Li,
+INFOCOM'21; the NCCL-style pipelined tree model ``(C + 2h - 1)(a + s/r)``). Predicted time of an
+AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
+
+* network part ``S * (M / (R C) + a)``: in a step every tree moves one chunk, ``M x_t / (R C)``
+  bytes at its rate ``x_t`` (the same time ``M / (R C)`` on every tree, which is why all trees
+  use the same ``C``), ``a`` the largest path latency of a tree edge; the bottleneck links are
+  busy in every full step, the ``2h - 1`` fill/drain steps are the pipeline's cost;
+* CPU part, per rank ``r``: ``n_r * c_msg + p_r * c_piece + B^red_r / rho_red +
+  B^copy_r / rho_copy + B^wire_r / rho_wire`` with ``n_r`` the point-to-point messages it posts
+  (one per peer and direction per step, pieces of several trees packed: counted exactly as the
+  union of each (peer, direction)'s step ranges), ``p_r`` the pieces it packs, adds or copies
+  (one per tree edge, direction and chunk), ``B^red`` the bytes it adds, ``B^copy`` the bytes
+  packed or unpacked, ``B^wire`` the bytes it sends and receives; the CPU costs ``c_*``,
+  ``rho_*`` come from the machine's calibration (``python -m topoagent.collectives.calibrate``).
+  Ranks that share ``cores`` cores (the lab: every rank on one machine) stretch it by
+  ``max(1, ranks / cores)``: the part is ``max(max_r cpu_r, sum_r cpu_r / cores)`` then, and
+  a wire byte costs the lab's cable emulation too (``rho_wire`` becomes at most twice
+  ``emulation_bytes_per_s``, wire bytes per core-second of veth + tc shaping + TCP at both
+  ends, as iperf3 measured it: the bytes are counted at both ends).
+
+The two parts are added (a step's CPU work is not overlapped with its transfers: a rank posts,
+waits, then reduces). ``C`` minimises the sum over candidate counts (deterministic scan).
+Complexity: ``O(T N)`` to build the shape, ``O(P log P)`` once and ``O(P)`` per candidate ``C``
+(``P`` = tree-edge endpoints, ``2 T (N - 1)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = [
+    "RuntimeCosts",
+    "TreePrediction",
+    "TreeShape",
+    "choose_chunks",
+    "predict",
+    "runtime_costs",
+    "tree_shape",
+]
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """CPU costs of the runtime on one core (calibrated per machine; defaults: a 2-core AMD
+    EPYC VM, 2026-11, used when no calibration is cached)."""
+
+    per_message_s: float = 70e-6
+    wire_bytes_per_s: float = 5.5e9
+    reduce_bytes_per_s: float = 20e9
+    copy_bytes_per_s: float = 16e9
+    per_piece_s: float = 8e-6
+    # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work: wire
+    # bytes per core-second; iperf3 on all 28 tworack8 cables of this machine, 2026-11-23:
+    # 5.29 Gbit/s with 65% of 2 cores busy (issue 16). bench/trees_figures.py re-measures it.
+    emulation_bytes_per_s: float = 0.51e9
+    cores: int = 2
+    source: str = "default"
+
+
+def runtime_costs(calibration: dict | None) -> RuntimeCosts:
+    """Costs from a calibration document (``topoagent.collectives.load_calibration()``), or the
+    defaults when there is none."""
+    if not calibration:
+        return RuntimeCosts()
+    return RuntimeCosts(
+        per_message_s=float(calibration["per_message_s"]),
+        wire_bytes_per_s=float(calibration["wire_bytes_per_s"]),
+        reduce_bytes_per_s=float(calibration["reduce_bytes_per_s"]),
+        copy_bytes_per_s=float(calibration["copy_bytes_per_s"]),
+        per_piece_s=float(calibration.get("per_piece_s", RuntimeCosts.per_piece_s)),
+        emulation_bytes_per_s=float(calibration.get("emulation_bytes_per_s",
+                                                    RuntimeCosts.emulation_bytes_per_s)),
+        cores=int(calibration["cores"]),
+        source=f"calibrated:{calibration.get('key', '?')}",
+    )
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What the cost model needs of a schedule: per tree its fraction and height, and every
+    (rank, peer, direction, tree, step offset) of a tree edge's messages (as numpy arrays)."""
+
+    world_size: int
+    fractions: tuple[float, ...]
+    heights: tuple[int, ...]
+    group: np.ndarray  # (rank * world + peer) * 2 + direction (0 send, 1 receive)
+    offset: np.ndarray  # step of chunk 0 on that edge
+    tree: np.ndarray
+    reduce_in: np.ndarray  # per tree, per rank: children (pieces added per chunk)
+
+
+def _up_depth(parents: Sequence[int | None]) -> tuple[list[int], list[int]]:
+    n = len(parents)
+    depth = [0] * n
+    for r in range(n):
+        d, cur = 0, r
+        while parents[cur] is not None:
+            cur, d = parents[cur], d + 1
+        depth[r] = d
+    up = [0] * n
+    for r in sorted(range(n), key=lambda x: -depth[x]):
+        p = parents[r]
+        if p is not None:
+            up[p] = max(up[p], up[r] + 1)
+    return up, depth
+
+
+def tree_shape(parents: Sequence[Sequence[int | None]], rates: Sequence[float]) -> TreeShape:
+    """The message structure of the lock-step program (same step rule as
+    ``topoagent.collectives.program.compile_program``): reduce ``r -> parent`` at ``k + up(r)``,
+    broadcast ``parent -> r`` at ``k + h + depth(r) - 1``. O(T N)."""
+    n = len(parents[0])
+    total = float(sum(rates))
+    g, o, t_of, heights = [], [], [], []
+    red = np.zeros((len(parents), n))
+    for t, par in enumerate(parents):
+        up, depth = _up_depth(par)
+        h = up[next(r for r in range(n) if par[r] is None)]
+        heights.append(h)
+        for r, p in enumerate(par):
+            if p is None:
+                continue
+            red[t, p] += 1
+            # reduce r -> p at k + up(r): r sends, p receives
+            g += [(r * n + p) * 2, (p * n + r) * 2 + 1]
+            o += [up[r], up[r]]
+            # broadcast p -> r at k + h + depth(r) - 1: p sends, r receives
+            g += [(p * n + r) * 2, (r * n + p) * 2 + 1]
+            o += [h + depth[r] - 1] * 2
+            t_of += [t] * 4
+    return TreeShape(n, tuple(x / total for x in rates), tuple(heights), np.array(g, np.int64),
+                     np.array(o, np.int64), np.array(t_of, np.int64), red)
+
+
+@dataclass(frozen=True)
+class TreePrediction:
+    """Seconds of one AllReduce; ``cpu_s`` already includes the core sharing."""
+
+    chunks: int
+    chunk_bytes: int  # chunk of the largest partition (the schedule's chunk_bytes)
+    steps: int
+    network_s: float
+    cpu_s: float
+    messages: int  # busiest rank's point-to-point messages
+    share: float  # ranks per core (>= 1)
+
+    @property
+    def seconds(self) -> float:
+        return self.network_s + self.cpu_s
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"seconds": self.seconds}
+
+
+def _messages_per_rank(shape: TreeShape, chunks: int) -> np.ndarray:
+    """Messages each rank posts: per (peer, direction) the union of ``[offset, offset + C)``
+    over the trees that use it."""
+    n = shape.world_size
+    if shape.group.size == 0:
+        return np.zeros(n)
+    order = np.lexsort((shape.offset, shape.group))
+    grp, off = shape.group[order], shape.offset[order]
+    new = np.ones(grp.size, bool)
+    new[1:] = grp[1:] != grp[:-1]
+    gap = np.empty(grp.size, np.int64)
+    gap[0] = chunks
+    gap[1:] = off[1:] - off[:-1]
+    per = np.where(new, chunks, np.minimum(gap, chunks))
+    rank = grp // 2 // n
+    return np.bincount(rank, weights=per, minlength=n)
+
+
+def predict(
+    shape: TreeShape,
+    nbytes: float,
+    rate: float,
+    chunks: int,
+    costs: RuntimeCosts,
+    ranks_per_machine: int = 1,
+    latency_s: float = 0.0,
+) -> TreePrediction:
+    """Predicted time of one tree AllReduce of ``nbytes`` at total tree rate ``rate`` (bytes/s
+    of goodput) with ``chunks`` chunks per tree. ``ranks_per_machine`` ranks share
+    ``costs.cores`` cores (1: every rank has its own core)."""
+    c = max(1, int(chunks))
+    steps = max(c + 2 * h - 1 for h in shape.heights) if shape.heights else 0
+    if nbytes <= 0 or rate <= 0:
+        return TreePrediction(c, 0, 0, 0.0, 0.0, 0, 1.0)
+    network = steps * (nbytes / (rate * c) + latency_s)
+    n = shape.world_size
+    msgs = _messages_per_rank(shape, c)
+    frac = np.asarray(shape.fractions)
+    part = frac * nbytes
+    # bytes each rank adds: its children's pieces
+    red = (shape.reduce_in * part[:, None]).sum(axis=0)
+    # bytes on the wire per rank (sent + received) and bytes packed/unpacked: every piece
+    # of a (peer, direction) that more than one tree uses is copied once
+    rank = shape.group // 2 // n
+    pbytes = part[shape.tree]
+    wire = np.bincount(rank, weights=pbytes, minlength=n)
+    counts = np.bincount(shape.group, minlength=2 * n * n)
+    shared = counts[shape.group] > 1
+    copy = np.bincount(rank, weights=np.where(shared, pbytes, 0.0), minlength=n)
+    # pieces: every (tree edge, direction) entry of the rank moves one piece per chunk (a
+    # slice and a torch call to pack, add or copy it)
+    pieces = np.bincount(rank, minlength=n) * min(c, max(1, int(nbytes)))
+    lab = ranks_per_machine >= n > 1  # every rank on one machine (the lab)
+    # in the lab a wire byte also costs the cable emulation; wire_r counts it at both ends
+    wire_rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
+                 else costs.wire_bytes_per_s)
+    cpu = (msgs * costs.per_message_s + pieces * costs.per_piece_s
+           + red / costs.reduce_bytes_per_s
+           + copy / costs.copy_bytes_per_s + wire / wire_rate)
+    share = max(1.0, ranks_per_machine / costs.cores)
+    if lab:  # its cores run every rank
+        cpu_s = max(float(cpu.max()), float(cpu.sum()) / costs.cores)
+    else:
+        cpu_s = float(cpu.max()) * share
+    biggest = float(part.max()) if part.size else 0.0
+    return TreePrediction(c, max(1, math.floor(biggest / c)), steps, network, cpu_s,
+                          int(msgs.max()), share)
+
+
+def choose_chunks(
+    shape: TreeShape,
+    nbytes: float,
+    rate: float,
+    costs: RuntimeCosts,
+    ranks_per_machine: int = 1,
+    latency_s: float = 0.0,
+    max_chunks: int = 4096,
+) -> TreePrediction:
+    """The chunk count minimising :func:`predict` (network + CPU part) over ``C`` in
+    ``1..max_chunks`` (every count up to 64, then a geometric grid), first minimum kept;
+    chunks are at least 4 KiB of the largest partition. Deterministic."""
+    biggest = max(shape.fractions) * nbytes if shape.fractions else 0.0
+    top = int(max(1, min(max_chunks, biggest // 4096)))
+    cands = list(range(1, min(top, 64) + 1))
+    c = 64.0
+    while c < top:
+        c *= 1.125
+        cands.append(min(top, int(c)))
+    best = None
+    for c in sorted(set(cands)):
+        p = predict(shape, nbytes, rate, c, costs, ranks_per_machine, latency_s)
+        if best is None or p.seconds < best.seconds * (1 - 1e-12):
+            best = p
+    return best

@@ -1,0 +1,52 @@
+"""The runtime's CPU calibration: a real micro-benchmark (gloo processes on loopback), cached
+per machine under $TOPOCTL_CACHE/runtime/, read back by the planner's public function."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from topoagent.collectives import calibration_path, load_calibration
+from topoctl.collective.trees.pipeline import runtime_costs
+
+KEYS = ("per_message_s", "per_message_shared_s", "wire_bytes_per_s", "reduce_bytes_per_s",
+        "copy_bytes_per_s", "per_piece_s", "cores")
+
+
+def calibrate(*args: str, env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topoagent.collectives.calibrate", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.timeout(900)
+def test_calibration_measures_once_and_is_cached(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    env = os.environ | {"TOPOCTL_CACHE": str(tmp_path)}
+    assert load_calibration() is None
+    r = calibrate("--json", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(r.stdout)
+    path = calibration_path()
+    assert path.parent == tmp_path / "runtime" and path.exists()
+    for k in KEYS:
+        assert data[k] > 0, k
+    # plausible magnitudes for a CPU: a message costs 1 us .. 10 ms of CPU, memory moves at
+    # 100 MB/s .. 1 TB/s per CPU second
+    assert 1e-6 < data["per_message_s"] < 1e-2
+    assert 1e8 < data["reduce_bytes_per_s"] < 1e12
+    # cached: the second call does not measure again (same document, no new load average)
+    again = calibrate("--json", env=env)
+    assert json.loads(again.stdout) == data
+    costs = runtime_costs(load_calibration())
+    assert costs.source == f"calibrated:{data['key']}"
+    assert costs.per_message_s == data["per_message_s"]
+    # a damaged cache is not used
+    path.write_text("{not json")
+    assert load_calibration() is None
+    path.write_text(json.dumps(data | {"per_message_s": -1}))
+    assert load_calibration() is None

@@ -1,0 +1,124 @@
+"""The lock-step runtime's cost model (topoctl.collective.trees.pipeline) and its use by the
+`trees` strategy."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from topoagent.collectives import TreeSchedule
+from topoagent.collectives.program import compile_program
+from topoctl.collective.trees.pipeline import (
+    RuntimeCosts,
+    choose_chunks,
+    predict,
+    runtime_costs,
+    tree_shape,
+)
+
+PLANS = Path(__file__).resolve().parents[2] / "plans"
+FREE = RuntimeCosts(per_message_s=0.0, per_piece_s=0.0, wire_bytes_per_s=1e30,
+                    reduce_bytes_per_s=1e30, copy_bytes_per_s=1e30)
+
+
+def random_schedule(world: int, ntrees: int, seed: int) -> TreeSchedule:
+    rng = random.Random(seed)
+    trees = []
+    for t in range(ntrees):
+        order = list(range(world))
+        rng.shuffle(order)
+        root = t % world
+        order.remove(root)
+        placed, parents = [root], [None] * world
+        for r in order:
+            parents[r] = rng.choice(placed)
+            placed.append(r)
+        trees.append({"root": root, "rate": rng.uniform(0.5, 2.0), "parents": parents})
+    return TreeSchedule.model_validate({"world_size": world, "trees": trees})
+
+
+def shape_of(s: TreeSchedule):
+    return tree_shape([t.parents for t in s.trees], [t.rate for t in s.trees])
+
+
+@pytest.mark.parametrize("world,ntrees,chunks", [(2, 1, 1), (5, 3, 4), (8, 16, 9), (7, 8, 30)])
+def test_message_count_is_the_compiled_programs(world, ntrees, chunks):
+    """The model counts exactly the messages the compiled program posts (large partitions: no
+    empty chunks) on the busiest rank."""
+    s = random_schedule(world, ntrees, seed=world + ntrees)
+    numel = 1_000_000
+    ops = max(compile_program(s, numel, r, chunks).ops() for r in range(world))
+    p = predict(shape_of(s), 4.0 * numel, 1e6, chunks, RuntimeCosts(), 1)
+    assert p.messages == ops
+    assert p.steps == chunks + 2 * max(t.height() for t in s.trees) - 1
+
+
+def test_parts_move_in_opposite_directions_and_the_choice_is_the_minimum():
+    s = random_schedule(8, 16, seed=1)
+    sh = shape_of(s)
+    m, rate = 16e6, 40e6
+    nets = [predict(sh, m, rate, c, RuntimeCosts(), 8).network_s for c in (1, 4, 16, 64)]
+    cpus = [predict(sh, m, rate, c, RuntimeCosts(), 8).cpu_s for c in (1, 4, 16, 64)]
+    assert nets == sorted(nets, reverse=True) and cpus == sorted(cpus)
+    best = choose_chunks(sh, m, rate, RuntimeCosts(), 8)
+    assert all(best.seconds <= predict(sh, m, rate, c, RuntimeCosts(), 8).seconds + 1e-12
+               for c in range(1, 200))
+    assert best == choose_chunks(sh, m, rate, RuntimeCosts(), 8)  # deterministic
+    # free CPU: as deep as 4 KiB chunks allow; very expensive messages: one chunk
+    assert choose_chunks(sh, m, rate, FREE, 8).chunks == int(max(sh.fractions) * m // 4096)
+    slow = RuntimeCosts(per_message_s=1.0)
+    assert choose_chunks(sh, m, rate, slow, 8).chunks == 1
+
+
+def test_cores_shared_by_colocated_ranks_stretch_the_cpu_part():
+    sh = shape_of(random_schedule(8, 4, seed=2))
+    alone = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=2), 1).cpu_s
+    lab = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=2), 8).cpu_s
+    big = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=64), 8).cpu_s
+    # many cores: no stretching, but a lab's wire bytes still cost the cable emulation
+    assert lab > 2 * alone and alone < big < lab
+    free_emulation = RuntimeCosts(cores=64, emulation_bytes_per_s=1e30)
+    assert predict(sh, 8e6, 1e7, 10, free_emulation, 8).cpu_s == pytest.approx(alone)
+
+
+def test_runtime_costs_from_a_calibration_document():
+    assert runtime_costs(None).source == "default"
+    c = runtime_costs({"per_message_s": 1e-4, "wire_bytes_per_s": 1e9, "reduce_bytes_per_s": 2e9,
+                       "copy_bytes_per_s": 3e9, "cores": 4, "key": "abc"})
+    assert (c.per_message_s, c.cores, c.source) == (1e-4, 4, "calibrated:abc")
+
+
+def test_strategy_adds_the_cpu_part_on_a_cpu_lab(monkeypatch, tmp_path):
+    """tworack8 on its CPU hosts: all 8 ranks share the (default) 2 cores; the plan states the
+    network and the CPU part and the chunk it chose; the iteration includes the CPU part."""
+    import yaml
+
+    from topoctl.planner import make_plan
+    from topoctl.spec.cluster_load import load_cluster
+    from topoctl.spec.job import parse_job
+
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))  # no calibration: the defaults
+    job = yaml.safe_load((PLANS / "mlp-job.yaml").read_text()) | {"strategies": ["trees"]}
+    doc, _, evals = make_plan(load_cluster(PLANS / "tworack8-cluster.yaml"), parse_job(job),
+                              use_cache=False)
+    rt = doc["metadata"]["collective"]["runtime"]
+    assert rt["cpu_costs"] == "default" and rt["ranks_per_core"] == 4.0
+    assert rt["cpu_s"] > 0 and rt["network_s"] > 0
+    sched = doc["job"]["collective"]["schedule"]
+    assert sched["chunk_bytes"] == rt["chunk_bytes"]
+    assert sched["metadata"]["pipeline"]["chunks"] == rt["chunks"]
+    # the iteration holds the CPU part and at least M / R of network (the buckets' network
+    # parts overlap the backward pass; the CPU parts come after their bucket's transfers)
+    it = evals[0].result.iteration_time
+    m = doc["metadata"]["model"]["parameters_bytes"]
+    rate = doc["metadata"]["collective"]["rate_bytes_per_s"] * (9000 - 52) / (9000 + 38)
+    assert rt["network_s"] > m / rate
+    assert it >= rt["cpu_s"] + m / rate
+    # topoctl explain shows both parts and the pipeline
+    from topoctl.render.explain import explain_text
+
+    text = explain_text(doc)
+    assert "network part" in text and "CPU part" in text
+    assert f"{rt['chunks']} chunks per tree of up to {rt['chunk_bytes']} bytes" in text
