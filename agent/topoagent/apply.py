@@ -47,6 +47,8 @@ class ApplyError(TopoError, RuntimeError):
 
 @dataclass
 class Result:
+    """What an apply did (or would do): its operations, seconds, whether a dry run, and the probed
+    addresses."""
     ops: list[Op]
     seconds: float
     dry_run: bool = False

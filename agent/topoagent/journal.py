@@ -44,6 +44,7 @@ class SimulatedCrash(TopoError):
 
 
 class JournalError(TopoError):
+    """A journal that cannot be read or names an unknown operation."""
     pass
 
 
@@ -66,11 +67,13 @@ def _dec(v: Any) -> Any:
 
 
 def op_to_json(op: Op) -> dict:
+    """An operation as a JSON-ready dict (its class name and fields)."""
     return {"op": type(op).__name__,
             **{f.name: _enc(getattr(op, f.name)) for f in dataclasses.fields(op)}}
 
 
 def op_from_json(d: dict) -> Op:
+    """The operation `op_to_json` wrote; JournalError for an unknown operation."""
     cls = getattr(kernel_ops, d["op"])
     if not (isinstance(cls, type) and issubclass(cls, Op)):
         raise JournalError(f"journal: unknown operation {d['op']!r}")
@@ -143,6 +146,8 @@ def crash_point(k: int) -> None:
 # --- recovery ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Recovery:
+    """What recovering an interrupted apply did: when it started, operations undone, problems left.
+    """
     started: float
     undone: int
     problems: list[str]
@@ -156,6 +161,7 @@ class Recovery:
 
 
 def pending(root: Path) -> bool:
+    """Whether an unfinished apply left a journal under `root`."""
     return (Path(root) / JOURNAL).exists()
 
 

@@ -47,6 +47,8 @@ class Driver(Protocol):
 
 @dataclass(frozen=True)
 class Op:
+    """A typed kernel operation: `apply` runs it through a driver, `inverse` undoes it, `describe`
+    says it."""
     phase: ClassVar[str]
 
     def apply(self, drv: Driver) -> None:
@@ -64,6 +66,7 @@ class Op:
 
 @dataclass(frozen=True)
 class SetSysctl(Op):
+    """Write a sysctl under /proc/sys/net (`old` is the value the inverse restores)."""
     phase: ClassVar[str] = "sysctl"
     path: str
     value: str
@@ -81,6 +84,7 @@ class SetSysctl(Op):
 
 @dataclass(frozen=True)
 class SetLink(Op):
+    """Set a link's MTU and/or up/down state (the old values are kept for the inverse)."""
     dev: str
     mtu: int | None
     up: bool | None
@@ -109,6 +113,7 @@ class SetLink(Op):
 
 @dataclass(frozen=True)
 class AddAddress(Op):
+    """Add an address to a link with the agent's protocol mark."""
     phase: ClassVar[str] = "addr-add"
     dev: str
     address: str
@@ -126,6 +131,7 @@ class AddAddress(Op):
 
 @dataclass(frozen=True)
 class DelAddress(Op):
+    """Remove an address from a link."""
     phase: ClassVar[str] = "addr-del"
     dev: str
     address: str
@@ -142,6 +148,7 @@ class DelAddress(Op):
 
 
 def route_text(r: Route) -> str:
+    """A route as `ip route` would print it."""
     hops = " ".join(
         "nexthop" * bool(r.nexthops) + (f" via {h.via}" if h.via else "")
         + (f" dev {h.dev}" if h.dev else "") + (f" weight {h.weight}" if r.nexthops else "")
@@ -178,6 +185,7 @@ class SetRoute(Op):
 
 @dataclass(frozen=True)
 class DelRoute(Op):
+    """Delete a route (the inverse puts it back with its protocol)."""
     phase: ClassVar[str] = "route-del"
     route: Route
     proto: int = RT_PROTO
@@ -193,6 +201,7 @@ class DelRoute(Op):
 
 
 def rule_text(r: Rule) -> str:
+    """A policy rule as `ip rule` would print it."""
     parts = [f"priority {r.priority}", f"from {r.from_ or 'all'}"]
     if r.to:
         parts.append(f"to {r.to}")
@@ -208,6 +217,7 @@ def rule_text(r: Rule) -> str:
 
 @dataclass(frozen=True)
 class AddRule(Op):
+    """Add a policy rule with the agent's protocol mark."""
     phase: ClassVar[str] = "rule-add"
     rule: Rule
     proto: int = RT_PROTO
@@ -224,6 +234,7 @@ class AddRule(Op):
 
 @dataclass(frozen=True)
 class DelRule(Op):
+    """Delete a policy rule."""
     phase: ClassVar[str] = "rule-del"
     rule: Rule
     proto: int = RT_PROTO
@@ -258,6 +269,7 @@ class AddQdisc(Op):
 
 @dataclass(frozen=True)
 class SetRootRate(Op):
+    """Change the rate of the agent's HTB root class on a device."""
     phase: ClassVar[str] = "qdisc-set"
     dev: str
     rate: int
@@ -295,6 +307,7 @@ class DelQdisc(Op):
 
 @dataclass(frozen=True)
 class RestoreQdisc(Op):
+    """Recreate a deleted agent HTB tree (root rate and classes): the inverse of deleting it."""
     phase: ClassVar[str] = "qdisc-set"
     dev: str
     rate: int
@@ -314,12 +327,14 @@ class RestoreQdisc(Op):
 
 
 def class_text(dev: str, c: QosClass) -> str:
+    """An HTB class as text: device, id, destination, rate and ceiling."""
     return (f"dev {dev} class {c.id} to {c.dst} rate {format_rate(c.rate)} "
             f"ceil {format_rate(c.ceil or c.rate)}")
 
 
 @dataclass(frozen=True)
 class SetClass(Op):
+    """Create or change an HTB class (`old`: the class it replaces, for the inverse)."""
     phase: ClassVar[str] = "class-set"
     dev: str
     cls: QosClass
@@ -339,6 +354,7 @@ class SetClass(Op):
 
 @dataclass(frozen=True)
 class DelClass(Op):
+    """Delete an HTB class."""
     phase: ClassVar[str] = "class-del"
     dev: str
     cls: QosClass
@@ -355,6 +371,7 @@ class DelClass(Op):
 
 @dataclass(frozen=True)
 class AddFilter(Op):
+    """Add the u32 filter sending traffic for `dst` to class `minor`."""
     phase: ClassVar[str] = "filter-add"
     dev: str
     minor: int
@@ -372,6 +389,7 @@ class AddFilter(Op):
 
 @dataclass(frozen=True)
 class DelFilter(Op):
+    """Delete the u32 filter of class `minor`."""
     phase: ClassVar[str] = "filter-del"
     dev: str
     minor: int

@@ -34,6 +34,7 @@ def _emit(**event) -> None:
 
 
 class PipelineSpecError(ValueError):
+    """The plan's pipeline collective does not match the model (unknown ops, bad stages)."""
     pass
 
 
@@ -134,6 +135,7 @@ def _templates(stage: Stage, names: list[str]) -> list:
 
 
 def main(job: dict) -> int:
+    """Run this rank's pipeline stage for the job's iterations (GPipe schedule); the exit code."""
     import torch
     import torch.distributed as dist
     from torch import fx

@@ -65,6 +65,7 @@ def check_once(target: Target, store: Store, *, repair: bool = False,
 
 
 def write_status(path: Path, rnd: Round, rounds: int) -> None:
+    """Write the round's status JSON to `path` atomically."""
     doc = {"status": rnd.status, "time": round(time.time(), 3), "rounds": rounds,
            "drift": rnd.drift, "repaired": rnd.repaired, "error": rnd.error}
     path.parent.mkdir(parents=True, exist_ok=True)

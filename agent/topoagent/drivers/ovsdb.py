@@ -34,18 +34,21 @@ class OvsDbError(TopoError, RuntimeError):
 
 @dataclass(frozen=True)
 class PortQos:
+    """A port's linux-htb QoS: link rate and (queue id, min-rate, max-rate) per queue."""
     max_rate: int  # bit/s
     queues: tuple[tuple[int, int, int], ...]  # (queue id, min-rate, max-rate) bit/s
 
 
 @dataclass(frozen=True)
 class PortConfig:
+    """A port of an agent bridge: internal or not, and its QoS."""
     internal: bool = False
     qos: PortQos | None = None
 
 
 @dataclass(frozen=True)
 class BridgeConfig:
+    """An agent bridge: datapath type and its ports, sorted by name."""
     datapath_type: str
     ports: tuple[tuple[str, PortConfig], ...]  # sorted by name
 
@@ -71,6 +74,7 @@ class DbSnapshot:
 
 
 def socket_path(db: str) -> str | None:
+    """The file of a `unix:PATH` OVSDB remote, None for other remotes."""
     return db[len("unix:"):] if db.startswith("unix:") else None
 
 
@@ -84,6 +88,7 @@ def rundir(db: str) -> str:
 
 
 def reachable(db: str) -> bool:
+    """Whether the OVSDB remote may answer (for unix sockets: the socket file exists)."""
     path = socket_path(db)
     return os.path.exists(path) if path else True
 

@@ -27,6 +27,7 @@ def bench_dir() -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl bench NAME [ARGS...]`, one sub-verb per entry of `BENCHES`."""
     p = sub.add_parser("bench", help="run a benchmark program from bench/ (predicted vs measured)")
     group = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, (_, help_) in BENCHES.items():
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the benchmark program with this interpreter; returns its exit code (1 when not found)."""
     program = bench_dir() / BENCHES[args.bench][0]
     if not program.is_file():
         print(f"topoctl bench: {program} not found: benchmarks run from a source checkout",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Port:
+    """One cabled NIC of a host: its speed in bit/s and, when known, its MAC."""
     host: str
     nic: str
     speed: int  # bit/s
@@ -114,4 +115,5 @@ def fabric_graph(c: Cluster) -> FabricGraph:
 
 
 def pick(v: float | None, default: float) -> float:
+    """`v`, or `default` when `v` is None."""
     return default if v is None else v

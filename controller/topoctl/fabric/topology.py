@@ -51,6 +51,8 @@ class ArGroup:
 
 @dataclass(frozen=True)
 class Cable:
+    """One cable between server `a`'s port `a_port` and server `b`'s port `b_port`; `kind` says why
+    it exists (ring, mp matching, fill)."""
     a: int
     a_port: int
     b: int
@@ -61,6 +63,8 @@ class Cable:
 
 @dataclass
 class Topology:
+    """The TopologyFinder's result: ring strides, every cable with its ports, the degree split,
+    diameter and mean hop count."""
     n: int
     d: int
     strides: list[int]  # physical ring strides (each 2 ports per server)

@@ -52,6 +52,8 @@ from topoctl.graph.ops import OpGraph
 
 @dataclass
 class Node:
+    """One coarse node: the fx ops it groups, their forward + backward seconds, parameter and kept-
+    activation bytes."""
     id: str
     ops: list[str]
     cost: float  # forward + backward seconds
@@ -61,6 +63,7 @@ class Node:
 
 @dataclass
 class CoarseGraph:
+    """A DAG of coarse nodes with the bytes each edge carries."""
     nodes: dict[str, Node]
     edges: dict[tuple[str, str], int] = field(default_factory=dict)  # (u, v) -> bytes
 
@@ -94,6 +97,8 @@ class CoarseGraph:
 
 
 def from_opgraph(graph: OpGraph, costs: dict[str, OpCost]) -> CoarseGraph:
+    """The op graph as an uncoarsened CoarseGraph: one node per op, costs from `costs`, edges with
+    their bytes."""
     nodes = {o.name: Node(o.name, [o.name], costs[o.name].fwd + costs[o.name].bwd, o.param_bytes,
                           0 if o.is_view else o.out_bytes)
              for o in graph.ops}

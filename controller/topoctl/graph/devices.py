@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Device:
+    """A device type for the roofline: peak FLOP/s per dtype, memory bandwidth, launch cost,
+    efficiency and memory size."""
     name: str
     flops: dict[str, float]  # dtype -> peak FLOP/s
     mem_bw: float  # bytes/s

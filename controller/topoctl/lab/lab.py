@@ -30,6 +30,7 @@ DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 
 
 def state_root(root: str | Path | None = None) -> Path:
+    """Where labs keep their state: `root`, else $TOPOCTL_LAB_DIR, else /var/lib/topoctl/labs."""
     return Path(root or os.environ.get("TOPOCTL_LAB_DIR") or DEFAULT_STATE_ROOT)
 
 
@@ -333,6 +334,7 @@ def _alive(pid: int) -> bool:
 
 
 def load_measurements(lab: Lab) -> dict[str, dict]:
+    """The lab's last `lab measure` results by cable ({} when never measured)."""
     try:
         return json.loads((lab.state_dir / "measure.json").read_text())
     except (OSError, ValueError):

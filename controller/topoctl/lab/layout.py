@@ -28,6 +28,7 @@ from topoctl.spec.cluster import Cluster, parse_port_ref
 
 @dataclass
 class HostPort:
+    """A host's fabric port in the lab: the host-side veth and its wire-namespace end."""
     ref: str  # host:nic
     host: str
     nic: str
@@ -71,6 +72,7 @@ class SwitchPort:
 
 @dataclass
 class Uplink:
+    """A shaped leaf-to-spine link between two switch bridges."""
     leaf: str
     spine: str
     leaf_end: str  # port of the leaf bridge
@@ -81,6 +83,7 @@ class Uplink:
 
 @dataclass
 class LabHost:
+    """One lab host: its namespace, management address and fabric ports."""
     name: str
     ns: str
     mgmt_ip: str  # a.b.c.d (prefix length: Layout.mgmt_net)
@@ -90,6 +93,8 @@ class LabHost:
 
 @dataclass
 class Layout:
+    """Everything a lab consists of (namespaces, ports, cables, switches, management network),
+    computed from a cluster."""
     lab: str
     kind: str  # direct | switched
     mtu: int
@@ -137,6 +142,8 @@ def mgmt_block_size(hosts: int) -> int:
 
 
 def build_layout(cluster: Cluster, lab: str, mgmt_net: str) -> Layout:
+    """The layout of lab `lab` for `cluster` with management addresses from `mgmt_net`; ValueError
+    when it does not fit."""
     names.check_lab_name(lab)
     net = ipaddress.IPv4Network(mgmt_net)
     if net.num_addresses - 3 < len(cluster.hosts):

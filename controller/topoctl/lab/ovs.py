@@ -22,6 +22,7 @@ SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 
 @dataclass
 class Ovs:
+    """One lab host's Open vSwitch: its namespace and run directory (database and sockets)."""
     ns: str
     rundir: Path
 
@@ -73,6 +74,7 @@ def start(ns: str, rundir: Path) -> Ovs:
 
 
 def pids(rundir: Path) -> list[int]:
+    """Process ids of the ovs-vswitchd and ovsdb-server whose pid files are in `rundir`."""
     out = []
     for name in ("ovs-vswitchd", "ovsdb-server"):
         try:

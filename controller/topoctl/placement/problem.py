@@ -33,6 +33,8 @@ class PlacementError(TopoError, ValueError):
 
 @dataclass(frozen=True)
 class PlacementProblem:
+    """A placement problem: nodes in topological order, devices, per-device costs, memory, edges and
+    transfer times."""
     nodes: list[str]  # topological order
     devices: list[str]
     cost: list[list[float]]  # cost[i][d] seconds
@@ -160,6 +162,7 @@ def evaluate(p: PlacementProblem, assign: list[int], order: list[int] | None = N
 
 
 def memory_ok(p: PlacementProblem, assign: list[int]) -> bool:
+    """Whether `assign` keeps every device within its memory capacity."""
     used = [0.0] * len(p.devices)
     for i, d in enumerate(assign):
         used[d] += p.memory[i]

@@ -25,6 +25,7 @@ WARMUP = 2  # iterations left out of the timing (process-group setup, allocator 
 
 @dataclass
 class RankStats:
+    """What one rank reported: its host, seconds per iteration and final parameter checksum."""
     host: str
     iterations: list[float] = field(default_factory=list)  # seconds per iteration
     checksum: str | None = None
@@ -39,6 +40,8 @@ class RankStats:
 
 @dataclass
 class RunResult:
+    """The outcome of `topoctl run`: exit code, per-rank statistics, duration and the failure, if
+    any."""
     exit_code: int
     ranks: dict[int, RankStats]
     seconds: float
@@ -98,6 +101,8 @@ def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
 def run_job(plan: dict, transport: Transport, iterations: int = 10,
             out: Callable[[str], None] = print, verbose: bool = False,
             timeout: float | None = None) -> RunResult:
+    """Launch the plan's ranks on every host through `transport`, stream their lines to `out`, stop
+    all when one fails."""
     job = job_payload(plan, iterations)
     payload = json.dumps(job)
     hosts = sorted(job["processes"])
@@ -157,6 +162,7 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
 
 
 def stop_job(plan: dict, transport: Transport) -> dict[str, int]:
+    """Ask every host of the plan to stop its ranks; host -> the agent's exit code."""
     hosts = sorted(plan["job"]["processes"])
     return {h: transport.agent(h, ["stop"], timeout=30).rc for h in hosts}
 

@@ -34,6 +34,8 @@ from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
 
 @dataclass
 class Event:
+    """One host's result in one phase (prepare, apply, rollback, status), with the operations or
+    errors."""
     host: str
     phase: str  # prepare | apply | rollback | status
     result: str  # in sync | changes | changed | drifted | error | unreachable | rolled back
@@ -47,6 +49,7 @@ class Event:
 
 @dataclass
 class Report:
+    """The outcome of a rollout command: exit code, every host's events and a summary message."""
     command: str
     exit_code: int
     events: list[Event]
@@ -78,6 +81,8 @@ def load_plan(path: str | Path) -> dict:
 
 
 def host_texts(plan: dict, only: list[str] | None = None) -> dict[str, str]:
+    """Each host's HostState as JSON text (only the hosts in `only`); StateError for an unknown
+    host."""
     hosts = plan["hosts"]
     if only:
         missing = [h for h in only if h not in hosts]
@@ -123,6 +128,8 @@ def _call(transport: Transport, host: str, args: list[str], stdin: str | None, p
 def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                force_mgmt: bool = False, probe: bool = True, only: list[str] | None = None,
                progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
+    """Apply the plan on every host in two phases (prepare everywhere, then apply, rolling back
+    changed hosts on failure); the Report."""
     texts = host_texts(plan, only)
     flags = ["--force-mgmt"] if force_mgmt else []
     events: list[Event] = []
@@ -171,6 +178,8 @@ def _causes(events: dict[str, Event], hosts: list[str]) -> str:
 
 def status(plan: dict, transport: Transport, *, only: list[str] | None = None,
            progress: Progress = lambda e: None, timeout: float = 60.0) -> Report:
+    """Diff every host against the plan; Report exit 0 in sync, 2 drifted, 1 a host could not be
+    checked."""
     texts = host_texts(plan, only)
     st = _parallel(lambda h: _call(transport, h, ["diff", "-"], texts[h], "status", "in sync",
                                    "drifted", timeout), list(texts), progress)
@@ -186,6 +195,8 @@ def status(plan: dict, transport: Transport, *, only: list[str] | None = None,
 
 def rollback(plan: dict, transport: Transport, *, only: list[str] | None = None,
              progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
+    """Roll every host back to its previously applied state; Report exit 2 rolled back, 0 nothing to
+    roll back, 1 a host failed."""
     hosts = list(host_texts(plan, only))
     back = _parallel(lambda h: _call(transport, h, ["rollback", "--no-probe"], None, "rollback",
                                      "in sync", "rolled back", timeout), hosts, progress)

@@ -71,6 +71,7 @@ class NextHops:
 
 
 def bundles_of(graph: FabricGraph) -> dict[tuple[str, str], list[FabricLink]]:
+    """(u, v) -> the parallel links between u and v, in both directions."""
     out: dict[tuple[str, str], list[FabricLink]] = {}
     for ln in graph.links:
         out.setdefault((ln.a, ln.b), []).append(ln)

@@ -43,6 +43,8 @@ class StrategyError(TopoError, ValueError):
 
 @dataclass
 class PlanContext:
+    """What every strategy starts from: cluster, job, fabric, training hosts and ranks, op graph and
+    per-op costs."""
     cluster: Cluster
     job: Job
     fabric: FabricGraph
@@ -92,6 +94,7 @@ STRATEGIES: dict[str, StrategyFn] = {}
 
 
 def register(name: str, fn: StrategyFn) -> None:
+    """Register strategy function `fn` under `name` (replacing one of the same name)."""
     STRATEGIES[name] = fn
 
 

@@ -157,4 +157,5 @@ def _path(pred_row: np.ndarray, src: int, dst: int) -> list[int]:
 
 
 def make_oracle(g: CapGraph) -> Oracle:
+    """The minimum-spanning-tree oracle for capacity graph `g`."""
     return Oracle(g)

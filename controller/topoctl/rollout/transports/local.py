@@ -74,4 +74,5 @@ def lab_transport(lab) -> LocalTransport:
 
 
 def agent_state_dirs(lab) -> dict[str, Path]:
+    """Each lab host's agent state directory, under the lab's state directory."""
     return {h.name: lab.state_dir / "agent" / h.name for h in lab.cluster.hosts}

@@ -17,6 +17,7 @@ from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv
 
 
 class SshTransport:
+    """The `ssh` transport: one paramiko connection per host, key auth, strict host-key checking."""
     name = "ssh"
 
     def __init__(self, addresses: dict[str, str], key: Path, known_hosts: Path | None,
