@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from topoagent.cliutil import ArgumentParser
 from topoctl.collective.trees.bounds import partition_bound
 from topoctl.collective.trees.pack import plan_trees
 from topoctl.collective.trees.schedule import plan_to_schedule
@@ -108,7 +109,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # usage errors exit 1 (bad input), not argparse's 2 (= changes, README "Exit codes")
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(ap)
     return run(ap.parse_args(argv))
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from topoagent.cliutil import ArgumentParser
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -85,5 +87,15 @@ def main(cluster_file: str, job_file: str, iterations: int = 5) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """Parse the command line (usage errors exit 1, README "Exit codes") and run `main`."""
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cluster", help="cluster file")
+    ap.add_argument("job", help="job file")
+    ap.add_argument("iterations", nargs="?", type=int, default=5, help="iterations (5)")
+    args = ap.parse_args(argv)
+    return main(args.cluster, args.job, args.iterations)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:])))
+    sys.exit(cli())

@@ -25,7 +25,7 @@ from topoagent.observe import observe, to_host_state
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state import HostState, StateError, load_yaml, parse_host_state, read_text
 from topoagent.store import DEFAULT_KEEP, Store, StoreBusy
-from topoagent.target import Target, TargetError
+from topoagent.target import Target
 
 
 def _read_state(path: str, allow_empty: bool = False) -> HostState:
@@ -157,8 +157,11 @@ def cmd_rollback(args, target: Target) -> int:
     store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         previous = store.previous()
-        if previous is None:
-            raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
+        if previous is None:  # nothing to do is success (protocol: EXIT_OK), said plainly
+            msg = f"nothing to roll back: no earlier applied state in {store.dir}"
+            print(json.dumps({"ok": True, "changes": 0, "dry_run": args.dry_run,
+                              "operations": [], "message": msg}) if args.json else msg)
+            return EXIT_OK
         result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe,
                              mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:

@@ -2,7 +2,8 @@
 
 Benchmarks are programs, not library: they live in `bench/` beside the package (the project is
 installed editable from its checkout) and print their own tables. This verb only finds the
-program, runs it with this interpreter and passes its exit code on."""
+program, runs it with this interpreter and passes its exit code on (128 + N when signal N killed
+it); the programs follow the README's exit codes, usage errors included (1, not argparse's 2)."""
 
 from __future__ import annotations
 
@@ -43,4 +44,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"topoctl bench: {program} not found: benchmarks run from a source checkout",
               file=sys.stderr)
         return 1
-    return subprocess.call([sys.executable, str(program), *args.args])
+    rc = subprocess.call([sys.executable, str(program), *args.args])
+    return 128 - rc if rc < 0 else rc  # killed by signal N: the shell's 128 + N

@@ -10,7 +10,8 @@
 Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
 --dry-run), 1 prepare failed (no host touched) or a rollback failed, 3 partial: the apply failed
 on some hosts and every host that had changed was rolled back; status 0 in sync, 2 drifted,
-1 a host could not be checked; rollback 2 rolled back, 1 a host failed.
+1 a host could not be checked; rollback 2 rolled back, 0 nothing to roll back on any host,
+1 a host failed.
 
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
@@ -81,7 +82,7 @@ def load_plan(path: str | Path) -> dict:
 
 
 def host_texts(plan: dict, only: list[str] | None = None) -> dict[str, str]:
-    """Each host's HostState as JSON text (only the hosts in `only`); StateError for an unknown
+    """Each host's HostState as YAML text (only the hosts in `only`); StateError for an unknown
     host."""
     hosts = plan["hosts"]
     if only:
@@ -204,4 +205,8 @@ def rollback(plan: dict, transport: Transport, *, only: list[str] | None = None,
     bad = sorted(e.host for e in events if e.result in ("error", "unreachable"))
     if bad:
         return Report("rollback", EXIT_ERROR, events, f"rollback failed on {', '.join(bad)}")
-    return Report("rollback", EXIT_CHANGES, events, f"rolled back {len(hosts)} hosts")
+    back_n = sum(e.result == "rolled back" for e in events)
+    if not back_n:  # every agent said there was nothing to roll back (or nothing changed)
+        return Report("rollback", EXIT_OK, events,
+                      "nothing to roll back: no host had an earlier applied state to return to")
+    return Report("rollback", EXIT_CHANGES, events, f"rolled back {back_n} of {len(hosts)} hosts")
