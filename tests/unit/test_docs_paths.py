@@ -1,9 +1,10 @@
 """The documentation names only files and modules that exist, so it cannot rot silently.
 
-Checked in README.md and docs/*.md: every path starting with `controller/`, `agent/`, `bench/`
-or `tests/`; every `topoctl/...py` / `topoagent/...py` path (relative to the packages); every
-dotted module name `topoctl.x.y` / `topoagent.x.y` (a module, or a name defined or imported at
-the top of one). Placeholders (`strategies/<name>.py`) are checked up to the placeholder.
+Checked in README.md and docs/*.md: every path starting with `controller/`, `agent/`, `bench/`,
+`tests/`, `docs/`, `plans/`, `playbooks/` or `vagrant/`; every `topoctl/...py` /
+`topoagent/...py` path (relative to the packages); every dotted module name `topoctl.x.y` /
+`topoagent.x.y` (a module, or a name defined or imported at the top of one). Placeholders
+(`strategies/<name>.py`) are checked up to the placeholder.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PACKAGES = {"topoctl": ROOT / "controller" / "topoctl", "topoagent": ROOT / "agent" / "topoagent"}
 
-PATH = re.compile(r"(?<![\w./-])((?:controller|agent|bench|tests)/[\w./<>-]*)")
+PATH = re.compile(r"(?<![\w./-])((?:controller|agent|bench|tests|docs|plans|playbooks|vagrant)/"
+                  r"[\w./<>-]*)")
 PKG_PATH = re.compile(r"(?<![\w./-])((?:topoctl|topoagent)/[\w/]*\.py)\b")
 DOTTED = re.compile(r"(?<![\w./-])((?:topoctl|topoagent)(?:\.[A-Za-z_]\w*)+)")
 

@@ -3,7 +3,8 @@ groups: the algebraic transformation of the thesis "Joint optimization of algebr
 transformation, device placement, and network bandwidth allocation for distributed DNN
 training" (iterative operator fusion and co-location).
 
-Kept for the placement strategy (issue 13): no planner path uses it yet; tests cover it.
+Used by the `placement` and `pipeline` strategies (`topoctl.strategies.placement`) before the
+placement search, and by `bench/placement_search.py`.
 
 `coarsen`: contract edges (u, v) to a fixpoint when u has one successor and v one predecessor
 (a pure chain), or u is cheap (< alpha) and has one successor, or v is cheap and has one
