@@ -56,6 +56,7 @@ class Result:
 
     @property
     def changed(self) -> bool:
+        """Whether there were operations."""
         return bool(self.ops)
 
 

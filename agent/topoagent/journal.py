@@ -99,6 +99,7 @@ class Journal:
         self._n = 0
 
     def begin(self, before: Observed, history_len: int | None = None) -> None:
+        """Write and fsync the header (the host as it was) before the first change."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         header = {
             "journal": 1, "pid": os.getpid(), "started": time.time(),
@@ -153,6 +154,7 @@ class Recovery:
     problems: list[str]
 
     def describe(self) -> str:
+        """One line saying what the recovery undid and what problems remain."""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.started))
         text = (f"recovered an apply interrupted at {when} UTC: {self.undone} operations undone")
         if self.problems:

@@ -28,21 +28,50 @@ class Driver(Protocol):
 
     target: Target
 
-    def set_sysctl(self, path: str, value: str) -> None: ...
-    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None: ...
-    def add_address(self, dev: str, address: str, proto: int) -> None: ...
-    def del_address(self, dev: str, address: str) -> None: ...
-    def set_route(self, route: Route, proto: int) -> None: ...
-    def del_route(self, route: Route, proto: int) -> None: ...
-    def add_rule(self, rule: Rule, proto: int) -> None: ...
-    def del_rule(self, rule: Rule, proto: int) -> None: ...
-    def add_qdisc(self, dev: str, rate: int) -> None: ...
-    def set_root_rate(self, dev: str, rate: int) -> None: ...
-    def del_qdisc(self, dev: str) -> None: ...
-    def set_class(self, dev: str, cls: QosClass) -> None: ...
-    def del_class(self, dev: str, minor: int) -> None: ...
-    def add_filter(self, dev: str, minor: int, dst: str) -> None: ...
-    def del_filter(self, dev: str, minor: int) -> None: ...
+    def set_sysctl(self, path: str, value: str) -> None:
+        """Write `value` to /proc/sys/`path`."""
+
+    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None:
+        """Set `dev`'s MTU and/or up state (None: unchanged)."""
+
+    def add_address(self, dev: str, address: str, proto: int) -> None:
+        """Add `address` (a.b.c.d/len) to `dev` with protocol `proto`."""
+
+    def del_address(self, dev: str, address: str) -> None:
+        """Remove `address` from `dev`."""
+
+    def set_route(self, route: Route, proto: int) -> None:
+        """Create or replace `route` with protocol `proto`."""
+
+    def del_route(self, route: Route, proto: int) -> None:
+        """Delete `route`."""
+
+    def add_rule(self, rule: Rule, proto: int) -> None:
+        """Add policy rule `rule` with protocol `proto`."""
+
+    def del_rule(self, rule: Rule, proto: int) -> None:
+        """Delete policy rule `rule`."""
+
+    def add_qdisc(self, dev: str, rate: int) -> None:
+        """Add the agent's HTB root on `dev` with a root class at `rate`."""
+
+    def set_root_rate(self, dev: str, rate: int) -> None:
+        """Change the root class rate on `dev`."""
+
+    def del_qdisc(self, dev: str) -> None:
+        """Delete the agent's root qdisc on `dev`."""
+
+    def set_class(self, dev: str, cls: QosClass) -> None:
+        """Create or replace HTB class `cls` on `dev`."""
+
+    def del_class(self, dev: str, minor: int) -> None:
+        """Delete HTB class `minor` on `dev`."""
+
+    def add_filter(self, dev: str, minor: int, dst: str) -> None:
+        """Add the u32 filter for `dst` to class `minor` on `dev`."""
+
+    def del_filter(self, dev: str, minor: int) -> None:
+        """Delete the u32 filter of class `minor` on `dev`."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +81,19 @@ class Op:
     phase: ClassVar[str]
 
     def apply(self, drv: Driver) -> None:
+        """Perform the operation through `drv`."""
         raise NotImplementedError
 
     def inverse(self) -> Op:
+        """The operation that undoes this one (it carries the values it restores)."""
         raise NotImplementedError
 
     def describe(self) -> str:
+        """The operation as one human-readable line."""
         raise NotImplementedError
 
     def to_dict(self) -> dict:
+        """The operation as JSON-ready data: class, phase and description."""
         return {"op": type(self).__name__, "phase": self.phase, "what": self.describe()}
 
 
@@ -93,6 +126,7 @@ class SetLink(Op):
 
     @property
     def phase(self) -> str:  # type: ignore[override]
+        """`link-down` when the link goes down (late in the order), else `link`."""
         return "link-down" if self.up is False else "link"
 
     def apply(self, drv: Driver) -> None:

@@ -121,6 +121,7 @@ class Observed:
     ovs: Any = None  # topoagent.ovs.ObsOvs when an ovsdb-server answers, else None
 
     def owned_rules(self) -> list[ObsRule]:
+        """The policy rules carrying the agent's protocol mark."""
         return [r for r in self.rules if r.proto == RT_PROTO and r.rule is not None]
 
 

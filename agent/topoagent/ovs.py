@@ -251,6 +251,7 @@ class OvsDbWrite(Op):
 
     @property
     def phase(self) -> str:  # type: ignore[override]
+        """When the write runs: bridges only going away after addresses and routes, else first."""
         # only bridges going away: after the addresses and routes on their internal ports
         gone = set(self.old.bridges) - set(self.new.bridges)
         same = all(self.old.bridges.get(b) == c for b, c in self.new.bridges.items())

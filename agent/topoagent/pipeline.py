@@ -118,9 +118,11 @@ class Stage:
         self.output = next(n for n in nodes if n.op == "output")
 
     def incoming(self) -> list[str]:
+        """Names of the values this stage receives from the previous one."""
         return self.cross.get(self.s - 1, [])
 
     def outgoing(self) -> list[str]:
+        """Names of the values this stage sends to the next one."""
         return self.cross.get(self.s, [])
 
 

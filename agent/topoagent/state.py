@@ -217,6 +217,7 @@ class Route(_Model):
 
     @property
     def key(self) -> tuple[int, str, int]:
+        """(table, dst, metric): what identifies a route in the kernel."""
         return (self.table, self.dst, self.metric)
 
     def hops(self) -> list[Nexthop]:
@@ -350,9 +351,11 @@ class HostState(_Model):
         return self
 
     def to_dict(self) -> dict:
+        """The state as plain data (aliases, no unset values)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
 
     def to_yaml(self) -> str:
+        """The state as HostState YAML text."""
         return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False,
                          default_flow_style=False)
 

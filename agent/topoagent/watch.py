@@ -39,6 +39,7 @@ class Round:
 
     @property
     def exit_code(self) -> int:
+        """The round's exit code: 0 in sync or idle, 2 drifted or repaired, 1 error."""
         if self.status == "error":
             return EXIT_ERROR
         return EXIT_CHANGES if self.status in ("drifted", "repaired") else EXIT_OK

@@ -1,6 +1,7 @@
-"""Every public module-level function and class of both packages has a docstring saying what it
-does or returns (public: the name has no leading underscore; read with ast, nothing imported),
-and no docstring points outside the repository."""
+"""Every public module-level function and class of both packages, and every public method of
+a public class, has a docstring saying what it does or returns (public: the name has no
+leading underscore; read with ast, nothing imported); overrides of a documented base method
+inherit its docstring. No docstring points outside the repository."""
 
 from __future__ import annotations
 
@@ -47,3 +48,32 @@ def test_docstrings_point_inside_the_repository():
             bad += [f"{path.relative_to(ROOT)}: {getattr(node, 'name', '<module>')}: {w!r}"
                     for w in OUTSIDE if w in doc]
     assert not bad, "docstrings naming notes outside the repository:\n" + "\n".join(bad)
+
+
+def test_public_methods_have_docstrings_or_inherit_one():
+    """A public method of a public class has a docstring, unless it overrides a documented
+    method of a base class in these packages (Op.apply, .inverse, ...) or torch's
+    nn.Module.forward."""
+    trees = {p: ast.parse(p.read_text()) for p in _modules()}
+    documented: dict[str, set[str]] = {}  # class name -> its methods with a docstring
+    for tree in trees.values():
+        for c in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            documented.setdefault(c.name, set()).update(
+                m.name for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and ast.get_docstring(m))
+    missing = []
+    for path, tree in trees.items():
+        for c in _public(tree):
+            if not isinstance(c, ast.ClassDef):
+                continue
+            bases = [ast.unparse(b).rsplit(".", 1)[-1] for b in c.bases]
+            for m in c.body:
+                if not isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
+                        m.name.startswith("_") or ast.get_docstring(m):
+                    continue
+                if any(m.name in documented.get(b, ()) for b in bases):
+                    continue
+                if m.name == "forward" and "Module" in bases:
+                    continue
+                missing.append(f"{path.relative_to(ROOT)}:{m.lineno}: {c.name}.{m.name}")
+    assert not missing, "no docstring:\n" + "\n".join(missing)

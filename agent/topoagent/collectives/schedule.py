@@ -65,9 +65,11 @@ class Tree(BaseModel):
         return v
 
     def children(self, rank: int) -> list[int]:
+        """The ranks whose parent is `rank`."""
         return [c for c, p in enumerate(self.parents) if p == rank]
 
     def height(self) -> int:
+        """Edges on the longest path from a rank to the root."""
         depth = 0
         for r in range(len(self.parents)):
             d, cur = 0, r
@@ -120,10 +122,12 @@ class TreeSchedule(BaseModel):
 
     @property
     def fractions(self) -> list[float]:
+        """Each tree's share of the data (rate over total rate)."""
         total = sum(t.rate for t in self.trees)
         return [t.rate / total for t in self.trees]
 
     def dump(self) -> dict[str, Any]:
+        """The schedule as file data (aliases, no unset values)."""
         return self.model_dump(by_alias=True, exclude_none=True)
 
 

@@ -53,6 +53,7 @@ class BridgeConfig:
     ports: tuple[tuple[str, PortConfig], ...]  # sorted by name
 
     def port_map(self) -> dict[str, PortConfig]:
+        """Port name -> its configuration."""
         return dict(self.ports)
 
 
@@ -123,6 +124,7 @@ class OvsDb:
         self._sync()
 
     def close(self) -> None:
+        """Close the IDL connection."""
         self.idl.close()
 
     def _block(self) -> None:
@@ -143,10 +145,12 @@ class OvsDb:
             self._block()
 
     def rows(self, table: str) -> list:
+        """Every row of `table` in the IDL's replica."""
         return list(self.idl.tables[table].rows.values())
 
     # --- read ------------------------------------------------------------------------------------
     def snapshot(self) -> DbSnapshot:
+        """The agent's bridges, ports and QoS as a DbConfig, plus what others own."""
         cfg = DbConfig()
         all_bridges, all_ports = {}, {}
         for br in self.rows("Bridge"):

@@ -35,6 +35,7 @@ class Entry:
 
     @property
     def defaults(self) -> dict:
+        """The model's default size parameters (its constructor's keyword defaults)."""
         sig = inspect.signature(self.cls.__init__)
         return {k: p.default for k, p in sig.parameters.items() if k != "self"}
 

@@ -25,6 +25,7 @@ class Port:
 
     @property
     def ref(self) -> str:
+        """The port as `host:nic`."""
         return f"{self.host}:{self.nic}"
 
 
@@ -57,11 +58,13 @@ class FabricGraph:
     _adj: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
+        """The fabric as plain JSON-ready data."""
         d = asdict(self)
         d.pop("_adj")
         return d
 
     def neighbours(self, node: str) -> list[tuple[str, FabricLink]]:
+        """(neighbour, link) for every link at `node` (adjacency built on first use)."""
         if not self._adj:
             for ln in self.links:
                 self._adj.setdefault(ln.a, []).append((ln.b, ln))

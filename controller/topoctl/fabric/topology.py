@@ -78,6 +78,7 @@ class Topology:
     volumes: dict[str, float] = field(default_factory=dict)
 
     def adjacency(self) -> list[list[int]]:
+        """Per server, the servers it is cabled to (once per cable)."""
         adj: list[list[int]] = [[] for _ in range(self.n)]
         for c in self.cables:
             adj[c.a].append(c.b)
@@ -85,6 +86,7 @@ class Topology:
         return adj
 
     def to_dict(self) -> dict:
+        """The topology as plain data (strides, rings, degrees, cables, diameter, mean hops)."""
         return {"n": self.n, "d": self.d, "strides": self.strides,
                 "rings": {str(g): s for g, s in self.ring_groups.items()},
                 "allreduce_degree": self.allreduce_degree, "mp_degree": self.mp_degree,

@@ -69,18 +69,21 @@ class CoarseGraph:
     edges: dict[tuple[str, str], int] = field(default_factory=dict)  # (u, v) -> bytes
 
     def succ(self) -> dict[str, set[str]]:
+        """Node -> its successors."""
         out: dict[str, set[str]] = {n: set() for n in self.nodes}
         for u, v in self.edges:
             out[u].add(v)
         return out
 
     def pred(self) -> dict[str, set[str]]:
+        """Node -> its predecessors."""
         out: dict[str, set[str]] = {n: set() for n in self.nodes}
         for u, v in self.edges:
             out[v].add(u)
         return out
 
     def topological(self) -> list[str]:
+        """The nodes in a topological order (ValueError when the graph has a cycle)."""
         pred = {n: len(p) for n, p in self.pred().items()}
         succ = self.succ()
         ready = [n for n in self.nodes if pred[n] == 0]
@@ -279,6 +282,7 @@ class CoarsenStats:
     gamma: float
 
     def to_dict(self) -> dict:
+        """The statistics as a plain dict (for the plan's metadata)."""
         return dict(self.__dict__)
 
 

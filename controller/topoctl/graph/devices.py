@@ -20,6 +20,7 @@ class Device:
     memory: float = 80e9  # bytes the device holds (placement's memory limit)
 
     def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for `dtype` (fp32's when the dtype is not listed)."""
         return self.flops.get(dtype, self.flops["float32"])
 
 

@@ -52,6 +52,7 @@ class Cable:
 
     @property
     def name(self) -> str:
+        """The cable as `a--b`."""
         return f"{self.a}--{self.b}"
 
 
@@ -108,10 +109,12 @@ class Layout:
     uplinks: list[Uplink] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The layout as plain data (`from_dict` reads it back)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Layout:
+        """The layout `to_dict` wrote."""
         d = dict(d)
         d["hosts"] = [LabHost(**{**h, "ports": [HostPort(**p) for p in h["ports"]]})
                       for h in d["hosts"]]
@@ -121,15 +124,18 @@ class Layout:
         return cls(**d)
 
     def host(self, name: str) -> LabHost:
+        """The lab host named `name` (KeyError when absent)."""
         for h in self.hosts:
             if h.name == name:
                 return h
         raise KeyError(f"no host {name} in lab {self.lab}")
 
     def ports(self) -> dict[str, HostPort]:
+        """`host:nic` -> port, over every host."""
         return {p.ref: p for h in self.hosts for p in h.ports}
 
     def prefixlen(self) -> int:
+        """Prefix length of the management network."""
         return ipaddress.IPv4Network(self.mgmt_net).prefixlen
 
 

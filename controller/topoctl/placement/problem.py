@@ -53,12 +53,14 @@ class PlacementProblem:
         return nbytes / self.bandwidth[d][e] + lat
 
     def preds(self) -> list[list[int]]:
+        """Per node, the nodes with an edge into it."""
         out: list[list[int]] = [[] for _ in self.nodes]
         for i, j in self.edges:
             out[j].append(i)
         return out
 
     def succs(self) -> list[list[int]]:
+        """Per node, the nodes it has an edge to."""
         out: list[list[int]] = [[] for _ in self.nodes]
         for i, j in self.edges:
             out[i].append(j)
@@ -100,6 +102,7 @@ class Placement:
     info: dict = field(default_factory=dict)
 
     def devices_used(self) -> list[int]:
+        """The devices that run at least one node, sorted."""
         return sorted(set(self.assign))
 
 

@@ -30,6 +30,7 @@ class Addressing:
     domain_of: dict[tuple[str, str], str] = field(default_factory=dict)  # switched (host, nic)
 
     def ip(self, host: str, nic: str) -> str:
+        """The address (without prefix length) of `host`'s port `nic`."""
         return self.port[(host, nic)].split("/")[0]
 
 

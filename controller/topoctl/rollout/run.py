@@ -34,6 +34,7 @@ class RankStats:
     losses: list[float] = field(default_factory=list)  # as reported (pipeline: last stage)
 
     def median(self) -> float | None:
+        """Median seconds per iteration after the warm-up (None without iterations)."""
         xs = self.iterations[WARMUP:] or self.iterations
         return statistics.median(xs) if xs else None
 
@@ -67,6 +68,7 @@ class RunResult:
                                     for s, v in groups.items())
 
     def to_dict(self) -> dict:
+        """The result as the `--json` document of `topoctl run`."""
         return {"exit_code": self.exit_code, "seconds": round(self.seconds, 3),
                 "iteration_time": self.iteration_time, "synchronous": self.synchronous,
                 "failure": self.failure,

@@ -44,6 +44,7 @@ class Event:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
+        """The event as JSON-ready data."""
         return {"host": self.host, "phase": self.phase, "result": self.result,
                 "detail": self.detail, "seconds": round(self.seconds, 3)}
 
@@ -64,6 +65,8 @@ class Report:
         return out
 
     def to_dict(self) -> dict:
+        """The report as the `--json` document: exit code, message, each host's final event, all
+        events."""
         return {"command": self.command, "exit_code": self.exit_code, "message": self.message,
                 "hosts": {h: e.to_dict() for h, e in sorted(self.final().items())},
                 "events": [e.to_dict() for e in self.events]}

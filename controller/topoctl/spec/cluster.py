@@ -284,19 +284,23 @@ class Cluster(Model):
 
     # --- resolved views --------------------------------------------------------------------------
     def host(self, name: str) -> Host:
+        """The host named `name` (KeyError when absent)."""
         for h in self.hosts:
             if h.name == name:
                 return h
         raise KeyError(name)
 
     def gpus(self, host: str) -> Gpus:
+        """`host`'s GPUs, or the defaults' when it names none."""
         return self.host(host).gpus or self.defaults.gpus
 
     def runs_ovs(self, host: str) -> bool:
+        """Whether `host` runs Open vSwitch (its own `ovs`, else defaults.ovs)."""
         h = self.host(host)
         return self.defaults.ovs if h.ovs is None else h.ovs
 
     def nic_speed(self, host: str, nic: str) -> int:
+        """Speed in bit/s of `host`'s NIC `nic` (its own, else defaults.nic_speed)."""
         for n in self.host(host).nics:
             if n.name == nic:
                 return n.speed or self.defaults.nic_speed  # type: ignore[return-value]
@@ -328,6 +332,7 @@ class Cluster(Model):
                                 else (p, m) for p, m in probs]) from None
 
     def to_dict(self) -> dict:
+        """The cluster as cluster-file data (aliases, no unset values)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

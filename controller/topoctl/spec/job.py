@@ -197,6 +197,7 @@ class Job(Model):
         return self
 
     def to_dict(self) -> dict:
+        """The job as job-file data (aliases, no unset values)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

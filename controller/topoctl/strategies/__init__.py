@@ -57,9 +57,11 @@ class PlanContext:
 
     @property
     def world_size(self) -> int:
+        """Number of ranks over all training hosts."""
         return sum(len(r) for r in self.ranks.values())
 
     def host_costs(self, host: str) -> dict[str, OpCost]:
+        """Per-op costs on `host`'s device type."""
         return self.costs[self.device[host].name]
 
 

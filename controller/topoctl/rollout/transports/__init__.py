@@ -61,4 +61,5 @@ class Transport(Protocol):
         comes; returns the exit code (UNREACHABLE when the host cannot be reached)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release connections (no agent call may follow)."""
