@@ -49,6 +49,7 @@ class ApplyError(TopoError, RuntimeError):
 class Result:
     """What an apply did (or would do): its operations, seconds, whether a dry run, and the probed
     addresses."""
+
     ops: list[Op]
     seconds: float
     dry_run: bool = False

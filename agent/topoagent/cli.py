@@ -125,8 +125,8 @@ def recover_at_start(args, target: Target) -> Recovery | None:
 
 
 def cmd_recover(args, target: Target) -> int:
-    """Undo an apply that was killed half-way; exit 0 nothing to recover, 2 undone, 1 problems left.
-    """
+    """Undo an apply that was killed half-way; exit 0 nothing to recover, 2 undone, 1 problems
+    left."""
     rec = recover_at_start(args, target)
     if args.json:
         print(json.dumps({"ok": rec is None or not rec.problems, "recovered": rec is not None,
@@ -188,8 +188,8 @@ def cmd_stop(args, target: Target) -> int:
 
 
 def cmd_watch(args, target: Target) -> int:
-    """Run the reconcile loop (--once: one round); exit 0 in sync, 2 drifted or repaired, 1 error.
-    """
+    """Run the reconcile loop (--once: one round); exit 0 in sync, 2 drifted or repaired, 1
+    error."""
     from topoagent.watch import watch
 
     rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,

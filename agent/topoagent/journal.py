@@ -45,6 +45,7 @@ class SimulatedCrash(TopoError):
 
 class JournalError(TopoError):
     """A journal that cannot be read or names an unknown operation."""
+
     pass
 
 
@@ -147,8 +148,9 @@ def crash_point(k: int) -> None:
 # --- recovery ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Recovery:
-    """What recovering an interrupted apply did: when it started, operations undone, problems left.
-    """
+    """What recovering an interrupted apply did: when it started, operations undone, problems
+    left."""
+
     started: float
     undone: int
     problems: list[str]

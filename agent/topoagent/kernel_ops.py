@@ -78,6 +78,7 @@ class Driver(Protocol):
 class Op:
     """A typed kernel operation: `apply` runs it through a driver, `inverse` undoes it, `describe`
     says it."""
+
     phase: ClassVar[str]
 
     def apply(self, drv: Driver) -> None:
@@ -100,6 +101,7 @@ class Op:
 @dataclass(frozen=True)
 class SetSysctl(Op):
     """Write a sysctl under /proc/sys/net (`old` is the value the inverse restores)."""
+
     phase: ClassVar[str] = "sysctl"
     path: str
     value: str
@@ -118,6 +120,7 @@ class SetSysctl(Op):
 @dataclass(frozen=True)
 class SetLink(Op):
     """Set a link's MTU and/or up/down state (the old values are kept for the inverse)."""
+
     dev: str
     mtu: int | None
     up: bool | None
@@ -148,6 +151,7 @@ class SetLink(Op):
 @dataclass(frozen=True)
 class AddAddress(Op):
     """Add an address to a link with the agent's protocol mark."""
+
     phase: ClassVar[str] = "addr-add"
     dev: str
     address: str
@@ -166,6 +170,7 @@ class AddAddress(Op):
 @dataclass(frozen=True)
 class DelAddress(Op):
     """Remove an address from a link."""
+
     phase: ClassVar[str] = "addr-del"
     dev: str
     address: str
@@ -220,6 +225,7 @@ class SetRoute(Op):
 @dataclass(frozen=True)
 class DelRoute(Op):
     """Delete a route (the inverse puts it back with its protocol)."""
+
     phase: ClassVar[str] = "route-del"
     route: Route
     proto: int = RT_PROTO
@@ -252,6 +258,7 @@ def rule_text(r: Rule) -> str:
 @dataclass(frozen=True)
 class AddRule(Op):
     """Add a policy rule with the agent's protocol mark."""
+
     phase: ClassVar[str] = "rule-add"
     rule: Rule
     proto: int = RT_PROTO
@@ -269,6 +276,7 @@ class AddRule(Op):
 @dataclass(frozen=True)
 class DelRule(Op):
     """Delete a policy rule."""
+
     phase: ClassVar[str] = "rule-del"
     rule: Rule
     proto: int = RT_PROTO
@@ -304,6 +312,7 @@ class AddQdisc(Op):
 @dataclass(frozen=True)
 class SetRootRate(Op):
     """Change the rate of the agent's HTB root class on a device."""
+
     phase: ClassVar[str] = "qdisc-set"
     dev: str
     rate: int
@@ -342,6 +351,7 @@ class DelQdisc(Op):
 @dataclass(frozen=True)
 class RestoreQdisc(Op):
     """Recreate a deleted agent HTB tree (root rate and classes): the inverse of deleting it."""
+
     phase: ClassVar[str] = "qdisc-set"
     dev: str
     rate: int
@@ -369,6 +379,7 @@ def class_text(dev: str, c: QosClass) -> str:
 @dataclass(frozen=True)
 class SetClass(Op):
     """Create or change an HTB class (`old`: the class it replaces, for the inverse)."""
+
     phase: ClassVar[str] = "class-set"
     dev: str
     cls: QosClass
@@ -389,6 +400,7 @@ class SetClass(Op):
 @dataclass(frozen=True)
 class DelClass(Op):
     """Delete an HTB class."""
+
     phase: ClassVar[str] = "class-del"
     dev: str
     cls: QosClass
@@ -406,6 +418,7 @@ class DelClass(Op):
 @dataclass(frozen=True)
 class AddFilter(Op):
     """Add the u32 filter sending traffic for `dst` to class `minor`."""
+
     phase: ClassVar[str] = "filter-add"
     dev: str
     minor: int
@@ -424,6 +437,7 @@ class AddFilter(Op):
 @dataclass(frozen=True)
 class DelFilter(Op):
     """Delete the u32 filter of class `minor`."""
+
     phase: ClassVar[str] = "filter-del"
     dev: str
     minor: int

@@ -25,6 +25,7 @@ from topoagent.state import StateError
 @dataclass(frozen=True)
 class Mgmt:
     """The management connection: the operator's address and the host address it connected to."""
+
     client: str  # the operator's address, as the host sees it
     server: str  # the host's address the operator connected to
 

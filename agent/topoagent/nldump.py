@@ -48,6 +48,7 @@ FRA_EXOTIC = {FRA_GOTO, FRA_FLOW, FRA_TUN_ID, FRA_L3MDEV, FRA_UID_RANGE, FRA_IP_
 @dataclass
 class RawRoute:
     """An IPv4 route as dumped by rtnetlink (table, destination, metric, protocol, next hops)."""
+
     table: int
     dst: str  # a.b.c.d/len
     metric: int
@@ -62,6 +63,7 @@ class RawRoute:
 @dataclass
 class RawRule:
     """An IPv4 policy rule as dumped by rtnetlink."""
+
     priority: int
     action: int
     table: int
@@ -168,6 +170,7 @@ def dump_routes(sock: socket.socket) -> list[RawRoute]:
 @dataclass
 class RawLink:
     """A link as dumped by rtnetlink: index, name, MAC, MTU, state."""
+
     index: int
     name: str
     mac: str | None

@@ -62,6 +62,7 @@ def rp_filter_path(dev: str) -> str:
 @dataclass
 class ObsLink:
     """An observed link: index, name, MAC, MTU and state."""
+
     index: int
     name: str
     mac: str | None
@@ -72,6 +73,7 @@ class ObsLink:
 @dataclass
 class ObsRoute:
     """An observed route with its protocol (the agent's mark or another owner's)."""
+
     route: Route
     proto: int
 
@@ -111,6 +113,7 @@ class ObsQos:
 class Observed:
     """A snapshot of the host: links, addresses, routes, rules, sysctls, QoS trees and OVS, with
     ownership marks."""
+
     links: dict[str, ObsLink] = field(default_factory=dict)
     addresses: dict[str, dict[str, int]] = field(default_factory=dict)  # dev -> {a/len: proto}
     routes: dict[tuple, ObsRoute] = field(default_factory=dict)  # (table, dst, metric) -> route

@@ -122,6 +122,7 @@ def desired_filters(state) -> dict[str, frozenset[tuple[str, str]]]:
 class ObsOvs:
     """The observed Open vSwitch state: the database snapshot, the agent's flows and groups, the tc
     filters."""
+
     db: str
     snap: DbSnapshot
     openflow: dict[str, tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
@@ -292,6 +293,7 @@ class OvsDbWrite(Op):
 @dataclass(frozen=True, eq=False)
 class OvsFlows(Op):
     """Replace the agent's flows and groups on one bridge in one OpenFlow bundle."""
+
     phase: ClassVar[str] = "ovs-flows"
     db: str
     bridge: str

@@ -35,6 +35,7 @@ def _emit(**event) -> None:
 
 class PipelineSpecError(ValueError):
     """The plan's pipeline collective does not match the model (unknown ops, bad stages)."""
+
     pass
 
 

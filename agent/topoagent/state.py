@@ -174,12 +174,14 @@ class Interface(_Model):
 
 class Sysctl(_Model):
     """The sysctls the agent manages: ip_forward and rp_filter per interface."""
+
     ip_forward: bool | None = None
     rp_filter: dict[IfName, Annotated[int, Field(ge=0, le=2)]] = Field(default_factory=dict)
 
 
 class Nexthop(_Model):
     """One next hop of a multipath route: gateway, device and weight."""
+
     via: IPv4 | None = None
     dev: IfName | None = None
     weight: Annotated[int, Field(ge=1, le=256)] = 1
@@ -331,6 +333,7 @@ class Forwarding(_Model):
 class HostState(_Model):
     """The whole desired network state of one host: interfaces, sysctls, routes, rules, QoS,
     forwarding, OVS."""
+
     interfaces: list[Interface] = Field(default_factory=list)
     sysctl: Sysctl = Field(default_factory=Sysctl)
     routes: list[Route] = Field(default_factory=list)

@@ -42,6 +42,7 @@ DEFAULT_KEEP = 20
 class Store:
     """The history of applied states of one target, with a lock so one apply or rollback runs at a
     time."""
+
     def __init__(self, root: Path, keep: int = DEFAULT_KEEP):
         self.root = Path(root)
         self.dir = self.root / "history"

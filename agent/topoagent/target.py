@@ -28,6 +28,7 @@ class TargetError(TopoError, RuntimeError):
 class Target:
     """Where the agent acts: this host or one of its network namespaces, with its state directory
     and ovsdb-server."""
+
     netns: str | None = None
     state_dir: Path | None = None  # where last-applied state is kept; default per target
     ovsdb: str | None = None  # ovsdb-server to use (default: $TOPO_OVSDB, else the system's)

@@ -32,6 +32,7 @@ PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data paral
 @dataclass
 class Evaluated:
     """A strategy with its simulated iteration and the planner time it took."""
+
     strategy: Strategy
     result: SimResult
     seconds: float  # planner time spent on it

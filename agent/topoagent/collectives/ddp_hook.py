@@ -30,6 +30,7 @@ ENV_SCHEDULE = "TOPO_TREE_SCHEDULE"
 @dataclass
 class TreeHookState:
     """The hook's state: the tree schedule, the process group and the one worker thread."""
+
     schedule: TreeSchedule
     group: dist.ProcessGroup | None = None
     # one thread: buckets are reduced one after another, in DDP's order, on every rank

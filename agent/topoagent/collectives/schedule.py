@@ -48,8 +48,9 @@ class ScheduleMismatch(TopoError, RuntimeError):
 
 
 class Tree(BaseModel):
-    """One spanning tree over ranks: its root, its rate and each rank's parent (None at the root).
-    """
+    """One spanning tree over ranks: its root, its rate and each rank's parent (None at the
+    root)."""
+
     model_config = ConfigDict(extra="forbid")
 
     root: int = Field(ge=0)
@@ -82,6 +83,7 @@ class Tree(BaseModel):
 
 class TreeSchedule(BaseModel):
     """The tree schedule file: world size, chunk size and the trees with their rates."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     api_version: Literal[API_VERSION] = Field(default=API_VERSION, alias="apiVersion")

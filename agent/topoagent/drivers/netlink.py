@@ -27,6 +27,7 @@ def u32_handle(minor: int) -> int:
 class NetlinkDriver:
     """The kernel driver: each operation as pyroute2 netlink requests (and /proc/sys writes) in the
     target."""
+
     def __init__(self, target: Target, ipr: IPRoute):
         self.target = target
         self.ipr = ipr

@@ -35,6 +35,7 @@ class OvsDbError(TopoError, RuntimeError):
 @dataclass(frozen=True)
 class PortQos:
     """A port's linux-htb QoS: link rate and (queue id, min-rate, max-rate) per queue."""
+
     max_rate: int  # bit/s
     queues: tuple[tuple[int, int, int], ...]  # (queue id, min-rate, max-rate) bit/s
 
@@ -42,6 +43,7 @@ class PortQos:
 @dataclass(frozen=True)
 class PortConfig:
     """A port of an agent bridge: internal or not, and its QoS."""
+
     internal: bool = False
     qos: PortQos | None = None
 
@@ -49,6 +51,7 @@ class PortConfig:
 @dataclass(frozen=True)
 class BridgeConfig:
     """An agent bridge: datapath type and its ports, sorted by name."""
+
     datapath_type: str
     ports: tuple[tuple[str, PortConfig], ...]  # sorted by name
 

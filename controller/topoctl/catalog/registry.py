@@ -28,6 +28,7 @@ class InputSpec:
 class Entry:
     """One catalog model: its nn.Module class, its input shapes per sample and a one-line
     description."""
+
     name: str
     cls: type[nn.Module]
     inputs: Callable[[dict], list[InputSpec]]

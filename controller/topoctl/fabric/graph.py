@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Port:
     """One cabled NIC of a host: its speed in bit/s and, when known, its MAC."""
+
     host: str
     nic: str
     speed: int  # bit/s

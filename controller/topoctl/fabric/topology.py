@@ -53,6 +53,7 @@ class ArGroup:
 class Cable:
     """One cable between server `a`'s port `a_port` and server `b`'s port `b_port`; `kind` says why
     it exists (ring, mp matching, fill)."""
+
     a: int
     a_port: int
     b: int
@@ -65,6 +66,7 @@ class Cable:
 class Topology:
     """The TopologyFinder's result: ring strides, every cable with its ports, the degree split,
     diameter and mean hop count."""
+
     n: int
     d: int
     strides: list[int]  # physical ring strides (each 2 ports per server)

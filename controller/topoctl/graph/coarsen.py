@@ -55,6 +55,7 @@ from topoctl.graph.ops import OpGraph
 class Node:
     """One coarse node: the fx ops it groups, their forward + backward seconds, parameter and kept-
     activation bytes."""
+
     id: str
     ops: list[str]
     cost: float  # forward + backward seconds
@@ -65,6 +66,7 @@ class Node:
 @dataclass
 class CoarseGraph:
     """A DAG of coarse nodes with the bytes each edge carries."""
+
     nodes: dict[str, Node]
     edges: dict[tuple[str, str], int] = field(default_factory=dict)  # (u, v) -> bytes
 

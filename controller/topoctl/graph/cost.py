@@ -25,6 +25,7 @@ from topoctl.graph.ops import OpGraph
 @dataclass(frozen=True)
 class OpCost:
     """Seconds one op takes forward and backward."""
+
     fwd: float  # seconds
     bwd: float
 

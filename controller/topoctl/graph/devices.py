@@ -12,6 +12,7 @@ from dataclasses import dataclass
 class Device:
     """A device type for the roofline: peak FLOP/s per dtype, memory bandwidth, launch cost,
     efficiency and memory size."""
+
     name: str
     flops: dict[str, float]  # dtype -> peak FLOP/s
     mem_bw: float  # bytes/s

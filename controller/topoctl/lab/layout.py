@@ -29,6 +29,7 @@ from topoctl.spec.cluster import Cluster, parse_port_ref
 @dataclass
 class HostPort:
     """A host's fabric port in the lab: the host-side veth and its wire-namespace end."""
+
     ref: str  # host:nic
     host: str
     nic: str
@@ -74,6 +75,7 @@ class SwitchPort:
 @dataclass
 class Uplink:
     """A shaped leaf-to-spine link between two switch bridges."""
+
     leaf: str
     spine: str
     leaf_end: str  # port of the leaf bridge
@@ -85,6 +87,7 @@ class Uplink:
 @dataclass
 class LabHost:
     """One lab host: its namespace, management address and fabric ports."""
+
     name: str
     ns: str
     mgmt_ip: str  # a.b.c.d (prefix length: Layout.mgmt_net)
@@ -96,6 +99,7 @@ class LabHost:
 class Layout:
     """Everything a lab consists of (namespaces, ports, cables, switches, management network),
     computed from a cluster."""
+
     lab: str
     kind: str  # direct | switched
     mtu: int

@@ -25,6 +25,7 @@ BASE_PORT = 5201
 @dataclass
 class Pair:
     """One measurement: iperf3 from port `src` to port `dst`, expected at the `configured` rate."""
+
     name: str
     src: str  # host:nic
     dst: str
@@ -36,6 +37,7 @@ class Pair:
 class Result:
     """One measurement's outcome: achieved goodput and its ratio to the configured rate (None on
     error)."""
+
     name: str
     src: str
     dst: str

@@ -23,6 +23,7 @@ SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 @dataclass
 class Ovs:
     """One lab host's Open vSwitch: its namespace and run directory (database and sockets)."""
+
     ns: str
     rundir: Path
 

@@ -35,6 +35,7 @@ class PlacementError(TopoError, ValueError):
 class PlacementProblem:
     """A placement problem: nodes in topological order, devices, per-device costs, memory, edges and
     transfer times."""
+
     nodes: list[str]  # topological order
     devices: list[str]
     cost: list[list[float]]  # cost[i][d] seconds

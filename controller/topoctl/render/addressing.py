@@ -24,6 +24,7 @@ class AddressingError(TopoError, ValueError):
 class Addressing:
     """The addresses of a plan: training /32 per host, each port's address, and the subnet of each
     cable or L2 domain."""
+
     training: dict[str, str]  # host -> a.b.c.d (a /32 on lo)
     port: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, nic) -> a.b.c.d/len
     subnets: dict[str, str] = field(default_factory=dict)  # cable "h0:eth0-h1:eth1" / domain

@@ -26,6 +26,7 @@ WARMUP = 2  # iterations left out of the timing (process-group setup, allocator 
 @dataclass
 class RankStats:
     """What one rank reported: its host, seconds per iteration and final parameter checksum."""
+
     host: str
     iterations: list[float] = field(default_factory=list)  # seconds per iteration
     checksum: str | None = None
@@ -43,6 +44,7 @@ class RankStats:
 class RunResult:
     """The outcome of `topoctl run`: exit code, per-rank statistics, duration and the failure, if
     any."""
+
     exit_code: int
     ranks: dict[int, RankStats]
     seconds: float

@@ -37,6 +37,7 @@ from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
 class Event:
     """One host's result in one phase (prepare, apply, rollback, status), with the operations or
     errors."""
+
     host: str
     phase: str  # prepare | apply | rollback | status
     result: str  # in sync | changes | changed | drifted | error | unreachable | rolled back
@@ -52,6 +53,7 @@ class Event:
 @dataclass
 class Report:
     """The outcome of a rollout command: exit code, every host's events and a summary message."""
+
     command: str
     exit_code: int
     events: list[Event]

@@ -20,8 +20,8 @@ def arc_id(u: str, v: str) -> str:
 
 
 def tcp_efficiency(mtu: int) -> float:
-    """TCP goodput over line rate for frames of `mtu` bytes (IP/TCP headers and Ethernet overhead).
-    """
+    """TCP goodput over line rate for frames of `mtu` bytes (IP/TCP headers and Ethernet
+    overhead)."""
     return (mtu - 52) / (mtu + 38)
 
 

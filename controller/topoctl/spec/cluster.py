@@ -144,6 +144,7 @@ PortRef = Annotated[str, BeforeValidator(_port_ref)]
 # --- the schema ----------------------------------------------------------------------------------
 class Gpus(Model):
     """A host's accelerators: how many (ranks) and of which device type."""
+
     count: Annotated[int, Field(ge=0, le=1024)] = 1
     type: str = "cpu"  # `cpu`: cost measured on this CPU; other types look up gpu_types
 
@@ -158,14 +159,16 @@ class GpuType(Model):
 
 class Nic(Model):
     """One NIC of a host: name, MAC and speed (default: defaults.nic_speed)."""
+
     name: NicName
     mac: Mac | None = None
     speed: Rate | None = None  # default: defaults.nic_speed
 
 
 class Host(Model):
-    """One machine: its NICs, GPUs, rack label, management address and whether it runs Open vSwitch.
-    """
+    """One machine: its NICs, GPUs, rack label, management address and whether it runs Open
+    vSwitch."""
+
     name: Name
     gpus: Gpus | None = None  # default: defaults.gpus
     rack: Name | None = None  # a label for planners and reports
@@ -189,8 +192,9 @@ class Inventory(Model):
 
 
 class Defaults(Model):
-    """Values hosts, NICs and cables take when they do not say: GPUs, NIC speed, latency, loss, OVS.
-    """
+    """Values hosts, NICs and cables take when they do not say: GPUs, NIC speed, latency, loss,
+    OVS."""
+
     gpus: Gpus = Field(default_factory=Gpus)
     nic_speed: Rate | None = None
     latency: Duration = 0.0
@@ -252,6 +256,7 @@ class SwitchedFabric(Model):
 
 class Addressing(Model):
     """Address pools: the lab's management subnet, the fabric subnets and the training /32s."""
+
     management: IPv4Net | None = None  # the lab's management subnet (inside 10.232.0.0/16)
     fabric: IPv4Net = DEFAULT_FABRIC_SUBNETS  # planner: one subnet per cable / switch
     training: IPv4Net = DEFAULT_TRAINING_SUBNET  # planner: one /32 per host
@@ -259,6 +264,7 @@ class Addressing(Model):
 
 class Cluster(Model):
     """A validated cluster file: hosts, fabric, GPU types, addressing and inventory."""
+
     model_config = Model.model_config | {"populate_by_name": True}
 
     api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")

@@ -70,6 +70,7 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 
 class InputSpec(Model):
     """One model input per sample: its shape, dtype and (integers) exclusive upper bound."""
+
     shape: list[Annotated[int, Field(ge=1)]]
     dtype: Literal["float32", "float16", "bfloat16", "int64", "int32"] = "float32"
     high: Annotated[int, Field(ge=1)] | None = None
@@ -78,6 +79,7 @@ class InputSpec(Model):
 class ModelSpec(Model):
     """The model: a catalog name with size parameters, or a factory import path with kwargs and
     input shapes."""
+
     catalog: str | None = None
     params: dict[str, int] = Field(default_factory=dict)
     factory: str | None = None
@@ -117,6 +119,7 @@ class ModelSpec(Model):
 
 class BatchSpec(Model):
     """The global batch: samples per iteration over all ranks."""
+
     model_config = Model.model_config | {"populate_by_name": True}
 
     global_: Annotated[int, Field(ge=1, alias="global")]
@@ -135,6 +138,7 @@ class Parallelism(Model):
 
 class SyncSpec(Model):
     """Gradient synchronisation: the AllReduce algorithm and the bucket size in bytes."""
+
     algorithm: str = "ring"
     bucket: Size = 25 * 10**6
 
@@ -164,6 +168,7 @@ class LaunchSpec(Model):
 class Job(Model):
     """A validated job file: model, batch, dtype, parallelism, strategies, sync, cost, hosts,
     forwarding, launch."""
+
     model_config = Model.model_config | {"populate_by_name": True}
 
     api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")

@@ -45,6 +45,7 @@ class StrategyError(TopoError, ValueError):
 class PlanContext:
     """What every strategy starts from: cluster, job, fabric, training hosts and ranks, op graph and
     per-op costs."""
+
     cluster: Cluster
     job: Job
     fabric: FabricGraph

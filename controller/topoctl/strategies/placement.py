@@ -50,6 +50,7 @@ MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 class Candidate:
     """One scored pipeline candidate: stage groups, the placement, ops per stage and the simulated
     strategy."""
+
     groups: list[list[str]]
     placement: Placement
     stages: list[list[str]]  # fx op names per stage, in stage order

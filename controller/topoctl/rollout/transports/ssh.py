@@ -18,6 +18,7 @@ from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv
 
 class SshTransport:
     """The `ssh` transport: one paramiko connection per host, key auth, strict host-key checking."""
+
     name = "ssh"
 
     def __init__(self, addresses: dict[str, str], key: Path, known_hosts: Path | None,
@@ -62,8 +63,8 @@ class SshTransport:
 
     def stream(self, host: str, args: list[str], stdin: str | None,
                on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
-        """Run the agent on `host` over SSH, each output line to on_line(host, line); its exit code.
-        """
+        """Run the agent on `host` over SSH, each output line to on_line(host, line); its exit
+        code."""
         try:
             client = self._client(host)
             chan_in, chan_out, _ = client.exec_command(self._command(host, args),
