@@ -73,8 +73,9 @@ class Strategy:
     bit/s, rendered as QoS classes on the source's egress port and used as caps by the
     simulator; `collective` says how the launcher synchronises gradients.
 
-    `routes`, `rates` and `extra` are kept for the bandwidth and multipath strategy (issue 14):
-    the renderer and simulator honour them, no strategy sets them yet."""
+    `topoopt` sets `routes` (equal-cost multipath) and `extra` (tc-offload forwarding); the
+    `+bandwidth` post-pass sets `extra` (QoS classes, policy-routed multipath, ip_forward); no
+    strategy sets `rates` yet (the renderer and simulator honour it)."""
 
     name: str
     fabric: FabricGraph
