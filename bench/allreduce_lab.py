@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from topoagent.cliutil import ArgumentParser
 from topoctl.collective.trees.bounds import partition_bound
 from topoctl.fabric.capgraph import build_capgraph
 
@@ -113,7 +114,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # usage errors exit 1 (bad input), not argparse's 2 (= changes, README "Exit codes")
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(ap)
     return run(ap.parse_args(argv))
 

@@ -12,7 +12,6 @@ saves it as JSON and a PNG plot next to it, and tears the lab down, also when in
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from topoagent.cliutil import ArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
@@ -106,7 +107,8 @@ def plot(rows: list[dict], optimum: float | None, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # usage errors exit 1 (bad input), not argparse's 2 (= changes, README "Exit codes")
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", default="demo-results")
     ap.add_argument("--strategies", nargs="+")

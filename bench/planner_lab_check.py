@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from topoagent.cliutil import ArgumentParser
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -104,13 +106,16 @@ def check(cluster_file: str, job: dict, iterations: int) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    import argparse
+def cli(argv: list[str] | None = None) -> int:
+    """Parse the command line (usage errors exit 1, README "Exit codes") and run `main`."""
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cluster", help="cluster file")
+    ap.add_argument("job", help="job file")
+    ap.add_argument("iterations", nargs="?", type=int, default=5, help="iterations (5)")
+    ap.add_argument("--strategies", nargs="+", help="strategies to check (default: all)")
+    args = ap.parse_args(argv)
+    return main(args.cluster, args.job, args.iterations, args.strategies)
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("cluster")
-    ap.add_argument("job")
-    ap.add_argument("iterations", nargs="?", type=int, default=5)
-    ap.add_argument("--strategies", nargs="+")
-    a = ap.parse_args()
-    sys.exit(main(a.cluster, a.job, a.iterations, a.strategies))
+
+if __name__ == "__main__":
+    sys.exit(cli())

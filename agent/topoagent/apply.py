@@ -47,6 +47,9 @@ class ApplyError(TopoError, RuntimeError):
 
 @dataclass
 class Result:
+    """What an apply did (or would do): its operations, seconds, whether a dry run, and the probed
+    addresses."""
+
     ops: list[Op]
     seconds: float
     dry_run: bool = False
@@ -54,6 +57,7 @@ class Result:
 
     @property
     def changed(self) -> bool:
+        """Whether there were operations."""
         return bool(self.ops)
 
 

@@ -25,7 +25,7 @@ from topoagent.observe import observe, to_host_state
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state import HostState, StateError, load_yaml, parse_host_state, read_text
 from topoagent.store import DEFAULT_KEEP, Store, StoreBusy
-from topoagent.target import Target, TargetError
+from topoagent.target import Target
 
 
 def _read_state(path: str, allow_empty: bool = False) -> HostState:
@@ -79,6 +79,7 @@ def _emit_ops(args, verb: str, result: Result) -> int:
 
 
 def cmd_show(args, target: Target) -> int:
+    """Print the observed state as HostState YAML (--ovs: only the agent's OVS state); exit 0."""
     obs = observe(target)
     if getattr(args, "ovs", False):  # the agent's Open vSwitch state alone
         from topoagent.ovs import show_ovs
@@ -97,6 +98,7 @@ def cmd_show(args, target: Target) -> int:
 
 
 def cmd_diff(args, target: Target) -> int:
+    """Print the operations that would take the host to FILE; exit 0 none, 2 some."""
     desired = _read_state(args.file, args.allow_empty)
     t0 = time.perf_counter()
     _, ops = plan(target, desired, mgmt=_mgmt(args))
@@ -123,6 +125,8 @@ def recover_at_start(args, target: Target) -> Recovery | None:
 
 
 def cmd_recover(args, target: Target) -> int:
+    """Undo an apply that was killed half-way; exit 0 nothing to recover, 2 undone, 1 problems
+    left."""
     rec = recover_at_start(args, target)
     if args.json:
         print(json.dumps({"ok": rec is None or not rec.problems, "recovered": rec is not None,
@@ -136,6 +140,8 @@ def cmd_recover(args, target: Target) -> int:
 
 
 def cmd_apply(args, target: Target) -> int:
+    """Apply FILE transactionally (--dry-run: only print); exit 0 nothing to do, 2 changes made or
+    pending."""
     desired = _read_state(args.file, args.allow_empty)
     store = _store(args, target)
     mgmt = _mgmt(args)
@@ -146,11 +152,16 @@ def cmd_apply(args, target: Target) -> int:
 
 
 def cmd_rollback(args, target: Target) -> int:
+    """Re-apply the state before the newest and drop the newest; exit 2 rolled back, 0 nothing to
+    roll back."""
     store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         previous = store.previous()
-        if previous is None:
-            raise TargetError(f"nothing to roll back: no applied state in {store.dir}")
+        if previous is None:  # nothing to do is success (protocol: EXIT_OK), said plainly
+            msg = f"nothing to roll back: no earlier applied state in {store.dir}"
+            print(json.dumps({"ok": True, "changes": 0, "dry_run": args.dry_run,
+                              "operations": [], "message": msg}) if args.json else msg)
+            return EXIT_OK
         result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe,
                              mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:
@@ -159,6 +170,7 @@ def cmd_rollback(args, target: Target) -> int:
 
 
 def cmd_launch(args, target: Target) -> int:
+    """Run this host's ranks of the job spec, supervised; the launcher's exit code."""
     from topoagent.launch import launch
     from topoagent.wire import load_launch_spec
 
@@ -167,6 +179,7 @@ def cmd_launch(args, target: Target) -> int:
 
 
 def cmd_stop(args, target: Target) -> int:
+    """Stop the ranks of a running launch; exit 2 when some were stopped, 0 when none ran."""
     from topoagent.launch import stop
 
     n = stop(target.store_dir / "run")
@@ -175,6 +188,8 @@ def cmd_stop(args, target: Target) -> int:
 
 
 def cmd_watch(args, target: Target) -> int:
+    """Run the reconcile loop (--once: one round); exit 0 in sync, 2 drifted or repaired, 1
+    error."""
     from topoagent.watch import watch
 
     rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,
@@ -190,6 +205,7 @@ def cmd_watch(args, target: Target) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The topo-agent argument parser with every verb."""
     p = ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
     p.add_argument("--netns", help="act inside this network namespace")
     p.add_argument("--state-dir", type=Path,

@@ -23,6 +23,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with usage errors on EXIT_ERROR (bad input), not argparse's 2 (= changes)."""
 
     def error(self, message: str):
+        """Print the usage and the error, exit EXIT_ERROR (1)."""
         self.print_usage(sys.stderr)
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 

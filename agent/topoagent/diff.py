@@ -50,6 +50,8 @@ def tc_offload_available() -> bool:
 
 
 def desired_sysctls(desired: HostState) -> dict[str, str]:
+    """sysctl path -> value the desired state sets (ip_forward also when `forwarding` is
+    present)."""
     out: dict[str, str] = {}
     forward = desired.sysctl.ip_forward
     if desired.forwarding is not None and forward is None:

@@ -45,6 +45,8 @@ class SimulatedCrash(TopoError):
 
 
 class JournalError(TopoError):
+    """A journal that cannot be read or names an unknown operation."""
+
     pass
 
 
@@ -85,11 +87,13 @@ def _dec(v: Any) -> Any:
 
 
 def op_to_json(op: Op) -> dict:
+    """An operation as a JSON-ready dict (its class name and fields)."""
     return {"op": type(op).__name__,
             **{f.name: _enc(getattr(op, f.name)) for f in dataclasses.fields(op)}}
 
 
 def op_from_json(d: dict) -> Op:
+    """The operation `op_to_json` wrote; JournalError for an unknown operation."""
     for module in _OP_MODULES:
         cls = getattr(module, d["op"], None)
         if isinstance(cls, type) and issubclass(cls, Op):
@@ -116,6 +120,7 @@ class Journal:
         self._n = 0
 
     def begin(self, before: Observed, history_len: int | None = None) -> None:
+        """Write and fsync the header (the host as it was) before the first change."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         header = {
             "journal": 1, "pid": os.getpid(), "started": time.time(),
@@ -163,11 +168,15 @@ def crash_point(k: int) -> None:
 # --- recovery ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Recovery:
+    """What recovering an interrupted apply did: when it started, operations undone, problems
+    left."""
+
     started: float
     undone: int
     problems: list[str]
 
     def describe(self) -> str:
+        """One line saying what the recovery undid and what problems remain."""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.started))
         text = (f"recovered an apply interrupted at {when} UTC: {self.undone} operations undone")
         if self.problems:
@@ -176,6 +185,7 @@ class Recovery:
 
 
 def pending(root: Path) -> bool:
+    """Whether an unfinished apply left a journal under `root`."""
     return (Path(root) / JOURNAL).exists()
 
 

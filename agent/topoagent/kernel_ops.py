@@ -28,42 +28,80 @@ class Driver(Protocol):
 
     target: Target
 
-    def set_sysctl(self, path: str, value: str) -> None: ...
-    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None: ...
-    def add_address(self, dev: str, address: str, proto: int) -> None: ...
-    def del_address(self, dev: str, address: str) -> None: ...
-    def set_route(self, route: Route, proto: int) -> None: ...
-    def del_route(self, route: Route, proto: int) -> None: ...
-    def add_rule(self, rule: Rule, proto: int) -> None: ...
-    def del_rule(self, rule: Rule, proto: int) -> None: ...
-    def add_qdisc(self, dev: str, rate: int) -> None: ...
-    def set_root_rate(self, dev: str, rate: int) -> None: ...
-    def del_qdisc(self, dev: str) -> None: ...
-    def set_class(self, dev: str, cls: QosClass) -> None: ...
-    def del_class(self, dev: str, minor: int) -> None: ...
-    def add_filter(self, dev: str, minor: int, dst: str) -> None: ...
-    def del_filter(self, dev: str, minor: int) -> None: ...
+    def set_sysctl(self, path: str, value: str) -> None:
+        """Write `value` to /proc/sys/`path`."""
+
+    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None:
+        """Set `dev`'s MTU and/or up state (None: unchanged)."""
+
+    def add_address(self, dev: str, address: str, proto: int) -> None:
+        """Add `address` (a.b.c.d/len) to `dev` with protocol `proto`."""
+
+    def del_address(self, dev: str, address: str) -> None:
+        """Remove `address` from `dev`."""
+
+    def set_route(self, route: Route, proto: int) -> None:
+        """Create or replace `route` with protocol `proto`."""
+
+    def del_route(self, route: Route, proto: int) -> None:
+        """Delete `route`."""
+
+    def add_rule(self, rule: Rule, proto: int) -> None:
+        """Add policy rule `rule` with protocol `proto`."""
+
+    def del_rule(self, rule: Rule, proto: int) -> None:
+        """Delete policy rule `rule`."""
+
+    def add_qdisc(self, dev: str, rate: int) -> None:
+        """Add the agent's HTB root on `dev` with a root class at `rate`."""
+
+    def set_root_rate(self, dev: str, rate: int) -> None:
+        """Change the root class rate on `dev`."""
+
+    def del_qdisc(self, dev: str) -> None:
+        """Delete the agent's root qdisc on `dev`."""
+
+    def set_class(self, dev: str, cls: QosClass) -> None:
+        """Create or replace HTB class `cls` on `dev`."""
+
+    def del_class(self, dev: str, minor: int) -> None:
+        """Delete HTB class `minor` on `dev`."""
+
+    def add_filter(self, dev: str, minor: int, dst: str) -> None:
+        """Add the u32 filter for `dst` to class `minor` on `dev`."""
+
+    def del_filter(self, dev: str, minor: int) -> None:
+        """Delete the u32 filter of class `minor` on `dev`."""
 
 
 @dataclass(frozen=True)
 class Op:
+    """A typed kernel operation: `apply` runs it through a driver, `inverse` undoes it, `describe`
+    says it."""
+
     phase: ClassVar[str]
 
     def apply(self, drv: Driver) -> None:
+        """Perform the operation through `drv`."""
         raise NotImplementedError
 
     def inverse(self) -> Op:
+        """The operation that undoes this one (it carries the values it restores)."""
         raise NotImplementedError
 
     def describe(self) -> str:
+        """The operation as one human-readable line."""
         raise NotImplementedError
 
     def to_dict(self) -> dict:
+        """The operation as JSON-ready data: class, phase and description."""
         return {"op": type(self).__name__, "phase": self.phase, "what": self.describe()}
 
 
 @dataclass(frozen=True)
 class SetSysctl(Op):
+    """Write a sysctl under /proc/sys/net (`old` is the value the inverse restores)."""
+
     phase: ClassVar[str] = "sysctl"
     path: str
     value: str
@@ -81,6 +119,8 @@ class SetSysctl(Op):
 
 @dataclass(frozen=True)
 class SetLink(Op):
+    """Set a link's MTU and/or up/down state (the old values are kept for the inverse)."""
+
     dev: str
     mtu: int | None
     up: bool | None
@@ -89,6 +129,7 @@ class SetLink(Op):
 
     @property
     def phase(self) -> str:  # type: ignore[override]
+        """`link-down` when the link goes down (late in the order), else `link`."""
         return "link-down" if self.up is False else "link"
 
     def apply(self, drv: Driver) -> None:
@@ -109,6 +150,8 @@ class SetLink(Op):
 
 @dataclass(frozen=True)
 class AddAddress(Op):
+    """Add an address to a link with the agent's protocol mark."""
+
     phase: ClassVar[str] = "addr-add"
     dev: str
     address: str
@@ -126,6 +169,8 @@ class AddAddress(Op):
 
 @dataclass(frozen=True)
 class DelAddress(Op):
+    """Remove an address from a link."""
+
     phase: ClassVar[str] = "addr-del"
     dev: str
     address: str
@@ -142,6 +187,7 @@ class DelAddress(Op):
 
 
 def route_text(r: Route) -> str:
+    """A route as `ip route` would print it."""
     hops = " ".join(
         "nexthop" * bool(r.nexthops) + (f" via {h.via}" if h.via else "")
         + (f" dev {h.dev}" if h.dev else "") + (f" weight {h.weight}" if r.nexthops else "")
@@ -178,6 +224,8 @@ class SetRoute(Op):
 
 @dataclass(frozen=True)
 class DelRoute(Op):
+    """Delete a route (the inverse puts it back with its protocol)."""
+
     phase: ClassVar[str] = "route-del"
     route: Route
     proto: int = RT_PROTO
@@ -193,6 +241,7 @@ class DelRoute(Op):
 
 
 def rule_text(r: Rule) -> str:
+    """A policy rule as `ip rule` would print it."""
     parts = [f"priority {r.priority}", f"from {r.from_ or 'all'}"]
     if r.to:
         parts.append(f"to {r.to}")
@@ -208,6 +257,8 @@ def rule_text(r: Rule) -> str:
 
 @dataclass(frozen=True)
 class AddRule(Op):
+    """Add a policy rule with the agent's protocol mark."""
+
     phase: ClassVar[str] = "rule-add"
     rule: Rule
     proto: int = RT_PROTO
@@ -224,6 +275,8 @@ class AddRule(Op):
 
 @dataclass(frozen=True)
 class DelRule(Op):
+    """Delete a policy rule."""
+
     phase: ClassVar[str] = "rule-del"
     rule: Rule
     proto: int = RT_PROTO
@@ -258,6 +311,8 @@ class AddQdisc(Op):
 
 @dataclass(frozen=True)
 class SetRootRate(Op):
+    """Change the rate of the agent's HTB root class on a device."""
+
     phase: ClassVar[str] = "qdisc-set"
     dev: str
     rate: int
@@ -295,6 +350,8 @@ class DelQdisc(Op):
 
 @dataclass(frozen=True)
 class RestoreQdisc(Op):
+    """Recreate a deleted agent HTB tree (root rate and classes): the inverse of deleting it."""
+
     phase: ClassVar[str] = "qdisc-set"
     dev: str
     rate: int
@@ -314,12 +371,15 @@ class RestoreQdisc(Op):
 
 
 def class_text(dev: str, c: QosClass) -> str:
+    """An HTB class as text: device, id, destination, rate and ceiling."""
     return (f"dev {dev} class {c.id} to {c.dst} rate {format_rate(c.rate)} "
             f"ceil {format_rate(c.ceil or c.rate)}")
 
 
 @dataclass(frozen=True)
 class SetClass(Op):
+    """Create or change an HTB class (`old`: the class it replaces, for the inverse)."""
+
     phase: ClassVar[str] = "class-set"
     dev: str
     cls: QosClass
@@ -339,6 +399,8 @@ class SetClass(Op):
 
 @dataclass(frozen=True)
 class DelClass(Op):
+    """Delete an HTB class."""
+
     phase: ClassVar[str] = "class-del"
     dev: str
     cls: QosClass
@@ -355,6 +417,8 @@ class DelClass(Op):
 
 @dataclass(frozen=True)
 class AddFilter(Op):
+    """Add the u32 filter sending traffic for `dst` to class `minor`."""
+
     phase: ClassVar[str] = "filter-add"
     dev: str
     minor: int
@@ -372,6 +436,8 @@ class AddFilter(Op):
 
 @dataclass(frozen=True)
 class DelFilter(Op):
+    """Delete the u32 filter of class `minor`."""
+
     phase: ClassVar[str] = "filter-del"
     dev: str
     minor: int

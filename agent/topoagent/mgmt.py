@@ -24,16 +24,20 @@ from topoagent.state import StateError
 
 @dataclass(frozen=True)
 class Mgmt:
+    """The management connection: the operator's address and the host address it connected to."""
+
     client: str  # the operator's address, as the host sees it
     server: str  # the host's address the operator connected to
 
     @classmethod
     def from_env(cls) -> Mgmt | None:
+        """The connection from $SSH_CONNECTION, or None when not run over SSH."""
         parts = os.environ.get("SSH_CONNECTION", "").split()
         return cls(client=parts[0], server=parts[2]) if len(parts) == 4 else None
 
     @classmethod
     def parse(cls, text: str) -> Mgmt:
+        """The connection from `CLIENT_IP,SERVER_IP` (--mgmt); StateError when malformed."""
         client, _, server = text.partition(",")
         try:
             return cls(str(ipaddress.IPv4Address(client)), str(ipaddress.IPv4Address(server)))

@@ -47,6 +47,8 @@ FRA_EXOTIC = {FRA_GOTO, FRA_FLOW, FRA_TUN_ID, FRA_L3MDEV, FRA_UID_RANGE, FRA_IP_
 
 @dataclass
 class RawRoute:
+    """An IPv4 route as dumped by rtnetlink (table, destination, metric, protocol, next hops)."""
+
     table: int
     dst: str  # a.b.c.d/len
     metric: int
@@ -60,6 +62,8 @@ class RawRoute:
 
 @dataclass
 class RawRule:
+    """An IPv4 policy rule as dumped by rtnetlink."""
+
     priority: int
     action: int
     table: int
@@ -136,6 +140,7 @@ def _ip(b: bytes) -> str:
 
 
 def dump_routes(sock: socket.socket) -> list[RawRoute]:
+    """Every IPv4 route in every table, read with one rtnetlink dump."""
     out = []
     for head, a in _dump(sock, RTM_GETROUTE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
         family, dst_len, _, _, table, proto, _, rtype, _ = head
@@ -164,6 +169,8 @@ def dump_routes(sock: socket.socket) -> list[RawRoute]:
 
 @dataclass
 class RawLink:
+    """A link as dumped by rtnetlink: index, name, MAC, MTU, state."""
+
     index: int
     name: str
     mac: str | None
@@ -172,6 +179,7 @@ class RawLink:
 
 
 def dump_links(sock: socket.socket) -> list[RawLink]:
+    """Every link of the namespace, read with one rtnetlink dump."""
     out = []
     for head, a in _dump(sock, RTM_GETLINK, IFINFOMSG, socket.AF_UNSPEC, 0, 0, 0, 0):
         _, _, index, flags, _ = head
@@ -204,6 +212,7 @@ def _name(a: dict[int, bytes], key: int) -> str | None:
 
 
 def dump_rules(sock: socket.socket) -> list[RawRule]:
+    """Every IPv4 policy rule, read with one rtnetlink dump."""
     out = []
     for head, a in _dump(sock, RTM_GETRULE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
         family, dst_len, src_len, tos, table, _, _, action, _ = head

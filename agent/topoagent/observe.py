@@ -55,11 +55,14 @@ IP_FORWARD = "net/ipv4/ip_forward"
 
 
 def rp_filter_path(dev: str) -> str:
+    """The sysctl path (under /proc/sys) of `dev`'s rp_filter."""
     return f"net/ipv4/conf/{dev}/rp_filter"
 
 
 @dataclass
 class ObsLink:
+    """An observed link: index, name, MAC, MTU and state."""
+
     index: int
     name: str
     mac: str | None
@@ -69,6 +72,8 @@ class ObsLink:
 
 @dataclass
 class ObsRoute:
+    """An observed route with its protocol (the agent's mark or another owner's)."""
+
     route: Route
     proto: int
 
@@ -106,6 +111,9 @@ class ObsQos:
 
 @dataclass
 class Observed:
+    """A snapshot of the host: links, addresses, routes, rules, sysctls, QoS trees and OVS, with
+    ownership marks."""
+
     links: dict[str, ObsLink] = field(default_factory=dict)
     addresses: dict[str, dict[str, int]] = field(default_factory=dict)  # dev -> {a/len: proto}
     routes: dict[tuple, ObsRoute] = field(default_factory=dict)  # (table, dst, metric) -> route
@@ -116,10 +124,12 @@ class Observed:
     ovs: Any = None  # topoagent.ovs.ObsOvs when an ovsdb-server answers, else None
 
     def owned_rules(self) -> list[ObsRule]:
+        """The policy rules carrying the agent's protocol mark."""
         return [r for r in self.rules if r.proto == RT_PROTO and r.rule is not None]
 
 
 def observe(target: Target) -> Observed:
+    """Read the target's network state (rtnetlink dumps, /proc/sys, OVS when configured)."""
     obs = Observed()
     sock = open_in(target.inside)
     try:

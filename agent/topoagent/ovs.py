@@ -53,6 +53,7 @@ def _queues(state) -> dict[str, list]:
 
 
 def desired_db(state) -> DbConfig:
+    """The OVSDB configuration the desired state asks for: bridges, ports and QoS queues."""
     cfg = DbConfig()
     if state.ovs is None:
         return cfg
@@ -119,6 +120,9 @@ def desired_filters(state) -> dict[str, frozenset[tuple[str, str]]]:
 # --- observed ----------------------------------------------------------------------------------
 @dataclass
 class ObsOvs:
+    """The observed Open vSwitch state: the database snapshot, the agent's flows and groups, the tc
+    filters."""
+
     db: str
     snap: DbSnapshot
     openflow: dict[str, tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
@@ -131,6 +135,7 @@ def _tc(target, *args: str) -> list[str]:
 
 
 def read_filters(target, dev: str) -> frozenset[tuple[str, str]]:
+    """The agent's u32 filters on the HTB qdisc OVS made on `dev`, as (destination, class) pairs."""
     p = subprocess.run(_tc(target, "-j", "filter", "show", "dev", dev, "parent", OVS_HTB),
                        capture_output=True, text=True, timeout=30)
     if p.returncode != 0 or not p.stdout.strip():
@@ -175,6 +180,8 @@ def observe_ovs(target) -> ObsOvs | None:
 
 # --- check and diff ----------------------------------------------------------------------------
 def check_ovs(desired, ovs_obs: ObsOvs | None, db: str) -> list[tuple[str, str]]:
+    """Problems (YAML path, message) that make the `ovs` section impossible on this host (e.g. no
+    ovsdb-server)."""
     if desired.ovs is None:
         return []
     if ovs_obs is None:
@@ -200,6 +207,7 @@ def internal_ports(desired) -> set[str]:
 
 
 def diff_ovs(desired, ovs_obs: ObsOvs | None) -> list[Op]:
+    """Operations taking the agent's OVS bridges, QoS, flows and filters to the desired state."""
     if ovs_obs is None:
         return []
     ops: list[Op] = []
@@ -244,6 +252,7 @@ class OvsDbWrite(Op):
 
     @property
     def phase(self) -> str:  # type: ignore[override]
+        """When the write runs: bridges only going away after addresses and routes, else first."""
         # only bridges going away: after the addresses and routes on their internal ports
         gone = set(self.old.bridges) - set(self.new.bridges)
         same = all(self.old.bridges.get(b) == c for b, c in self.new.bridges.items())
@@ -283,6 +292,8 @@ class OvsDbWrite(Op):
 
 @dataclass(frozen=True, eq=False)
 class OvsFlows(Op):
+    """Replace the agent's flows and groups on one bridge in one OpenFlow bundle."""
+
     phase: ClassVar[str] = "ovs-flows"
     db: str
     bridge: str

@@ -83,6 +83,8 @@ class OvsFlow(Model):
 
 
 class OvsBridge(Model):
+    """A bridge the agent owns: datapath type, attached ports and internal ports."""
+
     name: Port
     datapath_type: Literal["system", "netdev"] = "system"
     ports: list[Port] = Field(default_factory=list)
@@ -109,6 +111,8 @@ class OvsBridge(Model):
 
 
 class OvsState(Model):
+    """The HostState `ovs` section: the bridges the agent owns."""
+
     bridges: list[OvsBridge] = Field(default_factory=list)
 
     def port_bridge(self) -> dict[str, str]:

@@ -34,6 +34,8 @@ def _emit(**event) -> None:
 
 
 class PipelineSpecError(ValueError):
+    """The plan's pipeline collective does not match the model (unknown ops, bad stages)."""
+
     pass
 
 
@@ -117,9 +119,11 @@ class Stage:
         self.output = next(n for n in nodes if n.op == "output")
 
     def incoming(self) -> list[str]:
+        """Names of the values this stage receives from the previous one."""
         return self.cross.get(self.s - 1, [])
 
     def outgoing(self) -> list[str]:
+        """Names of the values this stage sends to the next one."""
         return self.cross.get(self.s, [])
 
 
@@ -134,6 +138,7 @@ def _templates(stage: Stage, names: list[str]) -> list:
 
 
 def main(job: dict) -> int:
+    """Run this rank's pipeline stage for the job's iterations (GPipe schedule); the exit code."""
     import torch
     import torch.distributed as dist
     from torch import fx

@@ -43,6 +43,7 @@ class TopoError(Exception):
 
     @property
     def path(self) -> str:
+        """The YAML path of the first problem ('' when none)."""
         return self.problems[0][0] if self.problems else ""
 
     def at(self, source: str) -> TopoError:

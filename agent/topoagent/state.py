@@ -126,6 +126,7 @@ def parse_rate(v: Any) -> int:
 
 
 def format_rate(bits: int) -> str:
+    """bit/s in tc's spelling with the largest exact unit (`100mbit`, `1500kbit`)."""
     for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
         if bits % scale == 0:
             return f"{bits // scale}{unit}"
@@ -172,11 +173,15 @@ class Interface(_Model):
 
 
 class Sysctl(_Model):
+    """The sysctls the agent manages: ip_forward and rp_filter per interface."""
+
     ip_forward: bool | None = None
     rp_filter: dict[IfName, Annotated[int, Field(ge=0, le=2)]] = Field(default_factory=dict)
 
 
 class Nexthop(_Model):
+    """One next hop of a multipath route: gateway, device and weight."""
+
     via: IPv4 | None = None
     dev: IfName | None = None
     weight: Annotated[int, Field(ge=1, le=256)] = 1
@@ -214,6 +219,7 @@ class Route(_Model):
 
     @property
     def key(self) -> tuple[int, str, int]:
+        """(table, dst, metric): what identifies a route in the kernel."""
         return (self.table, self.dst, self.metric)
 
     def hops(self) -> list[Nexthop]:
@@ -325,6 +331,9 @@ class Forwarding(_Model):
 
 
 class HostState(_Model):
+    """The whole desired network state of one host: interfaces, sysctls, routes, rules, QoS,
+    forwarding, OVS."""
+
     interfaces: list[Interface] = Field(default_factory=list)
     sysctl: Sysctl = Field(default_factory=Sysctl)
     routes: list[Route] = Field(default_factory=list)
@@ -345,9 +354,11 @@ class HostState(_Model):
         return self
 
     def to_dict(self) -> dict:
+        """The state as plain data (aliases, no unset values)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
 
     def to_yaml(self) -> str:
+        """The state as HostState YAML text."""
         return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False,
                          default_flow_style=False)
 

@@ -40,6 +40,9 @@ DEFAULT_KEEP = 20
 
 
 class Store:
+    """The history of applied states of one target, with a lock so one apply or rollback runs at a
+    time."""
+
     def __init__(self, root: Path, keep: int = DEFAULT_KEEP):
         self.root = Path(root)
         self.dir = self.root / "history"
@@ -69,6 +72,7 @@ class Store:
         return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].json")) if self.dir.exists() else []
 
     def last_applied(self) -> HostState | None:
+        """The newest applied state, or None when nothing was applied."""
         files = self._files()
         return _load(files[-1]) if len(files) > 1 else None
 
@@ -82,6 +86,7 @@ class Store:
         return with_baseline(_load(files[-2]), _load(files[0]))
 
     def history_len(self) -> int:
+        """Number of history files, the baseline included."""
         return len(self._files())
 
     def _write(self, n: int, text: str) -> None:
@@ -111,6 +116,7 @@ class Store:
             self._write(0, _text(merged))
 
     def push(self, desired: HostState) -> None:
+        """Append `desired` to the history (not again when it is the newest) and prune."""
         files = self._files()
         if not files:
             self.save_baseline(HostState())
@@ -128,6 +134,7 @@ class Store:
             f.unlink()
 
     def pop(self) -> None:
+        """Drop the newest applied state (never the baseline)."""
         files = self._files()
         if len(files) > 1:
             files[-1].unlink()

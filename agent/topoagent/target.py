@@ -26,15 +26,20 @@ class TargetError(TopoError, RuntimeError):
 
 @dataclass(frozen=True)
 class Target:
+    """Where the agent acts: this host or one of its network namespaces, with its state directory
+    and ovsdb-server."""
+
     netns: str | None = None
     state_dir: Path | None = None  # where last-applied state is kept; default per target
     ovsdb: str | None = None  # ovsdb-server to use (default: $TOPO_OVSDB, else the system's)
 
     @property
     def ovs_db(self) -> str:
+        """The ovsdb-server remote: --ovsdb, else $TOPO_OVSDB, else the system socket."""
         return self.ovsdb or os.environ.get("TOPO_OVSDB") or "unix:/run/openvswitch/db.sock"
 
     def check(self) -> None:
+        """TargetError when the named namespace does not exist."""
         if self.netns is not None and not (NETNS_RUN_DIR / self.netns).exists():
             raise TargetError(f"no such network namespace: {self.netns}")
 
@@ -93,6 +98,7 @@ class Target:
             os.close(fd)
 
     def read_sysctl(self, path: str) -> str | None:
+        """A /proc/sys/net value as seen in the target (None when absent)."""
         with self.inside():
             try:
                 return Path("/proc/sys", path).read_text().strip()
@@ -100,6 +106,7 @@ class Target:
                 return None
 
     def write_sysctl(self, path: str, value: str) -> None:
+        """Write a /proc/sys/net value in the target."""
         with self.inside():
             Path("/proc/sys", path).write_text(value)
 

@@ -51,6 +51,7 @@ def _inputs(specs: list[dict], batch: int, gen):
 
 
 def checksum(model) -> str:
+    """SHA-256 of the model's parameters (ranks compare it after training)."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().contiguous().cpu().numpy().tobytes())
@@ -58,6 +59,7 @@ def checksum(model) -> str:
 
 
 def main() -> int:
+    """Train under the plan's job spec (DDP over gloo, or the pipeline runtime); the exit code."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP

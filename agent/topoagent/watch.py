@@ -39,6 +39,7 @@ class Round:
 
     @property
     def exit_code(self) -> int:
+        """The round's exit code: 0 in sync or idle, 2 drifted or repaired, 1 error."""
         if self.status == "error":
             return EXIT_ERROR
         return EXIT_CHANGES if self.status in ("drifted", "repaired") else EXIT_OK
@@ -65,6 +66,7 @@ def check_once(target: Target, store: Store, *, repair: bool = False,
 
 
 def write_status(path: Path, rnd: Round, rounds: int) -> None:
+    """Write the round's status JSON to `path` atomically."""
     doc = {"status": rnd.status, "time": round(time.time(), 3), "rounds": rounds,
            "drift": rnd.drift, "repaired": rnd.repaired, "error": rnd.error}
     path.parent.mkdir(parents=True, exist_ok=True)

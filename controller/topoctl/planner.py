@@ -31,6 +31,8 @@ PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data paral
 
 @dataclass
 class Evaluated:
+    """A strategy with its simulated iteration and the planner time it took."""
+
     strategy: Strategy
     result: SimResult
     seconds: float  # planner time spent on it
@@ -153,6 +155,8 @@ def make_plan(cluster: Cluster, job: Job, use_cache: bool = True) -> tuple[dict,
 
 
 def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
+    """The plan document for the `best` strategy (addresses, HostStates, cabling, launch spec,
+    prediction and bound); ClusterError when addresses do not fit."""
     s, res = best.strategy, best.result
     try:
         addr = assign(s.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)

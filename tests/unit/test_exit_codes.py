@@ -162,3 +162,64 @@ def test_agent_success_codes(make_netns, tmp_path, capsys):
     assert agent("rollback", "--no-probe") == EXIT_CHANGES
     assert agent("stop") == EXIT_OK  # no ranks running
     capsys.readouterr()
+
+
+def test_agent_rollback_with_nothing_to_roll_back_is_success(tmp_path, capsys):
+    """No earlier applied state: nothing to do, exit 0 with a message (not an error)."""
+    base = ["--state-dir", str(tmp_path / "state")]
+    assert agent_cli.main([*base, "rollback"]) == EXIT_OK
+    assert "nothing to roll back" in capsys.readouterr().out
+    assert agent_cli.main([*base, "--json", "rollback", "--dry-run"]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["changes"] == 0 and "nothing to roll back" in doc["message"]
+
+
+class _FakeTransport:
+    """Answers every agent call with a fixed exit code per host."""
+
+    name = "fake"
+
+    def __init__(self, rcs: dict[str, int]):
+        self.rcs = rcs
+
+    def agent(self, host, args, stdin=None, timeout=120.0):
+        from topoctl.rollout.transports import AgentReply
+
+        return AgentReply(host, self.rcs[host], json.dumps({"ok": True, "operations": []}), "")
+
+
+def test_topoctl_rollback_exit_codes():
+    from topoctl.rollout import twophase
+
+    plan = {"hosts": {"h0": {}, "h1": {}}}
+    assert twophase.rollback(plan, _FakeTransport({"h0": 0, "h1": 0})).exit_code == EXIT_OK
+    rep = twophase.rollback(plan, _FakeTransport({"h0": 2, "h1": 0}))
+    assert rep.exit_code == EXIT_CHANGES and "1 of 2" in rep.message
+    assert twophase.rollback(plan, _FakeTransport({"h0": 2, "h1": 1})).exit_code == EXIT_ERROR
+
+
+def test_bench_passes_the_program_exit_code_on(tmp_path, monkeypatch, capsys):
+    import topoctl.cli.bench as bench
+
+    (tmp_path / "five.py").write_text("import sys\nprint(sys.argv[1:])\nsys.exit(5)\n")
+    monkeypatch.setattr(bench, "bench_dir", lambda: tmp_path)
+    monkeypatch.setitem(bench.BENCHES, "demo", ("five.py", "exits 5"))
+    assert topoctl_cli.main(["bench", "demo", "--any", "x"]) == 5
+
+
+@pytest.mark.parametrize("name", ["demo", "allreduce", "lab-check"])
+def test_bench_usage_errors_exit_1(name, capfd):
+    """A bench program's usage error is bad input (1), not argparse's 2 (= changes)."""
+    assert topoctl_cli.main(["bench", name, "--bad"]) == EXIT_ERROR
+    err = capfd.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_demo_finds_its_cluster_and_job():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "demo.py"
+    spec = importlib.util.spec_from_file_location("bench_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.CLUSTER.is_file() and demo.JOB.is_file()

@@ -56,6 +56,7 @@ def _sys_busy() -> tuple[float, float]:
 
 
 def main() -> None:
+    """Run one benchmark rank (--rank, --world, --master) and print its timings as JSON lines."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)

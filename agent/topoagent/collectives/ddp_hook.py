@@ -29,6 +29,8 @@ ENV_SCHEDULE = "TOPO_TREE_SCHEDULE"
 
 @dataclass
 class TreeHookState:
+    """The hook's state: the tree schedule, the process group and the one worker thread."""
+
     schedule: TreeSchedule
     group: dist.ProcessGroup | None = None
     # one thread: buckets are reduced one after another, in DDP's order, on every rank
@@ -40,6 +42,8 @@ class TreeHookState:
 def tree_allreduce_hook(
     state: TreeHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: average `bucket` over all ranks with the tree schedule; a future of the averaged
+    buffer."""
     buf = bucket.buffer()
     fut: torch.futures.Future = torch.futures.Future()
 

@@ -48,6 +48,9 @@ class ScheduleMismatch(TopoError, RuntimeError):
 
 
 class Tree(BaseModel):
+    """One spanning tree over ranks: its root, its rate and each rank's parent (None at the
+    root)."""
+
     model_config = ConfigDict(extra="forbid")
 
     root: int = Field(ge=0)
@@ -63,9 +66,11 @@ class Tree(BaseModel):
         return v
 
     def children(self, rank: int) -> list[int]:
+        """The ranks whose parent is `rank`."""
         return [c for c, p in enumerate(self.parents) if p == rank]
 
     def height(self) -> int:
+        """Edges on the longest path from a rank to the root."""
         depth = 0
         for r in range(len(self.parents)):
             d, cur = 0, r
@@ -77,6 +82,8 @@ class Tree(BaseModel):
 
 
 class TreeSchedule(BaseModel):
+    """The tree schedule file: world size, chunk size and the trees with their rates."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     api_version: Literal[API_VERSION] = Field(default=API_VERSION, alias="apiVersion")
@@ -117,10 +124,12 @@ class TreeSchedule(BaseModel):
 
     @property
     def fractions(self) -> list[float]:
+        """Each tree's share of the data (rate over total rate)."""
         total = sum(t.rate for t in self.trees)
         return [t.rate / total for t in self.trees]
 
     def dump(self) -> dict[str, Any]:
+        """The schedule as file data (aliases, no unset values)."""
         return self.model_dump(by_alias=True, exclude_none=True)
 
 

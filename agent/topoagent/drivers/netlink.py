@@ -25,12 +25,16 @@ def u32_handle(minor: int) -> int:
 
 
 class NetlinkDriver:
+    """The kernel driver: each operation as pyroute2 netlink requests (and /proc/sys writes) in the
+    target."""
+
     def __init__(self, target: Target, ipr: IPRoute):
         self.target = target
         self.ipr = ipr
         self._index: dict[str, int] = {}
 
     def index(self, dev: str) -> int:
+        """The ifindex of `dev` (cached); LookupError when there is no such link."""
         if dev not in self._index:
             found = self.ipr.link_lookup(ifname=dev)
             if not found:
@@ -40,9 +44,11 @@ class NetlinkDriver:
 
     # --- sysctl and links -------------------------------------------------------------------------
     def set_sysctl(self, path: str, value: str) -> None:
+        """Write a /proc/sys value in the target."""
         self.target.write_sysctl(path, value)
 
     def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None:
+        """Set a link's MTU and/or state."""
         kw: dict = {}
         if mtu is not None:
             kw["mtu"] = mtu
@@ -52,6 +58,7 @@ class NetlinkDriver:
 
     # --- addresses --------------------------------------------------------------------------------
     def add_address(self, dev: str, address: str, proto: int) -> None:
+        """Add an address with protocol mark `proto`."""
         iface = ipaddress.IPv4Interface(address)
         self.ipr.addr("add", index=self.index(dev), address=str(iface.ip),
                       prefixlen=iface.network.prefixlen, proto=proto)
@@ -95,9 +102,11 @@ class NetlinkDriver:
         return kw
 
     def set_route(self, route: Route, proto: int) -> None:
+        """Create or replace a route with protocol `proto`."""
         self.ipr.route("replace", proto=proto, **self._route_args(route))
 
     def del_route(self, route: Route, proto: int) -> None:
+        """Delete a route."""
         # scope NOWHERE is the kernel's wildcard (as `ip route del` sends); the key and the
         # protocol select the route
         self.ipr.route("del", dst=route.dst, table=route.table, priority=route.metric,
@@ -120,13 +129,16 @@ class NetlinkDriver:
         return kw
 
     def add_rule(self, rule: Rule, proto: int) -> None:
+        """Add a policy rule with protocol `proto`."""
         self.ipr.rule("add", **self._rule_args(rule, proto))
 
     def del_rule(self, rule: Rule, proto: int) -> None:
+        """Delete a policy rule."""
         self.ipr.rule("del", **self._rule_args(rule, proto))
 
     # --- per-destination QoS: HTB + u32 ------------------------------------------------------
     def add_qdisc(self, dev: str, rate: int) -> None:
+        """Add the agent's HTB root qdisc and root class at `rate`."""
         idx = self.index(dev)
         # default 0: unclassified traffic bypasses the classes (not throttled by the plan)
         self.ipr.tc("add", "htb", index=idx, handle=TC_MAJOR << 16, default=0)
@@ -134,22 +146,27 @@ class NetlinkDriver:
                     parent=TC_MAJOR << 16, rate=rate // 8, ceil=rate // 8)
 
     def set_root_rate(self, dev: str, rate: int) -> None:
+        """Change the rate of the agent's HTB root class."""
         self.ipr.tc("replace-class", "htb", index=self.index(dev), handle=(TC_MAJOR << 16) | 1,
                     parent=TC_MAJOR << 16, rate=rate // 8, ceil=rate // 8)
 
     def del_qdisc(self, dev: str) -> None:
+        """Delete the agent's root qdisc (its classes and filters with it)."""
         self.ipr.tc("del", index=self.index(dev), handle=TC_MAJOR << 16, parent=0xFFFFFFFF)
 
     def set_class(self, dev: str, cls: QosClass) -> None:
+        """Create or replace an HTB class."""
         self.ipr.tc("replace-class", "htb", index=self.index(dev),
                     handle=(TC_MAJOR << 16) | cls.id, parent=(TC_MAJOR << 16) | 1,
                     rate=cls.rate // 8, ceil=(cls.ceil or cls.rate) // 8)
 
     def del_class(self, dev: str, minor: int) -> None:
+        """Delete an HTB class."""
         self.ipr.tc("del-class", index=self.index(dev), handle=(TC_MAJOR << 16) | minor,
                     parent=(TC_MAJOR << 16) | 1)
 
     def add_filter(self, dev: str, minor: int, dst: str) -> None:
+        """Add the u32 filter sending packets for `dst` to class `minor`."""
         net = ipaddress.IPv4Network(dst)
         key = f"0x{int(net.network_address):08x}/0x{int(net.netmask):08x}+16"
         self.ipr.tc("add-filter", "u32", index=self.index(dev), parent=TC_MAJOR << 16,
@@ -157,6 +174,7 @@ class NetlinkDriver:
                     target=(TC_MAJOR << 16) | minor, keys=[key])
 
     def del_filter(self, dev: str, minor: int) -> None:
+        """Delete the u32 filter of class `minor`."""
         self.ipr.tc("del-filter", "u32", index=self.index(dev), parent=TC_MAJOR << 16,
                     prio=U32_PRIO, protocol=ETH_P_IP, handle=u32_handle(minor),
                     target=(TC_MAJOR << 16) | minor, keys=[])  # pyroute2 insists on both

@@ -29,6 +29,7 @@ def _run(args: list[str], input_file: str | None = None) -> str:
 
 
 def mgmt(rundir: str, bridge: str) -> str:
+    """The OpenFlow management socket of `bridge` in `rundir`."""
     return f"unix:{rundir}/{bridge}.mgmt"
 
 

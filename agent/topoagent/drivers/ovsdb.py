@@ -34,22 +34,29 @@ class OvsDbError(TopoError, RuntimeError):
 
 @dataclass(frozen=True)
 class PortQos:
+    """A port's linux-htb QoS: link rate and (queue id, min-rate, max-rate) per queue."""
+
     max_rate: int  # bit/s
     queues: tuple[tuple[int, int, int], ...]  # (queue id, min-rate, max-rate) bit/s
 
 
 @dataclass(frozen=True)
 class PortConfig:
+    """A port of an agent bridge: internal or not, and its QoS."""
+
     internal: bool = False
     qos: PortQos | None = None
 
 
 @dataclass(frozen=True)
 class BridgeConfig:
+    """An agent bridge: datapath type and its ports, sorted by name."""
+
     datapath_type: str
     ports: tuple[tuple[str, PortConfig], ...]  # sorted by name
 
     def port_map(self) -> dict[str, PortConfig]:
+        """Port name -> its configuration."""
         return dict(self.ports)
 
 
@@ -71,6 +78,7 @@ class DbSnapshot:
 
 
 def socket_path(db: str) -> str | None:
+    """The file of a `unix:PATH` OVSDB remote, None for other remotes."""
     return db[len("unix:"):] if db.startswith("unix:") else None
 
 
@@ -84,6 +92,7 @@ def rundir(db: str) -> str:
 
 
 def reachable(db: str) -> bool:
+    """Whether the OVSDB remote may answer (for unix sockets: the socket file exists)."""
     path = socket_path(db)
     return os.path.exists(path) if path else True
 
@@ -118,6 +127,7 @@ class OvsDb:
         self._sync()
 
     def close(self) -> None:
+        """Close the IDL connection."""
         self.idl.close()
 
     def _block(self) -> None:
@@ -138,10 +148,12 @@ class OvsDb:
             self._block()
 
     def rows(self, table: str) -> list:
+        """Every row of `table` in the IDL's replica."""
         return list(self.idl.tables[table].rows.values())
 
     # --- read ------------------------------------------------------------------------------------
     def snapshot(self) -> DbSnapshot:
+        """The agent's bridges, ports and QoS as a DbConfig, plus what others own."""
         cfg = DbConfig()
         all_bridges, all_ports = {}, {}
         for br in self.rows("Bridge"):

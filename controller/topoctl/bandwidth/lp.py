@@ -54,9 +54,11 @@ class Allocation:
     time: float = 0.0
 
     def total(self, pair: Pair) -> float:
+        """The pair's total rate over all its paths (bytes/s; 0 for an unknown pair)."""
         return sum(r for _, r in self.rates.get(pair, []))
 
     def link_load(self) -> dict[str, float]:
+        """Link id -> the sum of the rates of the paths through it (bytes/s)."""
         out: dict[str, float] = {}
         for lst in self.rates.values():
             for path, r in lst:

@@ -17,6 +17,8 @@ def _mlp(widths: list[int], last_relu: bool = False) -> nn.Sequential:
 
 
 class MLP(nn.Module):
+    """A multi-layer perceptron: `layers` hidden layers of `hidden` units with ReLU."""
+
     def __init__(self, layers: int = 4, hidden: int = 1024, features: int = 784,
                  classes: int = 10):
         super().__init__()

@@ -26,6 +26,9 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class Entry:
+    """One catalog model: its nn.Module class, its input shapes per sample and a one-line
+    description."""
+
     name: str
     cls: type[nn.Module]
     inputs: Callable[[dict], list[InputSpec]]
@@ -33,6 +36,7 @@ class Entry:
 
     @property
     def defaults(self) -> dict:
+        """The model's default size parameters (its constructor's keyword defaults)."""
         sig = inspect.signature(self.cls.__init__)
         return {k: p.default for k, p in sig.parameters.items() if k != "self"}
 
@@ -76,6 +80,8 @@ def build_model(name: str, params: dict, device: str | torch.device = "cpu") -> 
 
 def make_inputs(specs: list[InputSpec], batch: int,
                 device: str | torch.device = "cpu") -> tuple[torch.Tensor, ...]:
+    """Random tensors for `specs` with a leading batch dimension (floats ~ N(0, 1), integers below
+    `high`)."""
     out = []
     for s in specs:
         shape = (batch, *s.shape)
@@ -89,5 +95,7 @@ def make_inputs(specs: list[InputSpec], batch: int,
 
 def example_inputs(name: str, params: dict, batch: int,
                    device: str | torch.device = "cpu") -> tuple[torch.Tensor, ...]:
+    """Example inputs of catalog model `name` with `params` (defaults filled in) for `batch`
+    samples."""
     full = resolve_params(name, params)
     return make_inputs(ENTRIES[name].inputs(full), batch, device)

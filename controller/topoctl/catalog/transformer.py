@@ -42,6 +42,8 @@ class _Layer(nn.Module):
 
 
 class BertEncoder(nn.Module):
+    """BERT-style encoder: embeddings, `layers` Transformer blocks and an untied output head."""
+
     def __init__(self, layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 0,
                  seq: int = 128, vocab: int = 30522):
         super().__init__()

@@ -59,6 +59,8 @@ class _Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
+    """ResNet-18/34 (basic blocks) or -50/101/152 (bottlenecks), `width` channels in the stem."""
+
     def __init__(self, depth: int = 50, width: int = 64, classes: int = 1000, image: int = 224):
         super().__init__()
         if depth not in _RESNET_BLOCKS:
@@ -81,6 +83,8 @@ class ResNet(nn.Module):
 
 
 class VGG(nn.Module):
+    """VGG-11/13/16/19: 3x3 convolutions with max-pooling, then two `hidden`-wide dense layers."""
+
     def __init__(self, depth: int = 16, width: int = 64, classes: int = 1000, image: int = 224,
                  hidden: int = 4096):
         super().__init__()

@@ -166,6 +166,7 @@ def add_transport_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `apply`, `diff`, `status` and `rollback` verbs to the topoctl parser."""
     helps = {"apply": "make every host match the plan (all or nothing)",
              "diff": "show what apply would change on each host",
              "status": "per host: in sync, drifted (with the drift) or unreachable",

@@ -2,7 +2,8 @@
 
 Benchmarks are programs, not library: they live in `bench/` beside the package (the project is
 installed editable from its checkout) and print their own tables. This verb only finds the
-program, runs it with this interpreter and passes its exit code on."""
+program, runs it with this interpreter and passes its exit code on (128 + N when signal N killed
+it); the programs follow the README's exit codes, usage errors included (1, not argparse's 2)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def bench_dir() -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl bench NAME [ARGS...]`, one sub-verb per entry of `BENCHES`."""
     p = sub.add_parser("bench", help="run a benchmark program from bench/ (predicted vs measured)")
     group = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, (_, help_) in BENCHES.items():
@@ -36,9 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the benchmark program with this interpreter; returns its exit code (1 when not found)."""
     program = bench_dir() / BENCHES[args.bench][0]
     if not program.is_file():
         print(f"topoctl bench: {program} not found: benchmarks run from a source checkout",
               file=sys.stderr)
         return 1
-    return subprocess.call([sys.executable, str(program), *args.args])
+    rc = subprocess.call([sys.executable, str(program), *args.args])
+    return 128 - rc if rc < 0 else rc  # killed by signal N: the shell's 128 + N

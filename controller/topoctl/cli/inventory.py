@@ -83,10 +83,12 @@ def _document(cluster: Cluster, hosts: dict[str, dict], common: dict) -> dict:
 
 
 def inventory_text(doc: dict) -> str:
+    """The inventory document as YAML text with a header comment."""
     return f"# topoctl inventory: Ansible YAML inventory\n{yaml.safe_dump(doc, sort_keys=False)}"
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write the inventory of a cluster file or a lab; exit 0, or a TopoError for bad input."""
     try:
         if args.lab:
             from topoctl.lab.lab import Lab
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl inventory` to the topoctl parser."""
     text = "write an Ansible inventory for the cluster's hosts (or a lab's)"
     p = sub.add_parser("inventory", help=text, description=text)
     p.add_argument("cluster", nargs="?", help="cluster.yaml (hosts need an address)")

@@ -22,6 +22,7 @@ from topoctl.spec.cluster_load import load_cluster
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl lab` and its subcommands (up, down, status, measure, cut, heal, ...)."""
     p = sub.add_parser("lab", help="build and drive a cluster of namespaces on this machine",
                        description=__doc__.split("\n")[0])
     lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND")

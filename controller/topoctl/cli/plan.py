@@ -88,6 +88,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl plan` and `topoctl explain` to the topoctl parser."""
     p = sub.add_parser("plan", help="compute a plan for a job on a cluster")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("job", help="job.yaml")

@@ -49,6 +49,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl run` and `topoctl stop` to the topoctl parser."""
     p = sub.add_parser("run", help="train under the plan on every host, supervised")
     add_transport_args(p)
     p.add_argument("--iterations", type=int, default=10)

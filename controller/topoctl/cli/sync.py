@@ -24,6 +24,7 @@ from topoctl.fabric.capgraph import FabricError, build_capgraph, read_edges
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl sync` to the topoctl parser."""
     p = sub.add_parser(
         "sync",
         help="pack spanning trees for AllReduce over a capacitated fabric",

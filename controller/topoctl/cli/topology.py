@@ -22,6 +22,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl topology` to the topoctl parser."""
     p = sub.add_parser("topology", help="the direct-connect topology TopoOpt picks for n "
                                         "servers with d ports (strides, links, diameter)")
     p.add_argument("--hosts", "-n", type=int, required=True, help="servers (n)")
@@ -34,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
+    """Print (or with --json, dump) the TopologyFinder's cabling for --hosts and --degree; exit 0,
+    or 1 on bad input."""
     from topoctl.fabric.topology import ArGroup, find_topology
     from topoctl.fabric.totient import geometric_strides, score
 

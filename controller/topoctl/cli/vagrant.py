@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write the cluster's Vagrantfile (cabled as --plan says, if given); exit 0, or a TopoError."""
     try:
         cluster = load_cluster(args.cluster)
         if args.plan:
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add `topoctl vagrant` to the topoctl parser."""
     text = "write a libvirt Vagrantfile: one VM per host, cables as UDP tunnels"
     p = sub.add_parser("vagrant", help=text, description=text)
     p.add_argument("cluster", help="cluster.yaml")

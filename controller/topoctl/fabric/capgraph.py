@@ -44,10 +44,12 @@ class CapGraph:
 
     @property
     def n(self) -> int:
+        """Number of nodes (workers and switches)."""
         return len(self.nodes)
 
     @property
     def m(self) -> int:
+        """Number of links (parallel links merged)."""
         return int(self.u.shape[0])
 
     @property

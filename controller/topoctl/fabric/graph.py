@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Port:
+    """One cabled NIC of a host: its speed in bit/s and, when known, its MAC."""
+
     host: str
     nic: str
     speed: int  # bit/s
@@ -24,6 +26,7 @@ class Port:
 
     @property
     def ref(self) -> str:
+        """The port as `host:nic`."""
         return f"{self.host}:{self.nic}"
 
 
@@ -56,11 +59,13 @@ class FabricGraph:
     _adj: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
+        """The fabric as plain JSON-ready data."""
         d = asdict(self)
         d.pop("_adj")
         return d
 
     def neighbours(self, node: str) -> list[tuple[str, FabricLink]]:
+        """(neighbour, link) for every link at `node` (adjacency built on first use)."""
         if not self._adj:
             for ln in self.links:
                 self._adj.setdefault(ln.a, []).append((ln.b, ln))
@@ -114,4 +119,5 @@ def fabric_graph(c: Cluster) -> FabricGraph:
 
 
 def pick(v: float | None, default: float) -> float:
+    """`v`, or `default` when `v` is None."""
     return default if v is None else v

@@ -51,6 +51,9 @@ class ArGroup:
 
 @dataclass(frozen=True)
 class Cable:
+    """One cable between server `a`'s port `a_port` and server `b`'s port `b_port`; `kind` says why
+    it exists (ring, mp matching, fill)."""
+
     a: int
     a_port: int
     b: int
@@ -61,6 +64,9 @@ class Cable:
 
 @dataclass
 class Topology:
+    """The TopologyFinder's result: ring strides, every cable with its ports, the degree split,
+    diameter and mean hop count."""
+
     n: int
     d: int
     strides: list[int]  # physical ring strides (each 2 ports per server)
@@ -74,6 +80,7 @@ class Topology:
     volumes: dict[str, float] = field(default_factory=dict)
 
     def adjacency(self) -> list[list[int]]:
+        """Per server, the servers it is cabled to (once per cable)."""
         adj: list[list[int]] = [[] for _ in range(self.n)]
         for c in self.cables:
             adj[c.a].append(c.b)
@@ -81,6 +88,7 @@ class Topology:
         return adj
 
     def to_dict(self) -> dict:
+        """The topology as plain data (strides, rings, degrees, cables, diameter, mean hops)."""
         return {"n": self.n, "d": self.d, "strides": self.strides,
                 "rings": {str(g): s for g, s in self.ring_groups.items()},
                 "allreduce_degree": self.allreduce_degree, "mp_degree": self.mp_degree,

@@ -89,6 +89,9 @@ def circulant_distances(n: int, strides: Sequence[int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class StrideScore:
+    """How good a stride set is: diameter, mean hop count and traffic-weighted mean hop count of its
+    circulant graph."""
+
     strides: tuple[int, ...]
     diameter: int  # -1 if disconnected
     mean_hops: float  # uniform over all ordered pairs of distinct servers

@@ -15,10 +15,13 @@ from topoctl.graph.cost import OpCost
 
 
 def cache_dir() -> Path:
+    """The profile cache directory: $TOPOCTL_CACHE/profiles, default ~/.cache/topoctl/profiles."""
     return Path(os.environ.get("TOPOCTL_CACHE", Path.home() / ".cache" / "topoctl")) / "profiles"
 
 
 def profile_key(model: str, params: dict, batch: int, dtype: str) -> str:
+    """A short hash of everything a measured profile depends on (model, sizes, batch, dtype, torch,
+    CPU, threads)."""
     ident = json.dumps({"model": model, "params": params, "batch": batch, "dtype": dtype,
                         "torch": torch.__version__, "cpu": platform.processor() or
                         platform.machine(), "threads": torch.get_num_threads()}, sort_keys=True)
@@ -26,6 +29,7 @@ def profile_key(model: str, params: dict, batch: int, dtype: str) -> str:
 
 
 def load(key: str) -> dict[str, OpCost] | None:
+    """The cached per-op costs under `key`, or None when absent or unreadable."""
     p = cache_dir() / f"{key}.json"
     try:
         data = json.loads(p.read_text())
@@ -35,6 +39,7 @@ def load(key: str) -> dict[str, OpCost] | None:
 
 
 def store(key: str, costs: dict[str, OpCost]) -> None:
+    """Write per-op costs under `key` atomically (a temporary file renamed over it)."""
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{key}.{os.getpid()}.tmp"

@@ -183,6 +183,8 @@ def capture_catalog(name: str, params: dict, batch: int, dtype: str = "float32",
 
 def capture_factory(path: str, specs: list[InputSpec], batch: int, dtype: str = "float32",
                     device: str = "meta", kwargs: dict | None = None) -> OpGraph:
+    """Capture the module a `pkg.module:callable` factory returns (called with `kwargs`) at `batch`
+    samples; CaptureError when it is no nn.Module or cannot be traced."""
     fn = load_factory(path)
     with torch.device(device):
         model = fn(**(kwargs or {}))

@@ -3,7 +3,8 @@ groups: the algebraic transformation of the thesis "Joint optimization of algebr
 transformation, device placement, and network bandwidth allocation for distributed DNN
 training" (iterative operator fusion and co-location).
 
-Kept for the placement strategy (issue 13): no planner path uses it yet; tests cover it.
+Used by the `placement` and `pipeline` strategies (`topoctl.strategies.placement`) before the
+placement search, and by `bench/placement_search.py`.
 
 `coarsen`: contract edges (u, v) to a fixpoint when u has one successor and v one predecessor
 (a pure chain), or u is cheap (< alpha) and has one successor, or v is cheap and has one
@@ -52,6 +53,9 @@ from topoctl.graph.ops import OpGraph
 
 @dataclass
 class Node:
+    """One coarse node: the fx ops it groups, their forward + backward seconds, parameter and kept-
+    activation bytes."""
+
     id: str
     ops: list[str]
     cost: float  # forward + backward seconds
@@ -61,22 +65,27 @@ class Node:
 
 @dataclass
 class CoarseGraph:
+    """A DAG of coarse nodes with the bytes each edge carries."""
+
     nodes: dict[str, Node]
     edges: dict[tuple[str, str], int] = field(default_factory=dict)  # (u, v) -> bytes
 
     def succ(self) -> dict[str, set[str]]:
+        """Node -> its successors."""
         out: dict[str, set[str]] = {n: set() for n in self.nodes}
         for u, v in self.edges:
             out[u].add(v)
         return out
 
     def pred(self) -> dict[str, set[str]]:
+        """Node -> its predecessors."""
         out: dict[str, set[str]] = {n: set() for n in self.nodes}
         for u, v in self.edges:
             out[v].add(u)
         return out
 
     def topological(self) -> list[str]:
+        """The nodes in a topological order (ValueError when the graph has a cycle)."""
         pred = {n: len(p) for n, p in self.pred().items()}
         succ = self.succ()
         ready = [n for n in self.nodes if pred[n] == 0]
@@ -94,6 +103,8 @@ class CoarseGraph:
 
 
 def from_opgraph(graph: OpGraph, costs: dict[str, OpCost]) -> CoarseGraph:
+    """The op graph as an uncoarsened CoarseGraph: one node per op, costs from `costs`, edges with
+    their bytes."""
     nodes = {o.name: Node(o.name, [o.name], costs[o.name].fwd + costs[o.name].bwd, o.param_bytes,
                           0 if o.is_view else o.out_bytes)
              for o in graph.ops}
@@ -273,6 +284,7 @@ class CoarsenStats:
     gamma: float
 
     def to_dict(self) -> dict:
+        """The statistics as a plain dict (for the plan's metadata)."""
         return dict(self.__dict__)
 
 

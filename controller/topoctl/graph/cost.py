@@ -24,11 +24,14 @@ from topoctl.graph.ops import OpGraph
 
 @dataclass(frozen=True)
 class OpCost:
+    """Seconds one op takes forward and backward."""
+
     fwd: float  # seconds
     bwd: float
 
 
 def roofline_costs(graph: OpGraph, device: Device, dtype: str = "float32") -> dict[str, OpCost]:
+    """Per-op forward/backward seconds on `device` by the roofline model (views cost nothing)."""
     peak = device.peak(dtype) * device.efficiency
     bw = device.mem_bw * device.efficiency
     out = {}
@@ -85,4 +88,5 @@ def scale_costs(costs: dict[str, OpCost], factor: float) -> dict[str, OpCost]:
 
 
 def totals(costs: dict[str, OpCost]) -> tuple[float, float]:
+    """(total forward seconds, total backward seconds) of `costs`."""
     return sum(c.fwd for c in costs.values()), sum(c.bwd for c in costs.values())

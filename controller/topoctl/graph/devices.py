@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Device:
+    """A device type for the roofline: peak FLOP/s per dtype, memory bandwidth, launch cost,
+    efficiency and memory size."""
+
     name: str
     flops: dict[str, float]  # dtype -> peak FLOP/s
     mem_bw: float  # bytes/s
@@ -18,6 +21,7 @@ class Device:
     memory: float = 80e9  # bytes the device holds (placement's memory limit)
 
     def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for `dtype` (fp32's when the dtype is not listed)."""
         return self.flops.get(dtype, self.flops["float32"])
 
 

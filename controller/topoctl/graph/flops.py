@@ -16,6 +16,7 @@ NO_FLOPS = {"embedding", "embeddingbag", "cat", "stack", "getitem", "triu_indice
 
 
 def numel(shape: tuple[int, ...]) -> int:
+    """Number of elements of a tensor of `shape` (1 for a scalar)."""
     return math.prod(shape) if shape else 1
 
 
@@ -39,6 +40,8 @@ def forward_flops(kind: str, out_shape: tuple[int, ...], in_shapes: list[tuple[i
 
 
 def backward_flops(fwd: float, has_params: bool, needs_input_grad: bool = True) -> float:
+    """Backward FLOPs from forward FLOPs: 2x for ops with parameters (input and weight gradients),
+    1x otherwise."""
     if has_params:
         return fwd * (2.0 if needs_input_grad else 1.0)
     return fwd

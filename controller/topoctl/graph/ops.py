@@ -27,6 +27,7 @@ class Op:
 
     @property
     def is_view(self) -> bool:
+        """Whether the op only reshapes or views memory (no compute, no new activation)."""
         return self.kind in VIEW_KINDS
 
 
@@ -46,17 +47,21 @@ class OpGraph:
 
     @property
     def flops(self) -> float:
+        """Forward FLOPs of the whole graph per rank and iteration."""
         return sum(o.flops for o in self.ops)
 
     @property
     def bwd_flops(self) -> float:
+        """Backward FLOPs of the whole graph."""
         return sum(o.bwd_flops for o in self.ops)
 
     @property
     def param_bytes(self) -> int:
+        """Bytes of all parameters (= the gradient bytes an AllReduce carries)."""
         return sum(o.param_bytes for o in self.ops)
 
     def by_name(self) -> dict[str, Op]:
+        """Op name -> op."""
         return {o.name: o for o in self.ops}
 
     def edges(self) -> list[tuple[str, str, int]]:
@@ -74,6 +79,7 @@ class OpGraph:
         return out
 
     def to_dict(self) -> dict:
+        """The graph as JSON-ready data (`from_dict` reads it back)."""
         return {"model": self.model, "batch": self.batch, "dtype_bytes": self.dtype_bytes,
                 "ops": [o.__dict__ | {"inputs": list(o.inputs), "out_shape": list(o.out_shape),
                                       "params": [list(p) for p in o.params]}
@@ -81,6 +87,7 @@ class OpGraph:
 
     @classmethod
     def from_dict(cls, d: dict) -> OpGraph:
+        """The graph `to_dict` wrote."""
         ops = [Op(**(o | {"inputs": tuple(o["inputs"]), "out_shape": tuple(o["out_shape"]),
                           "params": tuple(tuple(p) for p in o["params"])}))
                for o in d["ops"]]

@@ -33,6 +33,7 @@ def job_graph(job, batch: int) -> OpGraph:
 
 
 def device_table(cluster) -> dict[str, Device]:
+    """The built-in device types with the cluster's `gpu_types` merged over them."""
     out = dict(DEVICES)
     for name, t in cluster.gpu_types.items():
         flops = dict.fromkeys(("float32", "float16", "bfloat16"), t.peak_flops)

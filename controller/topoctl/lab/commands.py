@@ -70,11 +70,13 @@ def wire_ip_batch(layout: Layout) -> list[str]:
 
 
 def cabled_ends(layout: Layout) -> list[str]:
+    """Every wire-namespace end of a cable or switch port of the layout."""
     ends = [e for c in layout.cables for e in (c.a_end, c.b_end)]
     return ends + [s.end for s in layout.switch_ports]
 
 
 def ends_state(layout: Layout, up: bool, ends: list[str] | None = None) -> list[str]:
+    """`ip -batch` lines setting the given wire ends (default: all cabled ends) up or down."""
     state = "up" if up else "down"
     return [f"link set {e} {state}" for e in (cabled_ends(layout) if ends is None else ends)]
 
@@ -104,27 +106,33 @@ def redirect(src: str, dst: str) -> list[str]:
 
 
 def unwire(dev: str) -> list[str]:
+    """`tc -batch` lines removing the shaping and redirect of one wire end."""
     return [f"qdisc del dev {dev} root", f"qdisc del dev {dev} clsact"]
 
 
 def cable_tc(c: Cable, mtu: int, netem: bool) -> list[str]:
+    """`tc -batch` lines shaping both ends of a cable and redirecting each end's traffic to the
+    other."""
     return (shape(c.a_end, c.rate, mtu, c.latency, c.loss, netem)
             + shape(c.b_end, c.rate, mtu, c.latency, c.loss, netem)
             + redirect(c.a_end, c.b_end) + redirect(c.b_end, c.a_end))
 
 
 def switch_port_tc(s: SwitchPort, mtu: int, netem: bool) -> list[str]:
+    """`tc -batch` lines shaping a switch port's two ends and redirecting between them."""
     return (shape(s.end, s.rate, mtu, s.latency, s.loss, netem)
             + shape(s.shaped, s.rate, mtu, s.latency, s.loss, netem)
             + redirect(s.end, s.shaped) + redirect(s.shaped, s.end))
 
 
 def uplink_tc(u: Uplink, mtu: int, netem: bool) -> list[str]:
+    """`tc -batch` lines shaping both ends of a leaf-spine uplink."""
     return (shape(u.leaf_end, u.rate, mtu, u.latency, 0.0, netem)
             + shape(u.spine_end, u.rate, mtu, u.latency, 0.0, netem))
 
 
 def wire_tc_batch(layout: Layout, netem: bool) -> list[str]:
+    """All `tc -batch` lines of the wire namespace: cables, switch ports and uplinks."""
     out: list[str] = []
     for c in layout.cables:
         out += cable_tc(c, layout.mtu, netem)

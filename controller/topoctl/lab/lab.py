@@ -30,6 +30,7 @@ DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 
 
 def state_root(root: str | Path | None = None) -> Path:
+    """Where labs keep their state: `root`, else $TOPOCTL_LAB_DIR, else /var/lib/topoctl/labs."""
     return Path(root or os.environ.get("TOPOCTL_LAB_DIR") or DEFAULT_STATE_ROOT)
 
 
@@ -44,12 +45,15 @@ class Lab:
 
     @property
     def name(self) -> str:
+        """The lab's name."""
         return self.layout.lab
 
     def netns(self, host: str) -> str:
+        """The namespace of `host`."""
         return self.layout.host(host).ns
 
     def mgmt_ip(self, host: str) -> str:
+        """The management address of `host`."""
         return self.layout.host(host).mgmt_ip
 
     def exec(self, host: str, argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
@@ -65,14 +69,17 @@ class Lab:
 
     @property
     def ssh_key(self) -> Path:
+        """The lab's SSH private key (accepted by every host's sshd)."""
         return self.state_dir / "ssh" / "id_ed25519"
 
     @property
     def known_hosts(self) -> Path:
+        """The lab's known_hosts file with every host's key."""
         return self.state_dir / "ssh" / "known_hosts"
 
     @property
     def inventory(self) -> Path:
+        """The lab's Ansible inventory file."""
         return self.state_dir / "inventory.ini"
 
     def ovs(self, host: str) -> ovs.Ovs:
@@ -82,6 +89,8 @@ class Lab:
         return ovs.Ovs(self.netns(host), self.state_dir / "ovs" / host)
 
     def ovs_start(self, host: str) -> ovs.Ovs:
+        """Start Open vSwitch inside `host` (checksum offload off on its wire ends); the running
+        Ovs."""
         o = ovs.start(self.netns(host), self.state_dir / "ovs" / host)
         # the userspace datapath reads frames through AF_PACKET: a TCP segment whose checksum
         # the sending veth left to offload arrives broken, so the wire ends facing this host's
@@ -99,6 +108,7 @@ class Lab:
         return self.ovs(host).db
 
     def save(self) -> None:
+        """Write lab.json (cluster, layout, netem) atomically into the state directory."""
         data = {"lab": self.name, "netem": self.netem, "cluster": self.cluster.to_dict(),
                 "layout": self.layout.to_dict()}
         tmp = self.state_dir / "lab.json.tmp"
@@ -107,6 +117,7 @@ class Lab:
 
     @classmethod
     def load(cls, name: str, root: str | Path | None = None) -> Lab:
+        """The lab `name` from its state directory; LabError when there is no such lab."""
         d = state_root(root) / names.check_lab_name(name)
         try:
             data = json.loads((d / "lab.json").read_text())
@@ -333,6 +344,7 @@ def _alive(pid: int) -> bool:
 
 
 def load_measurements(lab: Lab) -> dict[str, dict]:
+    """The lab's last `lab measure` results by cable ({} when never measured)."""
     try:
         return json.loads((lab.state_dir / "measure.json").read_text())
     except (OSError, ValueError):

@@ -28,6 +28,8 @@ from topoctl.spec.cluster import Cluster, parse_port_ref
 
 @dataclass
 class HostPort:
+    """A host's fabric port in the lab: the host-side veth and its wire-namespace end."""
+
     ref: str  # host:nic
     host: str
     nic: str
@@ -51,6 +53,7 @@ class Cable:
 
     @property
     def name(self) -> str:
+        """The cable as `a--b`."""
         return f"{self.a}--{self.b}"
 
 
@@ -71,6 +74,8 @@ class SwitchPort:
 
 @dataclass
 class Uplink:
+    """A shaped leaf-to-spine link between two switch bridges."""
+
     leaf: str
     spine: str
     leaf_end: str  # port of the leaf bridge
@@ -81,6 +86,8 @@ class Uplink:
 
 @dataclass
 class LabHost:
+    """One lab host: its namespace, management address and fabric ports."""
+
     name: str
     ns: str
     mgmt_ip: str  # a.b.c.d (prefix length: Layout.mgmt_net)
@@ -90,6 +97,9 @@ class LabHost:
 
 @dataclass
 class Layout:
+    """Everything a lab consists of (namespaces, ports, cables, switches, management network),
+    computed from a cluster."""
+
     lab: str
     kind: str  # direct | switched
     mtu: int
@@ -103,10 +113,12 @@ class Layout:
     uplinks: list[Uplink] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The layout as plain data (`from_dict` reads it back)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Layout:
+        """The layout `to_dict` wrote."""
         d = dict(d)
         d["hosts"] = [LabHost(**{**h, "ports": [HostPort(**p) for p in h["ports"]]})
                       for h in d["hosts"]]
@@ -116,15 +128,18 @@ class Layout:
         return cls(**d)
 
     def host(self, name: str) -> LabHost:
+        """The lab host named `name` (KeyError when absent)."""
         for h in self.hosts:
             if h.name == name:
                 return h
         raise KeyError(f"no host {name} in lab {self.lab}")
 
     def ports(self) -> dict[str, HostPort]:
+        """`host:nic` -> port, over every host."""
         return {p.ref: p for h in self.hosts for p in h.ports}
 
     def prefixlen(self) -> int:
+        """Prefix length of the management network."""
         return ipaddress.IPv4Network(self.mgmt_net).prefixlen
 
 
@@ -137,6 +152,8 @@ def mgmt_block_size(hosts: int) -> int:
 
 
 def build_layout(cluster: Cluster, lab: str, mgmt_net: str) -> Layout:
+    """The layout of lab `lab` for `cluster` with management addresses from `mgmt_net`; ValueError
+    when it does not fit."""
     names.check_lab_name(lab)
     net = ipaddress.IPv4Network(mgmt_net)
     if net.num_addresses - 3 < len(cluster.hosts):

@@ -24,6 +24,8 @@ BASE_PORT = 5201
 
 @dataclass
 class Pair:
+    """One measurement: iperf3 from port `src` to port `dst`, expected at the `configured` rate."""
+
     name: str
     src: str  # host:nic
     dst: str
@@ -33,6 +35,9 @@ class Pair:
 
 @dataclass
 class Result:
+    """One measurement's outcome: achieved goodput and its ratio to the configured rate (None on
+    error)."""
+
     name: str
     src: str
     dst: str
@@ -68,6 +73,8 @@ def _addrs(k: int) -> tuple[str, str]:
 
 
 def measure_pair(lab: Lab, p: Pair, k: int, seconds: float) -> Result:
+    """Measure one pair with iperf3 for `seconds` over temporary /30 addresses (index `k`), removed
+    afterwards."""
     src_h, src_nic = p.src.split(":")
     dst_h, dst_nic = p.dst.split(":")
     sns, dns = lab.netns(src_h), lab.netns(dst_h)

@@ -17,6 +17,8 @@ IFNAMSIZ = 15
 
 
 def check_lab_name(name: str) -> str:
+    """`name` if it is a valid lab name (1-9 lowercase letters/digits, a letter first); ValueError
+    otherwise."""
     if not LAB_NAME.match(name or ""):
         raise ValueError(f"lab name {name!r}: 1-9 lowercase letters/digits, starting with a letter")
     return name
@@ -28,14 +30,17 @@ def prefix(lab: str) -> str:
 
 
 def host_ns(lab: str, host: str) -> str:
+    """The namespace of `host` in lab `lab`."""
     return f"tp-{lab}-h-{host}"
 
 
 def wire_ns(lab: str) -> str:
+    """The lab's wire namespace (the patch panel)."""
     return f"tp-{lab}-wire"
 
 
 def mgmt_bridge(lab: str) -> str:
+    """The lab's management bridge in the root namespace."""
     return f"tp-{lab}-br"
 
 
@@ -68,6 +73,7 @@ def switch_port(index: int) -> tuple[str, str]:
 
 
 def switch_bridge(index: int) -> str:
+    """The bridge name of switch number `index` (inside the wire namespace)."""
     return f"s{index}"
 
 

@@ -24,6 +24,7 @@ class LabError(TopoError, RuntimeError):
 
 def run(cmd: list[str], check: bool = True, input: str | None = None,
         timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run `cmd`; its CompletedProcess, or LabError with its output when it fails and `check`."""
     p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise LabError(f"{' '.join(cmd)}: {(p.stderr or p.stdout).strip()}")
@@ -54,16 +55,19 @@ def _batch_error(stderr: str, lines: list[str]) -> str:
 
 
 def ip_json(*args: str, ns: str | None = None) -> list:
+    """`ip -j ARGS` (in namespace `ns`) parsed as JSON."""
     out = run(["ip"] + (["-n", ns] if ns else []) + ["-j", *args]).stdout
     return json.loads(out) if out.strip() else []
 
 
 def tc_json(*args: str, ns: str | None = None) -> list:
+    """`tc -j ARGS` (in namespace `ns`) parsed as JSON."""
     out = run(["tc"] + (["-n", ns] if ns else []) + ["-j", *args]).stdout
     return json.loads(out) if out.strip() else []
 
 
 def list_netns(prefix: str = "") -> list[str]:
+    """Named network namespaces starting with `prefix`, sorted."""
     try:
         return sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(prefix))
     except FileNotFoundError:
@@ -71,6 +75,7 @@ def list_netns(prefix: str = "") -> list[str]:
 
 
 def root_links(prefix: str) -> list[str]:
+    """Root-namespace links whose names start with `prefix`."""
     return [ln["ifname"] for ln in ip_json("link", "show") if ln["ifname"].startswith(prefix)]
 
 

@@ -22,22 +22,28 @@ SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 
 @dataclass
 class Ovs:
+    """One lab host's Open vSwitch: its namespace and run directory (database and sockets)."""
+
     ns: str
     rundir: Path
 
     @property
     def db(self) -> str:
+        """The OVSDB remote of this instance (`unix:` its socket)."""
         return f"unix:{self.rundir / 'db.sock'}"
 
     @property
     def env(self) -> dict[str, str]:
+        """The environment that points the OVS tools at this instance's run directory."""
         d = str(self.rundir)
         return {**os.environ, "OVS_RUNDIR": d, "OVS_DBDIR": d, "OVS_LOGDIR": d}
 
     def vsctl(self, *args: str) -> str:
+        """Run `ovs-vsctl ARGS` against this instance; its output."""
         return _run(["ovs-vsctl", f"--db={self.db}", "--timeout=10", *args], self.env)
 
     def appctl(self, target: str, *args: str) -> str:
+        """Run `ovs-appctl -t TARGET ARGS` (ovs-vswitchd or ovsdb-server); its output."""
         return _run(["ovs-appctl", "-t", str(self.rundir / f"{target}.ctl"), *args], self.env)
 
     def bridge(self, name: str) -> None:
@@ -73,6 +79,7 @@ def start(ns: str, rundir: Path) -> Ovs:
 
 
 def pids(rundir: Path) -> list[int]:
+    """Process ids of the ovs-vswitchd and ovsdb-server whose pid files are in `rundir`."""
     out = []
     for name in ("ovs-vswitchd", "ovsdb-server"):
         try:

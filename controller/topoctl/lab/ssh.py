@@ -41,6 +41,8 @@ def _keypair(path: Path, comment: str) -> str:
 
 
 def sshd_config(layout: Layout, host: str, ssh_dir: Path, run_dir: Path) -> str:
+    """The sshd_config of `host`: listening on its management address only, its own host key and
+    authorized keys."""
     h = layout.host(host)
     return "\n".join([
         f"# topoctl lab {layout.lab}: host {host} (namespace {h.ns})",
@@ -109,6 +111,7 @@ def start_sshd(layout: Layout, state_dir: Path, timeout: float = 20.0) -> None:
 
 
 def wait_listening(addrs: list[str], port: int, timeout: float) -> None:
+    """Wait until every address accepts TCP on `port`; LabError after `timeout` seconds."""
     pending, deadline = list(addrs), time.monotonic() + timeout
     while pending:
         still = []

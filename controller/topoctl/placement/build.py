@@ -21,6 +21,8 @@ STATE_FACTOR = 4  # weights + gradients + two optimiser moments
 
 
 def node_memory(param_bytes: float, act_bytes: float, microbatches: int) -> float:
+    """Bytes a node keeps on its device: parameters with optimizer state plus activations of every
+    micro-batch in flight."""
     return STATE_FACTOR * param_bytes + act_bytes * microbatches
 
 

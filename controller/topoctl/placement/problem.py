@@ -33,6 +33,9 @@ class PlacementError(TopoError, ValueError):
 
 @dataclass(frozen=True)
 class PlacementProblem:
+    """A placement problem: nodes in topological order, devices, per-device costs, memory, edges and
+    transfer times."""
+
     nodes: list[str]  # topological order
     devices: list[str]
     cost: list[list[float]]  # cost[i][d] seconds
@@ -51,12 +54,14 @@ class PlacementProblem:
         return nbytes / self.bandwidth[d][e] + lat
 
     def preds(self) -> list[list[int]]:
+        """Per node, the nodes with an edge into it."""
         out: list[list[int]] = [[] for _ in self.nodes]
         for i, j in self.edges:
             out[j].append(i)
         return out
 
     def succs(self) -> list[list[int]]:
+        """Per node, the nodes it has an edge to."""
         out: list[list[int]] = [[] for _ in self.nodes]
         for i, j in self.edges:
             out[i].append(j)
@@ -98,6 +103,7 @@ class Placement:
     info: dict = field(default_factory=dict)
 
     def devices_used(self) -> list[int]:
+        """The devices that run at least one node, sorted."""
         return sorted(set(self.assign))
 
 
@@ -160,6 +166,7 @@ def evaluate(p: PlacementProblem, assign: list[int], order: list[int] | None = N
 
 
 def memory_ok(p: PlacementProblem, assign: list[int]) -> bool:
+    """Whether `assign` keeps every device within its memory capacity."""
     used = [0.0] * len(p.devices)
     for i, d in enumerate(assign):
         used[d] += p.memory[i]

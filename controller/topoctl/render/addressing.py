@@ -22,12 +22,16 @@ class AddressingError(TopoError, ValueError):
 
 @dataclass
 class Addressing:
+    """The addresses of a plan: training /32 per host, each port's address, and the subnet of each
+    cable or L2 domain."""
+
     training: dict[str, str]  # host -> a.b.c.d (a /32 on lo)
     port: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, nic) -> a.b.c.d/len
     subnets: dict[str, str] = field(default_factory=dict)  # cable "h0:eth0-h1:eth1" / domain
     domain_of: dict[tuple[str, str], str] = field(default_factory=dict)  # switched (host, nic)
 
     def ip(self, host: str, nic: str) -> str:
+        """The address (without prefix length) of `host`'s port `nic`."""
         return self.port[(host, nic)].split("/")[0]
 
 
@@ -51,6 +55,8 @@ def _domains(graph: FabricGraph) -> dict[str, str]:
 
 def assign(graph: FabricGraph, fabric_pool: str = "10.234.0.0/15",
            training_pool: str = "10.236.0.0/16") -> Addressing:
+    """Addresses for every host and port of `graph` from the two pools; AddressingError when a pool
+    is too small."""
     tpool = ipaddress.IPv4Network(training_pool)
     if tpool.num_addresses - 2 < len(graph.hosts):
         raise AddressingError("addressing.training",

@@ -10,6 +10,7 @@ from topoagent.state import parse_rate
 
 
 def draw_png(doc: dict, path: str) -> None:
+    """Draw the plan's fabric (and AllReduce order) into the PNG file `path`."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -24,6 +24,7 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 
 def headline(doc: dict) -> list[str]:
+    """The summary lines: strategy, predicted iteration time with its breakdown, and the bound."""
     m = doc.get("metadata", {})
     p = m.get("prediction", {})
     b = m.get("bound", {})
@@ -68,6 +69,8 @@ def collective_lines(doc: dict) -> list[str]:
 
 
 def host_tables(doc: dict, only: list[str] | None = None) -> list[str]:
+    """One table per host (addresses, forwarding, routes by next hop, QoS, ranks); `only` limits the
+    hosts."""
     procs = doc.get("job", {}).get("processes", {})
     addr, owner = {}, {}
     for h, st in doc.get("hosts", {}).items():
@@ -127,6 +130,7 @@ def _bandwidth_rows(st: dict, owner: dict, addr: dict) -> list[str]:
 
 
 def topology_text(doc: dict) -> list[str]:
+    """The fabric as text: per host its neighbours (direct) or per switch its members (switched)."""
     f = doc.get("fabric", {})
     out = [f"fabric ({f.get('kind')}):"]
     if f.get("kind") == "direct":

@@ -22,6 +22,7 @@ _CACHE: dict[str, str] = {}
 
 
 def scalar(v) -> str:
+    """A scalar as YAML text, quoted only where YAML needs it."""
     if type(v) is str:
         r = _CACHE.get(v)
         if r is None:
@@ -143,6 +144,7 @@ def _emit(v, indent: int, out: list[str]) -> None:
 
 
 def dump(doc) -> str:
+    """The document as YAML text (block style, small flat collections in flow style)."""
     out: list[str] = []
     _emit(doc, 0, out)
     return "\n".join(out) + "\n"

@@ -25,6 +25,8 @@ WARMUP = 2  # iterations left out of the timing (process-group setup, allocator 
 
 @dataclass
 class RankStats:
+    """What one rank reported: its host, seconds per iteration and final parameter checksum."""
+
     host: str
     iterations: list[float] = field(default_factory=list)  # seconds per iteration
     checksum: str | None = None
@@ -33,12 +35,16 @@ class RankStats:
     losses: list[float] = field(default_factory=list)  # as reported (pipeline: last stage)
 
     def median(self) -> float | None:
+        """Median seconds per iteration after the warm-up (None without iterations)."""
         xs = self.iterations[WARMUP:] or self.iterations
         return statistics.median(xs) if xs else None
 
 
 @dataclass
 class RunResult:
+    """The outcome of `topoctl run`: exit code, per-rank statistics, duration and the failure, if
+    any."""
+
     exit_code: int
     ranks: dict[int, RankStats]
     seconds: float
@@ -64,6 +70,7 @@ class RunResult:
                                     for s, v in groups.items())
 
     def to_dict(self) -> dict:
+        """The result as the `--json` document of `topoctl run`."""
         return {"exit_code": self.exit_code, "seconds": round(self.seconds, 3),
                 "iteration_time": self.iteration_time, "synchronous": self.synchronous,
                 "failure": self.failure,
@@ -98,6 +105,8 @@ def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
 def run_job(plan: dict, transport: Transport, iterations: int = 10,
             out: Callable[[str], None] = print, verbose: bool = False,
             timeout: float | None = None) -> RunResult:
+    """Launch the plan's ranks on every host through `transport`, stream their lines to `out`, stop
+    all when one fails."""
     job = job_payload(plan, iterations)
     payload = json.dumps(job)
     hosts = sorted(job["processes"])
@@ -157,6 +166,7 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
 
 
 def stop_job(plan: dict, transport: Transport) -> dict[str, int]:
+    """Ask every host of the plan to stop its ranks; host -> the agent's exit code."""
     hosts = sorted(plan["job"]["processes"])
     return {h: transport.agent(h, ["stop"], timeout=30).rc for h in hosts}
 

@@ -10,7 +10,8 @@
 Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
 --dry-run), 1 prepare failed (no host touched) or a rollback failed, 3 partial: the apply failed
 on some hosts and every host that had changed was rolled back; status 0 in sync, 2 drifted,
-1 a host could not be checked; rollback 2 rolled back, 1 a host failed.
+1 a host could not be checked; rollback 2 rolled back, 0 nothing to roll back on any host,
+1 a host failed.
 
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
@@ -34,6 +35,9 @@ from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
 
 @dataclass
 class Event:
+    """One host's result in one phase (prepare, apply, rollback, status), with the operations or
+    errors."""
+
     host: str
     phase: str  # prepare | apply | rollback | status
     result: str  # in sync | changes | changed | drifted | error | unreachable | rolled back
@@ -41,12 +45,15 @@ class Event:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
+        """The event as JSON-ready data."""
         return {"host": self.host, "phase": self.phase, "result": self.result,
                 "detail": self.detail, "seconds": round(self.seconds, 3)}
 
 
 @dataclass
 class Report:
+    """The outcome of a rollout command: exit code, every host's events and a summary message."""
+
     command: str
     exit_code: int
     events: list[Event]
@@ -60,6 +67,8 @@ class Report:
         return out
 
     def to_dict(self) -> dict:
+        """The report as the `--json` document: exit code, message, each host's final event, all
+        events."""
         return {"command": self.command, "exit_code": self.exit_code, "message": self.message,
                 "hosts": {h: e.to_dict() for h, e in sorted(self.final().items())},
                 "events": [e.to_dict() for e in self.events]}
@@ -78,6 +87,8 @@ def load_plan(path: str | Path) -> dict:
 
 
 def host_texts(plan: dict, only: list[str] | None = None) -> dict[str, str]:
+    """Each host's HostState as YAML text (only the hosts in `only`); StateError for an unknown
+    host."""
     hosts = plan["hosts"]
     if only:
         missing = [h for h in only if h not in hosts]
@@ -123,6 +134,8 @@ def _call(transport: Transport, host: str, args: list[str], stdin: str | None, p
 def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                force_mgmt: bool = False, probe: bool = True, only: list[str] | None = None,
                progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
+    """Apply the plan on every host in two phases (prepare everywhere, then apply, rolling back
+    changed hosts on failure); the Report."""
     texts = host_texts(plan, only)
     flags = ["--force-mgmt"] if force_mgmt else []
     events: list[Event] = []
@@ -171,6 +184,8 @@ def _causes(events: dict[str, Event], hosts: list[str]) -> str:
 
 def status(plan: dict, transport: Transport, *, only: list[str] | None = None,
            progress: Progress = lambda e: None, timeout: float = 60.0) -> Report:
+    """Diff every host against the plan; Report exit 0 in sync, 2 drifted, 1 a host could not be
+    checked."""
     texts = host_texts(plan, only)
     st = _parallel(lambda h: _call(transport, h, ["diff", "-"], texts[h], "status", "in sync",
                                    "drifted", timeout), list(texts), progress)
@@ -186,6 +201,8 @@ def status(plan: dict, transport: Transport, *, only: list[str] | None = None,
 
 def rollback(plan: dict, transport: Transport, *, only: list[str] | None = None,
              progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
+    """Roll every host back to its previously applied state; Report exit 2 rolled back, 0 nothing to
+    roll back, 1 a host failed."""
     hosts = list(host_texts(plan, only))
     back = _parallel(lambda h: _call(transport, h, ["rollback", "--no-probe"], None, "rollback",
                                      "in sync", "rolled back", timeout), hosts, progress)
@@ -193,4 +210,8 @@ def rollback(plan: dict, transport: Transport, *, only: list[str] | None = None,
     bad = sorted(e.host for e in events if e.result in ("error", "unreachable"))
     if bad:
         return Report("rollback", EXIT_ERROR, events, f"rollback failed on {', '.join(bad)}")
-    return Report("rollback", EXIT_CHANGES, events, f"rolled back {len(hosts)} hosts")
+    back_n = sum(e.result == "rolled back" for e in events)
+    if not back_n:  # every agent said there was nothing to roll back (or nothing changed)
+        return Report("rollback", EXIT_OK, events,
+                      "nothing to roll back: no host had an earlier applied state to return to")
+    return Report("rollback", EXIT_CHANGES, events, f"rolled back {back_n} of {len(hosts)} hosts")

@@ -52,6 +52,7 @@ class SimResult:
     start: dict[str, float] = field(default_factory=dict)  # task id -> time it became ready/ran
 
     def breakdown(self) -> dict[str, float]:
+        """Iteration time split into compute, exposed and active communication (seconds)."""
         return {"iteration_time": self.iteration_time, "compute": self.compute_time,
                 "exposed_communication": self.exposed_comm, "communication_active":
                 self.comm_active,

@@ -15,10 +15,13 @@ from topoctl.sim.routing import NextHops
 
 
 def arc_id(u: str, v: str) -> str:
+    """The simulator's id of the direction u -> v of a link."""
     return f"{u}>{v}"
 
 
 def tcp_efficiency(mtu: int) -> float:
+    """TCP goodput over line rate for frames of `mtu` bytes (IP/TCP headers and Ethernet
+    overhead)."""
     return (mtu - 52) / (mtu + 38)
 
 

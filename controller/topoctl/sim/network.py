@@ -39,6 +39,7 @@ class Network:
     _cache: dict[tuple[str, str], Routes] = field(default_factory=dict, repr=False)
 
     def routes(self, src: str, dst: str) -> Routes:
+        """The weighted paths from `src` to `dst` (cached)."""
         key = (src, dst)
         r = self._cache.get(key)
         if r is None:
@@ -52,6 +53,7 @@ class Network:
         return r
 
     def latency(self, path: Path) -> float:
+        """Sum of the links' latencies along `path`."""
         return sum(self.links[ln].latency for ln in path)
 
 

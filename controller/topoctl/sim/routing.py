@@ -42,6 +42,7 @@ class NextHops:
     bundles: dict[tuple[str, str], list[FabricLink]]  # (u, v) -> cables/ports from u to v
 
     def path_nodes(self, src: str, dst: str) -> list[str]:
+        """The nodes on the routed path from `src` to `dst`, both included."""
         d = self.host_pos[dst]
         v, end = self.index_out[src], self.index_in[dst]
         out = [src]
@@ -55,6 +56,7 @@ class NextHops:
         return out
 
     def next_node(self, src: str, dst: str) -> str:
+        """The first node after `src` on its route to `dst`."""
         v = int(self.nxt[self.host_pos[dst], self.index_out[src]])
         return self.names[v]
 
@@ -71,6 +73,7 @@ class NextHops:
 
 
 def bundles_of(graph: FabricGraph) -> dict[tuple[str, str], list[FabricLink]]:
+    """(u, v) -> the parallel links between u and v, in both directions."""
     out: dict[tuple[str, str], list[FabricLink]] = {}
     for ln in graph.links:
         out.setdefault((ln.a, ln.b), []).append(ln)

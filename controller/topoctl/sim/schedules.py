@@ -54,6 +54,7 @@ class Schedule:
                     raise ValueError(f"{self.name}: step {i} depends on step {d} (not earlier)")
 
     def bytes_sent(self) -> dict[str, float]:
+        """Bytes each member sends in the schedule."""
         out = dict.fromkeys(self.members, 0.0)
         for s in self.steps:
             out[s.src] += s.size * self.scale

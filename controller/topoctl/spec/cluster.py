@@ -97,6 +97,7 @@ def parse_duration(v: Any) -> float:
 
 
 def format_duration(secs: float) -> str:
+    """Seconds as the shortest cluster-file duration (`1.5ms`, `20us`)."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if secs >= scale or unit == "us":
             return f"{secs / scale:g}{unit}"
@@ -142,6 +143,8 @@ PortRef = Annotated[str, BeforeValidator(_port_ref)]
 
 # --- the schema ----------------------------------------------------------------------------------
 class Gpus(Model):
+    """A host's accelerators: how many (ranks) and of which device type."""
+
     count: Annotated[int, Field(ge=0, le=1024)] = 1
     type: str = "cpu"  # `cpu`: cost measured on this CPU; other types look up gpu_types
 
@@ -155,12 +158,17 @@ class GpuType(Model):
 
 
 class Nic(Model):
+    """One NIC of a host: name, MAC and speed (default: defaults.nic_speed)."""
+
     name: NicName
     mac: Mac | None = None
     speed: Rate | None = None  # default: defaults.nic_speed
 
 
 class Host(Model):
+    """One machine: its NICs, GPUs, rack label, management address and whether it runs Open
+    vSwitch."""
+
     name: Name
     gpus: Gpus | None = None  # default: defaults.gpus
     rack: Name | None = None  # a label for planners and reports
@@ -184,6 +192,9 @@ class Inventory(Model):
 
 
 class Defaults(Model):
+    """Values hosts, NICs and cables take when they do not say: GPUs, NIC speed, latency, loss,
+    OVS."""
+
     gpus: Gpus = Field(default_factory=Gpus)
     nic_speed: Rate | None = None
     latency: Duration = 0.0
@@ -244,12 +255,16 @@ class SwitchedFabric(Model):
 
 
 class Addressing(Model):
+    """Address pools: the lab's management subnet, the fabric subnets and the training /32s."""
+
     management: IPv4Net | None = None  # the lab's management subnet (inside 10.232.0.0/16)
     fabric: IPv4Net = DEFAULT_FABRIC_SUBNETS  # planner: one subnet per cable / switch
     training: IPv4Net = DEFAULT_TRAINING_SUBNET  # planner: one /32 per host
 
 
 class Cluster(Model):
+    """A validated cluster file: hosts, fabric, GPU types, addressing and inventory."""
+
     model_config = Model.model_config | {"populate_by_name": True}
 
     api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")
@@ -275,19 +290,23 @@ class Cluster(Model):
 
     # --- resolved views --------------------------------------------------------------------------
     def host(self, name: str) -> Host:
+        """The host named `name` (KeyError when absent)."""
         for h in self.hosts:
             if h.name == name:
                 return h
         raise KeyError(name)
 
     def gpus(self, host: str) -> Gpus:
+        """`host`'s GPUs, or the defaults' when it names none."""
         return self.host(host).gpus or self.defaults.gpus
 
     def runs_ovs(self, host: str) -> bool:
+        """Whether `host` runs Open vSwitch (its own `ovs`, else defaults.ovs)."""
         h = self.host(host)
         return self.defaults.ovs if h.ovs is None else h.ovs
 
     def nic_speed(self, host: str, nic: str) -> int:
+        """Speed in bit/s of `host`'s NIC `nic` (its own, else defaults.nic_speed)."""
         for n in self.host(host).nics:
             if n.name == nic:
                 return n.speed or self.defaults.nic_speed  # type: ignore[return-value]
@@ -319,6 +338,7 @@ class Cluster(Model):
                                 else (p, m) for p, m in probs]) from None
 
     def to_dict(self) -> dict:
+        """The cluster as cluster-file data (aliases, no unset values)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

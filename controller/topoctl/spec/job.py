@@ -69,12 +69,17 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 
 
 class InputSpec(Model):
+    """One model input per sample: its shape, dtype and (integers) exclusive upper bound."""
+
     shape: list[Annotated[int, Field(ge=1)]]
     dtype: Literal["float32", "float16", "bfloat16", "int64", "int32"] = "float32"
     high: Annotated[int, Field(ge=1)] | None = None
 
 
 class ModelSpec(Model):
+    """The model: a catalog name with size parameters, or a factory import path with kwargs and
+    input shapes."""
+
     catalog: str | None = None
     params: dict[str, int] = Field(default_factory=dict)
     factory: str | None = None
@@ -113,6 +118,8 @@ class ModelSpec(Model):
 
 
 class BatchSpec(Model):
+    """The global batch: samples per iteration over all ranks."""
+
     model_config = Model.model_config | {"populate_by_name": True}
 
     global_: Annotated[int, Field(ge=1, alias="global")]
@@ -130,6 +137,8 @@ class Parallelism(Model):
 
 
 class SyncSpec(Model):
+    """Gradient synchronisation: the AllReduce algorithm and the bucket size in bytes."""
+
     algorithm: str = "ring"
     bucket: Size = 25 * 10**6
 
@@ -157,6 +166,9 @@ class LaunchSpec(Model):
 
 
 class Job(Model):
+    """A validated job file: model, batch, dtype, parallelism, strategies, sync, cost, hosts,
+    forwarding, launch."""
+
     model_config = Model.model_config | {"populate_by_name": True}
 
     api_version: Literal[API_VERSION] = Field(API_VERSION, alias="apiVersion")
@@ -190,10 +202,12 @@ class Job(Model):
         return self
 
     def to_dict(self) -> dict:
+        """The job as job-file data (aliases, no unset values)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def parse_job(data: Any, source: str = "<input>") -> Job:
+    """A validated Job from parsed YAML; JobError naming every problem's YAML path in `source`."""
     if not isinstance(data, dict):
         raise JobError([("", f"expected a mapping with apiVersion: {API_VERSION}, "
                              f"kind: Job, got {type(data).__name__}")], source=source)

@@ -43,6 +43,9 @@ class StrategyError(TopoError, ValueError):
 
 @dataclass
 class PlanContext:
+    """What every strategy starts from: cluster, job, fabric, training hosts and ranks, op graph and
+    per-op costs."""
+
     cluster: Cluster
     job: Job
     fabric: FabricGraph
@@ -56,9 +59,11 @@ class PlanContext:
 
     @property
     def world_size(self) -> int:
+        """Number of ranks over all training hosts."""
         return sum(len(r) for r in self.ranks.values())
 
     def host_costs(self, host: str) -> dict[str, OpCost]:
+        """Per-op costs on `host`'s device type."""
         return self.costs[self.device[host].name]
 
 
@@ -69,8 +74,9 @@ class Strategy:
     bit/s, rendered as QoS classes on the source's egress port and used as caps by the
     simulator; `collective` says how the launcher synchronises gradients.
 
-    `routes`, `rates` and `extra` are kept for the bandwidth and multipath strategy (issue 14):
-    the renderer and simulator honour them, no strategy sets them yet."""
+    `topoopt` sets `routes` (equal-cost multipath) and `extra` (tc-offload forwarding); the
+    `+bandwidth` post-pass sets `extra` (QoS classes, policy-routed multipath, ip_forward); no
+    strategy sets `rates` yet (the renderer and simulator honour it)."""
 
     name: str
     fabric: FabricGraph
@@ -93,6 +99,7 @@ STRATEGIES: dict[str, StrategyFn] = {}
 
 
 def register(name: str, fn: StrategyFn) -> None:
+    """Register strategy function `fn` under `name` (replacing one of the same name)."""
     STRATEGIES[name] = fn
 
 

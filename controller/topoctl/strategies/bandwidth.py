@@ -108,10 +108,12 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") 
 
 
 def baseline_bw(ctx: PlanContext) -> Strategy:
+    """The baseline strategy with the bandwidth post-pass."""
     return with_bandwidth(ctx, _baseline.plan(ctx))
 
 
 def trees_bw(ctx: PlanContext) -> Strategy:
+    """The trees strategy with the bandwidth post-pass."""
     return with_bandwidth(ctx, _trees.plan(ctx))
 
 

@@ -83,6 +83,7 @@ def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgori
 
 
 def plan(ctx: PlanContext) -> Strategy:
+    """Data parallel over every host, ring AllReduce in host order, shortest-path routing."""
     hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
     algorithm = ALGORITHMS["ring"]
     order = list(ctx.hosts)

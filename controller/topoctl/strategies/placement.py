@@ -48,6 +48,9 @@ MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
 @dataclass
 class Candidate:
+    """One scored pipeline candidate: stage groups, the placement, ops per stage and the simulated
+    strategy."""
+
     groups: list[list[str]]
     placement: Placement
     stages: list[list[str]]  # fx op names per stage, in stage order
@@ -253,10 +256,14 @@ def _min_devices_hint(ctx: PlanContext, coarse: CoarseGraph, cap: dict[str, floa
 
 
 def plan_placement(ctx: PlanContext) -> Strategy:
+    """Strategy `placement`: coarsen, place with the job's `parallelism.search` (MILP and/or HEFT),
+    best candidate."""
     return search(ctx, ctx.job.parallelism.search, "placement")
 
 
 def plan_pipeline(ctx: PlanContext) -> Strategy:
+    """Strategy `pipeline`: the balanced contiguous partition of the same coarse graph (the
+    baseline)."""
     return search(ctx, "partition", "pipeline")
 
 

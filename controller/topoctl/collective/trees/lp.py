@@ -42,6 +42,7 @@ class ColumnPool:
         self._keys: set[bytes] = set()
 
     def add(self, col: Column) -> bool:
+        """Add a column unless an identical one is present; whether it was added."""
         if col.key in self._keys:
             return False
         self._keys.add(col.key)

@@ -39,6 +39,7 @@ class Column:
 
     @property
     def key(self) -> bytes:
+        """Bytes identifying the column (its rows and counts), for de-duplication."""
         return self.rows.tobytes() + self.counts.tobytes()
 
 
@@ -57,6 +58,7 @@ class Oracle:
 
     @property
     def rows(self) -> int:
+        """Number of capacity rows (resources a tree can use)."""
         return int(self.capacity.shape[0])
 
     def _edge_ids(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -157,4 +159,5 @@ def _path(pred_row: np.ndarray, src: int, dst: int) -> list[int]:
 
 
 def make_oracle(g: CapGraph) -> Oracle:
+    """The minimum-spanning-tree oracle for capacity graph `g`."""
     return Oracle(g)

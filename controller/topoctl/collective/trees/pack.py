@@ -68,6 +68,7 @@ class PackedTree:
 
     @property
     def edges(self) -> list[tuple[int, int]]:
+        """The tree's (parent, child) pairs."""
         return [(p, r) for r, p in enumerate(self.parents) if p is not None]
 
 
@@ -89,6 +90,7 @@ class TreePlan:
 
     @property
     def fractions(self) -> list[float]:
+        """Each tree's share of the data (its rate over the total rate)."""
         return [t.rate / self.rate for t in self.trees]
 
 

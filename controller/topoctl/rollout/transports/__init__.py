@@ -20,6 +20,8 @@ from typing import Protocol
 
 @dataclass
 class AgentReply:
+    """What one agent call returned: exit code (255 unreachable), stdout and stderr."""
+
     host: str
     rc: int  # the agent's exit code; 255 = unreachable (no agent answer at all)
     out: str
@@ -46,6 +48,8 @@ def agent_argv(cmd: list[str], state_dir: Path | None) -> list[str]:
 
 
 class Transport(Protocol):
+    """How the controller reaches a host's agent: the interface every transport implements."""
+
     name: str
 
     def agent(self, host: str, args: list[str], stdin: str | None = None,
@@ -59,4 +63,5 @@ class Transport(Protocol):
         comes; returns the exit code (UNREACHABLE when the host cannot be reached)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release connections (no agent call may follow)."""

@@ -34,6 +34,8 @@ class LocalTransport:
 
     def stream(self, host: str, args: list[str], stdin: str | None,
                on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
+        """Run the agent with `args`, each output line to on_line(host, line) as it comes; its exit
+        code."""
         try:
             p = subprocess.Popen(self._argv(host) + args, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -49,6 +51,8 @@ class LocalTransport:
 
     def agent(self, host: str, args: list[str], stdin: str | None = None,
               timeout: float = 120.0) -> AgentReply:
+        """Run the agent with `args` and `stdin`; its reply (UNREACHABLE when it cannot be started
+        or times out)."""
         argv = self._argv(host)
         try:
             r = subprocess.run(argv + args, input=stdin, capture_output=True, text=True,
@@ -60,6 +64,7 @@ class LocalTransport:
         return AgentReply(host, r.returncode, r.stdout, r.stderr)
 
     def close(self) -> None:
+        """Nothing to release."""
         pass
 
 
@@ -74,4 +79,5 @@ def lab_transport(lab) -> LocalTransport:
 
 
 def agent_state_dirs(lab) -> dict[str, Path]:
+    """Each lab host's agent state directory, under the lab's state directory."""
     return {h.name: lab.state_dir / "agent" / h.name for h in lab.cluster.hosts}

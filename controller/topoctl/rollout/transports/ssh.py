@@ -17,6 +17,8 @@ from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv
 
 
 class SshTransport:
+    """The `ssh` transport: one paramiko connection per host, key auth, strict host-key checking."""
+
     name = "ssh"
 
     def __init__(self, addresses: dict[str, str], key: Path, known_hosts: Path | None,
@@ -61,6 +63,8 @@ class SshTransport:
 
     def stream(self, host: str, args: list[str], stdin: str | None,
                on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
+        """Run the agent on `host` over SSH, each output line to on_line(host, line); its exit
+        code."""
         try:
             client = self._client(host)
             chan_in, chan_out, _ = client.exec_command(self._command(host, args),
@@ -77,6 +81,7 @@ class SshTransport:
 
     def agent(self, host: str, args: list[str], stdin: str | None = None,
               timeout: float = 120.0) -> AgentReply:
+        """Run the agent on `host` over SSH with `stdin`; its reply (UNREACHABLE when SSH fails)."""
         command = self._command(host, args)
         try:
             client = self._client(host)
@@ -97,6 +102,7 @@ class SshTransport:
         return AgentReply(host, rc, out, err)
 
     def close(self) -> None:
+        """Close every host's SSH connection."""
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
         for c in clients:
