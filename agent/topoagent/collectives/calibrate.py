@@ -78,6 +78,7 @@ def machine_key() -> str:
 
 
 def calibration_path() -> Path:
+    """Where this machine's calibration is cached ($TOPOCTL_CACHE/runtime/<machine>.json)."""
     base = Path(os.environ.get("TOPOCTL_CACHE", Path.home() / ".cache" / "topoctl"))
     return base / "runtime" / f"{machine_key()}.json"
 
@@ -233,6 +234,7 @@ def ensure_calibration(force: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m topoagent.collectives.calibrate`: measure (or show the cached) costs."""
     ap = argparse.ArgumentParser(prog="python -m topoagent.collectives.calibrate",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--force", action="store_true", help="measure even if cached")

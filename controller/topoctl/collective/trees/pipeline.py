@@ -155,9 +155,11 @@ class TreePrediction:
 
     @property
     def seconds(self) -> float:
+        """Predicted AllReduce time: network part plus CPU part."""
         return self.network_s + self.cpu_s
 
     def as_dict(self) -> dict:
+        """The prediction as plain data (for plans and `explain`), with the total."""
         return asdict(self) | {"seconds": self.seconds}
 
 
