@@ -12,6 +12,7 @@ import time
 from topoagent.protocol import EXIT_OK
 from topoagent.state import StateError
 from topoctl.cli import write_output
+from topoctl.limits import MAX_PLAN_HOSTS
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
 from topoctl.rollout.twophase import load_plan
@@ -37,6 +38,26 @@ def _sample(doc: dict, mode: str) -> dict:
                   "job": doc["job"] | {"processes": {}}}
 
 
+def check_scale(cluster, max_hosts: int, source: str) -> None:
+    """Refuse, before any search starts, a cluster larger than the planner handles."""
+    n = len(cluster.hosts)
+    if n > max_hosts:
+        raise ClusterError([("hosts", f"{n} hosts: more than the planner's limit of "
+                             f"{max_hosts} hosts (its searches would run for minutes and use "
+                             f"gigabytes); plan a smaller cluster or raise the limit with "
+                             f"--max-hosts {n} at your own risk")], source=source)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of hosts, got {text!r}")
+    return n
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """`topoctl plan`: load and check the cluster and job, plan, validate, write the plan."""
     # torch and the catalog: imported only when planning, so every other command starts fast
@@ -45,6 +66,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     cluster = load_cluster(args.cluster)
+    check_scale(cluster, args.max_hosts, args.cluster)
     job = load_job(args.job)
     try:
         doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache)
@@ -93,6 +115,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", help="job.yaml")
     p.add_argument("-o", "--output", help="plan file to write (default: stdout)")
     p.add_argument("--no-cache", action="store_true", help="re-measure op costs")
+    p.add_argument("--max-hosts", type=_positive, default=MAX_PLAN_HOSTS, metavar="N",
+                   help="refuse clusters of more than N hosts up front (default "
+                        f"{MAX_PLAN_HOSTS}: larger ones take the planner minutes and gigabytes)")
     p.add_argument("--validate", choices=["auto", "all", "sample", "none"], default="auto",
                    help="check hosts against the agent schema: all, an evenly spread sample of "
                         f"64, or none (auto: all up to {VALIDATE_ALL_UP_TO} hosts, else sample)")
