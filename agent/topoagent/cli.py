@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from topoagent import confirm as confirming
 from topoagent import journal
 from topoagent.apply import Result, apply_state, plan
 from topoagent.cliutil import ArgumentParser, run_guarded
@@ -67,6 +68,7 @@ def _emit_ops(args, verb: str, result: Result) -> int:
             "ok": True, "changes": len(result.ops), "dry_run": result.dry_run,
             "operations": [op.to_dict() for op in result.ops],
             "probes": result.probes, "seconds": round(result.seconds, 4),
+            **({"confirm": result.confirm} if result.confirm else {}),
         }))
         return code
     if not result.ops:
@@ -75,6 +77,9 @@ def _emit_ops(args, verb: str, result: Result) -> int:
     for op in result.ops:
         print(f"  {op.describe()}")
     print(f"{len(result.ops)} {verb} in {result.seconds:.3f}s")
+    if result.confirm:
+        print(f"run `topo-agent confirm` within {result.confirm['seconds']:g} s to keep it, "
+              "or it is reverted")
     return code
 
 
@@ -110,15 +115,19 @@ def _store(args, target: Target) -> Store:
 def recover_at_start(args, target: Target) -> Recovery | None:
     """An apply killed mid-way left a journal: put the host back before doing anything else.
     Skipped while another agent holds the lock (its journal is live, not abandoned)."""
-    if not journal.pending(target.store_dir):
-        return None
-    try:
-        with _store(args, target).lock():
-            rec = journal.recover(target, target.store_dir)
-    except StoreBusy:
-        return None
-    if rec is not None:
-        print(f"topo-agent: {rec.describe()}", file=sys.stderr)
+    rec = None
+    if journal.pending(target.store_dir):
+        try:
+            with _store(args, target).lock():
+                rec = journal.recover(target, target.store_dir)
+        except StoreBusy:
+            return None
+        if rec is not None:
+            print(f"topo-agent: {rec.describe()}", file=sys.stderr)
+    gone = confirming.expired_orphan(target, _store(args, target))
+    if gone is not None:
+        print(f"topo-agent: reverted an unconfirmed apply: {gone['reason']}", file=sys.stderr)
+        rec = rec or Recovery(gone["armed"], 0, [])
     return rec
 
 
@@ -135,14 +144,55 @@ def cmd_recover(args, target: Target) -> int:
     return EXIT_CHANGES if rec is not None and rec.undone else EXIT_OK
 
 
+def _agent_args(args, target: Target) -> list[str]:
+    """The global options that reach this same target (for the confirmation watchdog)."""
+    out = ["--state-dir", str(Path(target.store_dir).resolve()),
+           "--keep-history", str(args.keep_history)]
+    if args.netns:
+        out += ["--netns", args.netns]
+    if args.ovsdb:
+        out += ["--ovsdb", args.ovsdb]
+    return out
+
+
 def cmd_apply(args, target: Target) -> int:
     desired = _read_state(args.file, args.allow_empty)
     store = _store(args, target)
     mgmt = _mgmt(args)
+    armed = None
     with contextlib.nullcontext() if args.dry_run else store.lock():
+        if not args.dry_run:
+            confirming.refuse_if_pending(store.root)
         result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
                              store=store, mgmt=mgmt, watch=_watch(args, mgmt))
+        if not args.dry_run and result.ops and args.confirm_within:
+            armed = confirming.arm(store.root, args.confirm_within, store.history_len())
+        elif not args.dry_run:
+            confirming.clear(store.root)
+    if armed is not None:
+        try:
+            confirming.spawn_watchdog(store.root, armed, _agent_args(args, target))
+        except OSError as e:  # no watchdog, no apply: revert now
+            with store.lock():
+                confirming.revert(target, store, armed, f"cannot start the watchdog: {e}")
+            raise confirming.ConfirmError(f"cannot start the confirmation watchdog: {e}; "
+                                          "the apply was reverted") from None
+        result.confirm = {"deadline": armed["deadline"], "seconds": armed["seconds"],
+                          "token": armed["token"]}
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
+
+
+def cmd_confirm(args, target: Target) -> int:
+    doc = confirming.confirm(target, _store(args, target))
+    if args.json:
+        print(json.dumps({"ok": True, "confirmed": True, "armed": doc["armed"]}))
+    else:
+        print("confirmed: the apply stays")
+    return EXIT_OK
+
+
+def cmd_confirm_watchdog(args, target: Target) -> int:
+    return confirming.watchdog(target, _store(args, target), args.token)
 
 
 def cmd_rollback(args, target: Target) -> int:
@@ -155,6 +205,7 @@ def cmd_rollback(args, target: Target) -> int:
                              mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:
             store.pop()
+            confirming.end_by_rollback(store.root)
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
@@ -187,6 +238,16 @@ def cmd_watch(args, target: Target) -> int:
         for what in rnd.repaired or rnd.drift:
             print(f"  {what}")
     return rnd.exit_code
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 86400], got {text!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,7 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept an empty state (removes everything the agent made)")
     a.add_argument("--dry-run", action="store_true", help="print the operations, change nothing")
     a.add_argument("--no-probe", action="store_true", help="skip next-hop reachability probes")
+    a.add_argument("--confirm-within", type=_seconds, metavar="SECONDS",
+                   help="revert by itself (a detached watchdog) unless `topo-agent confirm` "
+                        "comes within SECONDS (like netplan try)")
     a.set_defaults(func=cmd_apply)
+    c = sub.add_parser("confirm", help="keep an apply made with --confirm-within")
+    c.set_defaults(func=cmd_confirm)
+    cw = sub.add_parser("confirm-watchdog", help="(internal) the watchdog of apply "
+                        "--confirm-within")
+    cw.add_argument("token")
+    cw.set_defaults(func=cmd_confirm_watchdog)
     r = sub.add_parser("rollback", help="return to the previously applied state")
     r.add_argument("--dry-run", action="store_true")
     r.add_argument("--no-probe", action="store_true")
@@ -258,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     def verb() -> int:
         target = Target(netns=args.netns, state_dir=args.state_dir, ovsdb=args.ovsdb)
         target.check()
-        if args.command != "recover":
+        if args.command not in ("recover", "confirm-watchdog"):
             recover_at_start(args, target)
         return args.func(args, target)
     return run_guarded("topo-agent", verb, json_out=args.json)
