@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -324,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
     args = build_parser().parse_args(argv)
+
+    only = os.environ.get("TOPO_AGENT_CRASH_TARGET")  # test-only (topoagent.journal)
+    if only is not None and only != (args.netns or ""):
+        os.environ.pop("TOPO_AGENT_CRASH_AFTER", None)
 
     def verb() -> int:
         target = Target(netns=args.netns, state_dir=args.state_dir, ovsdb=args.ovsdb)

@@ -151,10 +151,25 @@ def revert(target, store: Store, doc: dict, why: str) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _lock_waiting(store: Store, seconds: float = 30.0):
+    """The store lock, waiting for a revert in progress (the watchdog holds it) to end."""
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            with store.lock():
+                yield
+                return
+        except StoreBusy:
+            if time.monotonic() > end:
+                raise
+            time.sleep(POLL_S)
+
+
 def confirm(target, store: Store) -> dict:
     """`topo-agent confirm`: keep the pending apply. ConfirmError when nothing is pending or
     the deadline has passed (then the apply is reverted, here if the watchdog has not yet)."""
-    with store.lock():
+    with _lock_waiting(store):
         doc = read(store.root)
         if doc is None:
             raise ConfirmError("nothing awaits confirmation (no apply with --confirm-within)")
