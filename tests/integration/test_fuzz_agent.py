@@ -29,6 +29,7 @@ pytestmark = pytest.mark.netns
 LINKS = ["tpa0", "lo", "tpz9", "", "a" * 20, "eth0:1"]
 # >= 1,000 examples per CI run (~40 s alone on 2 cores); TOPO_FUZZ_EXAMPLES to change it,
 # TOPO_FUZZ_RANDOM=1 for fresh random examples instead of the reproducible derandomized set
+BEFORE: dict = {}  # the namespace as the module fixture made it
 EXAMPLES = int(os.environ.get("TOPO_FUZZ_EXAMPLES", "1000"))
 RANDOM = os.environ.get("TOPO_FUZZ_RANDOM") == "1"
 
@@ -109,6 +110,7 @@ def target(tmp_path_factory):
         sh(["ip", "-n", ns, "link", "add", "tpa0", "type", "veth", "peer", "name", "tpb0"])
         sh(["ip", "-n", ns, "addr", "add", "10.231.7.1/24", "dev", "tpa0"])
         sh(["ip", "-n", ns, "link", "set", "tpa0", "up"])
+        BEFORE["dump"] = host_dump(ns, ["tpa0", "lo"])  # for the last test of this module
         yield ns, tmp_path_factory.mktemp("fuzz")
     finally:
         sh(["ip", "netns", "del", ns], check=False)
@@ -155,11 +157,11 @@ def test_regressions(target, data):
 
 
 def test_a_dry_run_changes_nothing(target):
+    """Runs last: the namespace is as it was before every example of this module."""
     ns, tmp = target
-    before = host_dump(ns, ["tpa0", "lo"])
     for data in (b"interfaces: [{name: tpa0, mtu: 1400, addresses: [10.231.7.5/24]}]\n"
                  b"routes: [{dst: 10.231.9.0/24, via: 10.231.7.2}]\n",
                  b"sysctl: {ip_forward: true}\n"):
         rc, _, err = run_dry(ns, tmp, data)
         assert rc == 2, err
-    assert host_dump(ns, ["tpa0", "lo"]) == before
+    assert host_dump(ns, ["tpa0", "lo"]) == BEFORE["dump"]
