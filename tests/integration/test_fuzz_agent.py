@@ -31,6 +31,7 @@ LINKS = ["tpa0", "lo", "tpz9", "", "a" * 20, "eth0:1"]
 # TOPO_FUZZ_RANDOM=1 for fresh random examples instead of the reproducible derandomized set
 BEFORE: dict = {}  # the namespace as the module fixture made it
 EXAMPLES = int(os.environ.get("TOPO_FUZZ_EXAMPLES", "1000"))
+VALID_EXAMPLES = int(os.environ.get("TOPO_FUZZ_VALID_EXAMPLES", "40"))  # real applies: slower
 RANDOM = os.environ.get("TOPO_FUZZ_RANDOM") == "1"
 
 
@@ -88,11 +89,42 @@ host_state = st.fixed_dictionaries({}, optional={
     "extra_key": junk()})
 
 
+# valid documents for this namespace: addresses on tpa0's subnet, gateways on it, existing
+# links, rates the kernel can express; the agent should accept (0/2) most of these
+v_host = st.integers(3, 250)
+v_net = st.tuples(st.integers(0, 255), st.sampled_from([24, 32])).map(
+    lambda t: f"10.232.{t[0]}.0/24" if t[1] == 24 else f"10.232.{t[0]}.9/32")
+v_via = v_host.map(lambda i: f"10.231.7.{i}")
+v_rate = st.sampled_from(["10mbit", "100mbit", "300mbit"])  # 3 classes fit in 1gbit
+valid_state = st.fixed_dictionaries({}, optional={
+    "interfaces": st.just([{"name": "tpa0", "addresses": ["10.231.7.1/24"], "up": True}])
+    | st.fixed_dictionaries({"mtu": st.sampled_from([1400, 1500, 9000])}).map(
+        lambda d: [{"name": "tpa0", "addresses": ["10.231.7.1/24"], "up": True, **d}]),
+    "sysctl": st.fixed_dictionaries({}, optional={
+        "ip_forward": st.booleans(),
+        "rp_filter": st.dictionaries(st.sampled_from(["all", "tpa0"]), st.integers(0, 2),
+                                     max_size=2)}),
+    "routes": st.lists(st.fixed_dictionaries(
+        {"dst": v_net, "via": v_via},
+        optional={"table": st.sampled_from([254, 100, 200]),
+                  "metric": st.integers(0, 1000)}), max_size=4, unique_by=lambda r: (
+        r.get("table", 254), r["dst"], r.get("metric", 0))),
+    "rules": st.lists(st.fixed_dictionaries(
+        {"priority": st.integers(1000, 1100), "table": st.sampled_from([100, 200])},
+        optional={"to": v_net, "fwmark": st.integers(1, 99)}), max_size=3,
+        unique_by=lambda r: r["priority"]),
+    "qos": st.lists(st.fixed_dictionaries(
+        {"dev": st.just("tpa0"), "rate": st.just("1gbit"),
+         "classes": st.lists(st.fixed_dictionaries({"dst": v_net, "rate": v_rate}),
+                             max_size=3, unique_by=lambda c: c["dst"])}), max_size=1)})
+
+
 def as_bytes(doc) -> bytes:
     return yaml.safe_dump(doc, allow_unicode=True).encode()
 
 
 documents = st.one_of(
+    valid_state.map(as_bytes), valid_state.map(as_bytes), valid_state.map(as_bytes),
     host_state.map(as_bytes), host_state.map(as_bytes), host_state.map(as_bytes),
     junk().map(as_bytes),
     st.binary(max_size=64),  # non-UTF-8, control characters, broken YAML
@@ -144,6 +176,42 @@ def check(ns: str, tmp, data: bytes) -> None:
 def test_dry_run_never_crashes_on_any_document(target, data):
     ns, tmp = target
     check(ns, tmp, data)
+
+
+def run_real(ns: str, tmp, data: bytes | None, *extra: str) -> tuple[int, str, str]:
+    path = tmp / "state.yaml"
+    if data is not None:
+        path.write_bytes(data)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = agent_cli.main(["--netns", ns, "--state-dir", str(tmp / "st"), "--json", *extra,
+                             *([str(path)] if data is not None else [])])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@settings(max_examples=VALID_EXAMPLES, deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(doc=valid_state)
+def test_valid_documents_apply_and_reapply_as_a_no_op(target, doc):
+    """Valid states, one after another on the same namespace: each applies (0 or 2), and
+    applying it again is a no-op (0), as is its diff."""
+    ns, tmp = target
+    data = as_bytes(doc) if doc else b"{}\n"
+    first = run_real(ns, tmp, data, "apply", "--no-probe", "--allow-empty")
+    assert first[0] in (0, 2), (doc, first)
+    again = run_real(ns, tmp, data, "apply", "--no-probe", "--allow-empty")
+    assert again[0] == 0, (doc, again)
+    assert run_real(ns, tmp, data, "diff", "--allow-empty")[0] == 0, doc
+
+
+def test_zz_back_to_the_start(target):
+    """Undo the valid applies (rollback to the baseline) so the namespace is as it began."""
+    ns, tmp = target
+    for _ in range(VALID_EXAMPLES * 2 + 2):
+        rc, _, _ = run_real(ns, tmp, None, "rollback", "--no-probe")
+        if rc == 1:
+            break
+    assert host_dump(ns, ["tpa0", "lo"]) == BEFORE["dump"]
 
 
 # Examples the fuzzer found, kept as explicit cases (each once exited 70 or raised).
