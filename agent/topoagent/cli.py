@@ -46,6 +46,16 @@ def _read_state(path: str, allow_empty: bool = False) -> HostState:
         raise e.at(source) from None
 
 
+@contextlib.contextmanager
+def _naming(path: str):
+    """Checks of the state against the host (a missing link, a foreign object in the way)
+    name the state file too, as schema errors do."""
+    try:
+        yield
+    except StateError as e:
+        raise e.at("<stdin>" if path == "-" else path) from None
+
+
 def _mgmt(args) -> Mgmt | None:
     """The management connection to protect: --mgmt, else the SSH session we run in."""
     if args.force_mgmt:
@@ -105,7 +115,8 @@ def cmd_show(args, target: Target) -> int:
 def cmd_diff(args, target: Target) -> int:
     desired = _read_state(args.file, args.allow_empty)
     t0 = time.perf_counter()
-    _, ops = plan(target, desired, mgmt=_mgmt(args))
+    with _naming(args.file):
+        _, ops = plan(target, desired, mgmt=_mgmt(args))
     return _emit_ops(args, "changes needed", Result(ops, time.perf_counter() - t0, dry_run=True))
 
 
@@ -164,8 +175,10 @@ def cmd_apply(args, target: Target) -> int:
     with contextlib.nullcontext() if args.dry_run else store.lock():
         if not args.dry_run:
             confirming.refuse_if_pending(store.root)
-        result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
-                             store=store, mgmt=mgmt, watch=_watch(args, mgmt))
+        with _naming(args.file):
+            result = apply_state(target, desired, dry_run=args.dry_run,
+                                 probe=not args.no_probe, store=store, mgmt=mgmt,
+                                 watch=_watch(args, mgmt))
         if not args.dry_run and result.ops and args.confirm_within:
             armed = confirming.arm(store.root, args.confirm_within, store.history_len())
         elif not args.dry_run:

@@ -214,14 +214,40 @@ def test_zz_back_to_the_start(target):
     assert host_dump(ns, ["tpa0", "lo"]) == BEFORE["dump"]
 
 
-# Examples the fuzzer found, kept as explicit cases (each once exited 70 or raised).
-REGRESSIONS: list[bytes] = []
+# Inputs that once crashed the agent or were silently accepted (issue 11: non-UTF-8 bytes, empty
+# documents, duplicate keys, loose coercions), and the one the fuzzer found (class rates that
+# exceed the link rate: rightly refused; kept as a case). Each is a clean error naming the file.
+REGRESSIONS: list[tuple[bytes, str]] = [
+    (b"", "empty state"), (b"null\n", "empty state"), (b"{}\n", "empty state"),
+    (b"\xff\xfe", "not UTF-8 text: byte 0xff at offset 0"),
+    (b"interfaces: [{name: tpa0, addresses: [\xff]}]\n", "not UTF-8"),
+    (b"a: 1\na: 2\n", "duplicate key 'a'"),
+    (b"routes: [{dst: 10.232.0.0/24, via: 10.231.7.2}]\nroutes: []\n", "duplicate key"),
+    (b"routes: [{dst: 10.232.0.0/24, via: 10.231.7.2, metric: true}]\n",
+     "routes[0].metric: expected a number or text, not true/false"),
+    (b"interfaces: [{name: tpa0, addresses: [10.231.7.1]}]\n",
+     "interfaces[0].addresses[0]: not an IPv4 address with prefix length"),
+    (b"interfaces: [{name: tpa0, addresses: [10.231.7.1/24]}, "
+     b"{name: lo, addresses: [10.231.7.1/32]}]\n", "is already at interfaces[0]"),
+    (b"rules: [{priority: 1000, iif: nosuch0, table: 100}]\n",
+     "rules[0].iif: no such link: nosuch0"),
+    (b"qos: [{dev: tpa0, rate: 8bit}]\n", "qos[0].rate: rate out of range"),
+    (b"qos: [{dev: tpa0, rate: 1gbit, classes: [{dst: 10.232.0.0/24, rate: 10mbit}, "
+     b"{dst: 10.232.0.9/32, rate: 1gbit}]}]\n", "above the link rate"),
+    (b"!!python/object/apply:os.system [true]\n", "could not determine a constructor"),
+    (b"interfaces: [{name: tpa0, mtu: 1e400}]\n", "interfaces[0].mtu"),
+    (b"sysctl: {rp_filter: {tpa0: .nan}}\n", "sysctl.rp_filter.tpa0"),
+    (b"a: &a [*a, *a]\n", "a: unknown key"),
+]
 
 
-@pytest.mark.parametrize("data", REGRESSIONS or [b"{}\n"])
-def test_regressions(target, data):
+@pytest.mark.parametrize(("data", "says"), REGRESSIONS, ids=[s for _, s in REGRESSIONS])
+def test_regressions(target, data, says):
     ns, tmp = target
-    check(ns, tmp, data)
+    rc, out, err = run_dry(ns, tmp, data)
+    assert rc == 1 and "Traceback" not in err, (rc, out, err)
+    error = json.loads(out)["error"]
+    assert says in error and str(tmp / "state.yaml") in error, error
 
 
 def test_a_dry_run_changes_nothing(target):
