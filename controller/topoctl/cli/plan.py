@@ -91,6 +91,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def check_fabric(fabric, source: str) -> None:
+    """A plan's `fabric` (the cabling explain draws) against the cluster file's fabric
+    schema; ClusterError with YAML paths under `fabric`."""
+    from typing import Annotated
+
+    from pydantic import Field, TypeAdapter, ValidationError
+
+    from topoctl.spec.cluster import DirectFabric, SwitchedFabric
+    from topoctl.spec.cluster_load import cluster_problems
+
+    adapter = TypeAdapter(Annotated[DirectFabric | SwitchedFabric, Field(discriminator="kind")])
+    try:
+        adapter.validate_python(fabric)
+    except ValidationError as e:
+        probs = []
+        for p, m in cluster_problems(e):
+            for tag in ("direct", "switched"):  # pydantic's discriminator tag
+                if p == tag or p.startswith(f"{tag}."):
+                    p = p[len(tag) + 1:]
+            probs.append((f"fabric.{p}" if p else "fabric", m))
+        raise ClusterError(probs, source=source) from None
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """`topoctl explain`: per-host tables (and a PNG drawing) of a validated plan."""
     from topoctl.render.explain import explain_text
@@ -100,7 +123,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
     missing = [h for h in wanted or [] if h not in doc["hosts"]]
     if missing:
         raise StateError(f"no {', '.join(missing)} in this plan", "hosts", source=args.plan)
-    print(explain_text(doc, wanted))
+    check_fabric(doc["fabric"], args.plan)
+    try:
+        text = explain_text(doc, wanted)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        # the informational sections (metadata: predictions, bound, strategies; the job's
+        # collective) are the planner's own and only their shape is validated: say which
+        # section explain could not read instead of a traceback
+        raise StateError(f"cannot summarise this plan: its informational sections are not "
+                         f"as `topoctl plan` writes them ({type(e).__name__}: {e})",
+                         "metadata", source=args.plan) from None
+    print(text)
     if args.png:
         from topoctl.render.drawing import draw_png
 
