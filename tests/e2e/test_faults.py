@@ -119,3 +119,46 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
         sh(["ip", "-n", ns, "rule", "del", "priority", "7"], check=False)
         sh(["ip", "-n", ns, "route", "del", "blackhole", "default", "table", "77"], check=False)
     assert dumps(lab) == before
+
+
+def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
+    """h4 loses its kernel state (a reboot: the agent's addresses, routes and sysctls gone, its
+    state directory kept) after prepare and before apply: its agent diffs again at apply time,
+    so every host ends in the new state, `status` says in sync and a second apply is a no-op."""
+    from topoctl.rollout.transports.local import lab_transport
+
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 2
+    plan = yaml.safe_load(PLAN.read_text())
+    for state in plan["hosts"].values():  # a second plan that changes every host
+        state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
+    ns = lab.netns("h4")
+    nics = [n.name for n in lab.cluster.host("h4").nics]
+
+    def reboot(e: twophase.Event) -> None:
+        if e.host == "h4" and e.phase == "prepare":
+            sh(["ip", "-n", ns, "route", "flush", "proto", "76", "table", "all"])
+            for dev in nics:
+                sh(["ip", "-n", ns, "addr", "flush", "dev", dev])
+            for a in json.loads(sh(["ip", "-n", ns, "-j", "-4", "addr", "show", "dev",
+                                    "lo"]).stdout)[0]["addr_info"]:
+                if a["local"] != "127.0.0.1":
+                    sh(["ip", "-n", ns, "addr", "del", f"{a['local']}/{a['prefixlen']}",
+                        "dev", "lo"])
+            sh(["ip", "netns", "exec", ns, "sh", "-c",
+                "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done; "
+                "echo 0 > /proc/sys/net/ipv4/ip_forward"])
+
+    transport = lab_transport(lab)
+    try:
+        report = twophase.apply_plan(plan, transport, progress=reboot)
+    finally:
+        transport.close()
+    assert report.exit_code == 2, report.message
+    final = report.final()
+    assert {e.result for e in final.values()} == {"changed"}
+    # h4 re-made everything (addresses, routes), the others only the rp_filter change
+    assert len(final["h4"].detail) > 2 * max(len(final[h].detail) for h in final if h != "h4")
+    status = twophase.status(plan, lab_transport(lab))
+    assert status.exit_code == 0, [(e.host, e.result, e.detail) for e in status.events]
+    again = twophase.apply_plan(plan, lab_transport(lab))
+    assert again.exit_code == 0, again.message
