@@ -54,6 +54,7 @@ class Result:
     seconds: float
     dry_run: bool = False
     probes: list[str] = field(default_factory=list)
+    confirm: dict | None = None  # with --confirm-within: deadline, seconds, token
 
     @property
     def changed(self) -> bool:

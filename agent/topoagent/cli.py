@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
+from topoagent import confirm as confirming
 from topoagent import journal
 from topoagent.apply import Result, apply_state, plan
 from topoagent.cliutil import ArgumentParser, run_guarded
@@ -44,6 +46,16 @@ def _read_state(path: str, allow_empty: bool = False) -> HostState:
         raise e.at(source) from None
 
 
+@contextlib.contextmanager
+def _naming(path: str):
+    """Checks of the state against the host (a missing link, a foreign object in the way)
+    name the state file too, as schema errors do."""
+    try:
+        yield
+    except StateError as e:
+        raise e.at("<stdin>" if path == "-" else path) from None
+
+
 def _mgmt(args) -> Mgmt | None:
     """The management connection to protect: --mgmt, else the SSH session we run in."""
     if args.force_mgmt:
@@ -67,6 +79,7 @@ def _emit_ops(args, verb: str, result: Result) -> int:
             "ok": True, "changes": len(result.ops), "dry_run": result.dry_run,
             "operations": [op.to_dict() for op in result.ops],
             "probes": result.probes, "seconds": round(result.seconds, 4),
+            **({"confirm": result.confirm} if result.confirm else {}),
         }))
         return code
     if not result.ops:
@@ -75,6 +88,9 @@ def _emit_ops(args, verb: str, result: Result) -> int:
     for op in result.ops:
         print(f"  {op.describe()}")
     print(f"{len(result.ops)} {verb} in {result.seconds:.3f}s")
+    if result.confirm:
+        print(f"run `topo-agent confirm` within {result.confirm['seconds']:g} s to keep it, "
+              "or it is reverted")
     return code
 
 
@@ -101,7 +117,8 @@ def cmd_diff(args, target: Target) -> int:
     """Print the operations that would take the host to FILE; exit 0 none, 2 some."""
     desired = _read_state(args.file, args.allow_empty)
     t0 = time.perf_counter()
-    _, ops = plan(target, desired, mgmt=_mgmt(args))
+    with _naming(args.file):
+        _, ops = plan(target, desired, mgmt=_mgmt(args))
     return _emit_ops(args, "changes needed", Result(ops, time.perf_counter() - t0, dry_run=True))
 
 
@@ -112,15 +129,19 @@ def _store(args, target: Target) -> Store:
 def recover_at_start(args, target: Target) -> Recovery | None:
     """An apply killed mid-way left a journal: put the host back before doing anything else.
     Skipped while another agent holds the lock (its journal is live, not abandoned)."""
-    if not journal.pending(target.store_dir):
-        return None
-    try:
-        with _store(args, target).lock():
-            rec = journal.recover(target, target.store_dir)
-    except StoreBusy:
-        return None
-    if rec is not None:
-        print(f"topo-agent: {rec.describe()}", file=sys.stderr)
+    rec = None
+    if journal.pending(target.store_dir):
+        try:
+            with _store(args, target).lock():
+                rec = journal.recover(target, target.store_dir)
+        except StoreBusy:
+            return None
+        if rec is not None:
+            print(f"topo-agent: {rec.describe()}", file=sys.stderr)
+    gone = confirming.expired_orphan(target, _store(args, target))
+    if gone is not None:
+        print(f"topo-agent: reverted an unconfirmed apply: {gone['reason']}", file=sys.stderr)
+        rec = rec or Recovery(gone["armed"], 0, [])
     return rec
 
 
@@ -139,16 +160,59 @@ def cmd_recover(args, target: Target) -> int:
     return EXIT_CHANGES if rec is not None and rec.undone else EXIT_OK
 
 
+def _agent_args(args, target: Target) -> list[str]:
+    """The global options that reach this same target (for the confirmation watchdog)."""
+    out = ["--state-dir", str(Path(target.store_dir).resolve()),
+           "--keep-history", str(args.keep_history)]
+    if args.netns:
+        out += ["--netns", args.netns]
+    if args.ovsdb:
+        out += ["--ovsdb", args.ovsdb]
+    return out
+
+
 def cmd_apply(args, target: Target) -> int:
     """Apply FILE transactionally (--dry-run: only print); exit 0 nothing to do, 2 changes made or
     pending."""
     desired = _read_state(args.file, args.allow_empty)
     store = _store(args, target)
     mgmt = _mgmt(args)
+    armed = None
     with contextlib.nullcontext() if args.dry_run else store.lock():
-        result = apply_state(target, desired, dry_run=args.dry_run, probe=not args.no_probe,
-                             store=store, mgmt=mgmt, watch=_watch(args, mgmt))
+        if not args.dry_run:
+            confirming.refuse_if_pending(store.root)
+        with _naming(args.file):
+            result = apply_state(target, desired, dry_run=args.dry_run,
+                                 probe=not args.no_probe, store=store, mgmt=mgmt,
+                                 watch=_watch(args, mgmt))
+        if not args.dry_run and result.ops and args.confirm_within:
+            armed = confirming.arm(store.root, args.confirm_within, store.history_len())
+        elif not args.dry_run:
+            confirming.clear(store.root)
+    if armed is not None:
+        try:
+            confirming.spawn_watchdog(store.root, armed, _agent_args(args, target))
+        except OSError as e:  # no watchdog, no apply: revert now
+            with store.lock():
+                confirming.revert(target, store, armed, f"cannot start the watchdog: {e}")
+            raise confirming.ConfirmError(f"cannot start the confirmation watchdog: {e}; "
+                                          "the apply was reverted") from None
+        result.confirm = {"deadline": armed["deadline"], "seconds": armed["seconds"],
+                          "token": armed["token"]}
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
+
+
+def cmd_confirm(args, target: Target) -> int:
+    doc = confirming.confirm(target, _store(args, target))
+    if args.json:
+        print(json.dumps({"ok": True, "confirmed": True, "armed": doc["armed"]}))
+    else:
+        print("confirmed: the apply stays")
+    return EXIT_OK
+
+
+def cmd_confirm_watchdog(args, target: Target) -> int:
+    return confirming.watchdog(target, _store(args, target), args.token)
 
 
 def cmd_rollback(args, target: Target) -> int:
@@ -166,6 +230,7 @@ def cmd_rollback(args, target: Target) -> int:
                              mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:
             store.pop()
+            confirming.end_by_rollback(store.root)
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
@@ -204,6 +269,16 @@ def cmd_watch(args, target: Target) -> int:
     return rnd.exit_code
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 86400], got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The topo-agent argument parser with every verb."""
     p = ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
@@ -240,7 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept an empty state (removes everything the agent made)")
     a.add_argument("--dry-run", action="store_true", help="print the operations, change nothing")
     a.add_argument("--no-probe", action="store_true", help="skip next-hop reachability probes")
+    a.add_argument("--confirm-within", type=_seconds, metavar="SECONDS",
+                   help="revert by itself (a detached watchdog) unless `topo-agent confirm` "
+                        "comes within SECONDS (like netplan try)")
     a.set_defaults(func=cmd_apply)
+    c = sub.add_parser("confirm", help="keep an apply made with --confirm-within")
+    c.set_defaults(func=cmd_confirm)
+    cw = sub.add_parser("confirm-watchdog", help="(internal) the watchdog of apply "
+                        "--confirm-within")
+    cw.add_argument("token")
+    cw.set_defaults(func=cmd_confirm_watchdog)
     r = sub.add_parser("rollback", help="return to the previously applied state")
     r.add_argument("--dry-run", action="store_true")
     r.add_argument("--no-probe", action="store_true")
@@ -271,10 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
     args = build_parser().parse_args(argv)
 
+    only = os.environ.get("TOPO_AGENT_CRASH_TARGET")  # test-only (topoagent.journal)
+    if only is not None and only != (args.netns or ""):
+        os.environ.pop("TOPO_AGENT_CRASH_AFTER", None)
+
     def verb() -> int:
         target = Target(netns=args.netns, state_dir=args.state_dir, ovsdb=args.ovsdb)
         target.check()
-        if args.command != "recover":
+        if args.command not in ("recover", "confirm-watchdog"):
             recover_at_start(args, target)
         return args.func(args, target)
     return run_guarded("topo-agent", verb, json_out=args.json)

@@ -16,7 +16,9 @@ History entries written by the interrupted apply are dropped, so the history mat
 Test-only switch (never set in production): TOPO_AGENT_CRASH_AFTER=k makes the agent die right
 after operation k (0: after the journal header, before any operation; len(ops)+1: after the
 history is written, before the journal is closed); TOPO_AGENT_CRASH_MODE=kill (SIGKILL itself,
-the default) or raise (an exception, which the apply reverts in process)."""
+the default) or raise (an exception, which the apply reverts in process);
+TOPO_AGENT_CRASH_TARGET=NETNS limits the switch to the agent acting on that namespace (one host
+of a lab dies, the others do not)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 
 SAFETY_S = 300.0  # per strategy; a search this long is a bug or an absurd input
 
+# The largest cluster `topoctl plan` takes on by default (`--max-hosts` raises it). The schema
+# accepts up to 4,096 hosts, but the planner's searches grow faster than linearly: a 4,096-host
+# ring ran > 60 s and > 5 GB. A larger cluster is refused up front, with this limit named,
+# instead of hanging.
+MAX_PLAN_HOSTS = 1024
+
 
 @dataclass
 class SafetyClock:

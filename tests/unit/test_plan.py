@@ -225,3 +225,43 @@ def test_strategy_extras_rates_and_multipath_reach_the_plan(monkeypatch):
     assert len(r.nexthops) == 2
     assert any(r.dst == "10.236.0.5/32" and r.table == 100 for r in st.routes)
     assert doc["hosts"]["h1"].get("sysctl", {}).get("ip_forward") is True  # h0->h4 via h1
+
+
+def ring_cluster(n: int) -> dict:
+    """n hosts in a ring of direct cables (two NICs each): the schema allows up to 4,096."""
+    return {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": f"ring{n}",
+            "defaults": {"nic_speed": "100mbit", "gpus": {"count": 1, "type": "cpu"}},
+            "hosts": [{"name": f"h{i}", "nics": [{"name": "eth0"}, {"name": "eth1"}]}
+                      for i in range(n)],
+            "fabric": {"kind": "direct",
+                       "links": [{"a": f"h{i}:eth0", "b": f"h{(i + 1) % n}:eth1"}
+                                 for i in range(n)]}}
+
+
+def test_a_cluster_beyond_the_scale_limit_is_refused_up_front(tmp_path):
+    """A 4,096-host ring used to run the planner for minutes and > 5 GB: now it is refused
+    within seconds, exit 1, the limit and the flag named, nothing written."""
+    import subprocess
+    import sys
+    import time
+
+    cluster = write(tmp_path, "ring.yaml", ring_cluster(4096))
+    out = tmp_path / "plan.yaml"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "topoctl.cli", "plan", cluster,
+                        str(PLANS / "mlp-job.yaml"), "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    took = time.perf_counter() - t0
+    assert r.returncode == 1, r.stderr
+    assert took < 30, took
+    assert "Traceback" not in r.stderr
+    assert f"{cluster}: hosts: 4096 hosts: more than the planner's limit of 1024" in r.stderr
+    assert "--max-hosts" in r.stderr
+    assert not out.exists()
+    # the limit is the flag's: a lower one refuses a small cluster the same way
+    small = write(tmp_path, "ring8.yaml", ring_cluster(8))
+    assert main(["plan", small, str(PLANS / "mlp-job.yaml"), "-o", str(out),
+                 "--max-hosts", "4"]) == 1
+    assert main(["plan", small, str(PLANS / "mlp-job.yaml"), "-o", str(out),
+                 "--max-hosts", "8"]) == 0
+    assert out.exists()

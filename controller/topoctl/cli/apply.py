@@ -24,7 +24,9 @@ from topoctl.rollout.twophase import Event, Report
 from topoctl.spec.cluster_load import load_cluster
 
 RESULT_STYLE = {"in sync": "green", "changes": "yellow", "changed": "green", "drifted": "yellow",
-                "rolled back": "magenta", "error": "red", "unreachable": "red"}
+                "rolled back": "magenta", "error": "red", "unreachable": "red",
+                "killed": "red", "confirmed": "green", "recovered": "magenta"}
+CONFIRM_SSH_S = 60.0  # default --confirm-within over SSH
 
 
 def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
@@ -79,7 +81,7 @@ def _printer(console: Console, quiet: bool):
         n = len(e.detail)
         extra = f" ({n} operation{'s' * (n != 1)})" if e.result in (
             "changes", "changed", "drifted") else ""
-        if e.result in ("error", "unreachable"):
+        if e.result in rollout.FAILED:
             extra = ": " + "; ".join(e.detail)
         style = RESULT_STYLE.get(e.result, "")
         console.print(f"{e.host:<10} {e.phase:<9} [{style}]{e.result}[/]{extra} "
@@ -93,7 +95,7 @@ def _summary(console: Console, report: Report, show_ops: bool) -> None:
         table.add_column(col)
     for host, e in sorted(report.final().items()):
         style = RESULT_STYLE.get(e.result, "")
-        ops = str(len(e.detail)) if e.result not in ("error", "unreachable") else "-"
+        ops = str(len(e.detail)) if e.result not in rollout.FAILED else "-"
         table.add_row(host, e.phase, f"[{style}]{e.result}[/]", ops, f"{e.seconds:.2f}")
     console.print(table)
     if show_ops:
@@ -129,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "apply":
             report = rollout.apply_plan(plan, transport, dry_run=args.dry_run,
                                         force_mgmt=args.force_mgmt, probe=not args.no_probe,
-                                        only=args.hosts, progress=progress)
+                                        only=args.hosts, progress=progress,
+                                        confirm_within=confirm_window(args, transport))
         elif args.command == "diff":
             report = rollout.apply_plan(plan, transport, dry_run=True,
                                         force_mgmt=args.force_mgmt, only=args.hosts,
@@ -146,6 +149,25 @@ def run(args: argparse.Namespace) -> int:
     else:
         _summary(console, report, show_ops=args.command in ("diff", "status") or args.dry_run)
     return report.exit_code
+
+
+def confirm_window(args: argparse.Namespace, transport: Transport) -> float | None:
+    """--confirm-within: given, else CONFIRM_SSH_S over SSH (a host the apply cuts off reverts
+    by itself) and off for the lab's namespaces and this machine; 0 turns it off."""
+    seconds = getattr(args, "confirm_within", None)
+    if seconds is None:
+        seconds = CONFIRM_SSH_S if transport.name == "ssh" else 0
+    return seconds or None
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds in [0, 86400], got {text!r}")
+    return v
 
 
 def add_transport_args(p: argparse.ArgumentParser) -> None:
@@ -178,6 +200,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="allow changes to the management interface, address or route")
         p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
         p.add_argument("--dry-run", action="store_true", help="(apply) show, change nothing")
+        if name == "apply":
+            p.add_argument("--confirm-within", type=_seconds, metavar="SECONDS",
+                           help="each agent reverts by itself unless confirmed within SECONDS "
+                                "of its apply; topoctl confirms every host it still reaches "
+                                f"(default {CONFIRM_SSH_S:g} over SSH, off for lab namespaces "
+                                "and --local; 0: off)")
         if name in ("apply", "diff"):
             p.add_argument("--via", choices=["agent", "ansible"], default="agent",
                            help="ansible: run playbooks/apply.yml through ansible-runner "

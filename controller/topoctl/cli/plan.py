@@ -12,6 +12,7 @@ import time
 from topoagent.protocol import EXIT_OK
 from topoagent.state import StateError
 from topoctl.cli import write_output
+from topoctl.limits import MAX_PLAN_HOSTS
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
 from topoctl.rollout.twophase import load_plan
@@ -37,6 +38,26 @@ def _sample(doc: dict, mode: str) -> dict:
                   "job": doc["job"] | {"processes": {}}}
 
 
+def check_scale(cluster, max_hosts: int, source: str) -> None:
+    """Refuse, before any search starts, a cluster larger than the planner handles."""
+    n = len(cluster.hosts)
+    if n > max_hosts:
+        raise ClusterError([("hosts", f"{n} hosts: more than the planner's limit of "
+                             f"{max_hosts} hosts (its searches would run for minutes and use "
+                             f"gigabytes); plan a smaller cluster or raise the limit with "
+                             f"--max-hosts {n} at your own risk")], source=source)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of hosts, got {text!r}")
+    return n
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """`topoctl plan`: load and check the cluster and job, plan, validate, write the plan."""
     # torch and the catalog: imported only when planning, so every other command starts fast
@@ -45,6 +66,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     cluster = load_cluster(args.cluster)
+    check_scale(cluster, args.max_hosts, args.cluster)
     job = load_job(args.job)
     try:
         doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache)
@@ -69,6 +91,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def check_fabric(fabric, source: str) -> None:
+    """A plan's `fabric` (the cabling explain draws) against the cluster file's fabric
+    schema; ClusterError with YAML paths under `fabric`."""
+    from typing import Annotated
+
+    from pydantic import Field, TypeAdapter, ValidationError
+
+    from topoctl.spec.cluster import DirectFabric, SwitchedFabric
+    from topoctl.spec.cluster_load import cluster_problems
+
+    adapter = TypeAdapter(Annotated[DirectFabric | SwitchedFabric, Field(discriminator="kind")])
+    try:
+        adapter.validate_python(fabric)
+    except ValidationError as e:
+        probs = []
+        for p, m in cluster_problems(e):
+            for tag in ("direct", "switched"):  # pydantic's discriminator tag
+                if p == tag or p.startswith(f"{tag}."):
+                    p = p[len(tag) + 1:]
+            probs.append((f"fabric.{p}" if p else "fabric", m))
+        raise ClusterError(probs, source=source) from None
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """`topoctl explain`: per-host tables (and a PNG drawing) of a validated plan."""
     from topoctl.render.explain import explain_text
@@ -78,7 +123,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
     missing = [h for h in wanted or [] if h not in doc["hosts"]]
     if missing:
         raise StateError(f"no {', '.join(missing)} in this plan", "hosts", source=args.plan)
-    print(explain_text(doc, wanted))
+    check_fabric(doc["fabric"], args.plan)
+    try:
+        text = explain_text(doc, wanted)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        # the informational sections (metadata: predictions, bound, strategies; the job's
+        # collective) are the planner's own and only their shape is validated: say which
+        # section explain could not read instead of a traceback
+        raise StateError(f"cannot summarise this plan: its informational sections are not "
+                         f"as `topoctl plan` writes them ({type(e).__name__}: {e})",
+                         "metadata", source=args.plan) from None
+    print(text)
     if args.png:
         from topoctl.render.drawing import draw_png
 
@@ -94,6 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", help="job.yaml")
     p.add_argument("-o", "--output", help="plan file to write (default: stdout)")
     p.add_argument("--no-cache", action="store_true", help="re-measure op costs")
+    p.add_argument("--max-hosts", type=_positive, default=MAX_PLAN_HOSTS, metavar="N",
+                   help="refuse clusters of more than N hosts up front (default "
+                        f"{MAX_PLAN_HOSTS}: larger ones take the planner minutes and gigabytes)")
     p.add_argument("--validate", choices=["auto", "all", "sample", "none"], default="auto",
                    help="check hosts against the agent schema: all, an evenly spread sample of "
                         f"64, or none (auto: all up to {VALIDATE_ALL_UP_TO} hosts, else sample)")

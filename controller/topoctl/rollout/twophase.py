@@ -40,7 +40,9 @@ class Event:
 
     host: str
     phase: str  # prepare | apply | rollback | status
-    result: str  # in sync | changes | changed | drifted | error | unreachable | rolled back
+    # in sync | changes | changed | drifted | error | unreachable | killed | rolled back |
+    # confirmed | recovered
+    result: str
     detail: list[str] = field(default_factory=list)  # operations, or error lines
     seconds: float = 0.0
 
@@ -109,8 +111,31 @@ def _parallel(fn: Callable[[str], Event], hosts: list[str], progress: Progress,
     return out
 
 
+FAILED = ("error", "unreachable", "killed")
+
+
+def _parallel_many(fn: Callable[[str], list[Event]], hosts: list[str], progress: Progress,
+                   skip_first: bool = False, workers: int = 32) -> dict[str, list[Event]]:
+    """`_parallel` for steps of several events per host; with `skip_first`, the first event of
+    a multi-event run was already reported by `fn` itself."""
+    out: dict[str, list[Event]] = {}
+    if not hosts:
+        return out
+    with ThreadPoolExecutor(max(1, min(workers, len(hosts)))) as ex:
+        for evs in ex.map(fn, hosts):
+            out[evs[0].host] = evs
+            for e in evs[1:] if skip_first and len(evs) > 1 else evs:
+                progress(e)
+    return out
+
+
 def _event(reply: AgentReply, phase: str, seconds: float, ok_result: str,
            change_result: str) -> Event:
+    if reply.killed:  # no answer of its own: say what happened, and what is left to do
+        last = (reply.err or "").strip().splitlines()[-1:]
+        return Event(reply.host, phase, "killed",
+                     [f"agent killed ({reply.killed}) during {phase}; run `topo-agent recover` "
+                      "or re-apply", *last], seconds)
     doc = reply.json()
     ops = [op["what"] for op in doc.get("operations", [])]
     if reply.rc == 0:
@@ -133,9 +158,11 @@ def _call(transport: Transport, host: str, args: list[str], stdin: str | None, p
 
 def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                force_mgmt: bool = False, probe: bool = True, only: list[str] | None = None,
-               progress: Progress = lambda e: None, timeout: float = 120.0) -> Report:
-    """Apply the plan on every host in two phases (prepare everywhere, then apply, rolling back
-    changed hosts on failure); the Report."""
+               progress: Progress = lambda e: None, timeout: float = 120.0,
+               confirm_within: float | None = None) -> Report:
+    """Prepare every host, then apply; with `confirm_within` (seconds) each agent applies with
+    --confirm-within and reverts by itself unless confirmed, and every changed host that is
+    still reachable afterwards is confirmed (a host the apply cut off goes back on its own)."""
     texts = host_texts(plan, only)
     flags = ["--force-mgmt"] if force_mgmt else []
     events: list[Event] = []
@@ -144,7 +171,7 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                                      "in sync", "changes", timeout),
                      list(texts), progress)
     events += prep.values()
-    bad = sorted(h for h, e in prep.items() if e.result in ("error", "unreachable"))
+    bad = sorted(h for h, e in prep.items() if e.result in FAILED)
     if bad:
         return Report("apply", EXIT_ERROR, events,
                       f"prepare failed on {', '.join(bad)} ({_causes(prep, bad)}): "
@@ -155,24 +182,56 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                       f"{len(todo)} of {len(texts)} hosts need changes" if todo
                       else "every host is in sync")
 
-    apply_args = [*flags, "apply", *([] if probe else ["--no-probe"]), "-"]
-    done = _parallel(lambda h: _call(transport, h, apply_args, texts[h], "apply", "in sync",
-                                     "changed", timeout), todo, progress)
-    events += done.values()
-    failed = sorted(h for h, e in done.items() if e.result in ("error", "unreachable"))
+    confirm = ["--confirm-within", f"{confirm_within:g}"] if confirm_within else []
+    apply_args = [*flags, "apply", *([] if probe else ["--no-probe"]), *confirm, "-"]
+
+    def apply_one(h: str) -> list[Event]:
+        ev = _call(transport, h, apply_args, texts[h], "apply", "in sync", "changed", timeout)
+        if not confirm_within or ev.result != "changed":
+            return [ev]
+        progress(ev)  # before the confirmation: the operator sees the apply at once
+        # a fresh command reaches the host after its change: keep the change there; a host
+        # the change cut off is not confirmed and its agent reverts by itself
+        return [ev, _call(transport, h, ["confirm"], None, "confirm", "confirmed", "confirmed",
+                          min(timeout, confirm_within))]
+
+    runs = _parallel_many(apply_one, todo, progress, skip_first=bool(confirm_within))
+    events += [e for evs in runs.values() for e in evs]
+    outcome = {h: evs[-1] for h, evs in runs.items()}
+    failed = sorted(h for h, e in outcome.items() if e.result in FAILED)
+    changed = sorted(h for h, e in outcome.items() if e.result in ("changed", "confirmed"))
     if not failed:
         return Report("apply", EXIT_CHANGES, events, f"applied on {len(todo)} hosts")
 
-    changed = sorted(h for h, e in done.items() if e.result == "changed")
     back = _parallel(lambda h: _call(transport, h, [*flags, "rollback", "--no-probe"],
                                      None, "rollback", "rolled back", "rolled back", timeout),
                      changed, progress)
     events += back.values()
+    # an agent killed mid-apply left its journal: recover that host now (any agent start
+    # would), so it is as before and the report says so
+    killed = sorted(h for h in failed if outcome[h].result == "killed")
+    rec = _parallel(lambda h: _call(transport, h, ["recover"], None, "recover", "recovered",
+                                    "recovered", timeout), killed, progress)
+    events += rec.values()
     unrolled = sorted(h for h, e in back.items() if e.result != "rolled back")
-    msg = f"apply failed on {', '.join(failed)} ({_causes(done, failed)}); "
+    unrecovered = sorted(h for h, e in rec.items() if e.result != "recovered")
+    msg = f"apply failed on {', '.join(failed)} ({_causes(outcome, failed)}); "
+    if killed:
+        ok = [h for h in killed if h not in unrecovered]
+        if ok:
+            msg += f"recovered {', '.join(ok)} from its journal (host as before); "
     msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
+    if confirm_within:
+        lost = sorted(h for h in failed if outcome[h].result == "unreachable")
+        if lost:
+            msg += (f"; {', '.join(lost)} unreachable: its agent reverts by itself "
+                    f"{confirm_within:g} s after its apply unless confirmed")
+    if unrecovered:
+        msg += (f"; RECOVERY FAILED on {', '.join(unrecovered)}: run `topo-agent recover` "
+                "there or re-apply")
     if unrolled:  # hosts left changed: an error the operator must look at
         msg += f"; ROLLBACK FAILED on {', '.join(unrolled)}"
+    if unrolled or unrecovered:
         return Report("apply", EXIT_ERROR, events, msg)
     # partial: some hosts failed (each reverted itself), every other changed host rolled back
     return Report("apply", EXIT_PARTIAL, events, msg)
@@ -191,7 +250,7 @@ def status(plan: dict, transport: Transport, *, only: list[str] | None = None,
                                    "drifted", timeout), list(texts), progress)
     events = list(st.values())
     results = {e.result for e in events}
-    if results & {"error", "unreachable"}:
+    if results & set(FAILED):
         return Report("status", EXIT_ERROR, events, "some hosts could not be checked")
     if "drifted" in results:
         return Report("status", EXIT_CHANGES, events,
@@ -207,7 +266,7 @@ def rollback(plan: dict, transport: Transport, *, only: list[str] | None = None,
     back = _parallel(lambda h: _call(transport, h, ["rollback", "--no-probe"], None, "rollback",
                                      "in sync", "rolled back", timeout), hosts, progress)
     events = list(back.values())
-    bad = sorted(e.host for e in events if e.result in ("error", "unreachable"))
+    bad = sorted(e.host for e in events if e.result in FAILED)
     if bad:
         return Report("rollback", EXIT_ERROR, events, f"rollback failed on {', '.join(bad)}")
     back_n = sum(e.result == "rolled back" for e in events)

@@ -26,7 +26,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 
-from . import PlanContext, Strategy
+from . import PlanContext, Strategy, StrategyError
 from . import baseline as _baseline
 from . import trees as _trees
 
@@ -49,6 +49,17 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") 
     plain = network_from_fabric(base.fabric, base.hops)
     cap = {k: ln.capacity for k, ln in plain.links.items()}
     alloc = allocate(demand, paths, cap, objective)
+    rows = class_rows(alloc, base.hops.bundles, eff)
+    split = multipath(rows)
+    # weighted next hops need a host at the far end of each first hop; through a switch the
+    # next hop is not known here (found by the fuzz suite: it was a KeyError, a traceback)
+    via_switch = sorted((s, d, r.dev, r.peer) for (s, d), lst in split.items() for r in lst
+                        if r.peer_nic is None)
+    if via_switch:
+        s, d, dev, sw = via_switch[0]
+        raise StrategyError(f"the bandwidth LP splits {s} -> {d} over several NICs, one of "
+                            f"them ({dev}) into switch {sw}: multipath through a switch is not "
+                            "supported; use the strategy without +bandwidth on this fabric")
     routed = {p: [(r, path) for path, r in lst] for p, lst in alloc.rates.items()}
 
     def route(src: str, dst: str):
@@ -60,7 +71,6 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") 
     t_hard = simulate(base.tasks, hard, record=False).iteration_time
     t_soft = simulate(base.tasks, soft, record=False).iteration_time
     ceil_is_rate = t_hard <= t_soft
-    rows = class_rows(alloc, base.hops.bundles, eff)
     speed = {(p.host, p.nic): p.speed for p in base.fabric.ports}
     extra: dict[str, dict] = {}
     addr = assign(base.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
@@ -76,7 +86,6 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") 
     for (h, dev), cls in per_dev.items():
         q = {"dev": dev, "rate": format_rate(speed[(h, dev)]), "classes": cls}
         extra.setdefault(h, {}).setdefault("qos", []).append(q)
-    split = multipath(rows)
     for (s, d), lst in sorted(split.items()):
         ws = _weights([r.rate for r in lst])
         hops = [{"via": addr.ip(r.peer, r.peer_nic), "dev": r.dev, "weight": w}

@@ -26,6 +26,9 @@ class AgentReply:
     rc: int  # the agent's exit code; 255 = unreachable (no agent answer at all)
     out: str
     err: str
+    # the agent died without an exit code of its own: "signal 9, SIGKILL" (a local process),
+    # or over SSH "no exit status" (sshd reports the signal, paramiko drops it)
+    killed: str | None = None
 
     def json(self) -> dict:
         """The agent's --json document (or an error document built from what came back)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -61,11 +62,22 @@ class LocalTransport:
             return AgentReply(host, UNREACHABLE, "", f"agent timed out after {timeout:.0f}s")
         except OSError as e:
             return AgentReply(host, UNREACHABLE, "", f"cannot run the agent: {e}")
-        return AgentReply(host, r.returncode, r.stdout, r.stderr)
+        return AgentReply(host, r.returncode, r.stdout, r.stderr,
+                          killed=signal_name(r.returncode))
 
     def close(self) -> None:
         """Nothing to release."""
         pass
+
+
+def signal_name(rc: int) -> str | None:
+    """`signal 9, SIGKILL` for a process killed by a signal (a negative return code)."""
+    if rc >= 0:
+        return None
+    try:
+        return f"signal {-rc}, {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"signal {-rc}"
 
 
 def lab_transport(lab) -> LocalTransport:

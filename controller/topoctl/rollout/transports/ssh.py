@@ -99,6 +99,10 @@ class SshTransport:
                               "refusing to connect (update known_hosts if this is expected)")
         except (paramiko.SSHException, OSError) as e:  # OSError covers timeouts and refusals
             return AgentReply(host, UNREACHABLE, "", f"ssh {self.addresses.get(host)}: {e}")
+        if rc == -1:  # the channel closed without an exit status: sshd saw the agent killed
+            # by a signal (paramiko ignores the exit-signal message) or the session dropped
+            return AgentReply(host, rc, out, err, killed="no exit status: killed by a signal "
+                              "or the SSH session dropped")
         return AgentReply(host, rc, out, err)
 
     def close(self) -> None:

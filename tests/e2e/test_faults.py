@@ -1,0 +1,164 @@
+"""Multi-host faults during `topoctl apply`, on the 8-host lab with a real agent (and sshd) per
+host: an agent killed mid-apply is named, recovered from its journal, and a second apply
+converges; over SSH every host confirms its apply (confirm-or-revert), and a host cut off after
+its apply reverts by itself while every other host is rolled back. Read back with iproute2."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.e2e.test_rollout import PLAN, dumps, lab, topoctl  # noqa: F401
+from tests.netns import sh
+from topoctl.rollout import twophase
+from topoctl.rollout.transports.ssh import lab_ssh_transport
+
+pytestmark = pytest.mark.netns
+
+
+def confirm_record(lab, host: str) -> dict:  # noqa: F811
+    return json.loads((lab.state_dir / "agent" / host / "confirm.json").read_text())
+
+
+def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  # noqa: F811
+                                                             capsys):
+    before = dumps(lab)
+    monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "3")  # test-only: SIGKILL after operation 3
+    monkeypatch.setenv("TOPO_AGENT_CRASH_TARGET", lab.netns("h6"))  # ... on h6 alone
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--json") == 3
+    report = json.loads(capsys.readouterr().out)
+    killed = [e for e in report["events"] if e["host"] == "h6" and e["phase"] == "apply"]
+    assert killed[0]["result"] == "killed"
+    assert killed[0]["detail"][0] == ("agent killed (signal 9, SIGKILL) during apply; run "
+                                      "`topo-agent recover` or re-apply")
+    assert report["message"].startswith("apply failed on h6 (h6: agent killed (signal 9, "
+                                        "SIGKILL) during apply")
+    assert "recovered h6 from its journal" in report["message"]
+    assert report["hosts"]["h6"]["result"] == "recovered"
+    assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == {
+        f"h{i}" for i in range(8)} - {"h6"}
+    assert dumps(lab) == before  # every host exactly as before, h6 included
+    assert not (lab.state_dir / "agent" / "h6" / "journal").exists()
+
+    # the human report names the host and what happened too
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 3
+    out = capsys.readouterr().out
+    assert "h6: agent killed (signal 9, SIGKILL) during apply; run `topo-agent recover` or " \
+           "re-apply" in " ".join(out.split())
+    assert dumps(lab) == before
+
+    # kill it again and leave the journal behind: the next apply recovers, then converges
+    monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "5")
+    r = sh(["ip", "netns", "exec", lab.netns("h6"), "true"])  # the namespace is there
+    assert r.returncode == 0
+    from tests.integration.test_crash import Host, run_agent
+    h6 = Host(lab.netns("h6"), "", lab.state_dir / "agent" / "h6", lab.state_dir)
+    text = yaml.safe_dump(yaml.safe_load(PLAN.read_text())["hosts"]["h6"])
+    assert run_agent(h6, "apply", "-", stdin=text).returncode == -9
+    assert (lab.state_dir / "agent" / "h6" / "journal").exists()
+    monkeypatch.delenv("TOPO_AGENT_CRASH_AFTER")
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 2
+    applied = dumps(lab)
+    assert applied != before
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0  # converged
+    assert dumps(lab) == applied
+
+
+def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa: F811
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--confirm-within", "6",
+                   "--json") == 2
+    report = json.loads(capsys.readouterr().out)
+    assert {e["result"] for e in report["hosts"].values()} == {"confirmed"}, report["message"]
+    applied = dumps(lab)
+    last = max(confirm_record(lab, f"h{i}")["deadline"] for i in range(8))
+    time.sleep(max(0.0, last - time.time()) + 1)  # past every deadline: nothing reverts
+    assert dumps(lab) == applied
+    assert {confirm_record(lab, f"h{i}")["state"] for i in range(8)} == {"confirmed"}
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0
+
+
+def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
+    """h2 applies, then its management path dies (every packet it sends goes to a blackhole):
+    topoctl cannot confirm it, says so, rolls every other host back; h2's own watchdog reverts
+    it at the deadline. Afterwards every host is exactly as before."""
+    before = dumps(lab)
+    plan = yaml.safe_load(PLAN.read_text())
+    ns = lab.netns("h2")
+    cut = [["ip", "-n", ns, "route", "add", "blackhole", "default", "table", "77"],
+           ["ip", "-n", ns, "rule", "add", "priority", "7", "lookup", "77"]]
+
+    def progress(e: twophase.Event) -> None:
+        if e.host == "h2" and e.phase == "apply" and e.result == "changed":
+            for cmd in cut:
+                sh(cmd)
+
+    transport = lab_ssh_transport(lab)
+    t0 = time.monotonic()
+    try:
+        report = twophase.apply_plan(plan, transport, progress=progress, confirm_within=8,
+                                     timeout=60)
+    finally:
+        transport.close()
+    took = time.monotonic() - t0
+    try:
+        final = report.final()
+        assert report.exit_code == 3, report.message
+        assert final["h2"].phase == "confirm" and final["h2"].result == "unreachable"
+        assert "h2 unreachable: its agent reverts by itself 8 s after its apply" in report.message
+        assert {h for h, e in final.items() if e.result == "rolled back"} == {
+            f"h{i}" for i in range(8)} - {"h2"}
+        assert took < 40, took  # said within seconds, not after the 120 s SSH timeout
+        deadline = time.monotonic() + 20
+        while confirm_record(lab, "h2")["state"] != "reverted" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert confirm_record(lab, "h2")["state"] == "reverted"
+    finally:
+        sh(["ip", "-n", ns, "rule", "del", "priority", "7"], check=False)
+        sh(["ip", "-n", ns, "route", "del", "blackhole", "default", "table", "77"], check=False)
+    assert dumps(lab) == before
+
+
+def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
+    """h4 loses its kernel state (a reboot: the agent's addresses, routes and sysctls gone, its
+    state directory kept) after prepare and before apply: its agent diffs again at apply time,
+    so every host ends in the new state, `status` says in sync and a second apply is a no-op."""
+    from topoctl.rollout.transports.local import lab_transport
+
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 2
+    plan = yaml.safe_load(PLAN.read_text())
+    for state in plan["hosts"].values():  # a second plan that changes every host
+        state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
+    ns = lab.netns("h4")
+    nics = [n.name for n in lab.cluster.host("h4").nics]
+
+    def reboot(e: twophase.Event) -> None:
+        if e.host == "h4" and e.phase == "prepare":
+            sh(["ip", "-n", ns, "route", "flush", "proto", "76", "table", "all"])
+            for dev in nics:
+                sh(["ip", "-n", ns, "addr", "flush", "dev", dev])
+            for a in json.loads(sh(["ip", "-n", ns, "-j", "-4", "addr", "show", "dev",
+                                    "lo"]).stdout)[0]["addr_info"]:
+                if a["local"] != "127.0.0.1":
+                    sh(["ip", "-n", ns, "addr", "del", f"{a['local']}/{a['prefixlen']}",
+                        "dev", "lo"])
+            sh(["ip", "netns", "exec", ns, "sh", "-c",
+                "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done; "
+                "echo 0 > /proc/sys/net/ipv4/ip_forward"])
+
+    transport = lab_transport(lab)
+    try:
+        report = twophase.apply_plan(plan, transport, progress=reboot)
+    finally:
+        transport.close()
+    assert report.exit_code == 2, report.message
+    final = report.final()
+    assert {e.result for e in final.values()} == {"changed"}
+    # h4 re-made everything (addresses, routes), the others only the rp_filter change
+    assert len(final["h4"].detail) > 2 * max(len(final[h].detail) for h in final if h != "h4")
+    status = twophase.status(plan, lab_transport(lab))
+    assert status.exit_code == 0, [(e.host, e.result, e.detail) for e in status.events]
+    again = twophase.apply_plan(plan, lab_transport(lab))
+    assert again.exit_code == 0, again.message

@@ -1,0 +1,138 @@
+"""Confirm-or-revert (`topo-agent apply --confirm-within`): an apply its controller does not
+confirm in time is undone by a detached watchdog; a confirmed one stays. Real namespaces, real
+agent processes; the host is read back with iproute2 and /proc (tests.netns.host_dump)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.test_agent import Host, dump, full_state, host  # noqa: F401
+from tests.integration.test_crash import new_state, run_agent
+
+pytestmark = pytest.mark.netns
+WINDOW = "5"  # seconds: short, yet long enough for a loaded CI machine to look in between
+
+
+def past_deadline(rec: dict) -> None:
+    time.sleep(max(0.0, rec["deadline"] - time.time()) + 0.5)
+
+
+def record(h: Host) -> dict:
+    return json.loads((h.state_dir / "confirm.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+
+
+def wait_for(cond, seconds: float = 20.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+@pytest.fixture
+def confirm_host(host: Host):  # noqa: F811
+    """The `host` fixture, and no watchdog left running after the test."""
+    yield host
+    try:
+        pid = record(host).get("watchdog")
+    except (OSError, ValueError):
+        return
+    if pid and alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def consistent(h: Host, history: int) -> None:
+    """No journal left, the lock free (an apply can take it), the history as expected."""
+    assert not (h.state_dir / "journal").exists()
+    assert len(list((h.state_dir / "history").glob("*.json"))) == history
+    r = run_agent(h, "--json", "recover")
+    assert r.returncode == 0 and json.loads(r.stdout)["recovered"] is False, r.stdout
+
+
+def test_unconfirmed_apply_reverts_by_itself(confirm_host: Host):
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 2
+    old = dump(h.ns)
+    r = h.apply(new_state(), "--confirm-within", WINDOW)
+    assert r.returncode == 2, r.stderr
+    rec = record(h)
+    assert rec["state"] == "pending" and alive(rec["watchdog"])
+    assert "topo-agent confirm" in r.stdout
+    assert dump(h.ns) != old  # applied for real
+    # nobody confirms: the watchdog reverts after the deadline
+    assert wait_for(lambda: record(h)["state"] == "reverted"), record(h)
+    assert dump(h.ns) == old
+    assert wait_for(lambda: not alive(rec["watchdog"]), 5)
+    consistent(h, history=2)  # baseline + full_state: the unconfirmed apply left no entry
+    late = h.agent("confirm")
+    assert late.returncode == 1 and "too late: the apply was reverted" in late.stderr
+    assert h.diff(full_state()).returncode == 0  # in sync with the old state
+    assert (h.state_dir / "confirm.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_confirmed_apply_stays(confirm_host: Host):
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 2
+    r = h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe")
+    assert r.returncode == 2, r.stderr
+    new = dump(h.ns)
+    pid = record(h)["watchdog"]
+    c = h.agent("--json", "confirm")
+    assert c.returncode == 0 and json.loads(c.stdout)["confirmed"], c.stderr
+    assert wait_for(lambda: not alive(pid), 5)  # the watchdog saw it and left
+    past_deadline(record(h))
+    assert dump(h.ns) == new
+    assert record(h)["state"] == "confirmed"
+    consistent(h, history=3)
+    assert h.diff(new_state()).returncode == 0
+    assert h.agent("confirm").returncode == 0  # twice is harmless
+
+
+def test_one_pending_confirmation_at_a_time_and_rollback_ends_it(confirm_host: Host):
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 2
+    old = dump(h.ns)
+    assert h.apply(new_state(), "--confirm-within", "30", "--no-probe").returncode == 2
+    pid = record(h)["watchdog"]
+    again = h.apply(full_state())
+    assert again.returncode == 1 and "awaits confirmation" in again.stderr, again.stderr
+    back = h.agent("rollback", "--no-probe")
+    assert back.returncode == 2, back.stderr
+    assert dump(h.ns) == old
+    assert record(h)["state"] == "rolled back"
+    assert wait_for(lambda: not alive(pid), 5)
+    consistent(h, history=2)
+
+
+def test_a_killed_watchdog_reverts_at_the_next_agent_start(confirm_host: Host):
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 2
+    old = dump(h.ns)
+    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 2
+    rec = record(h)
+    os.kill(rec["watchdog"], signal.SIGKILL)
+    past_deadline(rec)
+    assert dump(h.ns) != old  # nobody reverted yet
+    r = h.agent("show")  # any verb: recovery runs first
+    assert r.returncode == 0, r.stderr
+    assert "reverted an unconfirmed apply" in r.stderr
+    assert yaml.safe_load(r.stdout) is not None
+    assert dump(h.ns) == old
+    assert record(h)["state"] == "reverted"
+    consistent(h, history=2)

@@ -1,0 +1,224 @@
+"""Property-based fuzzing of the planner's input side: generated clusters (1-6 hosts, direct
+cables, possibly disconnected, hosts without links, switched stars) and jobs (any strategy
+mix, batch sizes that do or do not split), planned in process.
+
+Invariant: `make_plan` returns a plan the agent schema accepts (`validate_plan`) or raises a
+TopoError (ClusterError / JobError / StateError: the CLI prints FILE: yaml.path: message and
+exits 1); any other exception is a bug (exit 70). Issue 11 found tracebacks in the trees
+strategy on a disconnected cluster, a host without links and a one-host job: those are kept
+below as explicit cases."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from topoagent.protocol import TopoError
+from topoctl import cli as topoctl_cli
+from topoctl.planner import make_plan
+from topoctl.render.validate import validate_plan
+from topoctl.spec.cluster_load import parse_cluster
+from topoctl.spec.job import parse_job
+
+EXAMPLES = int(os.environ.get("TOPO_FUZZ_PLAN_EXAMPLES", "150"))
+RANDOM = os.environ.get("TOPO_FUZZ_RANDOM") == "1"
+STRATEGIES = ["baseline", "trees", "bandwidth", "baseline+bandwidth", "trees+bandwidth",
+              "topoopt", "placement", "pipeline", "nosuch"]
+JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "fz",
+       "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 64}},
+       "sync": {"bucket": "200KB"}, "cost": {"method": "roofline", "device": "A100"}}
+
+
+@st.composite
+def clusters(draw) -> dict:
+    n = draw(st.integers(1, 6))
+    nics = [draw(st.integers(1, 3)) for _ in range(n)]
+    hosts = [{"name": f"h{i}", "nics": [{"name": f"eth{k}"} for k in range(nics[i])]}
+             for i in range(n)]
+    if draw(st.booleans()):  # a switched star
+        fabric = {"kind": "switched", "switches": [{"name": "s0"}]}
+    else:  # direct cables between free ports, any subset: possibly disconnected
+        ports = [f"h{i}:eth{k}" for i in range(n) for k in range(nics[i])]
+        order = draw(st.permutations(ports))
+        pairs = [(order[j], order[j + 1]) for j in range(0, len(order) - 1, 2)
+                 if order[j].split(":")[0] != order[j + 1].split(":")[0]]
+        keep = draw(st.lists(st.booleans(), min_size=len(pairs), max_size=len(pairs)))
+        fabric = {"kind": "direct",
+                  "links": [{"a": a, "b": b} for (a, b), k in zip(pairs, keep, strict=True)
+                            if k]}
+    gpus = draw(st.sampled_from([1, 1, 2]))
+    return {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": "fz",
+            "defaults": {"nic_speed": draw(st.sampled_from(["100mbit", "10gbit"])),
+                         "gpus": {"count": gpus, "type": "A100"}},
+            "hosts": hosts, "fabric": fabric}
+
+
+@st.composite
+def jobs(draw) -> dict:
+    strategies = draw(st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=3,
+                               unique=True))
+    return JOB | {"strategies": strategies,
+                  "batch": {"global": draw(st.sampled_from([12, 24, 48, 7, 1]))},
+                  "sync": {"bucket": "200KB",
+                           "algorithm": draw(st.sampled_from(["ring", "tree", "auto"]))}}
+
+
+def junk() -> st.SearchStrategy:
+    leaves = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
+              | st.text(max_size=10))
+    return st.recursive(leaves, lambda c: st.lists(c, max_size=3)
+                        | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
+
+
+def _paths(doc, prefix=()):
+    """Every (path) to a value inside `doc`, containers included."""
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, (*prefix, i))
+
+
+@st.composite
+def mutated(draw, base: st.SearchStrategy) -> dict:
+    """A valid document with one to three values (at any depth) replaced by junk or deleted."""
+    import copy
+
+    doc = copy.deepcopy(draw(base))
+    for _ in range(draw(st.integers(1, 3))):
+        paths = [p for p in _paths(doc) if p]
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = doc
+        for k in path[:-1]:
+            parent = parent[k]
+        if draw(st.booleans()) and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(junk())
+    return doc
+
+
+def plan_or_clean_error(cluster: dict, job: dict) -> str:
+    try:
+        c = parse_cluster(cluster)
+        j = parse_job(job)
+        doc, _, _ = make_plan(c, j, use_cache=False)
+    except TopoError as e:
+        assert str(e), "an error without a message"
+        return "error"
+    problems = validate_plan(doc)
+    assert not problems, problems[:5]
+    return "plan"
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cluster=clusters(), job=jobs())
+def test_any_small_cluster_and_job_plan_or_fail_cleanly(cluster, job):
+    plan_or_clean_error(cluster, job)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cluster=st.one_of(clusters(), mutated(clusters())),
+       job=st.one_of(jobs(), mutated(jobs())))
+def test_mutated_cluster_and_job_files_fail_cleanly(cluster, job):
+    """Junk at any depth of a cluster or job file: a TopoError naming the path, or a plan."""
+    plan_or_clean_error(cluster, job)
+
+
+PLAN_EXAMPLES = int(os.environ.get("TOPO_FUZZ_PLANFILE_EXAMPLES", "100"))
+PLAN_FILE = Path(__file__).resolve().parents[2] / "plans" / "mlp-hetero8-plan.yaml"
+
+
+@settings(max_examples=PLAN_EXAMPLES, deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(doc=mutated(st.just(yaml.safe_load(PLAN_FILE.read_text()))))
+def test_mutated_plans_to_explain_and_apply_dry_run_fail_cleanly(doc):
+    """A plan with junk at any depth: `topoctl explain` and `topoctl apply --dry-run` (to a lab
+    that is not up) answer 0 or 1, never a traceback (70)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "plan.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        for argv in (["explain", str(path)],
+                     ["apply", "--dry-run", "--lab", "tpxnosuch", str(path)]):
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                rc = topoctl_cli.main(argv)
+            assert rc in (0, 1) and "Traceback" not in err.getvalue(), (argv, rc,
+                                                                        err.getvalue())
+
+
+@pytest.mark.parametrize(("where", "value", "says"), [
+    # found by the fuzzer: explain read the plan's fabric and metadata unchecked (KeyError,
+    # AttributeError tracebacks)
+    (("fabric", "links", 8), {"b": "h1:eth0"}, "fabric.links[8].a: Field required"),
+    (("metadata", "prediction"), "x", "metadata: cannot summarise this plan"),
+    (("metadata", "strategies"), [1], "metadata: cannot summarise this plan"),
+])
+def test_found_explain_of_a_malformed_plan_is_a_clean_error(tmp_path, capsys, where, value,
+                                                           says):
+    doc = yaml.safe_load(PLAN_FILE.read_text())
+    parent = doc
+    for k in where[:-1]:
+        parent = parent[k]
+    parent[where[-1]] = value
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert topoctl_cli.main(["explain", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"topoctl: {path}: {says}" in err and "Traceback" not in err, err
+
+
+def _ring(n: int, links: bool = True) -> dict:
+    return {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": "fz",
+            "defaults": {"nic_speed": "100mbit", "gpus": {"count": 1, "type": "A100"}},
+            "hosts": [{"name": f"h{i}", "nics": [{"name": "eth0"}, {"name": "eth1"}]}
+                      for i in range(n)],
+            "fabric": {"kind": "direct", "links": [
+                {"a": f"h{i}:eth0", "b": f"h{(i + 1) % n}:eth1"} for i in range(n)
+                if links and n > 1]}}
+
+
+# issue 11's planner tracebacks, each with the trees strategy
+REGRESSIONS = {
+    "disconnected": (_ring(4) | {"fabric": {"kind": "direct", "links": [
+        {"a": "h0:eth0", "b": "h1:eth1"}, {"a": "h2:eth0", "b": "h3:eth1"}]}}),
+    "host-without-links": (_ring(3) | {"fabric": {"kind": "direct", "links": [
+        {"a": "h0:eth0", "b": "h1:eth1"}, {"a": "h1:eth0", "b": "h0:eth1"}]}}),
+    "one-host": _ring(1),
+}
+
+
+def test_found_bandwidth_split_into_a_switch_is_a_clean_error():
+    """Found by the fuzzer: +bandwidth on a switched star where a host has two NICs on the
+    switch made the LP split a pair over both, and rendering the next hop raised KeyError."""
+    cluster = _ring(3) | {"fabric": {"kind": "switched", "switches": [{"name": "s0"}]}}
+    cluster["hosts"][0]["nics"] = cluster["hosts"][1]["nics"] = [{"name": "eth0"}]
+    job = JOB | {"strategies": ["bandwidth"], "batch": {"global": 12},
+                 "sync": {"bucket": "200KB", "algorithm": "ring"}}
+    try:
+        make_plan(parse_cluster(cluster), parse_job(job), use_cache=False)
+    except TopoError as e:
+        assert "strategies[0]" in str(e) and "multipath through a switch" in str(e), str(e)
+    else:
+        pytest.fail("planned a split it cannot render")
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+@pytest.mark.parametrize("strategies", [["trees"], ["trees+bandwidth"], ["baseline"]])
+def test_regressions(name, strategies):
+    job = JOB | {"strategies": strategies, "batch": {"global": 12}}
+    plan_or_clean_error(REGRESSIONS[name], job)
