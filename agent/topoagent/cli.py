@@ -203,6 +203,7 @@ def cmd_apply(args, target: Target) -> int:
 
 
 def cmd_confirm(args, target: Target) -> int:
+    """`topo-agent confirm`: keep the pending apply (its watchdog stands down); exit 0."""
     doc = confirming.confirm(target, _store(args, target))
     if args.json:
         print(json.dumps({"ok": True, "confirmed": True, "armed": doc["armed"]}))
@@ -212,6 +213,7 @@ def cmd_confirm(args, target: Target) -> int:
 
 
 def cmd_confirm_watchdog(args, target: Target) -> int:
+    """The detached watchdog of `apply --confirm-within`: reverts unless confirmed in time."""
     return confirming.watchdog(target, _store(args, target), args.token)
 
 

@@ -38,10 +38,11 @@ POLL_S = 0.1
 
 
 class ConfirmError(TopoError):
-    pass
+    """Nothing to confirm, a confirmation too late, or a second pending apply."""
 
 
 def read(root: Path) -> dict | None:
+    """The confirmation record in `root`, or None when there is none (or it is unreadable)."""
     try:
         doc = json.loads((Path(root) / CONFIRM).read_text())
     except (OSError, ValueError):
@@ -73,6 +74,7 @@ def clear(root: Path) -> None:
 
 
 def pending(root: Path) -> dict | None:
+    """The record of an apply still waiting for `topo-agent confirm`, else None."""
     doc = read(root)
     return doc if doc is not None and doc.get("state") == "pending" else None
 
