@@ -98,7 +98,9 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
     transport = lab_ssh_transport(lab)
     t0 = time.monotonic()
     try:
-        report = twophase.apply_plan(plan, transport, progress=progress, confirm_within=8,
+        # 20 s: the confirmations of 8 hosts applying at once on 2 shared cores must get
+        # through in time (at 8 s a loaded CI machine missed one for a reachable host)
+        report = twophase.apply_plan(plan, transport, progress=progress, confirm_within=20,
                                      timeout=60)
     finally:
         transport.close()
@@ -107,11 +109,11 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
         final = report.final()
         assert report.exit_code == 3, report.message
         assert final["h2"].phase == "confirm" and final["h2"].result == "unreachable"
-        assert "h2 unreachable: its agent reverts by itself 8 s after its apply" in report.message
+        assert "h2 unreachable: its agent reverts by itself 20 s after its apply" in report.message
         assert {h for h, e in final.items() if e.result == "rolled back"} == {
             f"h{i}" for i in range(8)} - {"h2"}
-        assert took < 40, took  # said within seconds, not after the 120 s SSH timeout
-        deadline = time.monotonic() + 20
+        assert took < 60, took  # said at the deadline, not after the 120 s SSH timeout
+        deadline = time.monotonic() + 30
         while confirm_record(lab, "h2")["state"] != "reverted" and time.monotonic() < deadline:
             time.sleep(0.2)
         assert confirm_record(lab, "h2")["state"] == "reverted"

@@ -224,7 +224,8 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     if confirm_within:
         lost = sorted(h for h in failed if outcome[h].result == "unreachable")
         if lost:
-            msg += (f"; {', '.join(lost)} unreachable: its agent reverts by itself "
+            whose = "its agent reverts" if len(lost) == 1 else "their agents revert"
+            msg += (f"; {', '.join(lost)} unreachable: {whose} by itself "
                     f"{confirm_within:g} s after its apply unless confirmed")
     if unrecovered:
         msg += (f"; RECOVERY FAILED on {', '.join(unrecovered)}: run `topo-agent recover` "
