@@ -224,8 +224,9 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     if confirm_within:
         lost = sorted(h for h in failed if outcome[h].result == "unreachable")
         if lost:
-            whose = "its agent reverts" if len(lost) == 1 else "their agents revert"
-            msg += (f"; {', '.join(lost)} unreachable: {whose} by itself "
+            whose = ("its agent reverts by itself" if len(lost) == 1
+                     else "their agents revert by themselves")
+            msg += (f"; {', '.join(lost)} unreachable: {whose} "
                     f"{confirm_within:g} s after its apply unless confirmed")
     if unrecovered:
         msg += (f"; RECOVERY FAILED on {', '.join(unrecovered)}: run `topo-agent recover` "
