@@ -132,6 +132,10 @@ def _worker(rank: int, port: int, outdir: str, planned: dict) -> None:
             want = x.clone()
             dist.all_reduce(want)
             _check(fails, f"planned n={size}", tree_allreduce(x.clone(), sched), want)
+            # receives posted strictly step by step, one step ahead, and all steps ahead
+            for ahead in (0, 1, 10_000):
+                got = tree_allreduce(x.clone(), sched, chunks=8, lookahead=ahead)
+                _check(fails, f"planned n={size} lookahead={ahead}", got, want)
         _ddp_case(rank, groups, fails)
     except Exception:  # noqa: BLE001 - reported to the parent
         fails.append(f"rank {rank} crashed:\n{traceback.format_exc()}")

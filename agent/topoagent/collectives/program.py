@@ -44,6 +44,7 @@ import torch.distributed as dist
 from .schedule import TreeSchedule, check_world_size, partition_sizes
 
 __all__ = [
+    "LOOKAHEAD",
     "TAG",
     "Program",
     "chunk_count",
@@ -167,14 +168,75 @@ def compile_program(
     return Program(rank, world, numel, chunks, steps, scratch)
 
 
-def run_program(program: Program, flat: torch.Tensor, pg) -> None:
+LOOKAHEAD = 4
+"""Steps whose receives are posted ahead of the step being run (see :func:`run_program`)."""
+
+
+def _layout(step: tuple[tuple[Message, ...], tuple[Message, ...]]) -> tuple[int, list[int]]:
+    """Scratch offsets of one step: packed sends first, then the receives that need staging
+    (several pieces, or a reduce piece that is added rather than received in place); -1 for a
+    receive straight into the tensor. Returns (offset of the first receive, receive offsets)."""
+    snd, rcv = step
+    pos = sum(m.length for m in snd if len(m.pieces) > 1)
+    first = pos
+    offs = []
+    for m in rcv:
+        if len(m.pieces) == 1 and m.pieces[0][2] == _BCAST:
+            offs.append(-1)
+        else:
+            offs.append(pos)
+            pos += m.length
+    return first, offs
+
+
+def run_program(program: Program, flat: torch.Tensor, pg, lookahead: int = LOOKAHEAD) -> None:
     """Execute ``program`` on the contiguous 1-D ``flat`` (in place) over process group ``pg``
-    (its ``send``/``recv`` take group ranks): per step, post every send and receive, add/copy
-    each received message as it arrives, then wait for the sends."""
-    scratch = torch.empty(program.scratch, dtype=flat.dtype, device=flat.device)
-    for snd, rcv in program.steps:
+    (its ``send``/``recv`` take group ranks).
+
+    Per step: post every send, add/copy each received message as it arrives, in step order.
+    The receives of the next ``lookahead`` steps are posted ahead (gloo matches a peer's
+    messages of one tag in posting order): gloo's TCP transport sends a message only after
+    the receiver has announced the matching receive, so a receive posted late costs a round
+    trip, and on a busy machine the receiver's turn on a core, before every message. Each
+    in-flight step has its own staging slot; a slot's sends are waited for before the slot is
+    reused. Receiving a broadcast piece straight into the tensor early is safe: it cannot
+    arrive before this rank's reduce send of the same chunk has reached the parent (the
+    root's broadcast of a chunk depends on it)."""
+    steps = program.steps
+    ahead = max(0, int(lookahead))
+    slots = ahead + 1
+    scratch = torch.empty(program.scratch * slots, dtype=flat.dtype, device=flat.device)
+    posted: list = [None] * len(steps)  # per step: [(work, buf, pieces)] of its receives
+    sends_of: list = [None] * len(steps)
+
+    def post_recvs(i: int) -> None:
+        base = (i % slots) * program.scratch
+        prev = i - slots  # the step that used this slot before
+        if prev >= 0 and sends_of[prev]:
+            for work in sends_of[prev]:
+                work.wait()
+            sends_of[prev] = None
+        _, offs = _layout(steps[i])
+        out = []
+        for m, off in zip(steps[i][1], offs, strict=True):
+            if off < 0:
+                o, ln, _ = m.pieces[0]
+                out.append((pg.recv([flat[o : o + ln]], m.peer, TAG), None, None))
+            else:
+                buf = scratch[base + off : base + off + m.length]
+                out.append((pg.recv([buf], m.peer, TAG), buf, m.pieces))
+        posted[i] = out
+
+    for i in range(min(ahead, len(steps))):
+        post_recvs(i)
+    for i, (snd, _rcv) in enumerate(steps):
+        if posted[i] is None:
+            post_recvs(i)
+        if i + ahead < len(steps) and posted[i + ahead] is None:
+            post_recvs(i + ahead)
+        base = (i % slots) * program.scratch
         sends = []
-        pos = 0
+        pos = base
         for m in snd:
             if len(m.pieces) == 1:
                 o, ln, _ = m.pieces[0]
@@ -184,18 +246,10 @@ def run_program(program: Program, flat: torch.Tensor, pg) -> None:
                 pos += m.length
                 torch.cat([flat[o : o + ln] for o, ln, _ in m.pieces], out=buf)
             sends.append(pg.send([buf], m.peer, TAG))
-        recvs = []
-        for m in rcv:
-            if len(m.pieces) == 1 and m.pieces[0][2] == _BCAST:
-                o, ln, _ = m.pieces[0]
-                recvs.append((pg.recv([flat[o : o + ln]], m.peer, TAG), None, None))
-                continue
-            buf = scratch[pos : pos + m.length]
-            pos += m.length
-            recvs.append((pg.recv([buf], m.peer, TAG), buf, m.pieces))
+        sends_of[i] = sends
         # each received message is reduced/copied as soon as it is in, while the others are
         # still in flight: none of them touches what this step's sends read (other chunks)
-        for work, buf, pieces in recvs:
+        for work, buf, pieces in posted[i]:
             work.wait()
             if buf is None:
                 continue
@@ -207,7 +261,9 @@ def run_program(program: Program, flat: torch.Tensor, pg) -> None:
                 else:
                     dst.copy_(buf[b : b + ln])
                 b += ln
-        for work in sends:
+        posted[i] = None
+    for sends in sends_of:
+        for work in sends or ():
             work.wait()
 
 
@@ -233,13 +289,15 @@ def tree_allreduce(
     schedule: TreeSchedule,
     group: dist.ProcessGroup | None = None,
     chunks: int | None = None,
+    lookahead: int = LOOKAHEAD,
 ) -> torch.Tensor:
     """Sum ``tensor`` over all ranks of ``group`` in place, following ``schedule``.
 
     ``chunks`` (pipeline chunks per tree) defaults to :func:`chunk_count` (from the
     schedule's ``chunk_bytes``). Raises :class:`~topoagent.collectives.schedule.ScheduleMismatch`
     if the schedule was made for another world size. Programs are compiled once per (schedule,
-    size, rank, chunks) and cached.
+    size, rank, chunks) and cached. ``lookahead``: steps whose receives are posted early
+    (0: strictly one step at a time).
     """
     world = dist.get_world_size(group)
     check_world_size(schedule, world)
@@ -252,7 +310,7 @@ def tree_allreduce(
         chunks = chunk_count(schedule, flat.numel(), flat.element_size())
     prog = _program_for(schedule, flat.numel(), rank, chunks)
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    run_program(prog, flat, pg)
+    run_program(prog, flat, pg, lookahead)
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))
     return tensor
