@@ -39,6 +39,7 @@ def test_ring_on_a_mesh_gets_multipath_and_is_faster():
             assert sum(c.rate for c in q.classes) <= q.rate
     text = explain_text(doc)
     assert "multipath to h1 (table 100)" in text
+    assert "bandwidth post-pass: objective minmax, multipath on (4 pair(s) split)" in text
     assert "destination  link" in text
 
 
