@@ -315,3 +315,23 @@ def test_show_round_trips_the_ovs_section(host: OvsHost):
     r = host.agent("apply", "-", "--no-probe", stdin=shown.stdout)
     assert r.returncode == 2, r.stdout + r.stderr
     assert host.ovs_dump()["queues"] == before["queues"]
+
+
+def test_killed_apply_recovers_ovs_from_the_journal(host: OvsHost):
+    """The journal header holds the host as `show` sees it, OVS sections included: an apply
+    killed after its OVSDB write is undone by `recover` to exactly the OVS state before."""
+    assert host.apply(state(CLASSES)).returncode == 2
+    before = host.ovs_dump()
+    new = state(CLASSES[:1] + [{"dst": "10.231.9.4/32", "rate": "10mbit"}],
+                flows=[{"dst": "10.231.8.2/32", "output": "tpc0"}])
+    env = os.environ | {"TOPO_AGENT_CRASH_AFTER": "1", "TOPO_AGENT_CRASH_MODE": "kill"}
+    cmd = [sys.executable, "-m", "topoagent.cli", "--netns", host.ns, "--state-dir",
+           str(host.state_dir), "--ovsdb", host.db, "apply", "-", "--no-probe"]
+    r = subprocess.run(cmd, input=yaml.safe_dump(new), capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
+    assert host.ovs_dump() != before  # the OVSDB write happened
+    r = host.agent("recover")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert host.ovs_dump() == before
+    assert host.apply(state(CLASSES)).returncode == 0  # and the agent agrees: nothing to do
