@@ -23,6 +23,9 @@ Shape (see plans/*-cluster.yaml):
     #          {name: spine}], attach: [{port: h0, switch: tor0}]}     # star or leaf/spine
     bandwidth_matrix: {h0: {h1: 90mbit}}   # optional, measured/given; for planning only
     addressing: {management: 10.232.7.0/24}   # optional; the lab picks a free /24 otherwise
+    inventory: {user: root, key: ~/.ssh/id_ed25519, ovsdb: unix:/run/openvswitch/db.sock}
+    # bare metal (SSH): host addresses in hosts[].address; ovsdb: the agent's --ovsdb on every
+    # host with ovs: true (hosts[].ovsdb overrides it per host)
 
 Rates are per direction of a full-duplex link, in bit/s once parsed; latency is one-way, in
 seconds once parsed; loss is a fraction. `Cluster.graph()` returns the fabric as plain data
