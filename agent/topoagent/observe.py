@@ -261,10 +261,25 @@ def to_host_state(obs: Observed) -> HostState:
         classes = list(tree.classified().values())
         if tree.rate is not None:
             qos.append(Qos(dev=dev, rate=tree.rate, classes=classes))
-    return HostState(
+    base = dict(
         interfaces=interfaces,
         sysctl=Sysctl(ip_forward=None if ip_forward is None else ip_forward == "1", rp_filter=rp),
         routes=[r.route for r in obs.routes.values()],
         rules=[r.rule for r in obs.rules if r.rule is not None],
-        qos=qos,
     )
+    if obs.ovs is not None:  # the agent's bridges and their queues (topoagent.ovs)
+        from pydantic import ValidationError
+
+        from topoagent.ovs import observed_sections
+        from topoagent.ovs_state import OvsState
+
+        section, ovs_qos = observed_sections(obs.ovs)
+        on_ovs = {q["dev"] for q in ovs_qos}
+        try:
+            return HostState(**base, qos=[q for q in qos if q.dev not in on_ovs]
+                             + [Qos.model_validate(q) for q in ovs_qos],
+                             ovs=OvsState.model_validate(section) if section and
+                             section["bridges"] else None)
+        except (ValidationError, ValueError):  # changed behind the agent's back into
+            pass  # something no HostState can say (e.g. queues above the link): left out
+    return HostState(**base, qos=qos)

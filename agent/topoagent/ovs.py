@@ -345,7 +345,113 @@ class OvsFilters(Op):
                 f"(were {len(self.old)}; the userspace datapath ignores set_queue)")
 
 
-# --- show --------------------------------------------------------------------------------------
+# --- show: the observed state as HostState sections ----------------------------------------------
+def _flow_parts(flow: str) -> tuple[int, str, str] | None:
+    """`priority=P,ip,nw_dst=D actions=A` (the form desired_openflow writes and ovs-ofctl prints
+    back) -> (P, D as a network, A); None for any other flow."""
+    match, sep, actions = flow.partition(" actions=")
+    fields = dict(f.partition("=")[::2] for f in match.split(","))
+    if not sep or set(fields) != {"priority", "ip", "nw_dst"}:
+        return None
+    dst = fields["nw_dst"]
+    return int(fields["priority"]), dst if "/" in dst else f"{dst}/32", actions
+
+
+def _out_actions(actions: str) -> tuple[str | None, int | None, str | None]:
+    """`[set_field:MAC->eth_dst,][set_queue:Q,]output:PORT` -> (PORT, Q, MAC)."""
+    port = queue = mac = None
+    for a in actions.split(","):
+        if a.startswith("output:"):
+            port = a[len("output:"):].strip('"')
+        elif a.startswith("set_queue:"):
+            queue = int(a[len("set_queue:"):])
+        elif a.startswith("set_field:") and a.endswith("->eth_dst"):
+            mac = a[len("set_field:"):-len("->eth_dst")]
+    return port, queue, mac
+
+
+def _group_buckets(group: str) -> tuple[int, list[tuple[str | None, int, int | None, str | None]]]:
+    """`group_id=G,type=select,bucket=[weight:W,]actions=...,...` -> (G, [(port, weight, queue,
+    mac)])."""
+    head, *buckets = group.split(",bucket=")
+    gid = int(head.split(",", 1)[0].split("=", 1)[1])
+    out = []
+    for b in buckets:
+        weight = 1
+        if b.startswith("weight:"):
+            w, _, b = b.partition(",")
+            weight = int(w[len("weight:"):])
+        port, queue, mac = _out_actions(b.removeprefix("actions="))
+        out.append((port, weight, queue, mac))
+    return gid, out
+
+
+def observed_sections(ovs_obs: ObsOvs | None) -> tuple[dict | None, list[dict]]:
+    """The agent's OVS state as HostState data: the `ovs` section and the `qos` entries with
+    `driver: ovs` (one per port with a QoS), so that `topo-agent show` output applied again is
+    a no-op. The inverse of desired_db / desired_openflow / desired_filters: a queue's
+    destination comes from the tc filter on its class (userspace datapath), else from the flow
+    that sets it (`output` or a select-group bucket), else from the bridge's
+    `set_queue:Q,NORMAL` flow; a flow with a select group is put back at the position its group
+    id encodes. Queues whose destination no flow or filter names are left out."""
+    if ovs_obs is None:
+        return None, []
+    bridges, qos = [], []
+    for name, bc in sorted(ovs_obs.snap.config.bridges.items()):
+        flows, groups = ovs_obs.openflow.get(name, (frozenset(), frozenset()))
+        buckets = dict(_group_buckets(g) for g in groups)
+        dst_of: dict[tuple[str, int], str] = {}  # (port, queue) -> destination
+        normal: dict[int, list[str]] = {}  # queue -> destinations of set_queue:Q,NORMAL flows
+        outputs, grouped = [], {}
+        for f in sorted(flows):
+            parts = _flow_parts(f)
+            if parts is None:
+                continue
+            prio, dst, actions = parts
+            if actions.endswith(",NORMAL") and actions.startswith("set_queue:"):
+                normal.setdefault(int(actions.split(",")[0][len("set_queue:"):]), []).append(dst)
+            elif actions.startswith("group:"):
+                gid = int(actions[len("group:"):])
+                hops = []
+                for port, weight, queue, mac in buckets.get(gid, []):
+                    hops.append({"port": port, "weight": weight, **({"mac": mac} if mac else {})})
+                    if queue is not None:
+                        dst_of[(port, queue)] = dst
+                grouped[gid - OVS_GROUP_BASE - 1] = {"dst": dst, "priority": prio,
+                                                     "nexthops": hops}
+            else:
+                port, queue, _ = _out_actions(actions)
+                outputs.append({"dst": dst, "priority": prio, "output": port})
+                if queue is not None:
+                    dst_of[(port, queue)] = dst
+        ordered: list[dict] = []
+        rest = iter(outputs)
+        for i in range(max(grouped, default=-1) + 1):  # group flows where their ids say
+            ordered.append(grouped[i] if i in grouped else next(rest, None))
+        ordered = [f for f in ordered if f is not None] + list(rest)
+        for f in ordered:
+            if f["priority"] == 100:
+                del f["priority"]
+        ports = [p for p, pc in bc.ports if not pc.internal]
+        internal = [p for p, pc in bc.ports if pc.internal]
+        bridges.append({"name": name, "datapath_type": bc.datapath_type, "ports": ports,
+                        **({"internal": internal} if internal else {}),
+                        **({"flows": ordered} if ordered else {})})
+        for pname, pc in bc.ports:
+            if pc.qos is None:
+                continue
+            by_class = {cls: d for d, cls in ovs_obs.filters.get(pname, ())}
+            classes = []
+            for q, lo, hi in pc.qos.queues:
+                dst = (by_class.get(f"1:{q + 1:x}") or dst_of.get((pname, q))
+                       or (normal[q][0] if len(normal.get(q, [])) == 1 else None))
+                if dst is not None:
+                    classes.append({"id": q, "dst": dst, "rate": lo, "ceil": hi})
+            qos.append({"dev": pname, "driver": "ovs", "rate": pc.qos.max_rate,
+                        "classes": classes})
+    return {"bridges": bridges}, qos
+
+
 def show_ovs(ovs_obs: ObsOvs | None) -> dict | None:
     """What `topo-agent show` prints under `ovs_observed`: the agent's bridges, QoS queues,
     flows and groups, and per QoS port the classification mechanism in force."""

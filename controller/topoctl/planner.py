@@ -214,5 +214,4 @@ def _r(x: float) -> float:
 
 def _inventory(cluster: Cluster) -> dict:
     """The cluster's inventory with each host's address: how apply reaches the hosts."""
-    inv = cluster.inventory.model_dump(mode="json")
-    return inv | {"addresses": {h.name: h.address for h in cluster.hosts if h.address}}
+    return cluster.inventory_doc()

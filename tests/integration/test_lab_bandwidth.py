@@ -16,6 +16,7 @@ from topoctl.lab import lab as labmod
 from topoctl.lab import ovs as labovs
 from topoctl.planner import make_plan
 from topoctl.rollout.transports.local import lab_transport
+from topoctl.rollout.transports.ssh import lab_ssh_transport
 from topoctl.rollout.twophase import apply_plan
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
@@ -84,6 +85,42 @@ def test_per_destination_rates_through_ovs_in_the_lab(tmp_path):
         for s in servers:
             s.terminate()
             s.wait(10)
+        pids = labovs.pids(tmp_path / name / "ovs" / "h0")
+        labmod.down(name, tmp_path)
+    assert all(not os.path.exists(f"/proc/{p}") or
+               open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z" for p in pids)
+
+
+def test_ovs_plan_over_ssh_reaches_the_hosts_ovsdb(tmp_path):
+    """`topoctl apply --ssh` to a lab host whose plan uses `qos.driver: ovs`: the agent runs
+    under the host's sshd and finds the host's own ovsdb-server only through the `--ovsdb` the
+    transport passes (the default socket does not exist in the lab), applies, re-applies as a
+    no-op, and the bridge and its queues are in that ovsdb (ovs-vsctl)."""
+    cluster = parse_cluster(CLUSTER | {"name": "tpwbs"})
+    doc, _ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
+    train = {h: st["interfaces"][0]["addresses"][0].split("/")[0]
+             for h, st in doc["hosts"].items()}
+    doc["hosts"]["h0"]["qos"] = [{"dev": "eth0", "driver": "ovs", "rate": "100mbit",
+                                  "classes": [{"id": 2, "dst": f"{train['h1']}/32",
+                                               "rate": "30mbit"}]}]
+    name = f"tpwbs{os.getpid() % 1000}"
+    try:
+        lab = labmod.up(cluster, name, tmp_path, with_ssh=True)
+        t = lab_ssh_transport(lab)
+        try:
+            assert t.ovsdb == {"h0": lab.ovsdb("h0")}
+            rep = apply_plan(doc, t, probe=False, confirm_within=30)
+            assert rep.exit_code == 2, rep.message
+            again = apply_plan(doc, t, probe=False, confirm_within=30)
+            assert again.exit_code == 0, again.message
+        finally:
+            t.close()
+        o = lab.ovs("h0")
+        assert o.vsctl("list-br").split() == ["tpbr0"]
+        qos = o.vsctl("get", "port", "eth0", "qos").strip()
+        assert o.vsctl("get", "qos", qos, "other_config").strip() == '{max-rate="100000000"}'
+        assert 'min-rate="30000000"' in o.vsctl("--columns=other_config", "list", "queue")
+    finally:
         pids = labovs.pids(tmp_path / name / "ovs" / "h0")
         labmod.down(name, tmp_path)
     assert all(not os.path.exists(f"/proc/{p}") or

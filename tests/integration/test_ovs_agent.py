@@ -275,3 +275,63 @@ def test_multipath_weights_show_in_the_split(host: OvsHost):
                 break
     # 16 TCP connections hashed over weights 3:1: about 3/4 of the bytes on tpa0's link
     assert 0.6 <= share <= 0.9, share
+
+
+def test_show_round_trips_the_ovs_section(host: OvsHost):
+    """`topo-agent show` prints the agent's bridges, flows, select groups and OVS queues as a
+    HostState (`ovs` section, `qos` with `driver: ovs`): applied again it changes nothing."""
+    flows = [{"dst": "10.231.9.3/32", "output": "tpa0"},  # set_queue + output on the port
+             {"dst": "10.231.8.2/32", "nexthops": [  # a select group (id from position 1)
+                 {"port": "tpa0", "weight": 3, "mac": _mac(host.peer, "tpb0")},
+                 {"port": "tpc0", "weight": 1}]}]
+    r = host.apply(state(CLASSES, flows=flows))
+    assert r.returncode == 2, r.stderr
+    before = host.ovs_dump()
+    shown = host.agent("show")
+    assert shown.returncode == 0, shown.stderr
+    doc = yaml.safe_load(shown.stdout)
+    (br,) = doc["ovs"]["bridges"]
+    assert (br["name"], br["datapath_type"], br["ports"], br["internal"]) == (
+        "tpbr1", "netdev", ["tpa0", "tpc0"], ["tpin0"])
+    assert [f["dst"] for f in br["flows"]] == ["10.231.9.3/32", "10.231.8.2/32"]
+    assert [h.get("weight", 1) for h in br["flows"][1]["nexthops"]] == [3, 1]
+    (q,) = [q for q in doc["qos"] if q["dev"] == "tpa0"]
+    assert q["driver"] == "ovs"
+    assert {c["dst"]: c["id"] for c in q["classes"]} == {"10.231.9.2/32": 2,
+                                                         "10.231.9.3/32": 3}
+    r = host.agent("diff", "-", stdin=shown.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = host.agent("apply", "-", "--no-probe", stdin=shown.stdout)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+    assert host.ovs_dump() == before
+    # what show printed is the host: a queue changed behind the agent's back shows, and the
+    # shown state (the old one) puts it back
+    qos = host.vsctl("get", "port", "tpa0", "qos").strip()
+    qu = host.vsctl("get", "qos", qos, "queues:2").strip()
+    host.vsctl("set", "queue", qu, "other_config:min-rate=5000000")
+    drift = yaml.safe_load(host.agent("show").stdout)
+    (q,) = [q for q in drift["qos"] if q["dev"] == "tpa0"]
+    assert {c["dst"]: c["rate"] for c in q["classes"]}["10.231.9.2/32"] in ("5mbit", 5000000)
+    r = host.agent("apply", "-", "--no-probe", stdin=shown.stdout)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert host.ovs_dump()["queues"] == before["queues"]
+
+
+def test_killed_apply_recovers_ovs_from_the_journal(host: OvsHost):
+    """The journal header holds the host as `show` sees it, OVS sections included: an apply
+    killed after its OVSDB write is undone by `recover` to exactly the OVS state before."""
+    assert host.apply(state(CLASSES)).returncode == 2
+    before = host.ovs_dump()
+    new = state(CLASSES[:1] + [{"dst": "10.231.9.4/32", "rate": "10mbit"}],
+                flows=[{"dst": "10.231.8.2/32", "output": "tpc0"}])
+    env = os.environ | {"TOPO_AGENT_CRASH_AFTER": "1", "TOPO_AGENT_CRASH_MODE": "kill"}
+    cmd = [sys.executable, "-m", "topoagent.cli", "--netns", host.ns, "--state-dir",
+           str(host.state_dir), "--ovsdb", host.db, "apply", "-", "--no-probe"]
+    r = subprocess.run(cmd, input=yaml.safe_dump(new), capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
+    assert host.ovs_dump() != before  # the OVSDB write happened
+    r = host.agent("recover")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert host.ovs_dump() == before
+    assert host.apply(state(CLASSES)).returncode == 0  # and the agent agrees: nothing to do

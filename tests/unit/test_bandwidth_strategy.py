@@ -20,14 +20,15 @@ JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "bw",
 
 
 def test_ring_on_a_mesh_gets_multipath_and_is_faster():
-    doc, _ctx, evals = make_plan(load_cluster(PLANS / "mesh4-cluster.yaml"), parse_job(JOB),
+    job = JOB | {"bandwidth": {"multipath": True}}
+    doc, _ctx, evals = make_plan(load_cluster(PLANS / "mesh4-cluster.yaml"), parse_job(job),
                                  use_cache=False)
     t = {e.strategy.name: e.result.iteration_time for e in evals}
     # the ring uses 4 of 12 arcs; direct + one 2-hop detour per step doubles its rate
     assert t["baseline+bandwidth"] < 0.6 * t["baseline"]
     assert doc["metadata"]["strategy"] == "baseline+bandwidth"
     bw = doc["metadata"]["collective"]["bandwidth"]
-    assert bw["objective"] == "minmax" and bw["multipath_pairs"] == 4
+    assert bw["objective"] == "minmax" and bw["multipath"] and bw["multipath_pairs"] == 4
     for h, st in doc["hosts"].items():
         hs = parse_host_state(st, f"hosts.{h}")  # rates within the link: schema-checked
         assert hs.sysctl.ip_forward  # every host forwards a neighbour's detour
@@ -38,6 +39,7 @@ def test_ring_on_a_mesh_gets_multipath_and_is_faster():
             assert sum(c.rate for c in q.classes) <= q.rate
     text = explain_text(doc)
     assert "multipath to h1 (table 100)" in text
+    assert "bandwidth post-pass: objective minmax, multipath on (4 pair(s) split)" in text
     assert "destination  link" in text
 
 
@@ -54,3 +56,22 @@ def test_trees_on_a_switch_get_per_destination_rates():
         hs = parse_host_state(st, f"hosts.{h}")
         assert hs.qos and all(len(q.classes) >= 1 for q in hs.qos)
         assert not [r for r in hs.routes if r.table == 100]  # switched: no detours
+
+
+def test_multipath_is_opt_in_and_the_objective_comes_from_the_job():
+    """Without `bandwidth.multipath` the same ring keeps its routed paths: no policy table, no
+    forwarding for detours, and (the ring's links being its only paths) no gain; the
+    proportional objective is taken from the job and reported."""
+    cluster = load_cluster(PLANS / "mesh4-cluster.yaml")
+    for bw, obj in (({}, "minmax"), ({"objective": "proportional"}, "proportional")):
+        doc, _ctx, evals = make_plan(cluster, parse_job(JOB | {"bandwidth": bw}),
+                                     use_cache=False)
+        t = {e.strategy.name: e.result.iteration_time for e in evals}
+        assert t["baseline+bandwidth"] >= 0.99 * t["baseline"]
+        note = next(e for e in evals if e.strategy.name == "baseline+bandwidth").strategy.notes
+        assert note["bandwidth"]["objective"] == obj
+        assert not note["bandwidth"]["multipath"] and note["bandwidth"]["multipath_pairs"] == 0
+        for h, ex in next(e for e in evals if e.strategy.name == "baseline+bandwidth"
+                          ).strategy.extra.items():
+            assert "rules" not in ex and "sysctl" not in ex, h
+            assert not [r for r in ex.get("routes", []) if r.get("table") == 100], h

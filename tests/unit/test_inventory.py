@@ -71,3 +71,47 @@ def test_inventory_rejects_unknown_keys():
     with pytest.raises(ClusterError) as e:
         parse_cluster(bad)
     assert e.value.problems[0][0] == "inventory.transport"
+
+
+OVS_CLUSTER = {**CLUSTER, "inventory": {**CLUSTER["inventory"],
+                                        "ovsdb": "unix:/var/run/openvswitch/db.sock"},
+               "hosts": [{**h, "ovs": i > 0} for i, h in enumerate(CLUSTER["hosts"])]}
+
+
+def test_ovs_hosts_get_their_ovsdb_through_the_ssh_command_line():
+    """`qos.driver: ovs` over SSH: the inventory's (or a host's own) ovsdb remote travels in
+    the plan and becomes the agent's `--ovsdb` on that host only, before the verb."""
+    cl = {**OVS_CLUSTER, "hosts": [dict(h) for h in OVS_CLUSTER["hosts"]]}
+    cl["hosts"][2]["ovsdb"] = "tcp:127.0.0.1:6640"
+    plan, _, _ = make_plan(parse_cluster(cl), parse_job(JOB), use_cache=False)
+    assert plan["metadata"]["inventory"]["ovsdb"] == {
+        "n1": "unix:/var/run/openvswitch/db.sock", "n2": "tcp:127.0.0.1:6640"}
+    t = pick_transport(args_for(), plan)
+    assert isinstance(t, SshTransport)
+    assert t._command("n0", ["apply", "-"]) == "/usr/local/bin/topo-agent --json apply -"
+    assert t._command("n1", ["apply", "-"]) == (
+        "/usr/local/bin/topo-agent --json --ovsdb unix:/var/run/openvswitch/db.sock apply -")
+    assert t._command("n2", ["diff", "-"]).endswith("--ovsdb tcp:127.0.0.1:6640 diff -")
+    # the same from the cluster file (`--cluster FILE`)
+    from topoctl.cli.apply import inventory_transport
+
+    t2 = inventory_transport(parse_cluster(cl).inventory_doc(), ["n0", "n1", "n2"], "c.yaml")
+    assert t2.ovsdb == t.ovsdb
+
+
+def test_bad_ovsdb_settings_name_the_yaml_path():
+    bad = {**OVS_CLUSTER, "inventory": {**OVS_CLUSTER["inventory"], "ovsdb": "/run/db.sock"}}
+    with pytest.raises(ClusterError) as e:
+        parse_cluster(bad)
+    assert e.value.problems[0][0] == "inventory.ovsdb" and "unix:/PATH" in e.value.problems[0][1]
+    bad = {**CLUSTER, "hosts": [dict(h) for h in CLUSTER["hosts"]]}
+    bad["hosts"][0]["ovsdb"] = "unix:/run/db.sock"  # n0 does not run OVS
+    with pytest.raises(ClusterError) as e:
+        parse_cluster(bad)
+    assert e.value.problems == [("hosts[0].ovsdb", "n0 does not run Open vSwitch (set ovs: "
+                                                   "true, or drop ovsdb)")]
+    plan, _, _ = make_plan(parse_cluster(OVS_CLUSTER), parse_job(JOB), use_cache=False)
+    plan["metadata"]["inventory"]["ovsdb"]["n1"] = "db.sock; rm -rf /"
+    with pytest.raises(StateError) as e:
+        pick_transport(args_for(), plan)
+    assert e.value.problems[0][0] == "metadata.inventory.ovsdb.n1"

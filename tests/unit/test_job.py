@@ -22,6 +22,19 @@ def test_minimal_job_gets_defaults():
     assert j.strategies == ["baseline"] and j.sync.algorithm == "ring"
     assert j.sync.bucket == 25 * 10**6 and j.cost.method == "auto"
     assert j.to_dict()["batch"] == {"global": 64}
+    assert (j.bandwidth.objective, j.bandwidth.multipath) == ("minmax", False)  # opt-in
+
+
+def test_bad_bandwidth_section_names_file_and_path(tmp_path):
+    import yaml
+
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(BASE | {"bandwidth": {"objective": "proportional",
+                                                      "multipath": True}}))
+    with pytest.raises(JobError) as e:
+        load_job(f)
+    assert e.value.source == str(f)
+    assert [p for p, _ in e.value.problems] == ["bandwidth.multipath"]
 
 
 @pytest.mark.parametrize("text,size", [("25MB", 25 * 10**6), ("4MiB", 4 * 2**20),
@@ -45,6 +58,11 @@ def test_sizes(text, size):
     ({"strategies": ["baseline", "baseline"]}, "strategies", "twice"),
     ({"parallelism": {"data": False}}, "parallelism", "at least one"),
     ({"cost": {"method": "guess"}}, "cost.method", "auto"),
+    ({"bandwidth": {"objective": "fastest"}}, "bandwidth.objective", "minmax"),
+    ({"bandwidth": {"multipath": "yes"}}, "bandwidth.multipath", "boolean"),
+    ({"bandwidth": {"objective": "proportional", "multipath": True}}, "bandwidth.multipath",
+     "only with objective: minmax"),
+    ({"bandwidth": {"weights": 3}}, "bandwidth.weights", "unknown key"),
 ])
 def test_errors_name_the_path(patch, path, needle):
     probs = errors(BASE | patch)

@@ -21,6 +21,7 @@ from topoctl.rollout.transports import Transport
 from topoctl.rollout.transports.local import LocalTransport, lab_transport
 from topoctl.rollout.transports.ssh import SshTransport, lab_ssh_transport
 from topoctl.rollout.twophase import Event, Report
+from topoctl.spec.cluster import OVSDB_REMOTE
 from topoctl.spec.cluster_load import load_cluster
 
 RESULT_STYLE = {"in sync": "green", "changes": "yellow", "changed": "green", "drifted": "yellow",
@@ -48,10 +49,10 @@ def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
         return lab_ssh_transport(lab) if args.ssh else lab_transport(lab)
     if args.cluster:  # the cluster file's inventory and addresses, flags as defaults
         cluster = load_cluster(args.cluster)
-        inv = cluster.inventory.model_dump() if cluster.inventory else {
-            "transport": "ssh", "user": args.ssh_user, "port": 22, "key": args.ssh_key,
-            "known_hosts": args.known_hosts, "agent": [args.agent]}
-        inv["addresses"] = {h.name: h.address for h in cluster.hosts if h.address}
+        inv = cluster.inventory_doc()
+        if cluster.inventory is None:
+            inv |= {"transport": "ssh", "user": args.ssh_user, "port": 22, "key": args.ssh_key,
+                    "known_hosts": args.known_hosts, "agent": [args.agent]}
         source = args.cluster
     elif plan["metadata"].get("inventory"):
         inv, source = plan["metadata"]["inventory"], "metadata.inventory"
@@ -64,14 +65,23 @@ def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
 
 def inventory_transport(inv: dict, hosts: list[str], source: str) -> Transport:
     """SSH transport from an inventory: {transport, user, port, key, known_hosts, agent,
-    addresses: {host: ip}}."""
+    addresses: {host: ip}, ovsdb: {host: OVSDB remote}} (ovsdb optional: hosts whose agent
+    gets `--ovsdb`)."""
     addresses = inv.get("addresses") or {}
     missing = [h for h in hosts if h not in addresses]
     if missing:
         raise StateError([(f"{source}.addresses", f"no address for {', '.join(missing)}")])
+    ovsdb = inv.get("ovsdb") or {}
+    if not isinstance(ovsdb, dict):
+        raise StateError([(f"{source}.ovsdb", "expected a mapping host -> OVSDB remote")])
+    for h, db in sorted(ovsdb.items()):
+        if not isinstance(db, str) or not OVSDB_REMOTE.match(db):
+            raise StateError([(f"{source}.ovsdb.{h}", f"not an OVSDB remote (unix:/PATH, "
+                                                      f"tcp:HOST:PORT or ssl:HOST:PORT): {db!r}")])
     return SshTransport(addresses, key=Path(inv["key"]).expanduser(),
                         known_hosts=Path(inv["known_hosts"]).expanduser(), user=inv["user"],
-                        port=int(inv.get("port", 22)), agent=list(inv["agent"]))
+                        port=int(inv.get("port", 22)), agent=list(inv["agent"]),
+                        ovsdb={h: ovsdb[h] for h in hosts if h in ovsdb})
 
 
 def _printer(console: Console, quiet: bool):

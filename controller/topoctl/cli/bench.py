@@ -19,6 +19,8 @@ BENCHES = {
     "allreduce": ("allreduce_lab.py", "measured AllReduce on a lab: gloo vs ring vs packed trees"),
     "lab-check": ("planner_lab_check.py", "predicted vs measured iteration time in the lab"),
     "demo": ("demo.py", "the main job: every strategy planned, applied and trained in a lab"),
+    "bandwidth": ("bandwidth_sim.py", "simulated iteration time with and without +bandwidth, "
+                  "every example cluster and strategy"),
 }
 
 

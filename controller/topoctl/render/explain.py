@@ -41,6 +41,14 @@ def headline(doc: dict) -> list[str]:
     for name, s in m.get("strategies", {}).items():
         out.append(f"  strategy {name}: {_ms(s.get('iteration_time'))}")
     out += collective_lines(doc)
+    bw = m.get("collective", {}).get("bandwidth") if isinstance(m.get("collective"), dict) \
+        else None
+    if isinstance(bw, dict):  # the +bandwidth post-pass (docs/bandwidth.md)
+        mp = bw.get("multipath")
+        out.append(f"bandwidth post-pass: objective {bw.get('objective')}, multipath "
+                   f"{'on' if mp else 'off' if mp is not None else '?'} "
+                   f"({bw.get('multipath_pairs')} pair(s) split), LP communication time "
+                   f"{_ms(bw.get('lp_comm_time'))}, HTB ceiling = {bw.get('ceil')}")
     return out
 
 

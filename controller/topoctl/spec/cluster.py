@@ -23,6 +23,9 @@ Shape (see plans/*-cluster.yaml):
     #          {name: spine}], attach: [{port: h0, switch: tor0}]}     # star or leaf/spine
     bandwidth_matrix: {h0: {h1: 90mbit}}   # optional, measured/given; for planning only
     addressing: {management: 10.232.7.0/24}   # optional; the lab picks a free /24 otherwise
+    inventory: {user: root, key: ~/.ssh/id_ed25519, ovsdb: unix:/run/openvswitch/db.sock}
+    # bare metal (SSH): host addresses in hosts[].address; ovsdb: the agent's --ovsdb on every
+    # host with ovs: true (hosts[].ovsdb overrides it per host)
 
 Rates are per direction of a full-duplex link, in bit/s once parsed; latency is one-way, in
 seconds once parsed; loss is a fraction. `Cluster.graph()` returns the fabric as plain data
@@ -134,6 +137,17 @@ def _port_ref(v: Any) -> str:
 
 
 Name = Annotated[str, AfterValidator(_name)]
+OVSDB_REMOTE = re.compile(r"^(unix:/[^\s]+|(tcp|ssl):[^\s:]+:\d{1,5})$")
+
+
+def _ovsdb_remote(v: str) -> str:
+    if not OVSDB_REMOTE.match(v):
+        raise ValueError(f"not an OVSDB remote (unix:/PATH, tcp:HOST:PORT or ssl:HOST:PORT): "
+                         f"{v!r}")
+    return v
+
+
+OvsdbRemote = Annotated[str, AfterValidator(_ovsdb_remote)]
 NicName = Annotated[IfName, AfterValidator(_nic_name)]
 Duration = Annotated[float, BeforeValidator(parse_duration),
                      PlainSerializer(format_duration, return_type=str)]
@@ -174,6 +188,9 @@ class Host(Model):
     rack: Name | None = None  # a label for planners and reports
     address: IPv4 | None = None  # bare metal: the SSH/management address (the lab assigns its own)
     ovs: bool | None = None  # runs its own Open vSwitch (default: defaults.ovs)
+    # bare metal: this host's ovsdb-server, passed to its agent as --ovsdb (default:
+    # inventory.ovsdb, else the agent's own default); only for hosts that run OVS
+    ovsdb: OvsdbRemote | None = None
     nics: Annotated[list[Nic], Field(min_length=1)]
 
 
@@ -189,6 +206,9 @@ class Inventory(Model):
     key: str = "~/.ssh/id_ed25519"  # private key (key auth only)
     known_hosts: str = "~/.ssh/known_hosts"  # strict host-key checking against this file
     agent: list[str] = Field(default_factory=lambda: ["topo-agent"])  # the remote command
+    # the ovsdb-server of every host that runs OVS (`--ovsdb`; hosts[].ovsdb overrides it);
+    # default: the agent's own ($TOPO_OVSDB, else unix:/run/openvswitch/db.sock)
+    ovsdb: OvsdbRemote | None = None
 
 
 class Defaults(Model):
@@ -304,6 +324,25 @@ class Cluster(Model):
         """Whether `host` runs Open vSwitch (its own `ovs`, else defaults.ovs)."""
         h = self.host(host)
         return self.defaults.ovs if h.ovs is None else h.ovs
+
+    def ovsdb(self, host: str) -> str | None:
+        """The OVSDB remote `host`'s agent is given (--ovsdb) on bare metal: hosts[].ovsdb, else
+        inventory.ovsdb for a host that runs OVS; None: the agent's default."""
+        h = self.host(host)
+        if h.ovsdb is not None:
+            return h.ovsdb
+        if self.inventory is not None and self.inventory.ovsdb and self.runs_ovs(host):
+            return self.inventory.ovsdb
+        return None
+
+    def inventory_doc(self) -> dict:
+        """The inventory as plan data (`metadata.inventory`): transport settings, each host's
+        address and, for hosts with one, the OVSDB remote their agent gets (`ovsdb: {host:
+        remote}`)."""
+        inv = (self.inventory or Inventory()).model_dump(mode="json", exclude_none=True)
+        ovsdb = {h.name: db for h in self.hosts if (db := self.ovsdb(h.name))}
+        return inv | {"addresses": {h.name: h.address for h in self.hosts if h.address},
+                      **({"ovsdb": ovsdb} if ovsdb else {})}
 
     def nic_speed(self, host: str, nic: str) -> int:
         """Speed in bit/s of `host`'s NIC `nic` (its own, else defaults.nic_speed)."""

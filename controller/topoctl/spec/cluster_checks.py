@@ -31,6 +31,9 @@ def check_cluster(c: Cluster) -> list[tuple[str, str]]:
             if n.speed is None and c.defaults.nic_speed is None:
                 problems.append((f"hosts[{i}].nics[{j}].speed",
                                  "missing (and no defaults.nic_speed)"))
+        if h.ovsdb is not None and not (c.defaults.ovs if h.ovs is None else h.ovs):
+            problems.append((f"hosts[{i}].ovsdb", f"{h.name} does not run Open vSwitch "
+                                                  "(set ovs: true, or drop ovsdb)"))
         g = h.gpus or c.defaults.gpus
         if g.type != "cpu" and c.gpu_types and g.type not in c.gpu_types:
             problems.append((f"hosts[{i}].gpus.type",

@@ -19,6 +19,8 @@
                                          # scale: 4 (compute slowdown, e.g. ranks per core)
     hosts: [h0, h1]                      # optional subset; default: every host with GPUs
     forwarding: kernel                   # or tc-offload (RoCE NICs; strategy topoopt)
+    bandwidth: {objective: minmax, multipath: false}   # the +bandwidth post-pass (strategies
+                                         # `bandwidth`, `trees+bandwidth`; docs/bandwidth.md)
     launch: {backend: gloo, port: 29500, threads: 1, iterations: 10,
              command: [python3, -m, topoagent.train]}
 
@@ -31,7 +33,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, ValidationError, model_validator
 
 from topoagent.protocol import API_VERSION
 from topoagent.schema import Model, validation_problems
@@ -154,6 +156,26 @@ class CostSpec(Model):
     profile_batch: Annotated[int, Field(ge=1, le=4096)] | None = None  # measured: batch to time
 
 
+class BandwidthSpec(Model):
+    """The `+bandwidth` post-pass (docs/bandwidth.md). `objective`: ``minmax`` (the LP: all of
+    the iteration's transfers finish as early as possible) or ``proportional`` (each pair keeps
+    its routed path, links shared in proportion to demand). `multipath`: let the minmax LP split
+    a destination over several first hops (one-hop detours through neighbours on direct
+    fabrics), rendered as weighted next hops in policy-routing table 100 and `ip_forward` on
+    the detour hosts. Off by default: it makes other hosts forward (their CPU and links) and
+    cannot split into a switch; turn it on for direct-connect fabrics."""
+
+    objective: Literal["minmax", "proportional"] = "minmax"
+    multipath: StrictBool = False  # "yes" is not a boolean here
+
+    @model_validator(mode="after")
+    def _multipath_needs_minmax(self) -> BandwidthSpec:
+        if self.multipath and self.objective != "minmax":
+            raise StateError([("multipath", "only with objective: minmax (proportional keeps "
+                                            "each pair on its routed path)")])
+        return self
+
+
 class LaunchSpec(Model):
     """How ranks start. `threads`: torch threads per rank (CPU hosts; measured costs are timed
     with the same number); `iterations`: training steps to run."""
@@ -167,7 +189,7 @@ class LaunchSpec(Model):
 
 class Job(Model):
     """A validated job file: model, batch, dtype, parallelism, strategies, sync, cost, hosts,
-    forwarding, launch."""
+    forwarding, bandwidth, launch."""
 
     model_config = Model.model_config | {"populate_by_name": True}
 
@@ -187,6 +209,7 @@ class Job(Model):
     # how hosts forward for others on direct fabrics: kernel IP forwarding, or tc flower rules
     # with pedit/mirred (RoCE NICs, TopoOpt's testbed; rendered by strategy topoopt)
     forwarding: Literal["kernel", "tc-offload"] = "kernel"
+    bandwidth: BandwidthSpec = Field(default_factory=BandwidthSpec)
 
     @model_validator(mode="after")
     def _checks(self) -> Job:

@@ -2,8 +2,10 @@
 
 The base strategy's iteration traffic matrix (`bandwidth.paths.traffic_matrix`) and candidate
 paths (the routed path plus one-detour alternatives on direct fabrics) go into the bandwidth LP
-(`bandwidth.lp.allocate`, objective ``minmax``: all of the iteration's transfers finish as early
-as possible; the thesis' bandwidth step). The result becomes
+(`bandwidth.lp.allocate`; the job's `bandwidth.objective`: ``minmax``, all of the iteration's
+transfers finish as early as possible, the thesis' bandwidth step, or ``proportional``). With
+the job's `bandwidth.multipath: true` the candidates include one-hop detours; otherwise every
+pair keeps its routed path and only the rates change. The result becomes
 - QoS: on each source NIC one class per destination with its allocated rate (HTB rate; the
   ceiling is the rate itself, a hard cap, or the link rate, work-conserving: both are simulated
   and the faster is kept, so the post-pass never makes the plan slower in the simulator);
@@ -18,7 +20,8 @@ Registered as ``baseline+bandwidth`` (alias ``bandwidth``) and ``trees+bandwidth
 
 from __future__ import annotations
 
-from topoctl.bandwidth.classes import class_rows, multipath
+from topoctl.bandwidth.classes import class_rows
+from topoctl.bandwidth.classes import multipath as split_pairs
 from topoctl.bandwidth.lp import allocate
 from topoctl.bandwidth.paths import candidate_paths, traffic_matrix
 from topoctl.render.addressing import assign
@@ -39,18 +42,23 @@ def _weights(values: list[float]) -> list[int]:
     return [max(1, min(256, round(256 * v / top))) for v in values]
 
 
-def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") -> Strategy:
-    """`base` with per-destination rates and multipath from the bandwidth LP."""
+def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = None,
+                   multipath: bool | None = None) -> Strategy:
+    """`base` with per-destination rates (and, with `multipath`, weighted multipath) from the
+    bandwidth LP; `objective` and `multipath` default to the job's `bandwidth` section."""
     from topoagent.state import format_rate  # the agent's rate spelling
 
+    spec = ctx.job.bandwidth
+    objective = spec.objective if objective is None else objective
+    multipath = spec.multipath if multipath is None else multipath
     demand = traffic_matrix(base.tasks)
-    paths = candidate_paths(base.hops, sorted(demand))
+    paths = candidate_paths(base.hops, sorted(demand), detours=multipath)
     eff = tcp_efficiency(base.fabric.mtu)
     plain = network_from_fabric(base.fabric, base.hops)
     cap = {k: ln.capacity for k, ln in plain.links.items()}
     alloc = allocate(demand, paths, cap, objective)
     rows = class_rows(alloc, base.hops.bundles, eff)
-    split = multipath(rows)
+    split = split_pairs(rows)
     # weighted next hops need a host at the far end of each first hop; through a switch the
     # next hop is not known here (found by the fuzz suite: it was a KeyError, a traceback)
     via_switch = sorted((s, d, r.dev, r.peer) for (s, d), lst in split.items() for r in lst
@@ -107,7 +115,8 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str = "minmax") 
             else:
                 extra.setdefault(h, {}).setdefault(k, [])[:0] = list(items)
     notes = dict(base.notes) | {"bandwidth": {
-        "objective": objective, "lp_comm_time": alloc.time, "pairs": len(demand),
+        "objective": objective, "multipath": multipath, "lp_comm_time": alloc.time,
+        "pairs": len(demand),
         "multipath_pairs": len(split), "ceil": "rate" if ceil_is_rate else "link",
         "classes": [[r.src, r.dst, r.dev, r.rate] for r in rows]}}
     return Strategy(name=f"{base.name}+bandwidth", fabric=base.fabric, hops=base.hops,

@@ -1,8 +1,9 @@
 """`ssh`: paramiko, key auth, strict host-key checking, one connection per host, reused.
 
-The remote command is a fixed argv (the agent path, `--state-dir` from the transport's own
-configuration, the verb) joined with shlex quoting; the host state goes over stdin. Unknown or
-changed host keys are refused (RejectPolicy) unless the operator passes `insecure=True`."""
+The remote command is a fixed argv (the agent path, `--state-dir` and `--ovsdb` from the
+transport's own configuration, the verb) joined with shlex quoting; the host state goes over
+stdin. Unknown or changed host keys are refused (RejectPolicy) unless the operator passes
+`insecure=True`."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class SshTransport:
 
     def __init__(self, addresses: dict[str, str], key: Path, known_hosts: Path | None,
                  user: str = "root", port: int = 22, agent: list[str] | None = None,
-                 state_dirs: dict[str, Path] | None = None, connect_timeout: float = 10.0):
+                 state_dirs: dict[str, Path] | None = None, connect_timeout: float = 10.0,
+                 ovsdb: dict[str, str] | None = None):
         self.addresses = addresses
         self.key = key
         self.known_hosts = known_hosts
@@ -32,6 +34,7 @@ class SshTransport:
         self.cmd = agent or ["topo-agent"]
         self.state_dirs = state_dirs or {}
         self.connect_timeout = connect_timeout
+        self.ovsdb = ovsdb or {}  # host -> its ovsdb-server (the agent's --ovsdb)
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._lock = threading.Lock()
 
@@ -59,7 +62,8 @@ class SshTransport:
         return c
 
     def _command(self, host: str, args: list[str]) -> str:
-        return shlex.join(agent_argv(self.cmd, self.state_dirs.get(host)) + args)
+        db = ["--ovsdb", self.ovsdb[host]] if self.ovsdb.get(host) else []
+        return shlex.join(agent_argv(self.cmd, self.state_dirs.get(host)) + db + args)
 
     def stream(self, host: str, args: list[str], stdin: str | None,
                on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
@@ -117,6 +121,8 @@ def lab_ssh_transport(lab) -> SshTransport:
     """Reach the lab's hosts over their real sshd, as on bare metal."""
     from topoctl.rollout.transports.local import AGENT, agent_state_dirs
 
-    return SshTransport({h.name: lab.mgmt_ip(h.name) for h in lab.cluster.hosts},
+    hosts = [h.name for h in lab.cluster.hosts]
+    return SshTransport({h: lab.mgmt_ip(h) for h in hosts},
                         key=lab.ssh_key, known_hosts=lab.known_hosts, agent=AGENT,
-                        state_dirs=agent_state_dirs(lab))
+                        state_dirs=agent_state_dirs(lab),
+                        ovsdb={h: db for h in hosts if (db := lab.ovsdb(h))})
