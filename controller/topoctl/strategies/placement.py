@@ -30,10 +30,14 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from topoagent.collectives import load_calibration
+from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
+from topoctl.graph.cost import TrainCost
 from topoctl.placement import heft, milp, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem
+from topoctl.placement.runtime import lab_cpu_floor, message_cpu, stage_costs
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import shortest_next_hops
@@ -86,43 +90,99 @@ def cut_bytes(ctx: PlanContext, stage_of: dict[str, int], nstages: int, scale: f
     return out
 
 
+def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list[int]:
+    """Values (tensors sent as one message each) crossing the boundary after each stage."""
+    last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
+    for o in ctx.graph.ops:
+        for i in o.inputs:
+            if i in last:
+                last[i] = max(last[i], stage_of[o.name])
+    out = [0] * max(0, nstages - 1)
+    for o in ctx.graph.ops:
+        for s in range(stage_of[o.name], last[o.name]):
+            out[s] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the pipeline costs on this machine's CPU (lab hosts): per-op training costs timed at
+    the micro-batch (`graph.cost.TrainCost`) and the runtime's calibrated CPU costs per message
+    (`placement.runtime`); `lab`: every rank shares this machine's cores."""
+
+    ops: dict[str, TrainCost]
+    runtime: RuntimeCosts
+    per_message_shared_s: float | None = None
+    lab: bool = True
+
+
 def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
-                   micro: int, scale: float) -> tuple[list[Task], list[int]]:
+                   micro: int, scale: float, measured: Measured | None = None
+                   ) -> tuple[list[Task], list[int]]:
     """One GPipe iteration per replica, then per-stage AllReduce and step (module docstring).
-    Returns (tasks, gradient bytes per stage)."""
+    With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
+    every message's CPU cost on the sending and the receiving rank, and in the lab a
+    pseudo-device `lab-cores` busy for all the ranks' CPU work spread over the cores (a floor
+    under the iteration). Returns (tasks, gradient bytes per stage)."""
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
     cut = cut_bytes(ctx, stage_of, len(stages), scale)
+    nmsg = cut_values(ctx, stage_of, len(stages))
     ops = ctx.graph.by_name()
     grads = [sum(ops[o].param_bytes for o in st) for st in stages]
     k, g = len(stages), len(groups[0])
+    per_stage = ([tuple(ctx.job.cost.scale * x for x in
+                        stage_costs(ctx.graph, stage_of, s, measured.ops)) for s in range(k)]
+                 if measured else None)
 
     def fwd(s: int, h: str) -> float:
+        if per_stage:
+            return per_stage[s][0]
         c = ctx.host_costs(h)
         return scale * sum(c[o].fwd for o in stages[s])
 
     def bwd(s: int, h: str) -> float:
+        if per_stage:
+            return per_stage[s][1]
         c = ctx.host_costs(h)
         return scale * sum(c[o].bwd for o in stages[s])
 
+    def msg(b: int) -> float:  # CPU of one boundary's messages at one end
+        if not measured or not nmsg[b]:
+            return 0.0
+        return nmsg[b] * message_cpu(cut[b] / nmsg[b], measured.runtime, measured.lab,
+                                     measured.per_message_shared_s)
+
     tasks: list[Task] = []
+    arrived: dict[tuple[int, int, int], str] = {}
+    back: dict[tuple[int, int, int], str] = {}
+
+    def send(tid: str, src: str, dst: str, b: int, after: str) -> str:
+        """The transfer `tid` after `after`, with its CPU at both ends; the id to wait for."""
+        tasks.append(Transfer(tid, src, dst, cut[b], (after,)))
+        if not msg(b):
+            return tid
+        tasks.append(Compute(f"{tid}/tx", src, msg(b), (after,)))
+        tasks.append(Compute(f"{tid}/rx", dst, msg(b), (tid,)))
+        return f"{tid}/rx"
+
     for r in range(g):
         for m in range(micro):
             for s in range(k):
                 h = groups[s][r]
-                deps = (f"act{s - 1}.{m}.{r}",) if s else ()
+                deps = (arrived[(s - 1, m, r)],) if s else ()
                 tasks.append(Compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps))
                 if s + 1 < k:
-                    tasks.append(Transfer(f"act{s}.{m}.{r}", h, groups[s + 1][r], cut[s],
-                                          (f"F{s}.{m}.{r}",)))
+                    arrived[(s, m, r)] = send(f"act{s}.{m}.{r}", h, groups[s + 1][r], s,
+                                              f"F{s}.{m}.{r}")
     for r in range(g):
         for m in reversed(range(micro)):
             for s in reversed(range(k)):
                 h = groups[s][r]
-                deps = (f"F{s}.{m}.{r}",) + ((f"grad{s}.{m}.{r}",) if s + 1 < k else ())
+                deps = (f"F{s}.{m}.{r}",) + ((back[(s, m, r)],) if s + 1 < k else ())
                 tasks.append(Compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps))
                 if s:
-                    tasks.append(Transfer(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
-                                          cut[s - 1], (f"B{s}.{m}.{r}",)))
+                    back[(s - 1, m, r)] = send(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
+                                               s - 1, f"B{s}.{m}.{r}")
     for s in range(k):
         done = tuple(f"B{s}.{m}.{r}" for m in range(micro) for r in range(g))
         if g > 1 and grads[s]:
@@ -131,8 +191,13 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
         for r in range(g):
             h = groups[s][r]
             d = ctx.device[h]
-            step = ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency))
+            step = (per_stage[s][2] if per_stage else
+                    ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
             tasks.append(Compute(f"step{s}.{r}", h, step, done))
+    if measured and measured.lab:
+        work = [t.duration for t in tasks if isinstance(t, Compute)]
+        tasks.append(Compute("lab-cores", "lab-cores",
+                             lab_cpu_floor(work, measured.runtime.cores)))
     return tasks, grads
 
 
@@ -192,7 +257,13 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
             continue
         groups = [hosts[i:i + g] for i in range(0, len(hosts), g)]
         scale = global_batch / (g * micro) / ctx.local_batch
-        p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
+        meas = _measured(ctx, global_batch // (g * micro))
+        if meas:  # timed at this candidate's micro-batch: no scaling
+            mc = {o: c.fwd + c.bwd_inputs for o, c in meas.ops.items()}
+            p = build_problem(coarse, groups, dict.fromkeys(hosts, mc), cap, network, micro,
+                              scale, cost_scale=ctx.job.cost.scale)
+        else:
+            p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
         try:
             pl = _search(p, method)
         except PlacementError as e:
@@ -206,7 +277,7 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                           for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
                   for d in order]
         sgroups = [groups[d] for d in order]
-        tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale)
+        tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas)
         res = simulate(tasks, network, record=False)
         strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=network, tasks=tasks,
                          collective={}, buckets=[b for b in grads if b])
@@ -234,6 +305,18 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                    f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands},
                "search_seconds": time.perf_counter() - t0}
     return s
+
+
+def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
+    """This CPU's costs for a micro-batch of `micro_batch` samples when the hosts are lab CPUs
+    and the machine caches are allowed (`PlanContext.train_costs`), else None (per-op costs of
+    the context, scaled)."""
+    if ctx.train_costs is None:
+        return None
+    cal = load_calibration()
+    shared = (cal or {}).get("per_message_shared_s")
+    return Measured(ctx.train_costs(micro_batch), runtime_costs(cal),
+                    float(shared) if isinstance(shared, (int, float)) else None, lab=True)
 
 
 def _fx_pos(ctx: PlanContext):
