@@ -36,7 +36,7 @@ from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.cost import TrainCost
 from topoctl.placement import heft, milp, partition
 from topoctl.placement.build import build_problem, route_matrix
-from topoctl.placement.problem import Placement, PlacementError, PlacementProblem
+from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.runtime import lab_cpu_floor, message_cpu, stage_costs
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
@@ -269,19 +269,26 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
         except PlacementError as e:
             errors.append(str(e))
             continue
-        order = stage_order(p, pl.assign)
-        if order is None:  # stages must form a chain for the runtime: fall back to contiguous
-            pl = partition.place(p)
+        tries = [pl]
+        one = serial(p)  # no split at all: the simulator decides whether the split pays
+        if one is not None and len(set(pl.assign)) > 1:
+            tries.append(one)
+        found: list[Candidate] = []
+        for pl in tries:
             order = stage_order(p, pl.assign)
-        stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
-                          for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
-                  for d in order]
-        sgroups = [groups[d] for d in order]
-        tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas)
-        res = simulate(tasks, network, record=False)
-        strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=network, tasks=tasks,
-                         collective={}, buckets=[b for b in grads if b])
-        cands.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
+            if order is None:  # stages must form a chain for the runtime: fall back to contiguous
+                pl = partition.place(p)
+                order = stage_order(p, pl.assign)
+            stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
+                              for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
+                      for d in order]
+            sgroups = [groups[d] for d in order]
+            tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas)
+            res = simulate(tasks, network, record=False)
+            strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=network,
+                             tasks=tasks, collective={}, buckets=[b for b in grads if b])
+            found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
+        cands.append(min(found, key=lambda c: c.iteration_time))  # first (the split) on ties
     if not cands:
         raise JobError([("model", f"strategy {name}: no pipeline fits: " + "; ".join(
             dict.fromkeys(errors)) + _min_devices_hint(ctx, coarse, cap, micro))]) from None
