@@ -121,7 +121,9 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
                    ) -> tuple[list[Task], list[int]]:
     """One GPipe iteration per replica, then per-stage AllReduce and step (module docstring).
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
-    every message's CPU cost on the sending and the receiving rank, and in the lab a
+    every rank's tasks in its program's order (the runtime is one thread: receive, forward,
+    send per micro-batch, then the backwards in reverse), every message's CPU cost on the
+    sending and the receiving rank (a send is not waited for beyond it), and in the lab a
     pseudo-device `lab-cores` busy for all the ranks' CPU work spread over the cores (a floor
     under the iteration). Returns (tasks, gradient bytes per stage)."""
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
@@ -155,22 +157,35 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     tasks: list[Task] = []
     arrived: dict[tuple[int, int, int], str] = {}
     back: dict[tuple[int, int, int], str] = {}
+    last: dict[str, str] = {}  # measured: each rank runs its program in order (GPipe)
+
+    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...]) -> None:
+        if measured and h in last:
+            deps = (last[h],) + deps
+        tasks.append(Compute(tid, h, seconds, deps))
+        last[h] = tid
 
     def send(tid: str, src: str, dst: str, b: int, after: str) -> str:
-        """The transfer `tid` after `after`, with its CPU at both ends; the id to wait for."""
+        """The transfer `tid` after `after`, with its CPU at the sending end; the id to wait
+        for."""
         tasks.append(Transfer(tid, src, dst, cut[b], (after,)))
+        if msg(b):
+            compute(f"{tid}/tx", src, msg(b), (after,))
+        return tid
+
+    def received(tid: str, h: str, b: int) -> str:
+        """The receiving rank's CPU for transfer `tid` (posted when its program reaches it)."""
         if not msg(b):
             return tid
-        tasks.append(Compute(f"{tid}/tx", src, msg(b), (after,)))
-        tasks.append(Compute(f"{tid}/rx", dst, msg(b), (tid,)))
+        compute(f"{tid}/rx", h, msg(b), (tid,))
         return f"{tid}/rx"
 
     for r in range(g):
         for m in range(micro):
             for s in range(k):
                 h = groups[s][r]
-                deps = (arrived[(s - 1, m, r)],) if s else ()
-                tasks.append(Compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps))
+                deps = (received(arrived[(s - 1, m, r)], h, s - 1),) if s else ()
+                compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps)
                 if s + 1 < k:
                     arrived[(s, m, r)] = send(f"act{s}.{m}.{r}", h, groups[s + 1][r], s,
                                               f"F{s}.{m}.{r}")
@@ -178,8 +193,9 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
         for m in reversed(range(micro)):
             for s in reversed(range(k)):
                 h = groups[s][r]
-                deps = (f"F{s}.{m}.{r}",) + ((back[(s, m, r)],) if s + 1 < k else ())
-                tasks.append(Compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps))
+                deps = (f"F{s}.{m}.{r}",) + ((received(back[(s, m, r)], h, s),)
+                                             if s + 1 < k else ())
+                compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps)
                 if s:
                     back[(s - 1, m, r)] = send(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
                                                s - 1, f"B{s}.{m}.{r}")
@@ -193,7 +209,7 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
             d = ctx.device[h]
             step = (per_stage[s][2] if per_stage else
                     ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
-            tasks.append(Compute(f"step{s}.{r}", h, step, done))
+            compute(f"step{s}.{r}", h, step, done)
     if measured and measured.lab:
         work = [t.duration for t in tasks if isinstance(t, Compute)]
         tasks.append(Compute("lab-cores", "lab-cores",

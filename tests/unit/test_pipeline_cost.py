@@ -1,0 +1,227 @@
+"""The pipeline runtime's cost model on CPU hosts (`placement.runtime`, `graph.cost.TrainCost`,
+`strategies.placement.pipeline_tasks` with measured costs): which backward each op pays in
+a stage, the per-message CPU, the lab's core floor, the GPipe iteration against its closed
+form, timing real ops on this CPU, and the planner choosing no split when the split is
+slower."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from topoctl.catalog import build_model, example_inputs
+from topoctl.collective.trees.pipeline import RuntimeCosts
+from topoctl.graph import cache
+from topoctl.graph.capture import capture_catalog
+from topoctl.graph.cost import TrainCost, measure_train_costs
+from topoctl.placement.runtime import lab_cpu_floor, message_cpu, needs_grad, stage_costs
+from topoctl.planner import prepare
+from topoctl.sim.engine import simulate
+from topoctl.sim.fabric import tcp_efficiency
+from topoctl.spec.cluster_load import parse_cluster
+from topoctl.spec.job import parse_job
+from topoctl.strategies.placement import Measured, pipeline_tasks, plan_pipeline
+
+MLP = {"layers": 2, "hidden": 64, "features": 32, "classes": 10}
+
+
+def test_first_layer_pays_no_input_gradient_unless_received():
+    g = capture_catalog("mlp", MLP, 8)  # x, net_0 (linear), net_1 (relu), net_2, net_3, net_4
+    names = [o.name for o in g.ops]
+    assert names[:3] == ["x", "net_0", "net_1"]
+    one = dict.fromkeys(names, 0)
+    grad = needs_grad(g, one, 0)
+    assert grad["x"] is False and grad["net_0"] is True and grad["net_1"] is True
+    costs = {n: TrainCost(1.0, 10.0, 100.0, 0.5) for n in names}
+    fwd, bwd, step = stage_costs(g, one, 0, costs)
+    assert fwd == len(names) and step == 0.5 * len(names)
+    # net_0 reads x (no gradient): bwd_params; every later op reads a value that needs one
+    assert bwd == 10.0 + 100.0 * (len(names) - 2) + 10.0  # x itself: bwd_params too
+    # split after net_1: stage 1 receives net_1's float output, which needs a gradient there
+    two = {n: (0 if i <= 2 else 1) for i, n in enumerate(names)}
+    _, b1, _ = stage_costs(g, two, 1, costs)
+    assert b1 == 100.0 * (len(names) - 3)
+    # x itself received by a later stage (float input): that stage differentiates through it
+    late = {n: (0 if n == "x" else 1) for n in names}
+    assert needs_grad(g, late, 1)["x"] is True
+
+
+def test_integer_inputs_received_need_no_gradient():
+    g = capture_catalog("bert", {"layers": 1, "hidden": 64, "heads": 2, "seq": 8,
+                                 "vocab": 100}, 2)
+    first = g.ops[0]
+    assert first.kind == "placeholder"
+    late = {o.name: (0 if o.name == first.name else 1) for o in g.ops}
+    assert needs_grad(g, late, 1)[first.name] is False  # token ids (int64)
+
+
+def test_message_cpu_and_lab_floor_closed_forms():
+    rc = RuntimeCosts(per_message_s=50e-6, wire_bytes_per_s=5e9, emulation_bytes_per_s=0.5e9,
+                      cores=2)
+    assert message_cpu(1e6, rc) == pytest.approx(50e-6 + 1e6 / 5e9)
+    # the lab: the shared per-message figure, and a byte costs the emulation (half per end)
+    assert message_cpu(1e6, rc, lab=True, per_message_shared_s=100e-6) == pytest.approx(
+        100e-6 + 1e6 / 1e9)
+    assert message_cpu(1e6, rc, lab=True) == pytest.approx(50e-6 + 1e6 / 1e9)
+    assert lab_cpu_floor([0.1, 0.2, 0.3], 2) == pytest.approx(0.3)
+    assert lab_cpu_floor([0.1], 0) == pytest.approx(0.1)
+
+
+def _ctx(n: int = 2, mbit: int = 200, global_batch: int = 32):
+    cluster = parse_cluster({
+        "apiVersion": "topoctl/v1", "kind": "Cluster", "name": "pair",
+        "defaults": {"nic_speed": f"{mbit}mbit", "gpus": {"count": 1, "type": "cpu"}},
+        "hosts": [{"name": f"h{i}", "nics": [{"name": "eth0"}, {"name": "eth1"}]}
+                  for i in range(n)],
+        "fabric": {"kind": "direct", "mtu": 9000, "links": [
+            {"a": f"h{i}:eth0", "b": f"h{(i + 1) % n}:eth1", "bandwidth": f"{mbit}mbit"}
+            for i in range(n - 1)]}})
+    job = parse_job({"apiVersion": "topoctl/v1", "kind": "Job", "name": "mlp-pc",
+                     "model": {"catalog": "mlp", "params": MLP},
+                     "batch": {"global": global_batch},
+                     "parallelism": {"data": False, "pipeline": True, "microbatches": 4},
+                     "strategies": ["pipeline"], "cost": {"method": "roofline"}})
+    return prepare(cluster, job, use_cache=False)
+
+
+def test_two_stage_gpipe_matches_its_closed_form():
+    """Stage 0 = x..net_1, stage 1 = the rest; every op 1 ms forward, 2 ms backward (3 ms with
+    input gradients); one message per micro-batch each way, CPU c per end; transfer T. GPipe:
+    forward F0 m0..m3 back to back, each activation's CPU, transfer and CPU then F1 (the link
+    carries one transfer at a time): the backward mirrors it. No lab floor (cores = 64)."""
+    ctx = _ctx()
+    names = [o.name for o in ctx.graph.ops]
+    st = [names[:3], names[3:]]
+    costs = {n: TrainCost(1e-3, 2e-3, 3e-3, 1e-4) for n in names}
+    rc = RuntimeCosts(per_message_s=1e-3, wire_bytes_per_s=1e12, cores=64)
+    meas = Measured(costs, rc, None, lab=False)
+    micro = 8
+    tasks, _ = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, micro / ctx.local_batch, meas)
+    res = simulate(tasks, ctx_network(ctx), record=False)
+    act = micro * 64 * 4  # net_1's output: micro x hidden floats
+    rate = 200e6 / 8 * tcp_efficiency(9000)  # goodput
+    t = act / rate
+    c = 1e-3 + act / 1e12
+    f0 = 3 * 1e-3  # x (a placeholder costs what it is given here), net_0, net_1
+    f1 = (len(names) - 3) * 1e-3
+    b0 = 2e-3 + 2e-3 + 3e-3  # x, net_0: bwd_params; net_1: input grads
+    b1 = (len(names) - 3) * 3e-3
+    # forward: tx c runs on h0 between F0s (list order: F0.m, then its tx), transfers queue
+    # on the link; backward symmetric; steps at the end on each host
+    assert res.iteration_time == pytest.approx(_gpipe_two(f0, f1, b0, b1, c, t, 4, 1e-4 * 3,
+                                                         1e-4 * (len(names) - 3)), rel=1e-6)
+
+
+def ctx_network(ctx):
+    from topoctl.sim.fabric import network_from_fabric
+    from topoctl.sim.routing import shortest_next_hops
+
+    return network_from_fabric(ctx.fabric, shortest_next_hops(ctx.fabric, required=ctx.hosts))
+
+
+def _gpipe_two(f0, f1, b0, b1, c, t, m, s0, s1):
+    """A two-host GPipe timeline, event by event (one stream per host, one flow per direction
+    at a time over the same cable)."""
+    h0 = h1 = 0.0
+    link = 0.0
+    arrive = []
+    for _ in range(m):  # host 0: F0 then tx for each micro-batch (F0 first: list order)
+        h0 += f0
+        fin = h0
+        h0 += c  # tx CPU after F0 (ready at the same time; F0 of the next is listed later)
+        link = max(link, fin) + t
+        arrive.append(link)
+    for a in arrive:  # host 1: rx then F1, in order
+        h1 = max(h1, a) + c
+        h1 += f1
+    link = 0.0
+    back = []
+    for _ in range(m):  # backward, reverse micro-batch order: B1 then tx
+        h1 += b1
+        fin = h1
+        h1 += c
+        link = max(link, fin) + t
+        back.append(link)
+    h1 += s1
+    for a in back:
+        h0 = max(h0, a) + c
+        h0 += b0
+    h0 += s0
+    return max(h0, h1)
+
+
+def test_lab_floor_bounds_the_iteration():
+    ctx = _ctx()
+    names = [o.name for o in ctx.graph.ops]
+    costs = {n: TrainCost(1e-3, 2e-3, 3e-3, 0.0) for n in names}
+    rc = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e15, emulation_bytes_per_s=1e15,
+                      cores=1)
+    st = [names[:3], names[3:]]
+    free = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, Measured(costs, rc, None, False))
+    lab = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, Measured(costs, rc, None, True))
+    net = ctx_network(ctx)
+    work = sum(t.duration for t in free[0] if hasattr(t, "duration"))
+    assert simulate(lab[0], net, record=False).iteration_time == pytest.approx(work)
+    assert simulate(free[0], net, record=False).iteration_time < work
+
+
+def test_train_costs_are_measured_for_real():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    params = {"layers": 2, "hidden": 512, "features": 512, "classes": 10}
+    model = build_model("mlp", params)
+    x = example_inputs("mlp", params, 64)
+    g = capture_catalog("mlp", params, 64)
+    c = measure_train_costs(model, x, g, warmup=1, repeats=3)
+    assert set(c) == {o.name for o in g.ops}
+    assert c["x"] == TrainCost(0.0, 0.0, 0.0)
+    lin = c["net_2"]  # 512x512 linear: the input gradient is one more matmul
+    assert lin.fwd > 0 and lin.bwd_params > 0 and lin.step > 0
+    assert lin.bwd_inputs > 1.2 * lin.bwd_params
+    assert c["net_1"].bwd_params == 0.0 and c["net_1"].step == 0.0  # relu: no parameters
+    # the parameters are unchanged by timing their step
+    assert torch.equal(model.net[0].weight, build_model_again(params).net[0].weight)
+    # the sum is the model's real training step on this thread (fwd, loss, backward)
+    total = sum(v.fwd + (v.bwd_inputs if k not in ("x", "net_0") else v.bwd_params)
+                for k, v in c.items())
+
+    def step() -> float:
+        t0 = time.thread_time()
+        model(*x).float().pow(2).mean().backward()
+        return time.thread_time() - t0
+
+    step()
+    whole = statistics.median(step() for _ in range(5))
+    assert 0.5 * whole < total < 2.0 * whole
+
+
+def build_model_again(params):
+    torch.manual_seed(0)
+    return build_model("mlp", params)
+
+
+def test_train_cost_cache_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    costs = {"a": TrainCost(1.0, 2.0, 3.0, 4.0)}
+    cache.store_train("k", costs)
+    assert cache.load_train("k") == costs
+    assert cache.load_train("missing") is None
+    (tmp_path / "profiles" / "bad.json").write_text('{"a": [1, 2]}x')
+    assert cache.load_train("bad") is None
+
+
+def test_planner_keeps_one_stage_when_the_split_is_slower():
+    """Measured costs (the lab path, `PlanContext.train_costs`): at 10 Mbit/s a micro-batch's
+    activation (1024 x 64 floats, 0.2 s) takes longer than the whole model's compute, so the
+    pipeline keeps every op on one host; the same job at 100 Gbit/s splits."""
+    for mbit, stages in ((10, 1), (100_000, 2)):
+        ctx = _ctx(mbit=mbit, global_batch=4096)
+        names = [o.name for o in ctx.graph.ops]
+        ctx.train_costs = lambda b, names=names: {n: TrainCost(5e-3, 1e-2, 1.5e-2, 0.0)
+                                                   for n in names}
+        s = plan_pipeline(ctx)
+        assert s.notes["stages"] == stages, (mbit, s.notes)
+        assert len(s.collective["stages"]) == stages
