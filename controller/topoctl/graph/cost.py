@@ -181,9 +181,10 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
         fwd = _median_time(lambda: run(True), warmup, repeats)
 
         def bwd_time(grad_inputs: bool, params=params, run=run) -> float:
-            def once() -> float:
-                for p in params:
-                    p.grad = None
+            for p in params:
+                p.grad = None
+
+            def once() -> float:  # after the first: accumulating into .grad, as micro-batches do
                 outs = [t for t in run(grad_inputs) if t.requires_grad]
                 if not outs:
                     return 0.0
