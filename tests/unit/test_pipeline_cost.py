@@ -225,3 +225,23 @@ def test_planner_keeps_one_stage_when_the_split_is_slower():
         s = plan_pipeline(ctx)
         assert s.notes["stages"] == stages, (mbit, s.notes)
         assert len(s.collective["stages"]) == stages
+
+
+def test_measured_plans_are_deterministic(tmp_path, monkeypatch):
+    """The lab path times the model once per machine and micro-batch (cached): planning again
+    gives the same bytes, and the plan says what its compute rests on."""
+    from topoctl.planner import make_plan
+    from topoctl.render.yamlout import dump
+
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    ctx = _ctx(n=2)
+    docs = []
+    for _ in range(2):
+        plan = make_plan(ctx.cluster, ctx.job)[0]
+        plan["metadata"]["collective"].pop("search_seconds")  # wall clock, reported only
+        docs.append(dump(plan))
+    assert docs[0] == docs[1]
+    assert list((tmp_path / "profiles").glob("*.json"))
+    plan = make_plan(ctx.cluster, ctx.job)[0]
+    note = plan["metadata"]["collective"]["compute"]
+    assert note["micro_batch"] == 8 and note["threads"] == 1

@@ -327,6 +327,12 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                "coarsening": cstats, "candidates": {
                    f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands},
                "search_seconds": time.perf_counter() - t0}
+    if ctx.train_costs is not None:  # what the lab prediction rests on (docs/placement.md)
+        meas = _measured(ctx, global_batch // (g * micro))
+        s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
+                              "micro_batch": global_batch // (g * micro),
+                              "threads": ctx.job.launch.threads,
+                              "runtime_cpu": meas.runtime.source if meas else None}
     return s
 
 
