@@ -17,7 +17,7 @@ from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph import cache
 from topoctl.graph.capture import capture_catalog
 from topoctl.graph.cost import TrainCost, measure_train_costs
-from topoctl.placement.runtime import lab_cpu_floor, message_cpu, needs_grad, stage_costs
+from topoctl.placement.runtime import message_cpu, needs_grad, stage_costs
 from topoctl.planner import prepare
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import tcp_efficiency
@@ -58,7 +58,7 @@ def test_integer_inputs_received_need_no_gradient():
     assert needs_grad(g, late, 1)[first.name] is False  # token ids (int64)
 
 
-def test_message_cpu_and_lab_floor_closed_forms():
+def test_message_cpu_closed_forms():
     rc = RuntimeCosts(per_message_s=50e-6, wire_bytes_per_s=5e9, emulation_bytes_per_s=0.5e9,
                       cores=2)
     assert message_cpu(1e6, rc) == pytest.approx(50e-6 + 1e6 / 5e9)
@@ -66,8 +66,6 @@ def test_message_cpu_and_lab_floor_closed_forms():
     assert message_cpu(1e6, rc, lab=True, per_message_shared_s=100e-6) == pytest.approx(
         100e-6 + 1e6 / 1e9)
     assert message_cpu(1e6, rc, lab=True) == pytest.approx(50e-6 + 1e6 / 1e9)
-    assert lab_cpu_floor([0.1, 0.2, 0.3], 2) == pytest.approx(0.3)
-    assert lab_cpu_floor([0.1], 0) == pytest.approx(0.1)
 
 
 def _ctx(n: int = 2, mbit: int = 200, global_batch: int = 32):
@@ -153,19 +151,54 @@ def _gpipe_two(f0, f1, b0, b1, c, t, m, s0, s1):
     return max(h0, h1)
 
 
-def test_lab_floor_bounds_the_iteration():
+def test_shared_cores_are_processor_shared():
+    """`Network.cpu_pool`: three single-threaded 1 s tasks on three devices and 2 cores run at
+    2/3 of a core each (done at 1.5 s); one core per task at most (two tasks on 4 cores: 1 s);
+    a device still runs its tasks one after the other; devices outside the pool are free."""
+    from topoctl.sim.network import Network
+    from topoctl.sim.tasks import Compute
+
+    def run(tasks, pool, cores):
+        net = Network({}, lambda a, b: [], cpu_pool=(frozenset(pool), cores))
+        return simulate(tasks, net)
+
+    three = [Compute(f"t{i}", f"d{i}", 1.0) for i in range(3)]
+    r = run(three, ["d0", "d1", "d2"], 2)
+    assert r.iteration_time == pytest.approx(1.5)
+    assert r.compute_time == pytest.approx(1.0) and r.comm_active == 0.0
+    assert run(three[:2], ["d0", "d1"], 4).iteration_time == pytest.approx(1.0)
+    assert run(three, ["d0", "d1"], 1).finish["t2"] == pytest.approx(1.0)  # d2 not pooled
+    # d0 runs t0 then t3 (1 s each); d1's t1 shares the one core with them: 3 s of work
+    chain = three[:2] + [Compute("t3", "d0", 1.0, ("t0",))]
+    r = run(chain, ["d0", "d1"], 1)
+    assert r.iteration_time == pytest.approx(3.0)
+    assert r.finish["t0"] == pytest.approx(2.0) and r.finish["t1"] == pytest.approx(2.0)
+
+
+def test_lab_ranks_share_the_cores():
+    """The same two-stage pipeline (micro-batch 16) on 1 core takes every task's CPU in
+    sequence; on 64 cores the stages overlap."""
+    from topoctl.strategies.placement import lab_network
+
     ctx = _ctx()
     names = [o.name for o in ctx.graph.ops]
     costs = {n: TrainCost(1e-3, 2e-3, 3e-3, 0.0) for n in names}
-    rc = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e15, emulation_bytes_per_s=1e15,
-                      cores=1)
     st = [names[:3], names[3:]]
-    free = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, Measured(costs, rc, None, False))
-    lab = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, Measured(costs, rc, None, True))
     net = ctx_network(ctx)
-    work = sum(t.duration for t in free[0] if hasattr(t, "duration"))
-    assert simulate(lab[0], net, record=False).iteration_time == pytest.approx(work)
-    assert simulate(free[0], net, record=False).iteration_time < work
+    times = {}
+    for cores in (1, 64):
+        rc = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e15,
+                          emulation_bytes_per_s=1e15, cores=cores)
+        meas = Measured(costs, rc, None, True)
+        tasks, _ = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, meas)
+        times[cores] = simulate(tasks, lab_network(net, ctx.hosts, meas),
+                                record=False).iteration_time
+        work = sum(t.duration for t in tasks if hasattr(t, "duration"))
+    # one core: all the work in sequence, plus the one transfer nothing overlaps (the last
+    # gradient: h1 is done, h0 waits for it)
+    t = 16 * 64 * 4 / (200e6 / 8 * tcp_efficiency(9000))
+    assert times[1] == pytest.approx(work + t, rel=1e-6)
+    assert times[64] < 0.9 * work
 
 
 def test_train_costs_are_measured_for_real():

@@ -13,23 +13,22 @@ their gradient can be sent back). The optimiser step is the sum of the ops' meas
 
 A message (one tensor sent or received with gloo) costs its rank ``per_message_s +
 bytes / wire_bytes_per_s`` of CPU (``topoagent.collectives.calibrate``: the same figures the
-tree runtime's model uses). In the lab every rank runs on this machine's ``cores`` cores, a
-byte also costs the cables' emulation (veth, tc shaping, TCP at both ends,
-``emulation_bytes_per_s``), and ``lab_cpu_floor`` is the total CPU work of an
-iteration spread over the cores, a floor under the iteration time (the ranks' own streams
-cannot show that they wait for a core).
+tree runtime's model uses). In the lab a byte also costs the cables' emulation (veth, tc
+shaping, TCP at both ends, ``emulation_bytes_per_s``), and every rank runs on this machine's
+``cores`` cores: the simulator shares them among the ranks' compute (``Network.cpu_pool``,
+processor sharing).
 O(ops) per stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph.cost import TrainCost
 from topoctl.graph.ops import OpGraph
 
-__all__ = ["lab_cpu_floor", "message_cpu", "needs_grad", "stage_costs"]
+__all__ = ["message_cpu", "needs_grad", "stage_costs"]
 
 
 def _is_float(graph: OpGraph, name: str) -> bool:
@@ -84,10 +83,3 @@ def message_cpu(nbytes: float, costs: RuntimeCosts, lab: bool = False,
     rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
             else costs.wire_bytes_per_s)
     return per + nbytes / rate
-
-
-def lab_cpu_floor(cpu_s: Sequence[float], cores: int) -> float:
-    """Seconds the lab's ``cores`` cores need at least for an iteration whose ranks do the CPU
-    work ``cpu_s`` (one entry per task: compute and messages) between them: the work spread
-    evenly over the cores."""
-    return sum(cpu_s) / max(1, cores)

@@ -26,7 +26,7 @@ O(candidates * (search + simulation)).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -37,9 +37,10 @@ from topoctl.graph.cost import TrainCost
 from topoctl.placement import heft, milp, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
-from topoctl.placement.runtime import lab_cpu_floor, message_cpu, stage_costs
+from topoctl.placement.runtime import message_cpu, stage_costs
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
@@ -123,9 +124,9 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
     every rank's tasks in its program's order (the runtime is one thread: receive, forward,
     send per micro-batch, then the backwards in reverse), every message's CPU cost on the
-    sending and the receiving rank (a send is not waited for beyond it), and in the lab a
-    pseudo-device `lab-cores` busy for all the ranks' CPU work spread over the cores (a floor
-    under the iteration). Returns (tasks, gradient bytes per stage)."""
+    sending and the receiving rank (a send is not waited for beyond it); simulate it on
+    `lab_network` so that the lab's ranks share the machine's cores. Returns (tasks,
+    gradient bytes per stage)."""
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
     cut = cut_bytes(ctx, stage_of, len(stages), scale)
     nmsg = cut_values(ctx, stage_of, len(stages))
@@ -210,11 +211,15 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
             step = (per_stage[s][2] if per_stage else
                     ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
             compute(f"step{s}.{r}", h, step, done)
-    if measured and measured.lab:
-        work = [t.duration for t in tasks if isinstance(t, Compute)]
-        tasks.append(Compute("lab-cores", "lab-cores",
-                             lab_cpu_floor(work, measured.runtime.cores)))
     return tasks, grads
+
+
+def lab_network(network: Network, hosts: list[str], measured: Measured | None) -> Network:
+    """`network` with the hosts' compute on the lab machine's shared cores (processor sharing,
+    `Network.cpu_pool`) when `measured` says every rank runs on this machine."""
+    if not measured or not measured.lab:
+        return network
+    return replace(network, cpu_pool=(frozenset(hosts), measured.runtime.cores), _cache={})
 
 
 def _search(p: PlacementProblem, method: str) -> Placement:
@@ -300,8 +305,9 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                       for d in order]
             sgroups = [groups[d] for d in order]
             tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas)
-            res = simulate(tasks, network, record=False)
-            strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=network,
+            net = lab_network(network, hosts, meas)
+            res = simulate(tasks, net, record=False)
+            strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
                              tasks=tasks, collective={}, buckets=[b for b in grads if b])
             found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
         cands.append(min(found, key=lambda c: c.iteration_time))  # first (the split) on ties
