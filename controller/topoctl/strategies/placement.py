@@ -124,7 +124,7 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
     every rank's tasks in its program's order (the runtime is one thread: receive, forward,
     send per micro-batch, then the backwards in reverse), every message's CPU cost on the
-    sending and the receiving rank (a send is not waited for beyond it); simulate it on
+    sending and the receiving rank, sends blocking as gloo's do (`send`); simulate it on
     `lab_network` so that the lab's ranks share the machine's cores. Returns (tasks,
     gradient bytes per stage)."""
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
@@ -167,11 +167,16 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
         last[h] = tid
 
     def send(tid: str, src: str, dst: str, b: int, after: str) -> str:
-        """The transfer `tid` after `after`, with its CPU at the sending end; the id to wait
-        for."""
-        tasks.append(Transfer(tid, src, dst, cut[b], (after,)))
+        """The transfer `tid` after `after`; the id to wait for. Measured: gloo's send is a
+        rendezvous (it starts when the receiving rank has posted its receive, i.e. finished
+        what its program does before, and returns when the bytes arrived), then the sending
+        rank's CPU for it."""
+        ready = (after,)
+        if measured and dst in last:
+            ready += (last[dst],)
+        tasks.append(Transfer(tid, src, dst, cut[b], ready))
         if msg(b):
-            compute(f"{tid}/tx", src, msg(b), (after,))
+            compute(f"{tid}/tx", src, msg(b), (tid,))
         return tid
 
     def received(tid: str, h: str, b: int) -> str:
