@@ -4,12 +4,14 @@ cluster as a lab, apply every rendered HostState with `topo-agent`, launch the p
 median measured iteration (iterations >= 1, all ranks) with the plan's prediction.
 
     python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
-        [--strategies baseline trees ...]
+        [--strategies baseline trees ...] [--plan plan.yaml]
 
 With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
 planned, applied and measured in turn on the same lab, one line each; trees plans get the
 runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, cached).
-Uses only the command-line tools; the lab gets its own name and is removed at the end."""
+``--plan`` measures a given plan of the cluster (e.g. a split the planner did not choose)
+instead of planning. Uses only the command-line tools; the lab gets its own name and is
+removed at the end."""
 
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ def run(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
-         strategies: list[str] | None = None) -> int:
+         strategies: list[str] | None = None, plan_file: str | None = None) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
+    if plan_file:  # measure this plan (made for this cluster) instead of planning
+        return check(cluster_file, job, iterations, yaml.safe_load(Path(plan_file).read_text()))
     strategies = strategies or list(job.get("strategies") or ["baseline"])
     if "trees" in strategies:
         r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
@@ -48,7 +52,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5,
     return rc
 
 
-def check(cluster_file: str, job: dict, iterations: int) -> int:
+def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None) -> int:
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
@@ -57,12 +61,16 @@ def check(cluster_file: str, job: dict, iterations: int) -> int:
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
-    r = run(BIN / "topoctl", "plan", tmp / "cluster.yaml", tmp / "job.yaml", "-o",
-            tmp / "plan.yaml")
-    if r.returncode:
-        print(r.stderr, file=sys.stderr)
-        return 1
+    if given is None:
+        r = run(BIN / "topoctl", "plan", tmp / "cluster.yaml", tmp / "job.yaml", "-o",
+                tmp / "plan.yaml")
+        if r.returncode:
+            print(r.stderr, file=sys.stderr)
+            return 1
+    else:
+        (tmp / "plan.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
+    plan["job"]["iterations"] = iterations
     labs = tmp / "labs"
     r = run(BIN / "topoctl", "lab", "up", tmp / "cluster.yaml", "--name", name, "--no-ssh",
             "--state-dir", labs)
@@ -113,8 +121,9 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("job", help="job file")
     ap.add_argument("iterations", nargs="?", type=int, default=5, help="iterations (5)")
     ap.add_argument("--strategies", nargs="+", help="strategies to check (default: all)")
+    ap.add_argument("--plan", help="measure this plan of the cluster instead of planning")
     args = ap.parse_args(argv)
-    return main(args.cluster, args.job, args.iterations, args.strategies)
+    return main(args.cluster, args.job, args.iterations, args.strategies, args.plan)
 
 
 if __name__ == "__main__":
