@@ -190,14 +190,14 @@ def test_train_costs_are_measured_for_real():
     torch.set_num_threads(1)
     params = {"layers": 2, "hidden": 512, "features": 512, "classes": 10}
     model = build_model("mlp", params)
-    x = example_inputs("mlp", params, 64)
-    g = capture_catalog("mlp", params, 64)
-    c = measure_train_costs(model, x, g, warmup=1, repeats=3)
+    x = example_inputs("mlp", params, 256)
+    g = capture_catalog("mlp", params, 256)
+    c = measure_train_costs(model, x, g, warmup=1, repeats=5)
     assert set(c) == {o.name for o in g.ops}
     assert c["x"] == TrainCost(0.0, 0.0, 0.0)
     lin = c["net_2"]  # 512x512 linear: the input gradient is one more matmul
     assert lin.fwd > 0 and lin.bwd_params > 0 and lin.step > 0
-    assert lin.bwd_inputs > 1.2 * lin.bwd_params
+    assert lin.bwd_inputs > lin.bwd_params + 0.3 * lin.fwd
     assert c["net_1"].bwd_params == 0.0 and c["net_1"].step == 0.0  # relu: no parameters
     # the parameters are unchanged by timing their step
     assert torch.equal(model.net[0].weight, build_model_again(params).net[0].weight)
