@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                 return 1
     finally:
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
+        shutil.rmtree(tmp, ignore_errors=True)
     predicted = plan["metadata"]["prediction"]["iteration_time"]
     measured = statistics.median(times)
     print(f"{label}/{plan['metadata']['job']} [{plan['metadata']['strategy']}]: "
