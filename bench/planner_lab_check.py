@@ -93,6 +93,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                                      stderr=subprocess.STDOUT, text=True)
                  for h in plan["job"]["processes"]}
         times = []
+        phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
         for h, p in procs.items():
             out, _ = p.communicate()
             for line in out.splitlines():
@@ -101,6 +102,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                     ev = json.loads(body)
                     if ev.get("event") == "iter" and ev["iter"] >= 1:
                         times.append(ev["seconds"])
+                        if ev.get("phases"):
+                            phases.setdefault(ev.get("stage"), []).append(ev["phases"])
             if p.returncode:
                 print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
                 return 1
@@ -113,6 +116,9 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
           f"predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
+    for st, ph in sorted(phases.items()):
+        med = {k: statistics.median(x[k] for x in ph) for k in ph[0]}
+        print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))
     return 0
 
 
