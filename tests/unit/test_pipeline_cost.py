@@ -17,7 +17,7 @@ from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph import cache
 from topoctl.graph.capture import capture_catalog
 from topoctl.graph.cost import TrainCost, measure_train_costs
-from topoctl.placement.runtime import message_cpu, needs_grad, stage_costs
+from topoctl.placement.runtime import allreduce_cpu, message_cpu, needs_grad, stage_costs
 from topoctl.planner import prepare
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import tcp_efficiency
@@ -66,6 +66,21 @@ def test_message_cpu_closed_forms():
     assert message_cpu(1e6, rc, lab=True, per_message_shared_s=100e-6) == pytest.approx(
         100e-6 + 1e6 / 1e9)
     assert message_cpu(1e6, rc, lab=True) == pytest.approx(50e-6 + 1e6 / 1e9)
+
+
+def test_allreduce_cpu_closed_form():
+    """A ring over m replicas: 2(m-1) chunks of S/m sent and as many received, (m-1)/m of S
+    added, S flattened and copied back."""
+    rc = RuntimeCosts(per_message_s=1e-4, wire_bytes_per_s=1e9, reduce_bytes_per_s=2e9,
+                      copy_bytes_per_s=4e9, emulation_bytes_per_s=1e12)
+    s = 8e6
+    per = 1e-4 + (s / 4) / 1e9
+    assert allreduce_cpu(s, 4, rc) == pytest.approx(2 * 6 * per + 0.75 * s / 2e9 + 2 * s / 4e9)
+    assert allreduce_cpu(s, 1, rc) == 0.0 and allreduce_cpu(0.0, 4, rc) == 0.0
+    # in the lab a byte costs the emulation as well (the slower of the two rates)
+    slow = RuntimeCosts(per_message_s=1e-4, wire_bytes_per_s=1e9, reduce_bytes_per_s=2e9,
+                        copy_bytes_per_s=4e9, emulation_bytes_per_s=0.1e9)
+    assert allreduce_cpu(s, 2, slow, lab=True) > 3 * allreduce_cpu(s, 2, slow)
 
 
 def _ctx(n: int = 2, mbit: int = 200, global_batch: int = 32):

@@ -16,7 +16,8 @@ bytes / wire_bytes_per_s`` of CPU (``topoagent.collectives.calibrate``: the same
 tree runtime's model uses). In the lab a byte also costs the cables' emulation (veth, tc
 shaping, TCP at both ends, ``emulation_bytes_per_s``), and every rank runs on this machine's
 ``cores`` cores: the simulator shares them among the ranks' compute (``Network.cpu_pool``,
-processor sharing).
+processor sharing). A hybrid's replicas all-reduce their stage's gradients with gloo:
+``allreduce_cpu`` is what that costs each of them on top of the ring's network time.
 O(ops) per stage.
 """
 
@@ -28,7 +29,7 @@ from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph.cost import TrainCost
 from topoctl.graph.ops import OpGraph
 
-__all__ = ["message_cpu", "needs_grad", "stage_costs"]
+__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "stage_costs"]
 
 
 def _is_float(graph: OpGraph, name: str) -> bool:
@@ -83,3 +84,18 @@ def message_cpu(nbytes: float, costs: RuntimeCosts, lab: bool = False,
     rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
             else costs.wire_bytes_per_s)
     return per + nbytes / rate
+
+
+def allreduce_cpu(nbytes: float, members: int, costs: RuntimeCosts, lab: bool = False,
+                  per_message_shared_s: float | None = None) -> float:
+    """CPU seconds one replica spends in its stage's gradient AllReduce (the runtime flattens
+    the gradients into one buffer, gloo all-reduces it in a ring, the result is copied back):
+    ``2(m - 1)`` messages of ``nbytes / m`` each way (``message_cpu``, so in the lab the
+    emulation's cost per byte too), ``(m - 1) / m`` of the bytes added, ``2 nbytes`` copied."""
+    if members < 2 or nbytes <= 0:
+        return 0.0
+    steps = 2 * (members - 1)
+    chunk = nbytes / members
+    msgs = 2 * steps * message_cpu(chunk, costs, lab, per_message_shared_s)  # sent + received
+    return (msgs + (members - 1) / members * nbytes / costs.reduce_bytes_per_s
+            + 2 * nbytes / costs.copy_bytes_per_s)

@@ -37,7 +37,7 @@ from topoctl.graph.cost import TrainCost
 from topoctl.placement import heft, milp, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
-from topoctl.placement.runtime import message_cpu, stage_costs
+from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.network import Network
@@ -124,7 +124,8 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
     every rank's tasks in its program's order (the runtime is one thread: receive, forward,
     send per micro-batch, then the backwards in reverse), every message's CPU cost on the
-    sending and the receiving rank, sends blocking as gloo's do (`send`); simulate it on
+    sending and the receiving rank, sends blocking as gloo's do (`send`), the replicas' CPU
+    for their gradient AllReduce after its network part; simulate it on
     `lab_network` so that the lab's ranks share the machine's cores. Returns (tasks,
     gradient bytes per stage)."""
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
@@ -212,6 +213,10 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
             done = (f"ar{s}",)
         for r in range(g):
             h = groups[s][r]
+            if measured and g > 1 and grads[s]:  # the replicas' CPU for it, then the step
+                compute(f"ar{s}/cpu.{r}", h, allreduce_cpu(
+                    float(grads[s]), g, measured.runtime, measured.lab,
+                    measured.per_message_shared_s), done)
             d = ctx.device[h]
             step = (per_stage[s][2] if per_stage else
                     ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
