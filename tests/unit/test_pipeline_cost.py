@@ -277,3 +277,14 @@ def test_measured_plans_are_deterministic(tmp_path, monkeypatch):
     plan = make_plan(ctx.cluster, ctx.job)[0]
     note = plan["metadata"]["collective"]["compute"]
     assert note["micro_batch"] == 8 and note["threads"] == 1
+
+
+def test_a_model_that_cannot_be_timed_keeps_the_context_costs():
+    """`train_costs` answering None (the model does not run a training step here): the
+    strategy plans with the context's per-op costs, as without the lab path."""
+    ctx = _ctx()
+    plain = plan_pipeline(ctx)
+    ctx.train_costs = lambda b: None
+    s = plan_pipeline(ctx)
+    assert "compute" not in s.notes
+    assert s.notes["candidates"] == plain.notes["candidates"]

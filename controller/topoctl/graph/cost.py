@@ -197,7 +197,11 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
                 once()
             return statistics.median(once() for _ in range(repeats))
 
-        bwd_p, bwd_i = bwd_time(False), bwd_time(True)
+        try:
+            bwd_p, bwd_i = bwd_time(False), bwd_time(True)
+        except RuntimeError:  # e.g. an in-place op on an input leaf: the FLOP ratio instead
+            ratio = op.bwd_flops / op.flops if op.flops else 1.0
+            bwd_p = bwd_i = fwd * ratio
         step = 0.0
         if params:
             for p in params:

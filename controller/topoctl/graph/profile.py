@@ -84,11 +84,12 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
     return costs
 
 
-def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, TrainCost]:
+def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, TrainCost] | None:
     """Per-op training costs of the job's model on this CPU at exactly `batch` samples (the
     pipeline's micro-batch: no linear scaling from a small profile batch, whose per-call
     overhead would dominate), with the job's `launch.threads` torch threads, as a pipeline rank
-    runs. Cached per model, sizes, batch, torch, CPU and threads (`graph.cache`)."""
+    runs. Cached per model, sizes, batch, torch, CPU and threads (`graph.cache`). None when
+    the model cannot run a training step on real tensors here (the caller keeps its costs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(job.launch.threads)
     try:
@@ -108,7 +109,10 @@ def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, Trai
         else:
             model = load_factory(m.factory)(**m.kwargs)
             inputs = make_inputs(_inputs(job), batch)
-        costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph)
+        try:
+            costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph)
+        except Exception:  # noqa: BLE001 - a model that does not train here: no lab timing
+            return None
         if use_cache:
             cache.store_train(key, costs)
         return costs

@@ -59,7 +59,7 @@ class PlanContext:
     # lab hosts (every training host a `cpu`, no `cost.device`) with the caches allowed: per-op
     # training costs timed on this CPU at a given batch (`graph.profile.measure_train_job`,
     # cached); the pipeline strategies cost their micro-batches with it. None: roofline/profile
-    train_costs: Callable[[int], dict[str, TrainCost]] | None = None
+    train_costs: Callable[[int], dict[str, TrainCost] | None] | None = None
 
     @property
     def world_size(self) -> int:

@@ -343,8 +343,8 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                "coarsening": cstats, "candidates": {
                    f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands},
                "search_seconds": time.perf_counter() - t0}
-    if ctx.train_costs is not None:  # what the lab prediction rests on (docs/placement.md)
-        meas = _measured(ctx, global_batch // (g * micro))
+    meas = _measured(ctx, global_batch // (g * micro))
+    if meas is not None:  # what the lab prediction rests on (docs/placement.md)
         s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
                               "micro_batch": global_batch // (g * micro),
                               "threads": ctx.job.launch.threads,
@@ -358,9 +358,12 @@ def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
     the context, scaled)."""
     if ctx.train_costs is None:
         return None
+    ops = ctx.train_costs(micro_batch)
+    if ops is None:  # the model does not train on real tensors here: the context's costs
+        return None
     cal = load_calibration()
     shared = (cal or {}).get("per_message_shared_s")
-    return Measured(ctx.train_costs(micro_batch), runtime_costs(cal),
+    return Measured(ops, runtime_costs(cal),
                     float(shared) if isinstance(shared, (int, float)) else None, lab=True)
 
 
