@@ -277,6 +277,9 @@ def test_measured_plans_are_deterministic(tmp_path, monkeypatch):
     plan = make_plan(ctx.cluster, ctx.job)[0]
     note = plan["metadata"]["collective"]["compute"]
     assert note["micro_batch"] == 8 and note["threads"] == 1
+    from topoctl.render.explain import collective_lines
+
+    assert "timed on this CPU at micro-batch 8" in collective_lines(plan)[0]
 
 
 def test_a_model_that_cannot_be_timed_keeps_the_context_costs():
