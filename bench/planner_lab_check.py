@@ -4,17 +4,20 @@ cluster as a lab, apply every rendered HostState with `topo-agent`, launch the p
 median measured iteration (iterations >= 1, all ranks) with the plan's prediction.
 
     python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
-        [--strategies baseline trees ...]
+        [--strategies baseline trees ...] [--plan plan.yaml]
 
 With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
 planned, applied and measured in turn on the same lab, one line each; trees plans get the
 runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, cached).
-Uses only the command-line tools; the lab gets its own name and is removed at the end."""
+``--plan`` measures a given plan of the cluster (e.g. a split the planner did not choose)
+instead of planning. Uses only the command-line tools; the lab gets its own name and is
+removed at the end."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,8 +37,10 @@ def run(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
-         strategies: list[str] | None = None) -> int:
+         strategies: list[str] | None = None, plan_file: str | None = None) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
+    if plan_file:  # measure this plan (made for this cluster) instead of planning
+        return check(cluster_file, job, iterations, yaml.safe_load(Path(plan_file).read_text()))
     strategies = strategies or list(job.get("strategies") or ["baseline"])
     if "trees" in strategies:
         r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
@@ -48,7 +53,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5,
     return rc
 
 
-def check(cluster_file: str, job: dict, iterations: int) -> int:
+def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None) -> int:
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
@@ -57,12 +62,16 @@ def check(cluster_file: str, job: dict, iterations: int) -> int:
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
-    r = run(BIN / "topoctl", "plan", tmp / "cluster.yaml", tmp / "job.yaml", "-o",
-            tmp / "plan.yaml")
-    if r.returncode:
-        print(r.stderr, file=sys.stderr)
-        return 1
+    if given is None:
+        r = run(BIN / "topoctl", "plan", tmp / "cluster.yaml", tmp / "job.yaml", "-o",
+                tmp / "plan.yaml")
+        if r.returncode:
+            print(r.stderr, file=sys.stderr)
+            return 1
+    else:
+        (tmp / "plan.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
+    plan["job"]["iterations"] = iterations
     labs = tmp / "labs"
     r = run(BIN / "topoctl", "lab", "up", tmp / "cluster.yaml", "--name", name, "--no-ssh",
             "--state-dir", labs)
@@ -84,6 +93,7 @@ def check(cluster_file: str, job: dict, iterations: int) -> int:
                                      stderr=subprocess.STDOUT, text=True)
                  for h in plan["job"]["processes"]}
         times = []
+        phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
         for h, p in procs.items():
             out, _ = p.communicate()
             for line in out.splitlines():
@@ -92,17 +102,23 @@ def check(cluster_file: str, job: dict, iterations: int) -> int:
                     ev = json.loads(body)
                     if ev.get("event") == "iter" and ev["iter"] >= 1:
                         times.append(ev["seconds"])
+                        if ev.get("phases"):
+                            phases.setdefault(ev.get("stage"), []).append(ev["phases"])
             if p.returncode:
                 print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
                 return 1
     finally:
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
+        shutil.rmtree(tmp, ignore_errors=True)
     predicted = plan["metadata"]["prediction"]["iteration_time"]
     measured = statistics.median(times)
     print(f"{label}/{plan['metadata']['job']} [{plan['metadata']['strategy']}]: "
           f"predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
+    for st, ph in sorted(phases.items()):
+        med = {k: statistics.median(x[k] for x in ph) for k in ph[0]}
+        print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))
     return 0
 
 
@@ -113,8 +129,9 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("job", help="job file")
     ap.add_argument("iterations", nargs="?", type=int, default=5, help="iterations (5)")
     ap.add_argument("--strategies", nargs="+", help="strategies to check (default: all)")
+    ap.add_argument("--plan", help="measure this plan of the cluster instead of planning")
     args = ap.parse_args(argv)
-    return main(args.cluster, args.job, args.iterations, args.strategies)
+    return main(args.cluster, args.job, args.iterations, args.strategies, args.plan)
 
 
 if __name__ == "__main__":

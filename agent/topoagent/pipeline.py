@@ -194,12 +194,15 @@ def main(job: dict) -> int:
             if loss is not None:
                 loss_sum += float(loss.detach())
             saved.append((loss, received, sent))
+        t_fwd = time.perf_counter()
         for m in reversed(range(m_count)):
             loss, received, sent = saved[m]
             _backward(loss, received, sent, prev, nxt, g * m_count, dist, torch)
             saved[m] = None
+        t_bwd = time.perf_counter()
         if g > 1:
             _allreduce_grads(model, groups[s], dist, torch)
+        t_ar = time.perf_counter()
         opt.step()
         seconds = time.perf_counter() - t0
         loss_val = None
@@ -208,7 +211,12 @@ def main(job: dict) -> int:
             if g > 1:
                 dist.all_reduce(t, group=groups[s])
             loss_val = float(t) / (g * m_count)
-        _emit(event="iter", rank=rank, iter=it, seconds=seconds, loss=loss_val, stage=s)
+        # phases (wall seconds, sends and receives included): forwards, backwards, the
+        # replicas' gradient AllReduce, the optimiser step
+        _emit(event="iter", rank=rank, iter=it, seconds=seconds, loss=loss_val, stage=s,
+              phases={"forward": round(t_fwd - t0, 6), "backward": round(t_bwd - t_fwd, 6),
+                      "allreduce": round(t_ar - t_bwd, 6),
+                      "step": round(seconds - (t_ar - t0), 6)})
     _emit(event="done", rank=rank, checksum=checksum(model), stage=s)
     dist.destroy_process_group()
     return 0

@@ -6,6 +6,7 @@ file it is about; nothing is written by the caller when one is raised."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import scale_costs
 from topoctl.graph.devices import Device
-from topoctl.graph.profile import device_table, job_costs, job_graph
+from topoctl.graph.profile import device_table, job_costs, job_graph, measure_train_job
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.ovs import ovs_host
@@ -103,8 +104,11 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
                              meas, use_cache) for name, meas in measured.items()}
     if job.cost.scale != 1.0:
         costs = {k: scale_costs(v, job.cost.scale) for k, v in costs.items()}
+    lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
+    train = (functools.partial(measure_train_job, job, use_cache=True)
+             if use_cache and lab else None)
     return PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
-                       use_cache)
+                       use_cache, train)
 
 
 def evaluate(ctx: PlanContext, name: str) -> Evaluated:

@@ -148,7 +148,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("job", help="job.yaml")
     p.add_argument("-o", "--output", help="plan file to write (default: stdout)")
-    p.add_argument("--no-cache", action="store_true", help="re-measure op costs")
+    p.add_argument("--no-cache", action="store_true",
+                   help="no machine caches: re-measure op costs (pipeline strategies on lab "
+                        "hosts then keep the roofline)")
     p.add_argument("--max-hosts", type=_positive, default=MAX_PLAN_HOSTS, metavar="N",
                    help="refuse clusters of more than N hosts up front (default "
                         f"{MAX_PLAN_HOSTS}: larger ones take the planner minutes and gigabytes)")

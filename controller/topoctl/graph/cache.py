@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from topoctl.graph.cost import OpCost
+from topoctl.graph.cost import OpCost, TrainCost
 
 
 def cache_dir() -> Path:
@@ -40,8 +40,27 @@ def load(key: str) -> dict[str, OpCost] | None:
 
 def store(key: str, costs: dict[str, OpCost]) -> None:
     """Write per-op costs under `key` atomically (a temporary file renamed over it)."""
+    _write(key, {k: [c.fwd, c.bwd] for k, c in costs.items()})
+
+
+def _write(key: str, data: dict) -> None:
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{key}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({k: [c.fwd, c.bwd] for k, c in costs.items()}))
+    tmp.write_text(json.dumps(data))
     tmp.replace(d / f"{key}.json")
+
+
+def load_train(key: str) -> dict[str, TrainCost] | None:
+    """The cached training costs (forward, both backwards, step) under `key`, or None when
+    absent, unreadable or of another shape."""
+    try:
+        data = json.loads((cache_dir() / f"{key}.json").read_text())
+        return {k: TrainCost(*(float(x) for x in v)) for k, v in data.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def store_train(key: str, costs: dict[str, TrainCost]) -> None:
+    """Write per-op training costs under `key` atomically."""
+    _write(key, {k: [c.fwd, c.bwd_params, c.bwd_inputs, c.step] for k, c in costs.items()})

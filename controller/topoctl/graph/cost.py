@@ -90,3 +90,128 @@ def scale_costs(costs: dict[str, OpCost], factor: float) -> dict[str, OpCost]:
 def totals(costs: dict[str, OpCost]) -> tuple[float, float]:
     """(total forward seconds, total backward seconds) of `costs`."""
     return sum(c.fwd for c in costs.values()), sum(c.bwd for c in costs.values())
+
+
+@dataclass(frozen=True)
+class TrainCost:
+    """Seconds one op takes in a training step on this CPU, measured at one batch size.
+
+    `bwd_params`: its backward when none of its inputs needs a gradient (only its own
+    parameters' gradients; 0 for ops without parameters: autograd skips them); `bwd_inputs`:
+    its backward when its floating-point inputs need gradients too (every op after the first
+    parameter, and everything a later pipeline stage received); `step`: the SGD step over its
+    parameters."""
+
+    fwd: float
+    bwd_params: float
+    bwd_inputs: float
+    step: float = 0.0
+
+
+def _clock():
+    """CPU time of this thread when torch computes on it alone (one thread: what a busy
+    machine's other processes do not inflate), else wall time."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def _median_time(fn, warmup: int, repeats: int) -> float:
+    clock = _clock()
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = clock()
+        fn()
+        ts.append(clock() - t0)
+    return statistics.median(ts)
+
+
+def _tensors(v) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [t for x in v for t in _tensors(x)]
+    return []
+
+
+def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph,
+                        warmup: int = 2, repeats: int = 5) -> dict[str, TrainCost]:
+    """Time every fx node of `model` forward, backward (both variants of `TrainCost`) and its
+    SGD step on this CPU at the batch of `inputs`, each op on its real input values, with
+    gradients enabled as in training (median of `repeats` after `warmup` runs; CPU time of the
+    thread with one torch thread, so that other processes on a busy machine do not inflate
+    it; wall time with more). The output node
+    is charged the pipeline runtime's loss, mean(out^2), and its backward. Views cost 0.
+
+    Per op rather than per stage so that any split of the model can be costed; what the sum
+    leaves out (the runtime's per-node interpretation, a few microseconds) is small against
+    the compute of a layer. `graph` must come from capturing the same model (names match).
+    Runs the model: I/O-free but not pure; cached by `graph.cache`."""
+    gm = fx.symbolic_trace(model)
+    interp = fx.Interpreter(gm, garbage_collect_values=False)
+    with torch.no_grad():
+        interp.run(*inputs)
+    env = dict(interp.env)
+    modules = dict(gm.named_modules())
+    ops = graph.by_name()
+    out: dict[str, TrainCost] = {}
+    for n in gm.graph.nodes:
+        op = ops.get(n.name)
+        if n.op == "placeholder" or op is None or (op.is_view and n.op != "output"):
+            out[n.name] = TrainCost(0.0, 0.0, 0.0)
+            continue
+        params = (list(modules[n.target].parameters()) if n.op == "call_module"
+                  else [])
+
+        def run(grad_inputs: bool, n=n):
+            for a in n.all_input_nodes:
+                v = env[a]
+                if isinstance(v, torch.Tensor):
+                    v = v.detach()
+                    if grad_inputs and v.is_floating_point():
+                        v.requires_grad_(True)
+                interp.env[a] = v
+            with torch.enable_grad():
+                if n.op == "output":
+                    r = interp.run_node(n)
+                    r = r[0] if isinstance(r, (tuple, list)) else r
+                    return [r.float().pow(2).mean()]
+                return _tensors(interp.run_node(n))
+
+        fwd = _median_time(lambda: run(True), warmup, repeats)
+
+        def bwd_time(grad_inputs: bool, params=params, run=run) -> float:
+            for p in params:
+                p.grad = None
+
+            def once() -> float:  # after the first: accumulating into .grad, as micro-batches do
+                outs = [t for t in run(grad_inputs) if t.requires_grad]
+                if not outs:
+                    return 0.0
+                grads = [torch.randn_like(t) for t in outs]
+                clock = _clock()
+                t0 = clock()
+                torch.autograd.backward(outs, grads)
+                return clock() - t0
+            for _ in range(warmup):
+                once()
+            return statistics.median(once() for _ in range(repeats))
+
+        try:
+            bwd_p, bwd_i = bwd_time(False), bwd_time(True)
+        except RuntimeError:  # e.g. an in-place op on an input leaf: the FLOP ratio instead
+            ratio = op.bwd_flops / op.flops if op.flops else 1.0
+            bwd_p = bwd_i = fwd * ratio
+        step = 0.0
+        if params:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            opt = torch.optim.SGD(params, lr=1e-3)
+            with torch.no_grad():
+                saved = [p.detach().clone() for p in params]
+                step = _median_time(opt.step, warmup, repeats)
+                for p, s in zip(params, saved, strict=True):
+                    p.copy_(s)
+                    p.grad = None
+        out[n.name] = TrainCost(fwd, bwd_p, bwd_i, step)
+    return {o.name: out.get(o.name, TrainCost(0.0, 0.0, 0.0)) for o in graph.ops}

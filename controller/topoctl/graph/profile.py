@@ -13,7 +13,14 @@ from topoctl.catalog.registry import InputSpec as CatalogInput
 from topoctl.catalog.registry import build_model, example_inputs, make_inputs
 from topoctl.graph import cache
 from topoctl.graph.capture import DTYPES, capture, capture_catalog, capture_factory, load_factory
-from topoctl.graph.cost import OpCost, measure_costs, roofline_costs, scale_costs
+from topoctl.graph.cost import (
+    OpCost,
+    TrainCost,
+    measure_costs,
+    measure_train_costs,
+    roofline_costs,
+    scale_costs,
+)
 from topoctl.graph.devices import DEVICES, Device
 from topoctl.graph.ops import OpGraph
 
@@ -75,6 +82,42 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
     if use_cache:
         cache.store(key, costs)
     return costs
+
+
+def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, TrainCost] | None:
+    """Per-op training costs of the job's model on this CPU at exactly `batch` samples (the
+    pipeline's micro-batch: no linear scaling from a small profile batch, whose per-call
+    overhead would dominate), with the job's `launch.threads` torch threads, as a pipeline rank
+    runs. Cached per model, sizes, batch, torch, CPU and threads (`graph.cache`). None when
+    the model cannot run a training step on real tensors here (the caller keeps its costs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job.launch.threads)
+    try:
+        m = job.model
+        key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
+                                "train-float32")
+        graph = job_graph(job, batch)
+        names = {o.name for o in graph.ops}
+        if use_cache:
+            hit = cache.load_train(key)
+            if hit is not None and set(hit) == names:
+                return hit
+        torch.manual_seed(0)
+        if m.catalog:
+            model = build_model(m.catalog, m.params)
+            inputs = example_inputs(m.catalog, m.params, batch)
+        else:
+            model = load_factory(m.factory)(**m.kwargs)
+            inputs = make_inputs(_inputs(job), batch)
+        try:
+            costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph)
+        except Exception:  # noqa: BLE001 - a model that does not train here: no lab timing
+            return None
+        if use_cache:
+            cache.store_train(key, costs)
+        return costs
+    finally:
+        torch.set_num_threads(threads)
 
 
 def job_costs(job, graph: OpGraph, device: Device, measured: bool,

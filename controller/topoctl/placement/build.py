@@ -47,16 +47,19 @@ def route_matrix(network: Network, hosts: Sequence[str]
 
 def build_problem(g: CoarseGraph, groups: Sequence[Sequence[str]],
                   op_cost: dict[str, dict[str, float]], capacity: dict[str, float],
-                  network: Network, microbatches: int, scale: float = 1.0
-                  ) -> PlacementProblem:
+                  network: Network, microbatches: int, scale: float = 1.0,
+                  cost_scale: float | None = None) -> PlacementProblem:
     """`op_cost[host][op]`: seconds (forward + backward) of one op on that host at the graph's
-    batch; `scale` multiplies costs and bytes (e.g. micro-batch / captured batch)."""
+    batch; `scale` multiplies costs and bytes (e.g. micro-batch / captured batch);
+    `cost_scale`, when given, multiplies the costs instead (1: `op_cost` was measured at the
+    micro-batch)."""
+    cscale = scale if cost_scale is None else cost_scale
     order = g.topological()
     pos = {n: i for i, n in enumerate(order)}
     hosts = [h for grp in groups for h in grp]
     bw, lat = route_matrix(network, hosts)
     dv = len(groups)
-    cost = [[scale * max(sum(op_cost[h][o] for o in g.nodes[n].ops) for h in grp)
+    cost = [[cscale * max(sum(op_cost[h][o] for o in g.nodes[n].ops) for h in grp)
              for grp in groups] for n in order]
     memory = [node_memory(g.nodes[n].param_bytes, scale * g.nodes[n].act_bytes, microbatches)
               for n in order]

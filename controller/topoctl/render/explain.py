@@ -54,13 +54,20 @@ def headline(doc: dict) -> list[str]:
 
 def collective_lines(doc: dict) -> list[str]:
     """The gradient collective's predicted cost, network part and CPU part separately (trees:
-    the runtime's pipeline and CPU model; other collectives: their network time only)."""
+    the runtime's pipeline and CPU model; pipelines on lab hosts: what their CPU model rests
+    on; other collectives: their network time only)."""
     m = doc.get("metadata", {})
     c = m.get("collective", {})
     algo = doc.get("job", {}).get("collective", {}).get("algorithm")
     rt = c.get("runtime")
     if not algo:
         return []
+    comp = c.get("compute")
+    if algo == "pipeline" and isinstance(comp, dict):  # lab hosts: docs/placement.md
+        return [f"collective pipeline: stages timed on this CPU at micro-batch "
+                f"{comp.get('micro_batch')} ({comp.get('threads')} thread(s)); messages, "
+                f"blocking sends and the shared cores in the simulation above (CPU costs "
+                f"{comp.get('runtime_cpu')})"]
     if not rt:
         return [f"collective {algo}: network part in the simulation above; CPU part not "
                 "modelled"]

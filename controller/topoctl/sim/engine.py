@@ -9,6 +9,10 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   fairly (`maxmin`), each
   (src, dst) aggregate also capped by `network.rate_caps`; a flow is delivered its path latency
   after its last byte leaves;
+- devices in `network.cpu_pool` share its cores: a running compute task is then a fluid
+  "flow" of CPU-seconds at most one core fast, all of them max-min fair over the cores
+  (processor sharing, as the kernel schedules single-threaded processes); its device still
+  runs one task at a time;
 - a task starts when all its dependencies are done (a collective's steps when their own step
   dependencies are delivered).
 The rates are recomputed whenever the set of flows changes, so the result is exact for the
@@ -179,6 +183,13 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
     capacity: dict = {k: ln.capacity for k, ln in links.items()}
     for k, v in network.rate_caps.items():
         capacity[("cap",) + k] = v
+    pooled: frozenset[str] = frozenset()
+    if network.cpu_pool is not None:
+        pooled = network.cpu_pool[0]
+        capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
+        for dev in pooled:
+            capacity[("core", dev)] = 1.0
+    cpu_flows = 0  # flows that are pooled compute, not bytes
     link_bytes = dict.fromkeys(links, 0.0)
     busy: dict[str, float] = {}
     dev_queue: dict[str, list[int]] = {}
@@ -200,13 +211,23 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
         seq += 1
 
     def start_device(dev: str) -> None:
+        nonlocal fid_counter, dirty, cpu_flows
         q = dev_queue.get(dev)
         if dev_running.get(dev) is None and q:
             node = heapq.heappop(q)
             dev_running[dev] = node
             start[node] = now
             busy[dev] = busy.get(dev, 0.0) + g.duration[node]
-            push(now + g.duration[node], node)
+            if dev in pooled and g.duration[node] > 0:  # CPU-seconds on the shared cores
+                fid_counter += 1
+                d = g.duration[node]
+                flows[fid_counter] = [d, 0.0, d, node, 0.0]
+                flow_links[fid_counter] = (("core", dev), ("cores",))
+                subflows_left[node] = 1
+                cpu_flows += 1
+                dirty = True
+            else:
+                push(now + g.duration[node], node)
 
     done_stack: list[int] = []
     plans: dict[tuple, list] = {}
@@ -330,7 +351,8 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
         if dt == math.inf:
             raise SimError("deadlock: flows with zero rate and nothing else to do")
         if flows:
-            comm_active += dt
+            if len(flows) > cpu_flows:  # bytes in flight, not only pooled compute
+                comm_active += dt
             finished = []
             for fid, f in flows.items():
                 f[0] -= f[1] * dt
@@ -341,7 +363,8 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
         now += dt
         for fid in finished:
             f = flows.pop(fid)
-            del flow_links[fid]
+            if flow_links.pop(fid)[-1] == ("cores",):
+                cpu_flows -= 1
             dirty = True
             node = f[3]
             subflows_left[node] -= 1

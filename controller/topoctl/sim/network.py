@@ -31,11 +31,15 @@ class Network:
     """`router(src, dst)` returns weighted paths (lists of link ids); results are cached.
 
     `rate_caps[(src, dst)]` caps the aggregate rate of all traffic from src to dst (bytes/s):
-    a per-destination QoS class ceiling on the source host."""
+    a per-destination QoS class ceiling on the source host. `cpu_pool`: devices whose compute
+    shares a machine's cores (see the field)."""
 
     links: dict[str, Link]
     router: Callable[[str, str], Routes]
     rate_caps: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (devices, cores): these devices' compute tasks share `cores` cores (processor sharing,
+    # at most one core per task), e.g. the lab's single-threaded ranks on one machine
+    cpu_pool: tuple[frozenset[str], int] | None = None
     _cache: dict[tuple[str, str], Routes] = field(default_factory=dict, repr=False)
 
     def routes(self, src: str, dst: str) -> Routes:

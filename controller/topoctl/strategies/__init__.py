@@ -25,7 +25,7 @@ from topoagent.protocol import TopoError
 if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> (bounds, trees)
     # must not pull in torch through the graph and job modules
     from topoctl.fabric.graph import FabricGraph
-    from topoctl.graph.cost import OpCost
+    from topoctl.graph.cost import OpCost, TrainCost
     from topoctl.graph.devices import Device
     from topoctl.graph.ops import OpGraph
     from topoctl.sim.network import Network
@@ -56,6 +56,10 @@ class PlanContext:
     device: dict[str, Device]  # host -> device type used for its costs
     costs: dict[str, dict[str, OpCost]]  # device type name -> op -> cost
     use_cache: bool = True  # machine caches (op times, the runtime's CPU calibration) allowed
+    # lab hosts (every training host a `cpu`, no `cost.device`) with the caches allowed: per-op
+    # training costs timed on this CPU at a given batch (`graph.profile.measure_train_job`,
+    # cached); the pipeline strategies cost their micro-batches with it. None: roofline/profile
+    train_costs: Callable[[int], dict[str, TrainCost] | None] | None = None
 
     @property
     def world_size(self) -> int:

@@ -26,16 +26,21 @@ O(candidates * (search + simulation)).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from topoagent.collectives import load_calibration
+from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
+from topoctl.graph.cost import TrainCost
 from topoctl.placement import heft, milp, partition
 from topoctl.placement.build import build_problem, route_matrix
-from topoctl.placement.problem import Placement, PlacementError, PlacementProblem
+from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
+from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
@@ -86,43 +91,121 @@ def cut_bytes(ctx: PlanContext, stage_of: dict[str, int], nstages: int, scale: f
     return out
 
 
+def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list[int]:
+    """Values (tensors sent as one message each) crossing the boundary after each stage."""
+    last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
+    for o in ctx.graph.ops:
+        for i in o.inputs:
+            if i in last:
+                last[i] = max(last[i], stage_of[o.name])
+    out = [0] * max(0, nstages - 1)
+    for o in ctx.graph.ops:
+        for s in range(stage_of[o.name], last[o.name]):
+            out[s] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the pipeline costs on this machine's CPU (lab hosts): per-op training costs timed at
+    the micro-batch (`graph.cost.TrainCost`) and the runtime's calibrated CPU costs per message
+    (`placement.runtime`); `lab`: every rank shares this machine's cores."""
+
+    ops: dict[str, TrainCost]
+    runtime: RuntimeCosts
+    per_message_shared_s: float | None = None
+    lab: bool = True
+
+
 def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
-                   micro: int, scale: float) -> tuple[list[Task], list[int]]:
+                   micro: int, scale: float, measured: Measured | None = None
+                   ) -> tuple[list[Task], list[int]]:
     """One GPipe iteration per replica, then per-stage AllReduce and step (module docstring).
-    Returns (tasks, gradient bytes per stage)."""
+    With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
+    every rank's tasks in its program's order (the runtime is one thread: receive, forward,
+    send per micro-batch, then the backwards in reverse), every message's CPU cost on the
+    sending and the receiving rank, sends blocking as gloo's do (`send`), the replicas' CPU
+    for their gradient AllReduce after its network part; simulate it on
+    `lab_network` so that the lab's ranks share the machine's cores. Returns (tasks,
+    gradient bytes per stage)."""
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
     cut = cut_bytes(ctx, stage_of, len(stages), scale)
+    nmsg = cut_values(ctx, stage_of, len(stages))
     ops = ctx.graph.by_name()
     grads = [sum(ops[o].param_bytes for o in st) for st in stages]
     k, g = len(stages), len(groups[0])
+    per_stage = ([tuple(ctx.job.cost.scale * x for x in
+                        stage_costs(ctx.graph, stage_of, s, measured.ops)) for s in range(k)]
+                 if measured else None)
 
     def fwd(s: int, h: str) -> float:
+        if per_stage:
+            return per_stage[s][0]
         c = ctx.host_costs(h)
         return scale * sum(c[o].fwd for o in stages[s])
 
     def bwd(s: int, h: str) -> float:
+        if per_stage:
+            return per_stage[s][1]
         c = ctx.host_costs(h)
         return scale * sum(c[o].bwd for o in stages[s])
 
+    def msg(b: int) -> float:  # CPU of one boundary's messages at one end
+        if not measured or not nmsg[b]:
+            return 0.0
+        return nmsg[b] * message_cpu(cut[b] / nmsg[b], measured.runtime, measured.lab,
+                                     measured.per_message_shared_s)
+
     tasks: list[Task] = []
+    arrived: dict[tuple[int, int, int], str] = {}
+    back: dict[tuple[int, int, int], str] = {}
+    last: dict[str, str] = {}  # measured: each rank runs its program in order (GPipe)
+
+    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...]) -> None:
+        if measured and h in last:
+            deps = (last[h],) + deps
+        tasks.append(Compute(tid, h, seconds, deps))
+        last[h] = tid
+
+    def send(tid: str, src: str, dst: str, b: int, after: str) -> str:
+        """The transfer `tid` after `after`; the id to wait for. Measured: gloo's send is a
+        rendezvous (it starts when the receiving rank has posted its receive, i.e. finished
+        what its program does before, and returns when the bytes arrived), then the sending
+        rank's CPU for it."""
+        ready = (after,)
+        if measured and dst in last:
+            ready += (last[dst],)
+        tasks.append(Transfer(tid, src, dst, cut[b], ready))
+        if msg(b):
+            compute(f"{tid}/tx", src, msg(b), (tid,))
+        return tid
+
+    def received(tid: str, h: str, b: int) -> str:
+        """The receiving rank's CPU for transfer `tid` (posted when its program reaches it)."""
+        if not msg(b):
+            return tid
+        compute(f"{tid}/rx", h, msg(b), (tid,))
+        return f"{tid}/rx"
+
     for r in range(g):
         for m in range(micro):
             for s in range(k):
                 h = groups[s][r]
-                deps = (f"act{s - 1}.{m}.{r}",) if s else ()
-                tasks.append(Compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps))
+                deps = (received(arrived[(s - 1, m, r)], h, s - 1),) if s else ()
+                compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps)
                 if s + 1 < k:
-                    tasks.append(Transfer(f"act{s}.{m}.{r}", h, groups[s + 1][r], cut[s],
-                                          (f"F{s}.{m}.{r}",)))
+                    arrived[(s, m, r)] = send(f"act{s}.{m}.{r}", h, groups[s + 1][r], s,
+                                              f"F{s}.{m}.{r}")
     for r in range(g):
         for m in reversed(range(micro)):
             for s in reversed(range(k)):
                 h = groups[s][r]
-                deps = (f"F{s}.{m}.{r}",) + ((f"grad{s}.{m}.{r}",) if s + 1 < k else ())
-                tasks.append(Compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps))
+                deps = (f"F{s}.{m}.{r}",) + ((received(back[(s, m, r)], h, s),)
+                                             if s + 1 < k else ())
+                compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps)
                 if s:
-                    tasks.append(Transfer(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
-                                          cut[s - 1], (f"B{s}.{m}.{r}",)))
+                    back[(s - 1, m, r)] = send(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
+                                               s - 1, f"B{s}.{m}.{r}")
     for s in range(k):
         done = tuple(f"B{s}.{m}.{r}" for m in range(micro) for r in range(g))
         if g > 1 and grads[s]:
@@ -130,10 +213,23 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
             done = (f"ar{s}",)
         for r in range(g):
             h = groups[s][r]
+            if measured and g > 1 and grads[s]:  # the replicas' CPU for it, then the step
+                compute(f"ar{s}/cpu.{r}", h, allreduce_cpu(
+                    float(grads[s]), g, measured.runtime, measured.lab,
+                    measured.per_message_shared_s), done)
             d = ctx.device[h]
-            step = ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency))
-            tasks.append(Compute(f"step{s}.{r}", h, step, done))
+            step = (per_stage[s][2] if per_stage else
+                    ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
+            compute(f"step{s}.{r}", h, step, done)
     return tasks, grads
+
+
+def lab_network(network: Network, hosts: list[str], measured: Measured | None) -> Network:
+    """`network` with the hosts' compute on the lab machine's shared cores (processor sharing,
+    `Network.cpu_pool`) when `measured` says every rank runs on this machine."""
+    if not measured or not measured.lab:
+        return network
+    return replace(network, cpu_pool=(frozenset(hosts), measured.runtime.cores), _cache={})
 
 
 def _search(p: PlacementProblem, method: str) -> Placement:
@@ -192,25 +288,39 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
             continue
         groups = [hosts[i:i + g] for i in range(0, len(hosts), g)]
         scale = global_batch / (g * micro) / ctx.local_batch
-        p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
+        meas = _measured(ctx, global_batch // (g * micro))
+        if meas:  # timed at this candidate's micro-batch: no scaling
+            mc = {o: c.fwd + c.bwd_inputs for o, c in meas.ops.items()}
+            p = build_problem(coarse, groups, dict.fromkeys(hosts, mc), cap, network, micro,
+                              scale, cost_scale=ctx.job.cost.scale)
+        else:
+            p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
         try:
             pl = _search(p, method)
         except PlacementError as e:
             errors.append(str(e))
             continue
-        order = stage_order(p, pl.assign)
-        if order is None:  # stages must form a chain for the runtime: fall back to contiguous
-            pl = partition.place(p)
+        tries = [pl]
+        one = serial(p)  # no split at all: the simulator decides whether the split pays
+        if one is not None and len(set(pl.assign)) > 1:
+            tries.append(one)
+        found: list[Candidate] = []
+        for pl in tries:
             order = stage_order(p, pl.assign)
-        stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
-                          for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
-                  for d in order]
-        sgroups = [groups[d] for d in order]
-        tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale)
-        res = simulate(tasks, network, record=False)
-        strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=network, tasks=tasks,
-                         collective={}, buckets=[b for b in grads if b])
-        cands.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
+            if order is None:  # stages must form a chain for the runtime: fall back to contiguous
+                pl = partition.place(p)
+                order = stage_order(p, pl.assign)
+            stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
+                              for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
+                      for d in order]
+            sgroups = [groups[d] for d in order]
+            tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas)
+            net = lab_network(network, hosts, meas)
+            res = simulate(tasks, net, record=False)
+            strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
+                             tasks=tasks, collective={}, buckets=[b for b in grads if b])
+            found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
+        cands.append(min(found, key=lambda c: c.iteration_time))  # first (the split) on ties
     if not cands:
         raise JobError([("model", f"strategy {name}: no pipeline fits: " + "; ".join(
             dict.fromkeys(errors)) + _min_devices_hint(ctx, coarse, cap, micro))]) from None
@@ -233,7 +343,28 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                "coarsening": cstats, "candidates": {
                    f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands},
                "search_seconds": time.perf_counter() - t0}
+    meas = _measured(ctx, global_batch // (g * micro))
+    if meas is not None:  # what the lab prediction rests on (docs/placement.md)
+        s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
+                              "micro_batch": global_batch // (g * micro),
+                              "threads": ctx.job.launch.threads,
+                              "runtime_cpu": meas.runtime.source if meas else None}
     return s
+
+
+def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
+    """This CPU's costs for a micro-batch of `micro_batch` samples when the hosts are lab CPUs
+    and the machine caches are allowed (`PlanContext.train_costs`), else None (per-op costs of
+    the context, scaled)."""
+    if ctx.train_costs is None:
+        return None
+    ops = ctx.train_costs(micro_batch)
+    if ops is None:  # the model does not train on real tensors here: the context's costs
+        return None
+    cal = load_calibration()
+    shared = (cal or {}).get("per_message_shared_s")
+    return Measured(ops, runtime_costs(cal),
+                    float(shared) if isinstance(shared, (int, float)) else None, lab=True)
 
 
 def _fx_pos(ctx: PlanContext):

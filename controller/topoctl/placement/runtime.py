@@ -1,0 +1,101 @@
+"""Cost model of the pipeline runtime (``topoagent.pipeline``) on CPU hosts: what a stage's
+micro-batch costs when its ops are timed on this CPU, and what a point-to-point message costs
+the CPU. Pure functions over plain data; no I/O.
+
+A stage's forward is the sum of its ops' measured forward times at the micro-batch size
+(``graph.cost.TrainCost``, timed at exactly that batch: no linear scaling). Its backward charges
+each op the backward autograd really runs: ``bwd_inputs`` when one of the op's inputs needs a
+gradient, else ``bwd_params`` (only its parameters' gradients; nothing for a parameter-free op
+on constants). A value needs a gradient when it was produced in this stage by an op with
+parameters or from a value that needs one, or when the stage received it from an earlier stage
+and it is floating point (the runtime makes received floats leaves that require a gradient, so
+their gradient can be sent back). The optimiser step is the sum of the ops' measured steps.
+
+A message (one tensor sent or received with gloo) costs its rank ``per_message_s +
+bytes / wire_bytes_per_s`` of CPU (``topoagent.collectives.calibrate``: the same figures the
+tree runtime's model uses). In the lab a byte also costs the cables' emulation (veth, tc
+shaping, TCP at both ends, ``emulation_bytes_per_s``), and every rank runs on this machine's
+``cores`` cores: the simulator shares them among the ranks' compute (``Network.cpu_pool``,
+processor sharing). A hybrid's replicas all-reduce their stage's gradients with gloo:
+``allreduce_cpu`` is what that costs each of them on top of the ring's network time.
+O(ops) per stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from topoctl.collective.trees.pipeline import RuntimeCosts
+from topoctl.graph.cost import TrainCost
+from topoctl.graph.ops import OpGraph
+
+__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "stage_costs"]
+
+
+def _is_float(graph: OpGraph, name: str) -> bool:
+    """Floating point when its elements have the graph's dtype width (int64 ids are 8 bytes)."""
+    op = graph.by_name()[name]
+    n = 1
+    for d in op.out_shape:
+        n *= d
+    return n == 0 or op.out_bytes == n * graph.dtype_bytes
+
+
+def needs_grad(graph: OpGraph, stage_of: Mapping[str, int], s: int) -> dict[str, bool]:
+    """For every value stage ``s`` produces or receives: does autograd need its gradient there
+    (module docstring)? Values of other stages that ``s`` does not read are left out."""
+    ops = graph.by_name()
+    out: dict[str, bool] = {}
+    for o in graph.ops:  # fx order is topological
+        for i in o.inputs:
+            if i in ops and stage_of[i] < s and stage_of[o.name] == s and i not in out:
+                out[i] = _is_float(graph, i)
+        if stage_of[o.name] != s:
+            continue
+        out[o.name] = o.kind != "placeholder" and (
+            o.param_bytes > 0 or any(out.get(i, False) for i in o.inputs))
+    return out
+
+
+def stage_costs(graph: OpGraph, stage_of: Mapping[str, int], s: int,
+                measured: Mapping[str, TrainCost]) -> tuple[float, float, float]:
+    """(forward, backward, step) seconds of stage ``s`` for one micro-batch (step: once per
+    iteration) from per-op costs measured at the micro-batch size."""
+    grad = needs_grad(graph, stage_of, s)
+    fwd = bwd = step = 0.0
+    for o in graph.ops:
+        if stage_of[o.name] != s:
+            continue
+        c = measured[o.name]
+        fwd += c.fwd
+        step += c.step
+        bwd += c.bwd_inputs if any(grad.get(i, False) for i in o.inputs) else c.bwd_params
+    return fwd, bwd, step
+
+
+def message_cpu(nbytes: float, costs: RuntimeCosts, lab: bool = False,
+                per_message_shared_s: float | None = None) -> float:
+    """CPU seconds one rank spends sending or receiving one tensor of ``nbytes`` with gloo.
+    ``lab``: every rank on this machine, oversubscribing its cores: the calibration's shared
+    per-message figure when it has one (it includes the context switch of every blocking wait),
+    and a byte also costs the cable emulation, counted half at each end as the tree runtime's
+    model does (``min(wire_bytes_per_s, 2 * emulation_bytes_per_s)``)."""
+    per = per_message_shared_s if lab and per_message_shared_s else costs.per_message_s
+    rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
+            else costs.wire_bytes_per_s)
+    return per + nbytes / rate
+
+
+def allreduce_cpu(nbytes: float, members: int, costs: RuntimeCosts, lab: bool = False,
+                  per_message_shared_s: float | None = None) -> float:
+    """CPU seconds one replica spends in its stage's gradient AllReduce (the runtime flattens
+    the gradients into one buffer, gloo all-reduces it in a ring, the result is copied back):
+    ``2(m - 1)`` messages of ``nbytes / m`` each way (``message_cpu``, so in the lab the
+    emulation's cost per byte too), ``(m - 1) / m`` of the bytes added, ``2 nbytes`` copied."""
+    if members < 2 or nbytes <= 0:
+        return 0.0
+    steps = 2 * (members - 1)
+    chunk = nbytes / members
+    msgs = 2 * steps * message_cpu(chunk, costs, lab, per_message_shared_s)  # sent + received
+    return (msgs + (members - 1) / members * nbytes / costs.reduce_bytes_per_s
+            + 2 * nbytes / costs.copy_bytes_per_s)
