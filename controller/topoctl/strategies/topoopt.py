@@ -97,6 +97,13 @@ def fabric_mapping(ctx: PlanContext, topo: Topology) -> dict:
     return {"kind": "direct", "mtu": ctx.cluster.fabric.mtu, "links": links}
 
 
+def link_kinds(topo: Topology) -> list[str]:
+    """Why each cable of the plan's `fabric.links` exists, in the same order: `ring:P` (the
+    TotientPerms ring of stride P), `mp` (a model-parallel matching) or `fill` (free ports
+    paired across). `topoctl explain --png` colours the links by it."""
+    return [f"ring:{c.stride}" if c.kind == "ring" else c.kind for c in topo.cables]
+
+
 def ecmp_routes(ctx: PlanContext, topo: Topology) -> dict[tuple[str, str], list[tuple[str,
                                                                                         float]]]:
     """(src, dst) -> weighted next hops, only where several shortest next hops tie."""
@@ -367,7 +374,7 @@ def _plan(ctx: PlanContext) -> Strategy:
     notes = {"topology": {"strides": t.strides, "diameter": t.diameter,
                           "mean_hops": round(t.mean_hops, 4),
                           "allreduce_degree": t.allreduce_degree, "mp_degree": t.mp_degree,
-                          "matching": t.matching or "none"},
+                          "matching": t.matching or "none", "link_kinds": link_kinds(t)},
              "allreduce": alls, "model_parallel": sorted(final.mp), "rounds": history,
              "forwarding": "kernel"}
     if final.runtime:
