@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     strategies = args.strategies or ["baseline"] + sorted(max(v, key=len)
                                                           for v in names.values())
     t_start = time.perf_counter()
-    if "trees" in strategies:  # the trees' CPU cost model needs this machine's calibration
+    if {"trees", "topoopt"} & set(strategies):  # the tree runtime's CPU cost model: calibration
         from topoagent.collectives import calibration_path, ensure_calibration
 
         log("runtime CPU calibration (cached): " + str(calibration_path()))

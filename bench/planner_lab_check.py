@@ -10,8 +10,9 @@ With ``--strategies`` (default: the job file's list, each planned alone) every s
 planned, applied and measured in turn on the same lab, one line each; trees plans get the
 runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, cached).
 ``--plan`` measures a given plan of the cluster (e.g. a split the planner did not choose)
-instead of planning. Uses only the command-line tools; the lab gets its own name and is
-removed at the end."""
+instead of planning. The lab is cabled as each plan's `fabric` says (`topoctl lab up --plan`),
+so a strategy that re-cables (topoopt) is measured on its own cables. Uses only the
+command-line tools; the lab gets its own name and is removed at the end."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5,
     if plan_file:  # measure this plan (made for this cluster) instead of planning
         return check(cluster_file, job, iterations, yaml.safe_load(Path(plan_file).read_text()))
     strategies = strategies or list(job.get("strategies") or ["baseline"])
-    if "trees" in strategies:
+    if {"trees", "topoopt"} & set(strategies):  # both run the tree runtime
         r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
         if r.returncode:
             print(r.stderr, file=sys.stderr)
@@ -73,8 +74,10 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
     plan["job"]["iterations"] = iterations
     labs = tmp / "labs"
+    # cabled as the plan says: a strategy that re-cables (topoopt) is measured on its own
+    # cables, not on the cluster file's (for the others the two are the same)
     r = run(BIN / "topoctl", "lab", "up", tmp / "cluster.yaml", "--name", name, "--no-ssh",
-            "--state-dir", labs)
+            "--plan", tmp / "plan.yaml", "--state-dir", labs)
     if r.returncode:
         print(r.stdout, r.stderr, file=sys.stderr)
         return 1

@@ -2,7 +2,8 @@
 
 Every subcommand but `up` takes `--lab NAME`; without it, $TOPOCTL_LAB or the only lab there is.
 Exit codes: 0 ok, 1 error (bad input: cluster/plan file, port name; or the lab operation
-failed; `status` and `measure`: a cable or host is not as configured)."""
+failed; `status` and `measure`: a cable or host is not as configured), 2 `status --plan`: the
+cables the kernel has differ from the plan's `fabric` (re-cabling pending)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from topoagent.protocol import EXIT_OK
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state import format_rate, load_yaml_file
 from topoctl.lab import lab as labmod
 from topoctl.lab.netops import LabError
@@ -45,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = cmd("down", _down, "remove everything a lab created (also after a crash)")
     c = cmd("status", _status, "hosts and cables, configured vs kernel vs measured rate")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--plan", help="also compare the cables the kernel has with this plan's "
+                                  "`fabric` (missing / extra / mismatched; exit 2 if they differ)")
     c = cmd("cut", _cut, "unplug the cable at HOST:PORT (both ends lose carrier)")
     c.add_argument("port", help="HOST:PORT")
     c = cmd("heal", _heal, "plug the cable at HOST:PORT back in")
@@ -127,10 +130,17 @@ def _rate(v: float | None) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    st = labmod.status(_load(args))
+    lab = _load(args)
+    report = None
+    if args.plan:
+        try:
+            report = labmod.check_cabling(lab, _plan_fabric(args.plan))
+        except ClusterError as e:
+            raise e.at(args.plan) from None
+    st = labmod.status(lab)
     if args.json:
-        print(json.dumps(st, indent=1))
-        return 0
+        print(json.dumps(st | ({"plan": report.as_dict()} if report else {}), indent=1))
+        return _plan_exit(st, report) if report else 0
     print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}")
     print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} {'ovs':<4} ports")
     for h in st["hosts"]:
@@ -150,7 +160,36 @@ def _status(args: argparse.Namespace) -> int:
     if st["unemulated"]:
         print(f"\nno sch_netem in this kernel: latency/loss not emulated on "
               f"{', '.join(st['unemulated'])}")
+    if report:
+        _print_cabling(args.plan, report)
+        return _plan_exit(st, report)
     return 1 if bad or not all(h["netns_exists"] for h in st["hosts"]) else 0
+
+
+def _plan_exit(st: dict, report) -> int:
+    """`status --plan`: 1 when a host is gone (the lab is broken), 2 when the cabling differs
+    from the plan (re-cabling pending: `topoctl lab rewire PLAN`), else 0."""
+    if not all(h["netns_exists"] for h in st["hosts"]):
+        return EXIT_ERROR
+    return EXIT_CHANGES if not report.ok else EXIT_OK
+
+
+def _print_cabling(plan: str, report) -> None:
+    n = len(report.matching)
+    if report.ok:
+        print(f"\ncabling as in {plan}: all {n} cables")
+        return
+    print(f"\ncabling differs from {plan} ({n} cables as planned; "
+          f"`topoctl lab rewire {plan}` re-cables):")
+    for m in report.missing:
+        where = f"; its ports are cabled as {', '.join(m['ports_cabled_to'])}" \
+            if m["ports_cabled_to"] else ""
+        print(f"  missing     {m['cable']} ({format_rate(m['rate'])}){where}")
+    for x in report.extra:
+        kr = "/".join(_rate(r) for r in x["kernel_rate"])
+        print(f"  extra       {x['cable']} ({kr}{'' if x['up'] else ', cut'})")
+    for m in report.mismatched:
+        print(f"  mismatched  {m['cable']}: {'; '.join(m['problems'])}")
 
 
 def _cut(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from topoagent.state import parse_rate
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
-from topoctl.lab import commands, names, netops, ovs, ssh
+from topoctl.lab import cabling, commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster
@@ -306,6 +306,16 @@ def status(lab: Lab) -> dict:
     return {"lab": lab.name, "kind": lay.kind, "mgmt_net": lay.mgmt_net,
             "state_dir": str(lab.state_dir), "netem": lab.netem,
             "unemulated": unemulated(lab), "hosts": hosts, "cables": cables}
+
+
+def check_cabling(lab: Lab, fabric: Any) -> cabling.CablingReport:
+    """The lab's cables as the kernel has them (`cabling.observe`: veth peers, tc redirects
+    and rates, link state) against `fabric` (a plan's `fabric` wiring, validated against the
+    lab's hosts: ClusterError under `fabric...`). LabError for a switched lab."""
+    if lab.layout.kind != "direct":
+        raise LabError("only direct-connect labs have a cabling to check against a plan")
+    planned = cabling.planned_cables(lab.cluster.with_fabric(fabric).graph())
+    return cabling.compare(planned, cabling.observe(lab.name, [h.name for h in lab.layout.hosts]))
 
 
 def kernel_rates(ns: str, devs: list[str]) -> dict[str, int]:

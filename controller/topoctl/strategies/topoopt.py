@@ -76,6 +76,7 @@ class _Design:
     collective: dict = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
     traffic: dict = field(default_factory=dict)
+    runtime: dict = field(default_factory=dict)  # the tree runtime's network/CPU parts
 
 
 def _say(msg: str) -> None:
@@ -94,6 +95,13 @@ def fabric_mapping(ctx: PlanContext, topo: Topology) -> dict:
     links = [{"a": f"{hs[c.a]}:{nics[hs[c.a]][c.a_port]}",
               "b": f"{hs[c.b]}:{nics[hs[c.b]][c.b_port]}"} for c in topo.cables]
     return {"kind": "direct", "mtu": ctx.cluster.fabric.mtu, "links": links}
+
+
+def link_kinds(topo: Topology) -> list[str]:
+    """Why each cable of the plan's `fabric.links` exists, in the same order: `ring:P` (the
+    TotientPerms ring of stride P), `mp` (a model-parallel matching) or `fill` (free ports
+    paired across). `topoctl explain --png` colours the links by it."""
+    return [f"ring:{c.stride}" if c.kind == "ring" else c.kind for c in topo.cables]
 
 
 def ecmp_routes(ctx: PlanContext, topo: Topology) -> dict[tuple[str, str], list[tuple[str,
@@ -183,8 +191,8 @@ def _trees(ctx: PlanContext, fabric: FabricGraph) -> TreeSchedule:
     links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in fabric.links]
     g = build_capgraph(links, list(ctx.hosts))
     tp = plan_trees(g)
-    return plan_to_schedule(tp, nbytes=float(ctx.graph.param_bytes), latency_s=100e-6,
-                            bytes_per_unit=1.0, metadata={"hosts": list(ctx.hosts)})
+    # the chunk size is fitted to the runtime afterwards (`with_collectives`)
+    return plan_to_schedule(tp, chunk_bytes=1 << 20, metadata={"hosts": list(ctx.hosts)})
 
 
 def design(ctx: PlanContext, mp: dict[str, str], traffic: dict[tuple[str, str], float],
@@ -241,8 +249,17 @@ def totient_paths(n: int, strides: list[int], chunk_bytes: int = 262144) -> Tree
 
 def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     """Score the runnable AllReduce forms on `d`'s fabric and keep the faster: TotientPerms
-    rings as path trees and packed spanning trees (`d.scores` keeps the ideal ring model)."""
+    rings as path trees and packed spanning trees (`d.scores` keeps the ideal ring model).
+
+    Both are scored as the ``trees`` strategy scores its trees, because the same lock-step
+    runtime executes them: the chunk size the runtime's cost model picks for the largest
+    bucket (`topoctl.strategies.trees.fit_runtime`), the network part simulated on `d`'s
+    links, then the runtime's CPU part per bucket (calibrated per machine; lab ranks share
+    its cores). Without the CPU part a path-tree or packed-tree schedule on a fast fabric was
+    predicted at its pure network time (hetero8 ring at 200 Mbit/s: 0.575 s predicted, 0.90 s
+    measured in the lab)."""
     from topoctl.collective.trees.simulate import tree_algorithm
+    from topoctl.strategies.trees import SIM_MAX_CHUNKS, fit_runtime, tree_rate
 
     n = len(ctx.hosts)
     if ctx.world_size != n or n > TREES_MAX_HOSTS:
@@ -251,23 +268,25 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
         d.collective = {"algorithm": "ring", "order": list(ctx.hosts),
                         "rings": d.topo.strides}
         return d
-    nr = len([p for p in set(d.topo.strides) if math.gcd(p, n) == 1]) or 1
-    chunk = max(8192, int(ctx.job.sync.bucket / nr / PATH_CHUNKS))
-    cands = [("totient", totient_paths(n, d.topo.strides, chunk))]
-    if n <= TREES_MAX_HOSTS:
-        cands.append(("trees", _trees(ctx, d.fabric)))
+    hosts = list(ctx.hosts)
+    cands = [("totient", totient_paths(n, d.topo.strides)), ("trees", _trees(ctx, d.fabric))]
     best = None
     for name, sched in cands:
-        # path trees are n/2 deep: they need fine chunks to pipeline (packed trees keep the
-        # trees strategy's default, so both strategies score a schedule the same way)
-        alg = tree_algorithm(sched, max_chunks=PATH_CHUNKS if name == "totient" else 16)
-        t, tasks, sizes, tr = _score(ctx, d, alg)
+        rate, latency = tree_rate(sched, hosts, d.network)
+        fit = fit_runtime(ctx, sched, rate, latency, d.buckets)
+        # path trees are n/2 deep: they need fine chunks to pipeline, as many as the
+        # trees strategy simulates (the runtime's own count is in the CPU part's fit)
+        alg = tree_algorithm(fit.schedule, max_chunks=max(PATH_CHUNKS, SIM_MAX_CHUNKS))
+        tasks, sizes, tr = hybrid_tasks(ctx, d.mp, hosts, alg)
+        tasks = fit.with_cpu_part(tasks, sizes)
+        t = simulate(tasks, d.network, record=False).iteration_time
         d.scores[name] = t
         if best is None or t < best[0]:
-            best = (t, name, tasks, sizes, tr, sched)
-    t, name, tasks, sizes, tr, sched = best
+            best = (t, name, tasks, sizes, tr, fit)
+    t, name, tasks, sizes, tr, fit = best
     d.time, d.tasks, d.buckets, d.traffic, d.algorithm = t, tasks, sizes, tr, name
-    d.collective = {"algorithm": "trees", "order": list(ctx.hosts), "schedule": sched.dump(),
+    d.runtime = fit.note(sizes) if sizes else {}
+    d.collective = {"algorithm": "trees", "order": hosts, "schedule": fit.schedule.dump(),
                     "form": "totient-paths" if name == "totient" else "packed-trees"}
     return d
 
@@ -355,9 +374,11 @@ def _plan(ctx: PlanContext) -> Strategy:
     notes = {"topology": {"strides": t.strides, "diameter": t.diameter,
                           "mean_hops": round(t.mean_hops, 4),
                           "allreduce_degree": t.allreduce_degree, "mp_degree": t.mp_degree,
-                          "matching": t.matching or "none"},
+                          "matching": t.matching or "none", "link_kinds": link_kinds(t)},
              "allreduce": alls, "model_parallel": sorted(final.mp), "rounds": history,
              "forwarding": "kernel"}
+    if final.runtime:
+        notes["runtime"] = final.runtime
     extra = {}
     if ctx.job.forwarding == "tc-offload":
         extra = offload_extra(ctx, final)

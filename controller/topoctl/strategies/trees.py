@@ -19,16 +19,27 @@ this machine sharing its cores (the calibration's ``cores``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from topoagent.collectives import load_calibration
 from topoagent.collectives.program import chunk_count
+from topoagent.collectives.schedule import TreeSchedule
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import plan_trees
-from topoctl.collective.trees.pipeline import choose_chunks, predict, runtime_costs, tree_shape
+from topoctl.collective.trees.pipeline import (
+    RuntimeCosts,
+    TreePrediction,
+    choose_chunks,
+    predict,
+    runtime_costs,
+    tree_shape,
+)
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_algorithm
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.limits import SafetyClock
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
+from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.tasks import Collective, Compute
 
@@ -55,32 +66,19 @@ def plan(ctx: PlanContext) -> Strategy:
     bname, bval = best_bound(bounds)
     hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
     network = network_from_fabric(ctx.fabric, hops)
-    costs = runtime_costs(load_calibration() if ctx.use_cache else None)
-    colocated = len(ctx.hosts) if all(ctx.device[h].name == "CPU" for h in ctx.hosts) else 1
     rate = tp.rate * tcp_efficiency(ctx.fabric.mtu)  # goodput of the packed trees
     hosts = list(ctx.hosts)
     latency = max((network.latency(path) for t in tp.trees for p, c in t.edges
                    for _, path in network.routes(hosts[c], hosts[p]) + network.routes(
                        hosts[p], hosts[c])), default=0.0)
-    shape = tree_shape([t.parents for t in tp.trees], [t.rate for t in tp.trees])
     _, sizes = dp_tasks(ctx, hosts, tree_algorithm(plan_to_schedule(tp, chunk_bytes=1 << 20)))
-    best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency)
-    sched = plan_to_schedule(
-        tp, chunk_bytes=max(1, best.chunk_bytes),
+    fit = fit_runtime(ctx, plan_to_schedule(
+        tp, chunk_bytes=1 << 20,
         metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
-                  "optimum_bytes_per_s": bval, "bound": bname,
-                  "pipeline": {"chunks": best.chunks, "for_bytes": int(max(sizes, default=0)),
-                               "cpu_costs": costs.source}},
-    )
-    # what the runtime will do with every bucket: its own chunk count from chunk_bytes
-    preds = {}
-    for size in sorted(set(sizes)):
-        c = chunk_count(sched, max(1, size // 4), 4)
-        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency)
-    if sizes:
-        sched.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
+                  "optimum_bytes_per_s": bval, "bound": bname}), rate, latency, sizes)
+    sched, preds = fit.schedule, fit.preds
     tasks, sizes = dp_tasks(ctx, hosts, tree_algorithm(sched, max_chunks=SIM_MAX_CHUNKS))
-    tasks = _with_cpu_part(tasks, [preds[s].cpu_s for s in sizes])
+    tasks = fit.with_cpu_part(tasks, sizes)
     largest = preds[max(sizes)] if sizes else None
     return Strategy(
         name="trees",
@@ -92,10 +90,81 @@ def plan(ctx: PlanContext) -> Strategy:
         buckets=sizes,
         notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
                "bound": bname, "achieved_over_optimal": tp.rate / bval,
-               **({"runtime": _runtime_note(preds, sizes, costs.source, sched.chunk_bytes)}
-                  if largest else {})}
+               **({"runtime": fit.note(sizes)} if largest else {})}
         | clock.report(),
     )
+
+
+@dataclass(frozen=True)
+class RuntimeFit:
+    """A tree schedule fitted to the lock-step runtime: its chunk size, the per-bucket
+    predictions (network and CPU part) and the CPU costs they used."""
+
+    schedule: TreeSchedule
+    preds: dict[int, TreePrediction]  # bucket bytes -> prediction
+    costs: RuntimeCosts
+
+    def with_cpu_part(self, tasks: list, sizes: list[int]) -> list:
+        """`tasks` (one ``Collective`` per bucket of `sizes`, in order) with every bucket's
+        CPU part after its collective (see :func:`_with_cpu_part`)."""
+        return _with_cpu_part(tasks, [self.preds[s].cpu_s for s in sizes])
+
+    def note(self, sizes: list[int]) -> dict:
+        """The plan's ``metadata.collective.runtime`` (``topoctl explain`` prints it)."""
+        return _runtime_note(self.preds, sizes, self.costs.source, self.schedule.chunk_bytes)
+
+
+def tree_rate(sched: TreeSchedule, hosts: list[str], network: Network) -> tuple[float, float]:
+    """(total rate in bytes/s of goodput, largest path latency in s) of a tree schedule over
+    `network`: the largest ``R`` with every tree ``t`` at ``R x_t`` (``x_t`` its share of the
+    rates) and, on every link, the trees' edges routed over it (both directions, multipath
+    weights) within its capacity. O(T N P) for T trees of N ranks, paths of P links."""
+    total = sum(t.rate for t in sched.trees)
+    load: dict[str, float] = {}
+    latency = 0.0
+    for t in sched.trees:
+        for child, parent in enumerate(t.parents):
+            if parent is None:
+                continue
+            for a, b in ((child, parent), (parent, child)):
+                for w, path in network.routes(hosts[a], hosts[b]):
+                    latency = max(latency, network.latency(path))
+                    for lid in path:
+                        load[lid] = load.get(lid, 0.0) + w * t.rate / total
+    rate = min((network.links[lid].capacity / x for lid, x in load.items() if x > 0),
+               default=0.0)
+    return rate, latency
+
+
+def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: float,
+                sizes: list[int]) -> RuntimeFit:
+    """Fit `sched` (any tree schedule over the hosts in rank order: packed trees, TopoOpt's
+    path trees) to the runtime that will execute it, as the ``trees`` strategy plans it: the
+    chunk count minimising network + CPU part of the largest bucket
+    (:func:`~topoctl.collective.trees.pipeline.choose_chunks`, machine calibration when
+    ``ctx.use_cache``; CPU hosts are taken to share this machine's cores), the schedule's
+    ``chunk_bytes`` set from it (per-tree overrides dropped), and what the runtime then does
+    with every bucket size (its own chunk count from ``chunk_bytes``). `rate`: the trees'
+    total goodput in bytes/s; `latency`: the largest path latency of a tree edge."""
+    costs = runtime_costs(load_calibration() if ctx.use_cache else None)
+    hosts = list(ctx.hosts)
+    colocated = len(hosts) if all(ctx.device[h].name == "CPU" for h in hosts) else 1
+    shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
+    best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency)
+    meta = dict(sched.metadata)
+    meta["pipeline"] = {"chunks": best.chunks, "for_bytes": int(max(sizes, default=0)),
+                        "cpu_costs": costs.source}
+    fitted = TreeSchedule.model_validate(
+        sched.dump() | {"chunk_bytes": max(1, best.chunk_bytes), "metadata": meta,
+                        "trees": [{k: v for k, v in t.items() if k != "chunk_bytes"}
+                                  for t in sched.dump()["trees"]]})
+    preds = {}
+    for size in sorted(set(sizes)):
+        c = chunk_count(fitted, max(1, size // 4), 4)
+        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency)
+    if sizes:
+        fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
+    return RuntimeFit(fitted, preds, costs)
 
 
 def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
