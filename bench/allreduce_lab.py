@@ -110,6 +110,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-ring", action="store_true", help="skip the ring baseline")
     ap.add_argument("--name", default=f"tp5{os.getpid() % 100000}", help="lab name")
     ap.add_argument("--trees-only", action="store_true", help="skip the baselines (tuning)")
+    ap.add_argument("--lookahead", type=int, default=None,
+                    help="steps whose receives the tree runtime posts early (its default)")
     ap.add_argument("--json", help="write the raw results here")
 
 
@@ -187,6 +189,8 @@ def run(args: argparse.Namespace, during=None) -> int:
                    "--ring-order", ",".join(map(str, order))]
             if args.trees_only:
                 cmd.append("--trees-only")
+            if getattr(args, "lookahead", None) is not None:
+                cmd += ["--lookahead", str(args.lookahead)]
             if getattr(args, "no_ring", False):
                 cmd.append("--no-ring")
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

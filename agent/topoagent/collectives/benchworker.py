@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from topoagent.collectives import load_schedule, tree_allreduce
+from topoagent.collectives.program import LOOKAHEAD
 
 
 def ring_allreduce(x: torch.Tensor, order: list[int]) -> torch.Tensor:
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--ring-order", default="")
     ap.add_argument("--trees-only", action="store_true", help="skip the baselines (tuning)")
     ap.add_argument("--no-ring", action="store_true", help="skip the ring baseline")
+    ap.add_argument("--lookahead", type=int, default=LOOKAHEAD,
+                    help="steps whose receives the tree runtime posts early")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
@@ -81,7 +84,8 @@ def main() -> None:
     methods = {
         "gloo all_reduce (default)": (lambda x: dist.all_reduce(x), args.ring_iters),
         "ring, best order": (lambda x: ring_allreduce(x, order), args.ring_iters),
-        "packed trees": (lambda x: tree_allreduce(x, sched), args.iters),
+        "packed trees": (lambda x: tree_allreduce(x, sched, lookahead=args.lookahead),
+                         args.iters),
     }
     if args.trees_only:
         methods = {"packed trees": methods["packed trees"]}
