@@ -73,7 +73,9 @@ def collective_lines(doc: dict) -> list[str]:
                 "modelled"]
     out = [f"collective {algo}: {rt.get('buckets')} AllReduce(s) per iteration, network part "
            f"{_ms(rt.get('network_s'))}, CPU part {_ms(rt.get('cpu_s'))} "
-           f"({rt.get('ranks_per_core')} ranks per core; CPU costs {rt.get('cpu_costs')})",
+           f"({rt.get('ranks_per_core')} ranks per core; CPU costs {rt.get('cpu_costs')}); "
+           "the two overlap, the CPU adds "
+           f"{_ms(rt.get('exposed_cpu_s', rt.get('cpu_s')))}",
            f"  largest bucket: {rt.get('chunks')} chunks per tree of up to "
            f"{rt.get('chunk_bytes')} bytes, {rt.get('steps')} lock-step steps, "
            f"{rt.get('messages')} messages on the busiest rank"]

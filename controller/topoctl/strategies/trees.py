@@ -106,7 +106,7 @@ class RuntimeFit:
 
     def with_cpu_part(self, tasks: list, sizes: list[int]) -> list:
         """`tasks` (one ``Collective`` per bucket of `sizes`, in order) with every bucket's
-        CPU part after its collective (see :func:`_with_cpu_part`)."""
+        CPU part beside its collective (see :func:`_with_cpu_part`)."""
         return _with_cpu_part(tasks, [self.preds[s].cpu_s for s in sizes])
 
     def note(self, sizes: list[int]) -> dict:
@@ -168,26 +168,23 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
 
 
 def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
-    """After every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of the runtime's CPU
-    part; whatever waited for ``ar{k}`` waits for it instead."""
-    out = []
+    """Beside every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of the runtime's CPU
+    part that starts with it (same dependencies) on a pseudo-device of its own; whatever waited
+    for ``ar{k}`` waits for both. The runtime overlaps its CPU work with the transfers, so the
+    bucket takes the larger of the two."""
+    renamed: dict[str, tuple[str, ...]] = {}
     k = 0
     for t in tasks:
         if isinstance(t, Collective):
-            out.append(t)
-            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], (t.id,)))
+            renamed[t.id] = (t.id, f"{t.id}/cpu")
+    out = []
+    for t in tasks:
+        deps = tuple(d2 for d in t.deps for d2 in renamed.get(d, (d,)))
+        out.append(type(t)(**{**t.__dict__, "deps": deps}))
+        if isinstance(t, Collective):
+            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], deps))
             k += 1
-        else:
-            out.append(t)
-    renamed = {f"ar{i}": f"ar{i}/cpu" for i in range(k)}
-    fixed = []
-    for t in out:
-        if isinstance(t, Compute) and t.id.endswith("/cpu"):
-            fixed.append(t)
-            continue
-        deps = tuple(renamed.get(d, d) for d in t.deps)
-        fixed.append(type(t)(**{**t.__dict__, "deps": deps}))
-    return fixed
+    return out
 
 
 def _runtime_note(preds: dict, sizes: list[int], source: str, chunk_bytes: int) -> dict:
@@ -195,7 +192,8 @@ def _runtime_note(preds: dict, sizes: list[int], source: str, chunk_bytes: int) 
     largest bucket's pipeline."""
     big = preds[max(sizes)]
     return {"buckets": len(sizes), "network_s": sum(preds[s].network_s for s in sizes),
-            "cpu_s": sum(preds[s].cpu_s for s in sizes), "chunks": big.chunks,
+            "cpu_s": sum(preds[s].cpu_s for s in sizes),
+            "exposed_cpu_s": sum(preds[s].exposed_cpu_s for s in sizes), "chunks": big.chunks,
             "chunk_bytes": chunk_bytes, "steps": big.steps, "messages": big.messages,
             "ranks_per_core": big.share, "cpu_costs": source}
 
