@@ -106,8 +106,11 @@ class RuntimeFit:
 
     def with_cpu_part(self, tasks: list, sizes: list[int]) -> list:
         """`tasks` (one ``Collective`` per bucket of `sizes`, in order) with every bucket's
-        CPU part beside its collective (see :func:`_with_cpu_part`)."""
-        return _with_cpu_part(tasks, [self.preds[s].cpu_s for s in sizes])
+        runtime time beside its collective (see :func:`_with_cpu_part`): the larger of the
+        lock-step network part and the CPU part. The simulated collective keeps the links
+        busy; the engine's pipelining is not lock-step (it overlaps steps the runtime runs one
+        after another), so the lock-step model bounds the bucket from below."""
+        return _with_cpu_part(tasks, [self.preds[s].seconds for s in sizes])
 
     def note(self, sizes: list[int]) -> dict:
         """The plan's ``metadata.collective.runtime`` (``topoctl explain`` prints it)."""
@@ -168,8 +171,8 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
 
 
 def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
-    """Beside every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of the runtime's CPU
-    part that starts with it (same dependencies) on a pseudo-device of its own; whatever waited
+    """Beside every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of `cpu` seconds (the
+    runtime's own time for the bucket) that starts with it (same dependencies) on a pseudo-device of its own; whatever waited
     for ``ar{k}`` waits for both. The runtime overlaps its CPU work with the transfers, so the
     bucket takes the larger of the two."""
     renamed: dict[str, tuple[str, ...]] = {}
