@@ -172,9 +172,9 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
 
 def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
     """Beside every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of `cpu` seconds (the
-    runtime's own time for the bucket) that starts with it (same dependencies) on a pseudo-device of its own; whatever waited
-    for ``ar{k}`` waits for both. The runtime overlaps its CPU work with the transfers, so the
-    bucket takes the larger of the two."""
+    runtime's own time for the bucket) that starts with it (same dependencies) on a
+    pseudo-device of its own; whatever waited for ``ar{k}`` waits for both. The runtime
+    overlaps its CPU work with the transfers, so the bucket takes the larger of the two."""
     renamed: dict[str, tuple[str, ...]] = {}
     k = 0
     for t in tasks:
