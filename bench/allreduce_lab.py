@@ -215,7 +215,7 @@ def run(args: argparse.Namespace, during=None) -> int:
           f" MiB, {len(plan.trees)} trees (planned rate {plan.rate * 8 / 1e6:.1f} Mbit/s, "
           f"tau {tau * 8 / 1e6:.1f} Mbit/s), optimum {t_opt:.3f} s; ring order {order}; "
           f"chunk {sched.chunk_bytes} B; trees predicted {pred.seconds:.3f} s (network "
-          f"{pred.network_s:.3f} + CPU {pred.cpu_s:.3f})")
+          f"{pred.network_s:.3f}, CPU {pred.cpu_s:.3f}: the larger)")
     print("| method | median s | algbw MB/s | measured/optimal | vs gloo | bench CPU (cores) | "
           "machine busy |")
     print("|---|---|---|---|---|---|---|")

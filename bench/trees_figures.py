@@ -129,8 +129,8 @@ def main() -> int:
           f"{args.gloo_iters} (gloo); calibration {cal.get('key')} (per message "
           f"{cal['per_message_s'] * 1e6:.0f} us)")
     print("| lab | rates | trees measured / optimum | trees vs gloo all_reduce | prediction "
-          "error | trees s (pred: network + CPU) | machine busy (trees / iperf3 alone) | "
-          "load avg |")
+          "error | trees s (pred. parts: network, CPU; they overlap) | "
+          "machine busy (trees / iperf3 alone) | load avg |")
     print("|---|---|---|---|---|---|---|---|")
     for x in rows:
         em = x["emulation"] or {}
@@ -138,7 +138,7 @@ def main() -> int:
         print(f"| {x['lab']} | x{x['scale']:g} | {x['optimum_s'] / x['trees_s']:.1%} | "
               f"{x['gloo_s'] / x['trees_s']:.1f}x | "
               f"{(x['predicted_s'] - x['trees_s']) / x['trees_s']:+.1%} | {x['trees_s']:.3f} "
-              f"({p['network_s']:.3f} + {p['cpu_s']:.3f}) | {x['trees_busy']:.0%} / "
+              f"({p['network_s']:.3f}, {p['cpu_s']:.3f}) | {x['trees_busy']:.0%} / "
               f"{em.get('machine_busy', float('nan')):.0%} | {x['load_average'][0]:.1f} |"
               + ("" if x["correct"] else " WRONG RESULT |"))
     for x in rows:

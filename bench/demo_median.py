@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Median of several demo runs, as the README's demo table.
+
+Each run of ``bench/demo.py --out DIR`` writes ``DIR/results.json``; run it three times on a
+quiet machine and pass the three files here::
+
+    python bench/demo_median.py /tmp/r1/results.json /tmp/r2/results.json /tmp/r3/results.json
+
+The table shows, per strategy, the prediction (the same in every run: plans are deterministic),
+the median measured iteration with the range over the runs, the median prediction error, the
+speedup of the median against the baseline's median, and the median against the packed-tree
+AllReduce optimum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _load(paths: list[Path]) -> tuple[dict[str, list[dict]], float]:
+    runs: dict[str, list[dict]] = {}
+    optimum = 0.0
+    for path in paths:
+        doc = json.loads(path.read_text())
+        optimum = doc["allreduce_optimum"]
+        for row in doc["rows"]:
+            runs.setdefault(row["strategy"], []).append(row)
+    return runs, optimum
+
+
+def median_table(paths: list[Path]) -> str:
+    """The markdown table of the runs' medians (strategies in first-run order)."""
+    runs, optimum = _load(paths)
+    base = statistics.median(r["measured"] for r in runs.get("baseline", []) or [{"measured": 0}])
+    lines = [
+        "strategy | predicted s/it | measured s/it, median (range) | prediction error"
+        " | speedup vs baseline | measured/optimal AllReduce",
+        "--- | --- | --- | --- | --- | ---",
+    ]
+    for name, rows in runs.items():
+        measured = [r["measured"] for r in rows]
+        med = statistics.median(measured)
+        predicted = rows[0]["predicted"]
+        error = (predicted - med) / med * 100
+        speedup = f"{base / med:.2f}x" if base else "-"
+        lines.append(
+            f"{name} | {predicted:.3f} | {med:.3f} ({min(measured):.3f}-{max(measured):.3f})"
+            f" | {error:+.1f}% | {speedup} | {med / optimum:.2f}"
+        )
+    lines.append("")
+    lines.append(f"{len(paths)} runs; AllReduce optimum {optimum:.3f} s (packed-tree LP).")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+", type=Path, help="results.json of each demo run")
+    args = ap.parse_args()
+    missing = [str(p) for p in args.results if not p.is_file()]
+    if missing:
+        print(f"demo_median: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    print(median_table(args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
