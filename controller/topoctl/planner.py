@@ -200,7 +200,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
         "addressing": {"training": addr.training, "subnets": addr.subnets},
     }
     job = launch_spec(ctx.job, ctx.hosts, ctx.ranks, addr, ctx.local_batch, s.collective,
-                      s.buckets)
+                      s.buckets, s.bucket_cap)
     return plan_document(meta, fabric_wiring(ctx.cluster, s.fabric), hosts, job)
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import yaml
+
 from topoagent.collectives import load_schedule
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job
+from topoctl.strategies.trees import fusion_caps, with_bucket
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "tiny",
@@ -35,3 +39,42 @@ def test_trees_strategy_wins_on_two_racks_and_carries_its_schedule():
     reported = doc["metadata"]["collective"]  # the plan itself states achieved/optimal
     assert reported["achieved_over_optimal"] > 0.999 and reported["bound"] == "partition"
     assert reported["trees"] == 16
+
+
+def _demo_job(**sync) -> dict:
+    job = yaml.safe_load((PLANS / "mlp-job.yaml").read_text())
+    job["strategies"] = ["trees"]
+    job["sync"] = job["sync"] | sync
+    return job
+
+
+def test_trees_fuse_the_gradient_into_the_bucket_size_the_simulator_prefers():
+    cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
+    doc, _, evals = make_plan(cluster, parse_job(_demo_job()), use_cache=False)
+    fusion = doc["metadata"]["collective"]["fusion"]
+    tried = dict(fusion["candidates"])
+    assert sorted(tried) == [4_000_000, 8_000_000, 16_000_000]  # 4 MB doubled to the 15.9 MB
+    chosen = min(tried, key=tried.get)
+    assert fusion["bucket_bytes"] == chosen
+    # the launcher gets the chosen cap, and the plan's buckets are what it makes of the gradient
+    assert doc["job"]["bucket_cap_mb"] == round(chosen / 2**20, 6)
+    assert len(doc["job"]["collective"]["buckets"]) == fusion["buckets"]
+    assert evals[0].result.iteration_time == pytest.approx(tried[chosen], rel=1e-6)
+    # the job's own cap, kept with `fusion: fixed`, is the first candidate's plan
+    fixed, _, fevals = make_plan(cluster, parse_job(_demo_job(fusion="fixed")), use_cache=False)
+    assert fixed["job"]["bucket_cap_mb"] == round(4_000_000 / 2**20, 6)
+    assert len(fixed["job"]["collective"]["buckets"]) == 4
+    assert "candidates" not in fixed["metadata"]["collective"]["fusion"] or not \
+        fixed["metadata"]["collective"]["fusion"]["candidates"]
+    assert fevals[0].result.iteration_time == pytest.approx(tried[4_000_000], rel=1e-6)
+    assert tried[chosen] < tried[4_000_000]  # hetero8: fill/drain of four pipelines costs
+
+
+def test_fusion_caps_double_until_one_bucket_holds_the_gradient():
+    cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
+    _, ctx, _ = make_plan(cluster, parse_job(_demo_job(bucket="3MB")), use_cache=False)
+    total = sum(b for *_, b in ctx.graph.gradient_order())
+    caps = fusion_caps(ctx)
+    assert caps[:3] == [3_000_000, 6_000_000, 12_000_000]
+    assert caps[-1] >= total > caps[-2]
+    assert fusion_caps(with_bucket(ctx, 10**9)) == [10**9]  # already one bucket

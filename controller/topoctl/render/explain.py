@@ -79,10 +79,19 @@ def collective_lines(doc: dict) -> list[str]:
            f"  largest bucket: {rt.get('chunks')} chunks per tree of up to "
            f"{rt.get('chunk_bytes')} bytes, {rt.get('steps')} lock-step steps, "
            f"{rt.get('messages')} messages on the busiest rank"]
+    fz = c.get("fusion")
+    if isinstance(fz, dict) and fz.get("candidates"):
+        tried = ", ".join(f"{_mb(b)} {_ms(t)}" for b, t in fz["candidates"])
+        out.append(f"  tensor fusion: buckets of up to {_mb(fz.get('bucket_bytes'))} "
+                   f"({fz.get('buckets')} per iteration); simulated iteration per cap: {tried}")
     if "achieved_over_optimal" in c:
         out.append(f"  {c.get('trees')} trees at {c.get('achieved_over_optimal')} of the optimum "
                    f"[{c.get('bound')}]")
     return out
+
+
+def _mb(b) -> str:
+    return f"{b / 1e6:g} MB" if isinstance(b, (int, float)) else "?"
 
 
 def host_tables(doc: dict, only: list[str] | None = None) -> list[str]:

@@ -40,10 +40,12 @@ def fabric_wiring(cluster: Cluster, graph: FabricGraph) -> dict:
 
 
 def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addressing,
-                local_batch: int, collective: dict, buckets: list[int]) -> dict:
+                local_batch: int, collective: dict, buckets: list[int],
+                bucket_cap: int | None = None) -> dict:
     """The plan's `job` section, built through the agent's `LaunchSpec` (the wire contract):
     per host its processes (rank, local rank, bind address, environment), the command, the
-    model as an import path. `job` is the validated Job; `ranks` host -> global ranks."""
+    model as an import path. `job` is the validated Job; `ranks` host -> global ranks;
+    `bucket_cap` the DDP bucket cap in bytes the strategy chose (None: the job's)."""
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
     if collective.get("algorithm") == "pipeline":  # which training addresses talk to which
@@ -63,7 +65,7 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
         "threads": job.launch.threads, "iterations": job.launch.iterations,
         "batch": {"global": job.batch.global_, "per_rank": local_batch},
         "model": model_launch_spec(job.model), "dtype": job.dtype,
-        "bucket_cap_mb": round(job.sync.bucket / 2**20, 6),
+        "bucket_cap_mb": round((bucket_cap or job.sync.bucket) / 2**20, 6),
         "collective": collective | {"buckets": buckets}, "processes": procs,
     }).to_dict(exclude_unset=True)
 

@@ -139,10 +139,15 @@ class Parallelism(Model):
 
 
 class SyncSpec(Model):
-    """Gradient synchronisation: the AllReduce algorithm and the bucket size in bytes."""
+    """Gradient synchronisation: the AllReduce algorithm and the bucket size in bytes (DDP's
+    ``bucket_cap_mb``). `fusion`: ``search`` lets the `trees` strategy (and `trees+bandwidth`)
+    fuse the gradient into larger buckets when that is predicted faster (tensor fusion, as TAG
+    and DisCo search it: `bucket`, doubled up to the whole gradient); ``fixed`` keeps
+    `bucket`. The other strategies always keep `bucket`."""
 
     algorithm: str = "ring"
     bucket: Size = 25 * 10**6
+    fusion: Literal["search", "fixed"] = "search"
 
 
 class CostSpec(Model):

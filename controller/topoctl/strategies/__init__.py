@@ -89,6 +89,7 @@ class Strategy:
     tasks: list[Task]
     collective: dict[str, Any]
     buckets: list[int]  # gradient bucket sizes in bytes, in all-reduce order
+    bucket_cap: int | None = None  # DDP bucket cap the launcher uses; None: the job's
     routes: dict[tuple[str, str], list[tuple[str, float]]] = field(default_factory=dict)
     rates: dict[tuple[str, str], int] = field(default_factory=dict)
     # host -> HostState sections appended verbatim after rendering, e.g. {"rules": [...],

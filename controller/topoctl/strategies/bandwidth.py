@@ -121,7 +121,8 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
         "classes": [[r.src, r.dst, r.dev, r.rate] for r in rows]}}
     return Strategy(name=f"{base.name}+bandwidth", fabric=base.fabric, hops=base.hops,
                     network=hard if ceil_is_rate else soft, tasks=base.tasks,
-                    collective=base.collective, buckets=base.buckets, routes=base.routes,
+                    collective=base.collective, buckets=base.buckets,
+                    bucket_cap=base.bucket_cap, routes=base.routes,
                     rates={}, extra=extra, notes=notes)
 
 

@@ -19,7 +19,8 @@ this machine sharing its cores (the calibration's ``cores``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from topoagent.collectives import load_calibration
 from topoagent.collectives.program import chunk_count
@@ -38,6 +39,7 @@ from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_algorithm
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.limits import SafetyClock
+from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
@@ -47,6 +49,7 @@ from . import PlanContext, Strategy, StrategyError
 from .baseline import dp_tasks
 
 SIM_MAX_CHUNKS = 64  # chunks per tree the simulator schedule models at most (planning speed)
+FUSION_MAX_HOSTS = 64  # bucket caps are searched up to this many hosts (one simulation each)
 
 
 def plan(ctx: PlanContext) -> Strategy:
@@ -71,28 +74,98 @@ def plan(ctx: PlanContext) -> Strategy:
     latency = max((network.latency(path) for t in tp.trees for p, c in t.edges
                    for _, path in network.routes(hosts[c], hosts[p]) + network.routes(
                        hosts[p], hosts[c])), default=0.0)
-    _, sizes = dp_tasks(ctx, hosts, tree_algorithm(plan_to_schedule(tp, chunk_bytes=1 << 20)))
-    fit = fit_runtime(ctx, plan_to_schedule(
-        tp, chunk_bytes=1 << 20,
-        metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
-                  "optimum_bytes_per_s": bval, "bound": bname}), rate, latency, sizes)
-    sched, preds = fit.schedule, fit.preds
-    tasks, sizes = dp_tasks(ctx, hosts, tree_algorithm(sched, max_chunks=SIM_MAX_CHUNKS))
-    tasks = fit.with_cpu_part(tasks, sizes)
-    largest = preds[max(sizes)] if sizes else None
+    sched0 = plan_to_schedule(tp, chunk_bytes=1 << 20,
+                              metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
+                                        "optimum_bytes_per_s": bval, "bound": bname})
+
+    def score(c: PlanContext) -> tuple[list, list[int], RuntimeFit]:
+        _, sizes = dp_tasks(c, hosts, tree_algorithm(sched0))
+        fit = fit_runtime(c, sched0, rate, latency, sizes)
+        tasks, sizes = dp_tasks(c, hosts, tree_algorithm(fit.schedule, max_chunks=SIM_MAX_CHUNKS))
+        return fit.with_cpu_part(tasks, sizes), sizes, fit
+
+    fused = choose_fusion(ctx, network, score)
+    tasks, sizes, fit = fused.tasks, fused.sizes, fused.fit
     return Strategy(
         name="trees",
         fabric=ctx.fabric,
         hops=hops,
         network=network,
         tasks=tasks,
-        collective={"algorithm": "trees", "order": hosts, "schedule": sched.dump()},
+        collective={"algorithm": "trees", "order": hosts, "schedule": fit.schedule.dump()},
         buckets=sizes,
+        bucket_cap=fused.cap,
         notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
                "bound": bname, "achieved_over_optimal": tp.rate / bval,
-               **({"runtime": fit.note(sizes)} if largest else {})}
+               **({"runtime": fit.note(sizes)} if sizes else {}), "fusion": fused.note()}
         | clock.report(),
     )
+
+
+def fusion_caps(ctx: PlanContext) -> list[int]:
+    """Bucket caps (bytes) a tree strategy tries: the job's ``sync.bucket``, then doubled until
+    one bucket holds the whole gradient; only the job's with ``sync.fusion: fixed`` or beyond
+    ``FUSION_MAX_HOSTS`` hosts (each candidate costs a simulation)."""
+    caps = [int(ctx.job.sync.bucket)]
+    if ctx.job.sync.fusion == "search" and len(ctx.hosts) <= FUSION_MAX_HOSTS:
+        total = sum(b for *_, b in ctx.graph.gradient_order())
+        while caps[-1] < total:
+            caps.append(caps[-1] * 2)
+    return caps
+
+
+def with_bucket(ctx: PlanContext, cap: int) -> PlanContext:
+    """`ctx` with the job's bucket cap set to `cap` bytes (the tasks builders read it)."""
+    sync = ctx.job.sync.model_copy(update={"bucket": cap})
+    return replace(ctx, job=ctx.job.model_copy(update={"sync": sync}))
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The bucket cap a tree strategy chose: its tasks, bucket sizes and runtime fit, and the
+    simulated iteration of every candidate cap (bytes -> seconds; none when only one)."""
+
+    cap: int
+    tasks: list
+    sizes: list[int]
+    fit: RuntimeFit
+    tried: dict[int, float]
+
+    def note(self) -> dict:
+        """The plan's ``metadata.collective.fusion`` (``topoctl explain`` prints it)."""
+        return {"bucket_bytes": self.cap, "buckets": len(self.sizes),
+                "candidates": [[c, round(t, 6)] for c, t in sorted(self.tried.items())]}
+
+
+def choose_fusion(ctx: PlanContext, network: Network,
+                  score: Callable[[PlanContext], tuple[list, list[int], RuntimeFit]],
+                  search: bool = True) -> Fusion:
+    """Tensor fusion for the tree runtime (TAG, DisCo: the bucket size is part of the plan):
+    every cap of :func:`fusion_caps` is built by `score` (tasks with the runtime's CPU part,
+    bucket sizes, fit) and simulated on `network`; the fastest wins, the job's own cap on a
+    tie. Why: each bucket's lock-step AllReduce pays its pipeline's fill and drain
+    (``2 h_t - 1`` steps) and its per-message CPU, one bucket after another, while fewer,
+    larger buckets overlap less with the backward pass; which wins depends on the model's
+    compute against the fabric. Caps giving the same buckets are simulated once. `search`
+    False: the job's cap only."""
+    best: Fusion | None = None
+    tried: dict[int, float] = {}
+    seen: set[tuple[int, ...]] = set()
+    caps = fusion_caps(ctx) if search else [int(ctx.job.sync.bucket)]
+    for cap in caps:
+        c = with_bucket(ctx, cap)
+        tasks, sizes, fit = score(c)
+        if tuple(sizes) in seen:
+            continue
+        seen.add(tuple(sizes))
+        if len(caps) == 1:
+            return Fusion(cap, tasks, sizes, fit, {})
+        t = simulate(tasks, network, record=False).iteration_time
+        tried[cap] = t
+        if best is None or t < tried[best.cap] * (1 - 1e-9):
+            best = Fusion(cap, tasks, sizes, fit, tried)
+    assert best is not None
+    return best
 
 
 @dataclass(frozen=True)
