@@ -27,6 +27,10 @@ import json
 import os
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from topoagent.wire import LaunchSpec
 
 
 def _emit(**event) -> None:
@@ -137,7 +141,7 @@ def _templates(stage: Stage, names: list[str]) -> list:
     return out
 
 
-def main(job: dict) -> int:
+def main(job: LaunchSpec) -> int:
     """Run this rank's pipeline stage for the job's iterations (GPipe schedule); the exit code."""
     import torch
     import torch.distributed as dist
@@ -147,8 +151,8 @@ def main(job: dict) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
-    torch.set_num_threads(int(job.get("threads", 1)))
-    coll = job["collective"]
+    torch.set_num_threads(job.threads)
+    coll = job.collective
     stages = coll["stages"]
     where = [(s, r) for s, st in enumerate(stages) for r, x in enumerate(st["ranks"]) if x == rank]
     k, g = len(stages), len(stages[0]["ranks"])
@@ -166,23 +170,24 @@ def main(job: dict) -> int:
         dist.destroy_process_group()
         return 0
     s, r = where[0]
-    spec = job["model"]
-    factory = _factory(spec["factory"])
-    seed = int(job.get("seed", 0))
+    spec = job.model
+    inputs_spec = [i.model_dump() for i in spec.inputs]
+    factory = _factory(spec.factory)
+    seed = job.seed
     torch.manual_seed(seed)
-    model = factory(**spec.get("kwargs", {}))
+    model = factory(**spec.kwargs)
     gm = fx.symbolic_trace(model)
     stage = Stage(gm, [st["ops"] for st in stages], s, meta_values(
-        factory, spec.get("kwargs", {}), spec["inputs"], micro))
+        factory, spec.kwargs, inputs_spec, micro))
     prev = stages[s - 1]["ranks"][r] if s else None
     nxt = stages[s + 1]["ranks"][r] if s + 1 < k else None
-    opt = torch.optim.SGD(model.parameters(), lr=float(job.get("lr", 1e-3)))
+    opt = torch.optim.SGD(model.parameters(), lr=job.lr)
     global_batch = micro * m_count * g
-    iters = int(job.get("iterations", 10))
+    iters = job.iterations
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
           algorithm="pipeline", stage=s, replica=r)
     for it in range(iters):
-        full = batch_inputs(spec["inputs"], global_batch, it, seed)
+        full = batch_inputs(inputs_spec, global_batch, it, seed)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         saved = []

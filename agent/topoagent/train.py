@@ -59,41 +59,52 @@ def checksum(model) -> str:
 
 
 def main() -> int:
-    """Train under the plan's job spec (DDP over gloo, or the pipeline runtime); the exit code."""
+    """Train under the plan's job spec (DDP over gloo, or the pipeline runtime); the exit code.
+    A job spec that is not a valid ``LaunchSpec`` is reported (file and YAML path), exit 1."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    job = json.loads(open(os.environ["TOPOCTL_JOB"]).read())
-    if job.get("collective", {}).get("algorithm") == "pipeline":  # a placed model: stages
+    from topoagent.state import StateError
+    from topoagent.wire import load_launch_spec
+
+    try:
+        job = load_launch_spec(os.environ["TOPOCTL_JOB"])
+        if not job.model.factory:
+            raise StateError([("job.model.factory", "missing: the trainer builds the model "
+                                                    "from it")]).at(os.environ["TOPOCTL_JOB"])
+    except StateError as e:
+        print(f"topoagent.train: {e}", file=sys.stderr)
+        return 1
+    if job.collective.get("algorithm") == "pipeline":  # a placed model: stages
         from topoagent.pipeline import main as pipeline_main
 
         return pipeline_main(job)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
-    torch.set_num_threads(int(job.get("threads", 1)))
+    torch.set_num_threads(job.threads)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           rank == 0, timeout=timedelta(seconds=120))
     # gloo binds the address the hostname resolves to: the launcher set it to `bind`
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    model_spec = job["model"]
-    torch.manual_seed(int(job.get("seed", 0)))  # the same initial weights on every rank
-    model = _factory(model_spec["factory"])(**model_spec.get("kwargs", {}))
-    ddp = DDP(model, bucket_cap_mb=float(job.get("bucket_cap_mb", 25)))
-    coll = job.get("collective", {})
+    torch.manual_seed(job.seed)  # the same initial weights on every rank
+    model = _factory(job.model.factory)(**job.model.kwargs)
+    ddp = DDP(model, bucket_cap_mb=job.bucket_cap_mb)
+    coll = job.collective
     if coll.get("algorithm") == "trees":
         from topoagent.collectives import load_schedule, register_tree_hook
 
         register_tree_hook(ddp, load_schedule(coll["schedule"]))
-    opt = torch.optim.SGD(ddp.parameters(), lr=float(job.get("lr", 1e-3)))
-    per_rank = int(job["batch"]["per_rank"])
+    opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
+    per_rank = job.batch.per_rank
+    specs = [i.model_dump() for i in job.model.inputs]
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own data shard
-    iters = int(job.get("iterations", 10))
+    iters = job.iterations
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
           algorithm=coll.get("algorithm", "default"))
     for it in range(iters):
-        inputs = _inputs(model_spec["inputs"], per_rank, gen)
+        inputs = _inputs(specs, per_rank, gen)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = ddp(*inputs)

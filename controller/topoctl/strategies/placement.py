@@ -25,7 +25,6 @@ O(candidates * (search + simulation)).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -263,7 +262,6 @@ def _coarse(ctx: PlanContext) -> tuple[CoarseGraph, dict]:
 
 def search(ctx: PlanContext, method: str, name: str) -> Strategy:
     """All candidates (module docstring), the fastest as a Strategy."""
-    t0 = time.perf_counter()
     hosts = list(ctx.hosts)
     if ctx.world_size != len(hosts):
         raise JobError([("strategies", f"strategy {name}: one rank per host (gpus.count: 1); "
@@ -341,8 +339,7 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                "stages": len(best.stages), "replicas": g,
                "objective_s": best.placement.objective,
                "coarsening": cstats, "candidates": {
-                   f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands},
-               "search_seconds": time.perf_counter() - t0}
+                   f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands}}
     meas = _measured(ctx, global_batch // (g * micro))
     if meas is not None:  # what the lab prediction rests on (docs/placement.md)
         s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",

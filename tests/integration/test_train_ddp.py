@@ -1,0 +1,53 @@
+"""`python -m topoagent.train`, DDP path, reads the plan's launch spec as the typed `LaunchSpec`:
+two ranks over loopback train a small model with the gloo ring and with a tree schedule, end
+with the same parameters; a launch spec that is not valid is refused with the file and YAML
+path, exit 1, before any process group starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.test_pipeline_runtime import run_local
+
+JOB = {
+    "name": "tiny", "command": [sys.executable, "-m", "topoagent.train"], "world_size": 2,
+    "master": {"address": "127.0.0.1", "port": 29500}, "iterations": 3,
+    "batch": {"global": 8, "per_rank": 4}, "bucket_cap_mb": 0.01,
+    "model": {"factory": "topoctl.catalog.dense:MLP",
+              "kwargs": {"layers": 2, "hidden": 32, "features": 16, "classes": 4},
+              "inputs": [{"shape": [16]}]},
+    "processes": {f"h{r}": [{"rank": r, "local_rank": 0,
+                             "env": {"RANK": str(r), "WORLD_SIZE": "2"}}] for r in range(2)},
+}
+TREES = {"algorithm": "trees", "schedule": {
+    "world_size": 2, "chunk_bytes": 256,
+    "trees": [{"root": 0, "rate": 1.0, "parents": [None, 0]},
+              {"root": 1, "rate": 1.0, "parents": [1, None]}]}}
+
+
+@pytest.mark.parametrize("collective", [{}, TREES], ids=["gloo", "trees"])
+def test_two_ranks_train_to_the_same_parameters(collective, tmp_path):
+    events = run_local(JOB | {"collective": collective}, tmp_path)
+    done = [e for e in events if e["event"] == "done"]
+    iters = [e for e in events if e["event"] == "iter"]
+    assert len(done) == 2 and len(iters) == 2 * JOB["iterations"]
+    assert done[0]["checksum"] == done[1]["checksum"]
+    start = next(e for e in events if e["event"] == "start")
+    assert start["algorithm"] == (collective.get("algorithm") or "default")
+
+
+def test_a_bad_launch_spec_is_refused_naming_file_and_path(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(JOB | {"iterations": 0}))
+    env = {**os.environ, "TOPOCTL_JOB": str(path), "RANK": "0", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    p = subprocess.run([sys.executable, "-m", "topoagent.train"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert str(path) in p.stderr and "iterations" in p.stderr
+    assert "Traceback" not in p.stderr
