@@ -83,7 +83,8 @@ def host_states(draw) -> dict:
     return {
         "interfaces": ifaces,
         "sysctl": {"ip_forward": draw(st.booleans()),
-                   "rp_filter": {"tpa0": draw(st.integers(0, 2))}},
+                   "rp_filter": {"tpa0": draw(st.integers(0, 2))},
+                   "multipath_hash_policy": draw(st.sampled_from([0, 1]))},
         "routes": routes,
         "rules": draw(st.lists(st.sampled_from(RULES), unique_by=lambda r: r["priority"],
                                max_size=len(RULES))),
