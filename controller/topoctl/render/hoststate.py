@@ -6,9 +6,7 @@ address, so locally originated traffic carries the training address): on a direc
 the next-hop neighbour's address on the cable (weighted `nexthops` over parallel cables, or over
 the strategy's multipath next hops), on a switched fabric straight to the destination's address
 in the shared L2 domain. Hosts that forward for others get `ip_forward`; on direct fabrics the
-NICs get loose reverse-path filtering (rp_filter 2: paths may be asymmetric), and hosts with a
-multipath route hash the ports too (`multipath_hash_policy: 1`: connections between the same
-two hosts split by the weights instead of all taking one next hop). Per-destination
+NICs get loose reverse-path filtering (rp_filter 2: paths may be asymmetric). Per-destination
 bandwidth allocations become one HTB class per destination on the egress NIC. The output is
 plain dicts (fast for 1,024 hosts); tests validate it with `topoagent.state.parse_host_state`.
 O(hosts^2) for all hosts.
@@ -101,14 +99,10 @@ def _render_hosts(graph: FabricGraph, hops: NextHops, addr: Addressing,
             sysctl["ip_forward"] = True
         if direct and cabled[h]:
             sysctl["rp_filter"] = {nic: 2 for nic in sorted(cabled[h], key=_nic_order)}
+        if sysctl:
+            state["sysctl"] = sysctl
         state["routes"] = _routes_of(h, hosts, graph, hops, addr, routes) if direct else \
             _switched_routes(h, hosts, addr, domains)
-        if any("nexthops" in r for r in state["routes"]):
-            # the kernel's default hash (addresses only) puts every connection between two
-            # hosts on one next hop; with the ports hashed too they split by the weights
-            sysctl["multipath_hash_policy"] = 1
-        if sysctl:
-            state = {"interfaces": ifaces, "sysctl": sysctl, "routes": state["routes"]}
         q = _qos(h, hosts, graph, hops, addr, rates, port_speed)
         if q:
             state["qos"] = q
