@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from topoctl.planner import make_plan
 from topoctl.render.validate import validate_plan
 from topoctl.rollout.links import Cable, cable_at, route_devices, watched_interfaces
-from topoctl.rollout.replan import (HealError, check_healable, components, replan,
-                                    without_cables)
+from topoctl.rollout.renumber import keep_addresses
+from topoctl.rollout.replan import HealError, check_healable, components, replan, without_cables
 from topoctl.rollout.run import cable_failure
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import load_job, parse_job
@@ -112,13 +113,25 @@ def test_check_healable_names_what_does_not_belong_to_the_plan():
     assert "data-parallel" in str(e.value)
 
 
-def test_replan_repacks_the_trees_around_the_cable():
+def addresses(plan: dict) -> dict[str, list[str]]:
+    return {f"{h}:{i['name']}": i.get("addresses", []) for h, s in plan["hosts"].items()
+            for i in s["interfaces"]}
+
+
+def test_replan_repacks_the_trees_around_the_cable_keeping_every_other_address():
     cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
     job = load_job(PLANS / "mlp-job.yaml").model_copy(update={"strategies": ["baseline",
                                                                              "trees"]})
-    plan = {"metadata": {"cluster": "hetero8", "job": "mlp-lab", "strategy": "trees"}}
+    plan, _, _ = make_plan(cluster, job.model_copy(update={"strategies": ["trees"]}))
     new = replan(plan, cluster, job, [CUT])
     assert validate_plan(new) == []
+    # the planner alone would renumber every cable after the cut one; the heal keeps them
+    before, after = addresses(plan), addresses(new)
+    assert {p: a for p, a in after.items() if a} == {
+        p: a for p, a in before.items() if a and p not in ("h3:eth0", "h4:eth1")}
+    gone = plan["metadata"]["addressing"]["subnets"].pop("h3:eth0-h4:eth1")
+    assert new["metadata"]["addressing"]["subnets"] == plan["metadata"]["addressing"]["subnets"]
+    assert gone not in str(new["hosts"])
     assert new["metadata"]["strategy"] == "trees"  # the running plan's strategy, kept
     assert not any({ln["a"], ln["b"]} == {"h3:eth0", "h4:eth1"} for ln in new["fabric"]["links"])
     for host, nic in (("h3", "eth0"), ("h4", "eth1")):
@@ -128,6 +141,12 @@ def test_replan_repacks_the_trees_around_the_cable():
         assert nic not in watched_interfaces(new)[host]
     assert new["job"]["collective"]["algorithm"] == "trees"
     assert new["metadata"]["prediction"]["iteration_time"] > 0
+
+
+def test_keep_addresses_leaves_unrelated_plans_alone():
+    a = {"metadata": {"addressing": {"subnets": {"x": "10.234.0.0/30"}}}, "hosts": {}}
+    b = {"metadata": {"addressing": {"subnets": {"y": "10.234.0.4/30"}}}, "hosts": {}}
+    assert keep_addresses(a, b) is a
 
 
 def test_the_failure_names_the_cable_and_its_peer():

@@ -3,12 +3,14 @@
 The cluster loses the cables (for a switched fabric: the NICs' attachments), must still connect
 every host of the job, and is planned through the planner's normal entry point with the strategy
 the running plan used (`trees` re-packs its spanning trees around the gap; a data-parallel run
-cannot switch to a pipeline mid-training)."""
+cannot switch to a pipeline mid-training). Every remaining cable keeps its addresses
+(`renumber.keep_addresses`)."""
 
 from __future__ import annotations
 
 from topoagent.protocol import TopoError
 from topoctl.rollout.links import Cable
+from topoctl.rollout.renumber import keep_addresses
 from topoctl.spec.cluster import Cluster
 from topoctl.spec.job import Job
 
@@ -88,4 +90,4 @@ def replan(plan: dict, cluster: Cluster, job: Job, cables: list[Cable]) -> dict:
                         + " | ".join("{" + ", ".join(p) + "}" for p in parts))
     same = job.model_copy(update={"strategies": [plan["metadata"]["strategy"]]})
     doc, _, _ = make_plan(left, same)
-    return doc
+    return keep_addresses(doc, plan)  # only the lost cable's ports lose theirs
