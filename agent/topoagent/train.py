@@ -155,11 +155,11 @@ def main() -> int:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over
         if stop_after and done == stop_after:
             return EXIT_TEST_STOP
-    _emit(event="done", rank=rank, checksum=checksum(model))
     if ckpt is not None:
         dist.barrier()  # every rank is past its last iteration: nothing can resume any more
         if local0:
             ckpt.remove()
+    _emit(event="done", rank=rank, checksum=checksum(model))
     dist.destroy_process_group()
     return 0
 

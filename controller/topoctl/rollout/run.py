@@ -143,6 +143,7 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
     failures: list[str] = []
     links_down: list[dict] = []
     marks: dict[str, float] = {}  # resumed_from, first_iteration_at
+    done_ranks: set[int] = set()  # ranks that reported their final parameters
     stopping = threading.Event()
     stoppers: list[threading.Thread] = []
     t0 = time.perf_counter()
@@ -197,6 +198,7 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
                         f"{event['seconds']:.3f} s  ({n / dt:.2f} it/s since start)")
                     return
             elif event and event.get("event") == "done" and rank in ranks:
+                done_ranks.add(rank)
                 ranks[rank].checksum = event["checksum"]
                 ranks[rank].stage = event.get("stage")
             elif event and event.get("event") == "failed":
@@ -226,8 +228,11 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
                        resumed_from=int(marks["resumed_from"]) if "resumed_from" in marks
                        else None, started_at=started_at,
                        first_iteration_at=marks.get("first_iteration_at"))
-    if links_down:
+    finished = done_ranks == set(ranks)
+    if links_down and not finished:
         result.exit_code, result.failure = 1, cable_failure(links_down, failures)
+    elif links_down:  # every rank had reported its final parameters: training is complete
+        out(f"training was complete when {', '.join(result.failed_cables)} failed")
     elif failures:
         result.exit_code, result.failure = 1, "\n".join(failures)
     return result
