@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict()))
         return result.exit_code
     if result.exit_code:
-        print(f"training failed:\n  {result.failure}")
+        print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return result.exit_code
     it = result.iteration_time
     print(f"{len(result.ranks)} ranks, {args.iterations} iterations in {result.seconds:.1f} s; "

@@ -77,7 +77,7 @@ def report(result: HealResult, iterations: int) -> None:
     for i, h in enumerate(result.heals, 1):
         print(_heal_text(i, h))
     if result.exit_code:
-        print(f"training failed:\n  {result.failure}")
+        print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return
     last = result.last
     it = last.iteration_time
