@@ -153,7 +153,7 @@ def test_heal_resumes_training_around_a_cut_cable(lab_plan, capsys):
         assert routes_over(lab, host, nic) == []
         [link] = ip_json(lab.netns(host), "-4", "addr", "show", "dev", nic) or [{}]
         assert not link.get("addr_info")
-    for host in HOSTS:  # training addresses still reach each other over the rest
+    for host in HOSTS:  # checkpoints cleaned up, nothing left running
         assert (lab.state_dir / "agent" / host / "run").is_dir()
         assert not (lab.state_dir / "agent" / host / "run" / "checkpoints").exists()
         assert not (lab.state_dir / "agent" / host / "run" / "job.pids").exists()
