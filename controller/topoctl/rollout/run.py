@@ -204,6 +204,8 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
             elif event and event.get("event") == "failed":
                 failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
                                 "lines:\n    " + "\n    ".join(event.get("last", [])))
+            if links_down and not verbose:  # the ranks' broken connections and tracebacks
+                return                          # after a failed cable only bury its name
             if verbose or not (event and event.get("event") in ("iter", "done", "start")):
                 out(f"{host} {line}")
 
