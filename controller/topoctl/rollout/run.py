@@ -185,6 +185,10 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
                 return
             if event and event.get("event") == "resume":
                 marks["resumed_from"] = int(event["iteration"])
+                if not verbose:
+                    out(f"resumed after iteration {event['iteration']} (the checkpoint of "
+                        f"rank {event.get('source')})")
+                    return
             if event and event.get("event") == "iter" and rank in ranks:
                 ranks[rank].iterations.append(float(event["seconds"]))
                 if event.get("stage") is not None and event.get("loss") is not None:
