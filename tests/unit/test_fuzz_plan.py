@@ -21,6 +21,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzzgen import mutated
 from topoagent.protocol import TopoError
 from topoctl import cli as topoctl_cli
 from topoctl.planner import make_plan
@@ -69,45 +70,6 @@ def jobs(draw) -> dict:
                   "batch": {"global": draw(st.sampled_from([12, 24, 48, 7, 1]))},
                   "sync": {"bucket": "200KB",
                            "algorithm": draw(st.sampled_from(["ring", "tree", "auto"]))}}
-
-
-def junk() -> st.SearchStrategy:
-    leaves = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
-              | st.text(max_size=10))
-    return st.recursive(leaves, lambda c: st.lists(c, max_size=3)
-                        | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
-
-
-def _paths(doc, prefix=()):
-    """Every (path) to a value inside `doc`, containers included."""
-    yield prefix
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _paths(v, (*prefix, i))
-
-
-@st.composite
-def mutated(draw, base: st.SearchStrategy) -> dict:
-    """A valid document with one to three values (at any depth) replaced by junk or deleted."""
-    import copy
-
-    doc = copy.deepcopy(draw(base))
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(doc) if p]
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent = doc
-        for k in path[:-1]:
-            parent = parent[k]
-        if draw(st.booleans()) and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = draw(junk())
-    return doc
 
 
 def plan_or_clean_error(cluster: dict, job: dict) -> str:
