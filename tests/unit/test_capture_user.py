@@ -126,3 +126,10 @@ def test_module_the_capture_user_cannot_read(tmp_path, monkeypatch):
         make_plan(parse_cluster(CLUSTER), parse_job(_job("tpt_private_factory:build",
                                                          record="/dev/null")), use_cache=False)
     assert Path(tmp_path).stat().st_uid == 0
+
+
+def test_missing_capture_interpreter_is_a_clean_error(factory_dir, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_CAPTURE_PYTHON", "/nonexistent/python3")
+    with pytest.raises(JobError, match="cannot start the capture interpreter /nonexistent"):
+        make_plan(parse_cluster(CLUSTER), parse_job(_job("tpt_capfactory:build",
+                                                         record="/dev/null")), use_cache=False)

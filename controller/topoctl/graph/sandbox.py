@@ -110,6 +110,10 @@ def run_worker(req: dict, user: str | None = None) -> dict:
         except subprocess.TimeoutExpired:
             raise CaptureError(f"capturing {req['factory']} took over {TIMEOUT_S:.0f} s",
                                "factory") from None
+        except OSError as e:  # no such interpreter: say which and how to choose another
+            raise CaptureError(f"cannot start the capture interpreter {python}: "
+                               f"{e.strerror or e} (set $TOPOCTL_CAPTURE_PYTHON)",
+                               "factory") from None
         try:
             doc = json.loads(p.stdout)
             ok = doc["ok"] is True
