@@ -178,6 +178,18 @@ def test_found_explain_of_a_malformed_plan_is_a_clean_error(tmp_path, capsys, wh
     assert f"topoctl: {path}: {says}" in err and "Traceback" not in err, err
 
 
+def test_found_a_key_with_a_newline_stays_on_its_error_line(tmp_path):
+    """Found by the fuzzer: a YAML key holding a newline split `topoctl: FILE: path: message`
+    over two lines; control characters are escaped now."""
+    doc = yaml.safe_load(PLAN_FILE.read_text())
+    doc["hosts"]["h0"]["routes"][0]["\n"] = None
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, out, err = topoctl(["explain", str(path)])
+    assert rc == 1 and "routes[0].\\n: unknown key" in err, err
+    assert_clean(["explain", str(path)], rc, err, out=out)
+
+
 def _ring(n: int, links: bool = True) -> dict:
     return {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": "fz",
             "defaults": {"nic_speed": "100mbit", "gpus": {"count": 1, "type": "A100"}},
