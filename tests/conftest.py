@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +46,13 @@ def make_netns():
     yield make
     for name in created:
         nsutil.sh(["ip", "netns", "del", name], check=False)
+
+
+@pytest.fixture
+def readable_tmp():
+    """A temporary directory every user can read (pytest's tmp_path is under a 0700 root
+    directory): for job code that `topoctl plan` imports as the unprivileged capture user."""
+    d = tempfile.mkdtemp(prefix="tpt-factory-")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)

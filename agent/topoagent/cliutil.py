@@ -28,10 +28,19 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
+def printable(text: object) -> str:
+    """`text` with control characters escaped (`\\n`, `\\x1e`): a YAML key or value from the
+    input must not break the one-line-per-problem output or drive the terminal."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
 def error_lines(prog: str, err: TopoError) -> list[str]:
-    """`PROG: SOURCE: PATH: MESSAGE` per problem, empty parts left out."""
-    return [": ".join(filter(None, [prog, err.source, p, m])) for p, m in err.problems] or [
-        f"{prog}: {type(err).__name__}"]
+    """`PROG: SOURCE: PATH: MESSAGE` per problem, empty parts left out, one line each."""
+    return [": ".join(printable(x) for x in filter(None, [prog, err.source, p, m]))
+            for p, m in err.problems] or [f"{prog}: {type(err).__name__}"]
 
 
 def error_document(err: TopoError) -> dict:

@@ -257,7 +257,8 @@ def test_cli_up_with_plan_then_rewire(tmp_path):
         assert "LOWER_UP" in _link(f"tp-{name}-h-h1", "eth1")["flags"]
         plan.write_text("fabric: {kind: direct, links: [{a: 'h0:eth0', b: 'h0:eth1'}]}\n")
         p = _cli("rewire", "--lab", name, str(plan), env_root=tmp_path)
-        assert p.returncode == 1 and "plan.fabric.links[0]: both ends on the same host" in p.stderr
+        assert p.returncode == 1 and f"topoctl: {plan}: fabric.links[0]: both ends on the same " \
+            "host" in p.stderr, p.stderr
     finally:
         labmod.down(name, tmp_path)
     assert _gone(name) == []

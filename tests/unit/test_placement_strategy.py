@@ -104,8 +104,9 @@ def test_too_few_devices_for_the_memory_names_the_minimum():
         plan(2, 1e12, "placement", hosts=["h0"])
 
 
-def test_untraceable_model_names_the_op(tmp_path, monkeypatch):
-    mod = tmp_path / "tpp_untraceable.py"
+def test_untraceable_model_names_the_op(readable_tmp, monkeypatch):
+    # readable_tmp: `topoctl plan` imports the factory as the unprivileged capture user
+    mod = readable_tmp / "tpp_untraceable.py"
     mod.write_text(
         "import torch\nfrom torch import nn\n"
         "class Gate(nn.Module):\n"
@@ -117,7 +118,7 @@ def test_untraceable_model_names_the_op(tmp_path, monkeypatch):
         "self.gate = Gate()\n"
         "    def forward(self, x):\n        return self.gate(self.a(x))\n"
         "def build():\n    return Net()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(readable_tmp))
     job = {k: v for k, v in JOB.items() if k != "model"} | {
         "model": {"factory": "tpp_untraceable:build", "inputs": [{"shape": [8]}]}}
     with pytest.raises(JobError) as e:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import yaml
 
-from topoagent.protocol import EXIT_ERROR, EXIT_OK, TopoError
-from topoctl.lab.netops import LabError
+from topoagent.protocol import EXIT_OK, TopoError
 from topoctl.spec.cluster import Cluster
 from topoctl.spec.cluster_load import load_cluster
 
@@ -93,28 +91,26 @@ def inventory_text(doc: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the inventory of a cluster file or a lab; exit 0, or a TopoError for bad input."""
-    try:
-        if args.lab:
-            from topoctl.lab.lab import Lab
+    """Write the inventory of a cluster file or a lab; exit 0, or a TopoError for bad input
+    (printed as `topoctl: FILE: yaml.path: message` by the CLI, like every verb)."""
+    if args.lab:
+        from topoctl.lab.lab import Lab
 
-            doc = lab_inventory(Lab.load(args.lab))
-        elif args.cluster:
+        doc = lab_inventory(Lab.load(args.lab))
+    elif args.cluster:
+        try:
             doc = cluster_inventory(load_cluster(args.cluster))
-        else:
-            raise TopoError("give a cluster file or --lab NAME")
-    except (TopoError, LabError, OSError) as e:
-        problems = getattr(e, "problems", None) or [("", str(e))]
-        source = args.cluster or f"lab {args.lab}"
-        for p, m in problems:
-            print(f"error: {source}: {p}: {m}" if p else f"error: {source}: {m}",
-                  file=sys.stderr)
-        return EXIT_ERROR
+        except TopoError as e:  # the hosts' addresses are the file's: name it
+            raise e.at(args.cluster) from None
+    else:
+        raise TopoError("give a cluster file or --lab NAME")
     text = inventory_text(doc)
     if args.output in (None, "-"):
         print(text, end="")
     else:
-        Path(args.output).write_text(text)
+        from topoctl.cli import write_output  # the package imports this module
+
+        write_output(args.output, text)
     return EXIT_OK
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,9 +18,13 @@ import time
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state import format_rate, load_yaml_file
 from topoctl.lab import lab as labmod
+from topoctl.lab import names
+from topoctl.lab.layout import find_cable
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import ClusterError
 from topoctl.spec.cluster_load import load_cluster
+
+MAX_MEASURE_S = 3600.0  # per cable: longer is a typo, and iperf3's own limit is a day
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,9 +81,12 @@ def _guard(func):
 
 
 def _lab_name(args: argparse.Namespace) -> str:
-    name = getattr(args, "lab", None) or os.environ.get("TOPOCTL_LAB")
+    name = getattr(args, "lab", None)
+    if name is not None:
+        return names.check_lab_name(name, "--lab")
+    name = os.environ.get("TOPOCTL_LAB")
     if name:
-        return name
+        return names.check_lab_name(name, "$TOPOCTL_LAB")
     labs = labmod.list_labs(args.state_dir)
     if len(labs) != 1:
         raise LabError(f"say which lab with --lab ({', '.join(labs) or 'no labs are up'})")
@@ -97,9 +105,26 @@ def _plan_fabric(path: str):
     return data["fabric"]
 
 
+def _check_fabric(cluster, fabric, path: str) -> None:
+    """ClusterError naming `path` and `fabric...` when `fabric` cannot cable `cluster`'s hosts
+    (before anything is created or changed)."""
+    try:
+        cluster.with_fabric(fabric)
+    except ClusterError as e:
+        raise e.at(path) from None
+
+
 def _up(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
-    fabric = _plan_fabric(args.plan) if args.plan else None
+    if args.name is not None:
+        names.check_lab_name(args.name, "--name")
+    elif not names.LAB_NAME.match(cluster.name):
+        raise ClusterError(f"{cluster.name!r} cannot name a lab (1-9 lowercase letters/digits, "
+                           f"starting with a letter): give --name", "name", source=args.cluster)
+    fabric = None
+    if args.plan:
+        fabric = _plan_fabric(args.plan)
+        _check_fabric(cluster, fabric, args.plan)
     t = time.monotonic()
     lab = labmod.up(cluster, args.name, args.state_dir, args.mgmt_net, fabric,
                     with_ssh=not args.no_ssh)
@@ -207,7 +232,18 @@ def _heal(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     from topoctl.lab.measure import measure
 
-    results = measure(_load(args), args.ports or None, args.time, args.jobs)
+    if not math.isfinite(args.time) or not 0 < args.time <= MAX_MEASURE_S:
+        raise LabError(f"expected seconds per cable, 0 < s <= {MAX_MEASURE_S:g}, got "
+                       f"{args.time:g}", source="--time")
+    if args.jobs < 1:
+        raise LabError(f"expected at least 1 cable at once, got {args.jobs}", source="--jobs")
+    lab = _load(args)
+    for port in args.ports:  # a typo must not measure nothing and say all is well
+        try:
+            find_cable(lab.layout, port)
+        except ValueError as e:
+            raise LabError(str(e), source=port) from None
+    results = measure(lab, args.ports or None, args.time, args.jobs)
     if args.json:
         print(json.dumps([r.__dict__ for r in results], indent=1))
         return 0 if all(r.error is None for r in results) else 1
@@ -220,7 +256,10 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _rewire(args: argparse.Namespace) -> int:
-    r = labmod.rewire(_load(args), _plan_fabric(args.plan))
+    lab = _load(args)
+    fabric = _plan_fabric(args.plan)
+    _check_fabric(lab.cluster, fabric, args.plan)
+    r = labmod.rewire(lab, fabric)
     print(f"removed {len(r['removed'])} cables, added {len(r['added'])}")
     for n in r["removed"]:
         print(f"  - {n}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
@@ -64,12 +65,35 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_CHANGES if EXIT_CHANGES in codes.values() else EXIT_OK
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a usage error, exit 1, otherwise)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return v
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: finite seconds > 0 (nan, inf and negatives are usage errors)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return v
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl run` and `topoctl stop` to the topoctl parser."""
     p = sub.add_parser("run", help="train under the plan on every host, supervised")
     add_transport_args(p)
-    p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
+    p.add_argument("--iterations", type=_positive_int, default=10)
+    p.add_argument("--timeout", type=_positive_seconds,
+                   help="stop every rank after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print every rank's events")
     p.add_argument("--heal", action="store_true",
                    help="when a cable fails: re-plan without it, apply, resume from the last "

@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     workers = [w for w in args.workers.split(",") if w] if args.workers else None
     if args.max_trees is not None and args.max_trees < 1:
         raise StateError("must be >= 1", source="--max-trees")
+    if args.chunk_bytes < 1:  # the schedule's own check would only fire after planning
+        raise StateError(f"must be >= 1, got {args.chunk_bytes}", source="--chunk-bytes")
     try:
         doc, plan = sync(text, workers, args.max_trees)
     except FabricError as e:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-from topoagent.protocol import EXIT_ERROR, EXIT_OK, TopoError
+from topoagent.protocol import EXIT_OK, TopoError
 from topoctl.render.vagrant import vagrantfile
 from topoctl.spec.cluster_load import load_cluster
 
@@ -16,28 +15,35 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the cluster's Vagrantfile (cabled as --plan says, if given); exit 0, or a TopoError."""
-    try:
-        cluster = load_cluster(args.cluster)
-        if args.plan:
-            from topoctl.rollout.twophase import load_plan
+    """Write the cluster's Vagrantfile (cabled as --plan says, if given); exit 0, or a TopoError
+    (printed as `topoctl: FILE: yaml.path: message` by the CLI, like every verb)."""
+    if args.cpus < 1 or args.memory < 256:  # a VM libvirt would refuse at `vagrant up`
+        raise TopoError(f"expected --cpus >= 1 and --memory >= 256 (MiB), got {args.cpus} and "
+                        f"{args.memory}", source="--cpus/--memory")
+    cluster = load_cluster(args.cluster)
+    if args.plan:
+        from topoctl.rollout.twophase import load_plan
 
-            plan = load_plan(args.plan)
-            if plan.get("fabric"):
-                cluster = cluster.with_fabric(plan["fabric"], prefix=f"{args.plan}: fabric")
-    except (TopoError, OSError) as e:
-        for p, m in getattr(e, "problems", None) or [("", str(e))]:
-            print(f"error: {p}: {m}" if p else f"error: {m}", file=sys.stderr)
-        return EXIT_ERROR
+        plan = load_plan(args.plan)
+        if plan.get("fabric"):
+            try:
+                cluster = cluster.with_fabric(plan["fabric"])
+            except TopoError as e:
+                raise e.at(args.plan) from None
     out_dir = Path(args.output).resolve().parent if args.output not in (None, "-") else Path.cwd()
-    text = vagrantfile(cluster, source=args.cluster, box=args.box, cpus=args.cpus,
-                       memory=args.memory,
-                       playbooks=os.path.relpath(ROOT / "playbooks", out_dir),
-                       wheels=os.path.relpath(ROOT / "dist" / "wheels", out_dir))
+    try:
+        text = vagrantfile(cluster, source=args.cluster, box=args.box, cpus=args.cpus,
+                           memory=args.memory,
+                           playbooks=os.path.relpath(ROOT / "playbooks", out_dir),
+                           wheels=os.path.relpath(ROOT / "dist" / "wheels", out_dir))
+    except TopoError as e:  # what the cluster file asks and a VM cannot do: name the file
+        raise e.at(args.cluster) from None
     if args.output in (None, "-"):
         print(text, end="")
     else:
-        Path(args.output).write_text(text)
+        from topoctl.cli import write_output  # the package imports this module
+
+        write_output(args.output, text)
     return EXIT_OK
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from topoctl.catalog.registry import InputSpec as CatalogInput
-from topoctl.catalog.registry import build_model, example_inputs, make_inputs
-from topoctl.graph import cache
-from topoctl.graph.capture import DTYPES, capture, capture_catalog, capture_factory, load_factory
+from topoctl.catalog.registry import build_model, example_inputs
+from topoctl.graph import cache, sandbox
+from topoctl.graph.capture import DTYPES, capture_catalog
 from topoctl.graph.cost import (
     OpCost,
     TrainCost,
@@ -36,7 +36,7 @@ def job_graph(job, batch: int) -> OpGraph:
     m = job.model
     if m.catalog:
         return capture_catalog(m.catalog, m.params, batch, job.dtype)
-    return capture_factory(m.factory, _inputs(job), batch, job.dtype, kwargs=m.kwargs)
+    return sandbox.factory_graph(job, batch)  # the job's code: a child, unprivileged
 
 
 def device_table(cluster) -> dict[str, Device]:
@@ -74,11 +74,9 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
         model = build_model(m.catalog, m.params)
         inputs = example_inputs(m.catalog, m.params, profile_batch)
         small = capture_catalog(m.catalog, m.params, profile_batch)
-    else:
-        model = load_factory(m.factory)(**m.kwargs)
-        inputs = make_inputs(_inputs(job), profile_batch)
-        small = capture(model.to(DTYPES["float32"]), inputs, m.factory)
-    costs = measure_costs(model, inputs, small)
+        costs = measure_costs(model, inputs, small)
+    else:  # the job's code: timed in a child process as an unprivileged user
+        costs = sandbox.factory_costs(job, profile_batch)
     if use_cache:
         cache.store(key, costs)
     return costs
@@ -103,16 +101,17 @@ def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, Trai
             if hit is not None and set(hit) == names:
                 return hit
         torch.manual_seed(0)
-        if m.catalog:
+        if not m.catalog:  # the job's code: timed in a child process, unprivileged
+            costs = sandbox.factory_train_costs(job, batch)
+            if costs is None:
+                return None
+        else:
             model = build_model(m.catalog, m.params)
             inputs = example_inputs(m.catalog, m.params, batch)
-        else:
-            model = load_factory(m.factory)(**m.kwargs)
-            inputs = make_inputs(_inputs(job), batch)
-        try:
-            costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph)
-        except Exception:  # noqa: BLE001 - a model that does not train here: no lab timing
-            return None
+            try:
+                costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph)
+            except Exception:  # noqa: BLE001 - a model that does not train here: no timing
+                return None
         if use_cache:
             cache.store_train(key, costs)
         return costs

@@ -123,8 +123,17 @@ class Lab:
             data = json.loads((d / "lab.json").read_text())
         except FileNotFoundError:
             raise LabError(f"no lab {name} (no {d / 'lab.json'})") from None
-        return cls(parse_cluster(data["cluster"]), Layout.from_dict(data["layout"]), d,
-                   data.get("netem", False))
+        except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+            raise LabError(f"cannot read the lab's state: {e}", source=str(d / "lab.json")
+                           ) from None
+        try:
+            return cls(parse_cluster(data["cluster"]), Layout.from_dict(data["layout"]), d,
+                       data.get("netem", False))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # a hand-edited or truncated state file: say so rather than a traceback
+            raise LabError(f"damaged lab state ({type(e).__name__}: {e}); `topoctl lab down "
+                           f"--lab {name}` removes the lab by its names",
+                           source=str(d / "lab.json")) from None
 
 
 def list_labs(root: str | Path | None = None) -> list[str]:
@@ -141,13 +150,23 @@ def list_labs(root: str | Path | None = None) -> list[str]:
 
 
 # --- up ------------------------------------------------------------------------------------------
-def pick_mgmt_net(hosts: int, wanted: str | None = None) -> str:
-    """`wanted`, or the first free block in 10.232.0.0/16 that no root address overlaps."""
+def pick_mgmt_net(hosts: int, wanted: str | None = None, source: str = "--mgmt-net") -> str:
+    """`wanted`, or the first free block in 10.232.0.0/16 that no root address overlaps;
+    LabError naming `source` (where `wanted` came from) when it cannot be used."""
     used = [ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
             for link in netops.ip_json("addr", "show") for a in link.get("addr_info", [])
             if a.get("family") == "inet"]
     if wanted:
-        net = ipaddress.IPv4Network(wanted)
+        try:
+            net = ipaddress.IPv4Network(wanted)
+        except ValueError as e:
+            raise LabError(f"not an IPv4 network: {e}", source=source) from None
+        # the README's address table: labs live in LAB_MANAGEMENT and nowhere else
+        if not net.subnet_of(ipaddress.IPv4Network(LAB_MANAGEMENT)):
+            raise LabError(f"{net} is outside {LAB_MANAGEMENT}", source=source)
+        if net.num_addresses - 3 < hosts:
+            raise LabError(f"{net} is too small for {hosts} hosts and the gateway",
+                           source=source)
         clash = [u for u in used if u.overlaps(net)]
         if clash:
             raise LabError(f"management network {net} overlaps {clash[0]} on this machine")
@@ -161,7 +180,7 @@ def pick_mgmt_net(hosts: int, wanted: str | None = None) -> str:
 def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None,
        mgmt_net: str | None = None, fabric: Any = None, with_ssh: bool = True) -> Lab:
     """Build the lab; on any failure remove whatever was created and re-raise."""
-    name = names.check_lab_name(name or cluster.name)
+    name = names.check_lab_name(name or cluster.name, "--name" if name else "")
     if fabric is not None:
         cluster = cluster.with_fabric(fabric, prefix="plan.fabric")
     leftovers = netops.list_netns(names.prefix(name)) + netops.root_links(names.prefix(name))
@@ -169,7 +188,8 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
         raise LabError(f"lab {name} exists (or left {leftovers[0]} behind): "
                        f"run `topoctl lab down --lab {name}` first")
     names.mgmt_root_if(name, len(cluster.hosts) - 1)  # raises if link names would not fit
-    net = pick_mgmt_net(len(cluster.hosts), mgmt_net or cluster.addressing.management)
+    net = pick_mgmt_net(len(cluster.hosts), mgmt_net or cluster.addressing.management,
+                        "--mgmt-net" if mgmt_net else "addressing.management")
     layout = build_layout(cluster, name, net)
     d = state_root(root) / name
     if d.exists():

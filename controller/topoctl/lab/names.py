@@ -11,16 +11,24 @@ from __future__ import annotations
 import hashlib
 import re
 
+from topoagent.protocol import TopoError
+
 LAB_NAME = re.compile(r"^[a-z][a-z0-9]{0,8}$")
 MGMT_IF = "tpmgmt"  # the management interface inside each host namespace
 IFNAMSIZ = 15
 
 
-def check_lab_name(name: str) -> str:
-    """`name` if it is a valid lab name (1-9 lowercase letters/digits, a letter first); ValueError
-    otherwise."""
-    if not LAB_NAME.match(name or ""):
-        raise ValueError(f"lab name {name!r}: 1-9 lowercase letters/digits, starting with a letter")
+class LabNameError(TopoError, ValueError):
+    """A lab name that cannot be one (bad input: `--lab`, `--name`, $TOPOCTL_LAB, a cluster's
+    `name`); a ValueError too, for callers that validate names as values."""
+
+
+def check_lab_name(name: str, source: str = "") -> str:
+    """`name` if it is a valid lab name (1-9 lowercase letters/digits, a letter first);
+    LabNameError (naming `source`, the flag or file it came from) otherwise."""
+    if not isinstance(name, str) or not LAB_NAME.match(name):
+        raise LabNameError(f"lab name {name!r}: 1-9 lowercase letters/digits, starting with a "
+                           f"letter", source=source)
     return name
 
 
