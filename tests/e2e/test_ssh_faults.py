@@ -115,6 +115,7 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys):  # noqa: F811
         stop.set()
         dropper.join()
     report = json.loads(capsys.readouterr().out)
+    print(report["message"])
     assert seen.get("sessions"), f"h3's apply was not caught holding its lock: {seen}"
     assert code == 3, report["message"]
     h3 = [(e["phase"], e["result"]) for e in report["events"] if e["host"] == "h3"]
@@ -169,6 +170,7 @@ def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa
     finally:
         _reload_sshd(lab, "h6", "")
     report = json.loads(capsys.readouterr().out)
+    print(report["message"])
     h6 = [e for e in report["events"] if e["host"] == "h6"]
     assert [(e["phase"], e["result"]) for e in h6] == [
         ("prepare", "changes"), ("apply", "killed"), ("recover", "recovered")]

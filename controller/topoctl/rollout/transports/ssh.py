@@ -151,7 +151,8 @@ class SshTransport:
         if rc == -1:  # no exit status: the wrapper reports signals, so the session dropped
             return AgentReply(host, rc, out, err, dropped=DROPPED)
         sig = killed_by(rc, err)
-        if sig is not None:
+        if sig is not None:  # the wrapper's line said it: the reply names the signal instead
+            err = "".join(err.strip().splitlines(keepends=True)[:-1])
             return AgentReply(host, -sig, out, err, killed=signal_name(-sig))
         return AgentReply(host, rc, out, err)
 
