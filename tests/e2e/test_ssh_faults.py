@@ -174,8 +174,8 @@ def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa
     h6 = [e for e in report["events"] if e["host"] == "h6"]
     assert [(e["phase"], e["result"]) for e in h6] == [
         ("prepare", "changes"), ("apply", "killed"), ("recover", "recovered")]
-    assert h6[1]["detail"][0] == ("agent killed (signal 9, SIGKILL) during apply; run "
-                                  "`topo-agent recover` or re-apply")
+    assert h6[1]["detail"] == ["agent killed (signal 9, SIGKILL) during apply; run "
+                               "`topo-agent recover` or re-apply"]  # nothing after it
     assert "recovered h6 from its journal" in report["message"]
     assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == \
         ALL - {"h6"}

@@ -60,7 +60,7 @@ class Keepalive:
             threading.Thread(target=self._ask, args=(answered,), name="ssh-keepalive-ask",
                              daemon=True).start()
             t0 = time.monotonic()
-            while not answered.wait(min(self.interval, 0.25)):
+            while not answered.wait(0.05):  # short: the call's end must not wait
                 if self._stop.is_set() or not self.transport.is_active():
                     return
                 if time.monotonic() - t0 >= limit:

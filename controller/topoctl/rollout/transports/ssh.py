@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -151,9 +152,13 @@ class SshTransport:
         if rc == -1:  # no exit status: the wrapper reports signals, so the session dropped
             return AgentReply(host, rc, out, err, dropped=DROPPED)
         sig = killed_by(rc, err)
-        if sig is not None:  # the wrapper's line said it: the reply names the signal instead
-            err = "".join(err.strip().splitlines(keepends=True)[:-1])
-            return AgentReply(host, -sig, out, err, killed=signal_name(-sig))
+        if sig is not None:  # the reply names the signal instead of the wrapper's line and
+            # the shell's own notice ("Killed")
+            notice = signal.strsignal(sig) or "\0"
+            lines = err.strip().splitlines()[:-1]
+            while lines and notice in lines[-1]:
+                lines.pop()
+            return AgentReply(host, -sig, out, "\n".join(lines), killed=signal_name(-sig))
         return AgentReply(host, rc, out, err)
 
     def close(self) -> None:
