@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 import yaml
 
@@ -105,7 +105,7 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys):  # noqa: F811
                     time.sleep(0.3)
                     os.kill(pid, signal.SIGCONT)
                     return
-            time.sleep(0.002)
+            time.sleep(0.01)
 
     dropper = threading.Thread(target=drop)
     dropper.start()
@@ -138,25 +138,36 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys):  # noqa: F811
     assert dumps(lab) == applied
 
 
-def _reload_sshd(lab, host: str, extra_env: str) -> None:  # noqa: F811
-    """Rewrite `host`'s sshd_config SetEnv line (plus `extra_env`) and make sshd re-read it
-    (SIGHUP: it re-executes itself; new connections get the new environment)."""
+def _session_env(lab, host: str, name: str) -> str | None:  # noqa: F811
+    """$name in a new SSH session on `host` (None while sshd does not answer)."""
+    c = paramiko.SSHClient()
+    c.load_host_keys(str(lab.known_hosts))
+    c.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        c.connect(lab.mgmt_ip(host), key_filename=str(lab.ssh_key), username="root",
+                  timeout=5, allow_agent=False, look_for_keys=False)
+        _, out, _ = c.exec_command(f"printenv {name}", timeout=10)
+        return out.read().decode().strip()
+    except (paramiko.SSHException, OSError):
+        return None
+    finally:
+        c.close()
+
+
+def _reload_sshd(lab, host: str, env: str = "") -> None:  # noqa: F811
+    """Add `env` (NAME=VALUE, or nothing) to `host`'s sshd_config SetEnv line and make sshd
+    re-read it (SIGHUP: it re-executes itself); returns once a new session has it."""
     conf = lab.state_dir / "ssh" / f"sshd_config.{host}"
     lines = conf.read_text().splitlines()
     i = next(n for n, line in enumerate(lines) if line.startswith("SetEnv "))
-    lines[i] = f"SetEnv TOPOCTL_LAB={lab.name} TOPOCTL_HOST={host}{extra_env}"
+    lines[i] = f"SetEnv TOPOCTL_LAB={lab.name} TOPOCTL_HOST={host}" + (f" {env}" if env else "")
     conf.write_text("\n".join(lines) + "\n")
     os.kill(sshd_pids(lab.state_dir)[host], signal.SIGHUP)
-    time.sleep(0.3)  # the old listening socket is closed by the re-exec
-    end = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection((lab.mgmt_ip(host), 22), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.1)
+    name, _, value = (env or "TOPO_AGENT_CRASH_AFTER=").partition("=")
+    end = time.monotonic() + 30
+    while _session_env(lab, host, name) != value:
+        assert time.monotonic() < end, f"{host}'s sshd did not take {env or 'the old env'}"
+        time.sleep(0.2)
 
 
 def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa: F811
@@ -164,11 +175,11 @@ def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa
     set through h6's sshd): the transport's wrapper reports the signal, which paramiko would
     drop, topoctl recovers h6 from its journal and rolls the 7 others back."""
     before = dumps(lab)
-    _reload_sshd(lab, "h6", " TOPO_AGENT_CRASH_AFTER=3")
+    _reload_sshd(lab, "h6", "TOPO_AGENT_CRASH_AFTER=3")
     try:
         assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--json") == 3
     finally:
-        _reload_sshd(lab, "h6", "")
+        _reload_sshd(lab, "h6")
     report = json.loads(capsys.readouterr().out)
     print(report["message"])
     h6 = [e for e in report["events"] if e["host"] == "h6"]
