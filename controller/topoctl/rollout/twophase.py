@@ -8,8 +8,10 @@
    previous state (`rollback`), and the report names each host and its cause.
 
 Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
---dry-run), 1 prepare failed (no host touched) or a rollback failed, 3 partial: the apply failed
-on some hosts and every host that had changed was rolled back; status 0 in sync, 2 drifted,
+--dry-run), 1 prepare failed (no host touched), a rollback failed or a host's state is unknown
+(unreachable during its apply without --confirm-within, or a dropped session that could not be
+checked), 3 partial: the apply failed on some hosts and every host that had changed was rolled
+back; status 0 in sync, 2 drifted,
 1 a host could not be checked; rollback 2 rolled back, 0 nothing to roll back on any host,
 1 a host failed.
 
@@ -264,7 +266,8 @@ def _settle(transport: Transport, host: str, text: str, flags: list[str],
     (replaying its journal if it died half-way), then diff against the plan. The last event is
     `applied` (in sync: the apply went through), `not applied` (the host is as before: the
     agent is transactional) or a failure (unreachable, error)."""
-    rec = _call(transport, host, ["recover", "--wait", f"{timeout:g}"], None, "recover",
+    # half the call timeout: the answer must come back before the call itself times out
+    rec = _call(transport, host, ["recover", "--wait", f"{timeout / 2:g}"], None, "recover",
                 "nothing to recover", "recovered", timeout)
     if rec.result in FAILED:
         return [rec]
