@@ -6,14 +6,17 @@
 2. apply: hosts with changes apply in parallel; each agent is itself transactional (a failing
    host reverts itself). If any host fails, every host that did change is rolled back to its
    previous state (`rollback`), and the report names each host and its cause.
+   A host whose SSH session dropped under its apply (no exit status) may have applied or not:
+   over a new connection topoctl waits for its agent to finish (`recover --wait`, which also
+   replays the journal of an agent that died), then diffs it against the plan: a host that did
+   apply is rolled back with the others, one that did not is as before.
 
 Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
 --dry-run), 1 prepare failed (no host touched), a rollback failed or a host's state is unknown
 (unreachable during its apply without --confirm-within, or a dropped session that could not be
 checked), 3 partial: the apply failed on some hosts and every host that had changed was rolled
-back; status 0 in sync, 2 drifted,
-1 a host could not be checked; rollback 2 rolled back, 0 nothing to roll back on any host,
-1 a host failed.
+back; status 0 in sync, 2 drifted, 1 a host could not be checked; rollback 2 rolled back,
+0 nothing to roll back on any host, 1 a host failed.
 
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
