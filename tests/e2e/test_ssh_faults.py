@@ -80,33 +80,53 @@ def session_sshds(pid: int, listener: int) -> list[int]:
     return out if pid == listener else []
 
 
-def test_an_ssh_session_dropped_during_apply(lab, capsys):  # noqa: F811
+def journal_lines(state: Path) -> int:
+    """Lines in the agent's journal (0 when there is none)."""
+    try:
+        return len((state / "journal").read_bytes().splitlines())
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("agent", ["goes on", "dies"])
+def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):  # noqa: F811
     """h3's SSH connection is killed (both sshd processes of its session) while its agent
-    holds the store lock mid-apply: topoctl sees no exit status, reconnects, waits for that
-    agent to finish, finds the apply went through and rolls every host back (h3 included).
-    A second apply converges."""
+    holds the store lock mid-apply: topoctl sees no exit status, reconnects and waits for that
+    agent to end. If it goes on, the apply went through: h3 is rolled back with every other
+    host. If it dies too (SIGKILL, caught with its journal: changes made), the journal is
+    replayed and h3 is as before. Either way every host ends as before, and a second apply
+    converges."""
     before = dumps(lab)
     listener = sshd_pids(lab.state_dir)["h3"]
-    lock = lab.state_dir / "agent" / "h3" / "lock"
+    state = lab.state_dir / "agent" / "h3"
     seen: dict = {}
     stop = threading.Event()
 
     def drop() -> None:
         while not stop.is_set():
             for pid in agent_pids(lab, "h3", "apply"):
-                if holds(pid, lock):
+                if holds(pid, state / "lock"):
+                    if agent == "dies":  # die with changes made: the journal's header
+                        # and the inverses of two operations begun
+                        while journal_lines(state) < 3 and holds(pid, state / "lock"):
+                            time.sleep(0.001)
                     # freeze the agent so its reply cannot get out first, cut the session,
-                    # let the agent go on (it finishes its apply with nobody listening)
+                    # then let the agent go on (it ends its apply with nobody listening) or
+                    # kill it; what it left on disk says what topoctl must find
                     os.kill(pid, signal.SIGSTOP)
                     seen["sessions"] = session_sshds(pid, listener)
                     for s in seen["sessions"]:
                         os.kill(s, signal.SIGKILL)
-                    seen["agent"] = pid
+                    seen["journal"] = journal_lines(state)
                     time.sleep(0.3)
-                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGCONT if agent == "goes on" else signal.SIGKILL)
                     return
             time.sleep(0.01)
 
+    def applied_states() -> int:  # history entries beyond the baseline (0000.json)
+        return len([f for f in (state / "history").glob("*.json") if f.name != "0000.json"])
+
+    history = applied_states()
     dropper = threading.Thread(target=drop)
     dropper.start()
     try:
@@ -119,17 +139,27 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys):  # noqa: F811
     assert seen.get("sessions"), f"h3's apply was not caught holding its lock: {seen}"
     assert code == 3, report["message"]
     h3 = [(e["phase"], e["result"]) for e in report["events"] if e["host"] == "h3"]
-    assert h3 == [("prepare", "changes"), ("apply", "dropped"),
-                  ("recover", "nothing to recover"), ("check", "applied"),
-                  ("rollback", "rolled back")], h3
     assert report["message"].startswith("apply failed on h3 (h3: SSH session dropped before "
                                         "the agent's exit status"), report["message"]
-    assert "h3 over a new connection: the apply had completed (host in sync with the plan), " \
-           "rolled back" in report["message"]
-    assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == ALL
+    if agent == "goes on":
+        assert h3 == [("prepare", "changes"), ("apply", "dropped"),
+                      ("recover", "nothing to recover"), ("check", "applied"),
+                      ("rollback", "rolled back")], h3
+        assert "h3 over a new connection: the apply had completed (host in sync with the " \
+               "plan), rolled back" in report["message"]
+        assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == ALL
+        confirm = json.loads((state / "confirm.json").read_text())
+        assert confirm["state"] == "rolled back"  # its pending confirmation ended by it
+    else:
+        assert seen["journal"] >= 3, f"h3's agent was not caught mid-apply: {seen}"
+        assert h3 == [("prepare", "changes"), ("apply", "dropped"), ("recover", "recovered"),
+                      ("check", "not applied")], h3
+        assert "h3 over a new connection: its agent had died half-way and its journal was " \
+               "replayed, the apply had not happened (host as before)" in report["message"]
+        assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == \
+            ALL - {"h3"}
+        assert applied_states() == history  # the interrupted apply left no entry
     assert dumps(lab) == before  # every host as before, read back with iproute2
-    confirm = json.loads((lab.state_dir / "agent" / "h3" / "confirm.json").read_text())
-    assert confirm["state"] == "rolled back"  # its pending confirmation ended by the rollback
 
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 2
     applied = dumps(lab)
