@@ -99,6 +99,7 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
         "route": ip_json(ns, "-4", "route", "show", "table", "all"),
         "rule": ip_json(ns, "-4", "rule", "show"),
         "sysctl": ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv4/ip_forward "
+                          "/proc/sys/net/ipv4/fib_multipath_hash_policy "
                           "/proc/sys/net/ipv4/conf/*/rp_filter "
                           "/proc/sys/net/ipv4/conf/*/promote_secondaries").stdout,
     }

@@ -20,7 +20,14 @@ from topoagent.diff import check_host, diff
 from topoagent.journal import Journal, crash_point, recover, restore
 from topoagent.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
 from topoagent.mgmt import Mgmt, guard, route_get
-from topoagent.observe import Observed, observe, rp_filter_path, to_host_state
+from topoagent.observe import (
+    IP_FORWARD,
+    MULTIPATH_HASH,
+    Observed,
+    observe,
+    rp_filter_path,
+    to_host_state,
+)
 from topoagent.probe import ping_many
 from topoagent.protocol import TopoError
 from topoagent.state import HostState, Interface, Sysctl
@@ -229,7 +236,7 @@ def _baseline(ops: list[Op]) -> HostState:
     """The original values of sysctls and link attributes these operations overwrite."""
     links: dict[str, Interface] = {}
     rp: dict[str, int] = {}
-    forward = None
+    forward = mp_hash = None
     for op in ops:
         if isinstance(op, SetLink):
             links[op.dev] = Interface(name=op.dev, mtu=op.old_mtu, up=op.old_up)
@@ -238,7 +245,9 @@ def _baseline(ops: list[Op]) -> HostState:
                 dev = op.path.split("/")[3]
                 if rp_filter_path(dev) == op.path:
                     rp[dev] = int(op.old)
-            else:
+            elif op.path == MULTIPATH_HASH:
+                mp_hash = int(op.old)
+            elif op.path == IP_FORWARD:
                 forward = op.old == "1"
-    return HostState(interfaces=list(links.values()), sysctl=Sysctl(ip_forward=forward,
-                                                                     rp_filter=rp))
+    return HostState(interfaces=list(links.values()), sysctl=Sysctl(
+        ip_forward=forward, rp_filter=rp, multipath_hash_policy=mp_hash))

@@ -35,7 +35,7 @@ from topoagent.kernel_ops import (
     SetSysctl,
     ordered,
 )
-from topoagent.observe import IP_FORWARD, Observed, rp_filter_path
+from topoagent.observe import IP_FORWARD, MULTIPATH_HASH, Observed, rp_filter_path
 from topoagent.ovs import check_ovs, diff_ovs, internal_ports
 from topoagent.state import RT_PROTO, HostState, QosClass, Route, StateError
 
@@ -60,6 +60,8 @@ def desired_sysctls(desired: HostState) -> dict[str, str]:
         out[IP_FORWARD] = "1" if forward else "0"
     for dev, value in desired.sysctl.rp_filter.items():
         out[rp_filter_path(dev)] = str(value)
+    if desired.sysctl.multipath_hash_policy is not None:
+        out[MULTIPATH_HASH] = str(desired.sysctl.multipath_hash_policy)
     return out
 
 

@@ -4,13 +4,20 @@ The controller streams the plan's job spec; the agent starts this host's ranks w
 environment (inside the target namespace), prefixes every output line with `[rank N]`, and
 exits when all ranks end. If one rank dies the others are stopped at once and the agent exits
 1 after printing a `failed` event with the rank, its exit code and its last lines, so the
-controller can stop every other host. Process groups are recorded in a pid file for `stop`."""
+controller can stop every other host. Process groups are recorded in a pid file for `stop`.
+
+When the job spec names interfaces to watch for this host (`watch`, added by `topoctl run`),
+their carrier is polled (`topoagent.linkwatch`): a lost one stops this host's ranks at once and
+the launcher exits 1 after a `link-down` event naming the interface, instead of the ranks
+waiting for gloo's timeout. Checkpoints (`checkpoint`) live in `RUN_DIR/checkpoints`, passed to
+the ranks as $TOPOCTL_RUN_DIR; a launch that does not resume removes old ones first."""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,11 +27,14 @@ import time
 from collections import deque
 from pathlib import Path
 
+from topoagent import nldump
+from topoagent.linkwatch import LinkDown, LinkWatch
 from topoagent.protocol import TopoError
 from topoagent.target import Target
 from topoagent.wire import LaunchSpec
 
 TAIL = 15  # last lines of a failed rank worth showing
+CHECKPOINTS = "checkpoints"  # under the run directory (topoagent.checkpoint writes it)
 CLONE_NEWUTS = 0x04000000
 
 
@@ -62,13 +72,20 @@ def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
     if pidfile.exists() and any(_alive(int(p)) for p in pidfile.read_text().split()):
         raise LaunchError(f"ranks of an earlier job still run here ({pidfile}): "
                           "topo-agent stop first")
+    if not job.checkpoint.resume:  # a fresh run must never pick up an earlier run's state
+        shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
     lock = threading.Lock()
+    tripped = threading.Event()
+    watch = _watch(job.watch.get(host, []), target, lock, tripped)
+    if tripped.is_set():  # a watched interface is down already: starting ranks cannot help
+        watch.stop()
+        return 1
     children: list[tuple[int, subprocess.Popen, deque]] = []
     try:
         for spec in procs_spec:
             rank = spec.rank
-            env = {**os.environ, **spec.env,
-                   "TOPOCTL_JOB": str(job_file), "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, **spec.env, "TOPOCTL_JOB": str(job_file),
+                   "TOPOCTL_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
             bind = spec.bind_address or env.get("TOPOCTL_BIND_ADDRESS")
             p = subprocess.Popen(_argv(job.command), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -77,10 +94,30 @@ def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
             children.append((rank, p, tail))
             threading.Thread(target=_pump, args=(rank, p, tail, lock), daemon=True).start()
         pidfile.write_text(" ".join(str(p.pid) for _, p, _ in children))
-        return _supervise(children, lock, timeout)
+        return _supervise(children, lock, timeout, tripped)
     finally:
+        watch.stop()
         _stop_all(children)
         pidfile.unlink(missing_ok=True)
+
+
+def _watch(interfaces: list[str], target: Target, lock: threading.Lock,
+           tripped: threading.Event) -> LinkWatch:
+    """Watch `interfaces` inside `target`: the first one down is emitted as a `link-down`
+    event and sets `tripped` (checked at once, then polled)."""
+    def on_down(d: LinkDown) -> None:
+        _emit(lock, json.dumps({"event": "link-down", "interface": d.interface,
+                                "reason": d.reason, "at": d.at}))
+        tripped.set()
+
+    watch = LinkWatch(nldump.open_in(target.inside), interfaces, on_down)
+    if interfaces:
+        first = watch.check()
+        if first is not None:
+            on_down(first)
+            return watch
+        watch.start()
+    return watch
 
 
 def _child_setup(target: Target, bind: str | None):
@@ -107,9 +144,12 @@ def _pump(rank: int, p: subprocess.Popen, tail: deque, lock: threading.Lock) -> 
         _emit(lock, f"[rank {rank}] {line}")
 
 
-def _supervise(children, lock: threading.Lock, timeout: float | None) -> int:
+def _supervise(children, lock: threading.Lock, timeout: float | None,
+               tripped: threading.Event) -> int:
     deadline = time.monotonic() + timeout if timeout else None
     while True:
+        if tripped.is_set():  # a watched link is down: the link-down event says which
+            return 1
         running = 0
         for rank, p, tail in children:
             rc = p.poll()

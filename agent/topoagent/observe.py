@@ -52,6 +52,7 @@ TC_H_ROOT = 0xFFFFFFFF
 UNSET = 0xFFFFFFFF
 U32_PRIO = 10  # every agent u32 filter lives at this preference
 IP_FORWARD = "net/ipv4/ip_forward"
+MULTIPATH_HASH = "net/ipv4/fib_multipath_hash_policy"
 
 
 def rp_filter_path(dev: str) -> str:
@@ -143,7 +144,8 @@ def observe(target: Target) -> Observed:
         _qos(sock, obs, names)
     finally:
         sock.close()
-    paths = [IP_FORWARD] + [rp_filter_path(n) for n in ("all", "default", *obs.links)]
+    paths = [IP_FORWARD, MULTIPATH_HASH] + [rp_filter_path(n)
+                                            for n in ("all", "default", *obs.links)]
     with target.inside():
         for p in paths:
             try:
@@ -256,6 +258,7 @@ def to_host_state(obs: Observed) -> HostState:
         if v is not None:
             rp[name] = int(v)
     ip_forward = obs.sysctl.get(IP_FORWARD)
+    mp_hash = obs.sysctl.get(MULTIPATH_HASH)
     qos = []
     for dev, tree in obs.qos.items():
         classes = list(tree.classified().values())
@@ -263,7 +266,8 @@ def to_host_state(obs: Observed) -> HostState:
             qos.append(Qos(dev=dev, rate=tree.rate, classes=classes))
     base = dict(
         interfaces=interfaces,
-        sysctl=Sysctl(ip_forward=None if ip_forward is None else ip_forward == "1", rp_filter=rp),
+        sysctl=Sysctl(ip_forward=None if ip_forward is None else ip_forward == "1", rp_filter=rp,
+                      multipath_hash_policy=None if mp_hash is None else int(mp_hash)),
         routes=[r.route for r in obs.routes.values()],
         rules=[r.rule for r in obs.rules if r.rule is not None],
     )

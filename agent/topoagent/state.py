@@ -173,10 +173,15 @@ class Interface(_Model):
 
 
 class Sysctl(_Model):
-    """The sysctls the agent manages: ip_forward and rp_filter per interface."""
+    """The sysctls the agent manages: ip_forward, rp_filter per interface, and the hash that
+    spreads flows over a multipath route's next hops (`net.ipv4.fib_multipath_hash_policy`:
+    0 source and destination address, the kernel's default, which puts every connection
+    between two hosts on one next hop; 1 also the ports (L4), so several connections split by
+    the weights; 2 and 3 the inner headers / a custom field set)."""
 
     ip_forward: bool | None = None
     rp_filter: dict[IfName, Annotated[int, Field(ge=0, le=2)]] = Field(default_factory=dict)
+    multipath_hash_policy: Annotated[int, Field(ge=0, le=3)] | None = None
 
 
 class Nexthop(_Model):

@@ -167,7 +167,10 @@ def merge_baseline(base: HostState, add: HostState) -> HostState:
         )
     rp = {**add.sysctl.rp_filter, **base.sysctl.rp_filter}
     fwd = base.sysctl.ip_forward if base.sysctl.ip_forward is not None else add.sysctl.ip_forward
-    return HostState(interfaces=list(links.values()), sysctl=Sysctl(ip_forward=fwd, rp_filter=rp))
+    mp = base.sysctl.multipath_hash_policy
+    mp = mp if mp is not None else add.sysctl.multipath_hash_policy
+    return HostState(interfaces=list(links.values()), sysctl=Sysctl(
+        ip_forward=fwd, rp_filter=rp, multipath_hash_policy=mp))
 
 
 def with_baseline(state: HostState, base: HostState) -> HostState:
@@ -181,7 +184,9 @@ def with_baseline(state: HostState, base: HostState) -> HostState:
             ifaces[b.name] = i.model_copy(update={
                 "mtu": i.mtu if i.mtu is not None else b.mtu,
                 "up": i.up if i.up is not None else b.up})
-    fwd = state.sysctl.ip_forward
+    fwd, mp = state.sysctl.ip_forward, state.sysctl.multipath_hash_policy
     sysctl = Sysctl(ip_forward=fwd if fwd is not None else base.sysctl.ip_forward,
-                    rp_filter={**base.sysctl.rp_filter, **state.sysctl.rp_filter})
+                    rp_filter={**base.sysctl.rp_filter, **state.sysctl.rp_filter},
+                    multipath_hash_policy=mp if mp is not None else
+                    base.sysctl.multipath_hash_policy)
     return state.model_copy(update={"interfaces": list(ifaces.values()), "sysctl": sysctl})

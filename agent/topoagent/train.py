@@ -11,8 +11,18 @@ of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hos
 address, and gloo's default device binds what the hostname resolves to.
 With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
 
-One JSON line per event on stdout: `start`, `iter` (rank, iteration, seconds, loss) and `done`
-(checksum of the final parameters, identical on every rank when training was synchronous)."""
+One JSON line per event on stdout: `start`, `resume` (rank 0, when continuing from a
+checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss) and
+`done` (checksum of the final parameters, identical on every rank when training was synchronous).
+
+With `checkpoint.every` the run checkpoints (`topoagent.checkpoint`) and with `checkpoint.resume`
+it continues from the newest checkpoint: the iteration count goes on, and since each rank's
+synthetic batch is a function of (seed, rank, iteration), a resumed run computes what the
+uninterrupted one would have.
+
+Test-only switch (never set in production): TOPO_TRAIN_EXIT_AFTER=k makes every rank exit with
+code 75 right after iteration k (k iterations done, after that iteration's checkpoint), the
+deterministic stand-in for a run stopped by a failure."""
 
 from __future__ import annotations
 
@@ -23,6 +33,9 @@ import os
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
+
+EXIT_TEST_STOP = 75  # TOPO_TRAIN_EXIT_AFTER
 
 
 def _emit(**event) -> None:
@@ -50,6 +63,12 @@ def _inputs(specs: list[dict], batch: int, gen):
     return out
 
 
+def data_seed(seed: int, rank: int, iteration: int) -> int:
+    """The seed of rank `rank`'s synthetic batch at `iteration`: each rank its own shard, and
+    a resumed run draws the batches the uninterrupted run would have."""
+    return (seed * 1_000_003 + 1000 + rank) * 1_000_003 + iteration
+
+
 def checksum(model) -> str:
     """SHA-256 of the model's parameters (ranks compare it after training)."""
     h = hashlib.sha256()
@@ -65,6 +84,7 @@ def main() -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from topoagent import checkpoint
     from topoagent.state import StateError
     from topoagent.wire import load_launch_spec
 
@@ -90,6 +110,13 @@ def main() -> int:
                             timeout=timedelta(seconds=120))
     torch.manual_seed(job.seed)  # the same initial weights on every rank
     model = _factory(job.model.factory)(**job.model.kwargs)
+    ckpt = _checkpoints(job, model, world)
+    start, src, state = 0, 0, None
+    if job.checkpoint.resume and ckpt is not None:
+        start, src = checkpoint.agree(ckpt.latest())
+        if start:
+            state = ckpt.load(start) if rank == src else None
+            checkpoint.restore_model(model, state, src)
     ddp = DDP(model, bucket_cap_mb=job.bucket_cap_mb)
     coll = job.collective
     if coll.get("algorithm") == "trees":
@@ -97,13 +124,22 @@ def main() -> int:
 
         register_tree_hook(ddp, load_schedule(coll["schedule"]))
     opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
+    if start:
+        checkpoint.restore_optimizer(opt, state, src)
+        if rank == 0:
+            _emit(event="resume", rank=rank, iteration=start, source=src)
     per_rank = job.batch.per_rank
     specs = [i.model_dump() for i in job.model.inputs]
-    gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own data shard
+    gen = torch.Generator()
     iters = job.iterations
+    every = job.checkpoint.every
+    local0 = os.environ.get("LOCAL_RANK", "0") == "0"  # one writer per host's directory
+    writer = ckpt is not None and every > 0 and local0
+    stop_after = int(os.environ.get("TOPO_TRAIN_EXIT_AFTER", "0") or 0)
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
-          algorithm=coll.get("algorithm", "default"))
-    for it in range(iters):
+          algorithm=coll.get("algorithm", "default"), first=start)
+    for it in range(start, iters):
+        gen.manual_seed(data_seed(job.seed, rank, it))
         inputs = _inputs(specs, per_rank, gen)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -114,9 +150,28 @@ def main() -> int:
         opt.step()
         _emit(event="iter", rank=rank, iter=it, seconds=time.perf_counter() - t0,
               loss=float(loss.detach()))
+        done = it + 1
+        if writer and done % every == 0 and done < iters:
+            ckpt.save(done, model, opt)  # outside the timed part: the iteration is over
+        if stop_after and done == stop_after:
+            return EXIT_TEST_STOP
+    if ckpt is not None:
+        dist.barrier()  # every rank is past its last iteration: nothing can resume any more
+        if local0:
+            ckpt.remove()
     _emit(event="done", rank=rank, checksum=checksum(model))
     dist.destroy_process_group()
     return 0
+
+
+def _checkpoints(job, model, world: int):
+    """This host's checkpoint directory when the job checkpoints or resumes, else None."""
+    from topoagent.checkpoint import CheckpointDir, identity
+
+    if not (job.checkpoint.every or job.checkpoint.resume):
+        return None
+    run_dir = os.environ.get("TOPOCTL_RUN_DIR") or str(Path(os.environ["TOPOCTL_JOB"]).parent)
+    return CheckpointDir(Path(run_dir) / "checkpoints", identity(job.name, model, world))
 
 
 if __name__ == "__main__":

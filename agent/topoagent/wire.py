@@ -68,6 +68,16 @@ class Process(Model):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class Checkpointing(Model):
+    """Checkpoints of a data-parallel run (`topoctl run --heal`): every `every` iterations
+    (0: never) each host's first rank writes the parameters and optimizer state under the
+    agent's run directory; with `resume` the ranks continue from the newest one any rank has
+    (else stale checkpoints are removed first)."""
+
+    every: int = Field(0, ge=0)
+    resume: bool = False
+
+
 class LaunchSpec(Model):
     """The plan's `job`: what `topo-agent launch` runs and `topoagent.train` reads."""
 
@@ -88,6 +98,11 @@ class LaunchSpec(Model):
     processes: dict[str, list[Process]]
     seed: int = 0
     lr: float = 1e-3
+    # added by `topoctl run`, never rendered into plans: per host, the fabric interfaces whose
+    # carrier the launcher watches (a lost one stops the host's ranks and is reported as a
+    # `link-down` event), and checkpointing
+    watch: dict[str, list[str]] = Field(default_factory=dict)
+    checkpoint: Checkpointing = Field(default_factory=Checkpointing)
 
     def to_dict(self, exclude_unset: bool = False) -> dict:
         """Plain data for YAML/JSON, keys as written in plans (`batch.global`); with

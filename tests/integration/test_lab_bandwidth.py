@@ -10,11 +10,14 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from tests import netns as nsutil
+from topoctl.cli.inventory import inventory_text, lab_inventory
 from topoctl.lab import lab as labmod
 from topoctl.lab import ovs as labovs
 from topoctl.planner import make_plan
+from topoctl.rollout.ansible import run_playbook
 from topoctl.rollout.transports.local import lab_transport
 from topoctl.rollout.transports.ssh import lab_ssh_transport
 from topoctl.rollout.twophase import apply_plan
@@ -120,6 +123,49 @@ def test_ovs_plan_over_ssh_reaches_the_hosts_ovsdb(tmp_path):
         qos = o.vsctl("get", "port", "eth0", "qos").strip()
         assert o.vsctl("get", "qos", qos, "other_config").strip() == '{max-rate="100000000"}'
         assert 'min-rate="30000000"' in o.vsctl("--columns=other_config", "list", "queue")
+    finally:
+        pids = labovs.pids(tmp_path / name / "ovs" / "h0")
+        labmod.down(name, tmp_path)
+    assert all(not os.path.exists(f"/proc/{p}") or
+               open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z" for p in pids)
+
+
+def test_ovs_plan_via_ansible_reaches_the_hosts_ovsdb(tmp_path):
+    """The same through the playbooks (ansible-playbook via ansible-runner against the lab's
+    sshd): the lab inventory's `topo_agent_ovsdb` becomes the agent's --ovsdb on h0 only, the
+    apply changes h0, the re-apply reports every host in sync (changed=0), and the queues are
+    in h0's own ovsdb (ovs-vsctl). Without it the agent would find no ovsdb-server and fail."""
+    cluster = parse_cluster(CLUSTER | {"name": "tpwba"})
+    doc, _ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
+    train = {h: st["interfaces"][0]["addresses"][0].split("/")[0]
+             for h, st in doc["hosts"].items()}
+    doc["hosts"]["h0"]["qos"] = [{"dev": "eth0", "driver": "ovs", "rate": "100mbit",
+                                  "classes": [{"id": 2, "dst": f"{train['h2']}/32",
+                                               "rate": "40mbit"}]}]
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(doc, sort_keys=False))
+    name = f"tpwba{os.getpid() % 1000}"
+    try:
+        lab = labmod.up(cluster, name, tmp_path, with_ssh=True)
+        inv_doc = lab_inventory(lab)
+        hosts = inv_doc["all"]["hosts"]
+        assert hosts["h0"]["topo_agent_ovsdb"] == lab.ovsdb("h0")
+        assert "topo_agent_ovsdb" not in hosts["h1"]
+        inventory = tmp_path / "inventory.yml"
+        inventory.write_text(inventory_text(inv_doc))
+
+        def apply() -> dict[str, str]:
+            rep = run_playbook("apply.yml", inventory, private_data_dir=tmp_path / "ansible",
+                               extravars={"topo_plan": str(plan), "topo_probe": False})
+            assert rep.exit_code in (0, 2), rep.message
+            return {h: e.result for h, e in rep.final().items()}
+
+        first = apply()
+        assert first["h0"] == "changed", first
+        assert set(apply().values()) == {"in sync"}
+        o = lab.ovs("h0")
+        assert o.vsctl("list-br").split() == ["tpbr0"]
+        assert 'min-rate="40000000"' in o.vsctl("--columns=other_config", "list", "queue")
     finally:
         pids = labovs.pids(tmp_path / name / "ovs" / "h0")
         labmod.down(name, tmp_path)

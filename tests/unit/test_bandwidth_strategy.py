@@ -32,6 +32,7 @@ def test_ring_on_a_mesh_gets_multipath_and_is_faster():
     for h, st in doc["hosts"].items():
         hs = parse_host_state(st, f"hosts.{h}")  # rates within the link: schema-checked
         assert hs.sysctl.ip_forward  # every host forwards a neighbour's detour
+        assert hs.sysctl.multipath_hash_policy == 1  # connections split by the weights
         assert [(r.priority, r.iif, r.table) for r in hs.rules] == [(1100, "lo", 100)]
         (mp,) = [r for r in hs.routes if r.table == 100]
         assert len(mp.nexthops) == 2

@@ -1,6 +1,8 @@
 """Diff logic against golden files: tests/unit/golden/<case>/{current,foreign,desired}.yaml ->
-ops.txt. `current` holds objects the agent owns (its mark), `foreign` objects someone else made.
-Regenerate after an intended change with TOPO_UPDATE_GOLDEN=1 and review the diff."""
+ops.txt, and the revert of those operations (their inverses, newest first, as the agent runs
+them when an apply fails or is rolled back) -> revert.txt. `current` holds objects the agent
+owns (its mark), `foreign` objects someone else made. Regenerate after an intended change
+with TOPO_UPDATE_GOLDEN=1 and review the diff."""
 
 from __future__ import annotations
 
@@ -60,6 +62,14 @@ def _load(case: str, name: str) -> HostState:
     return load_host_state(p.read_text(), str(p)) if p.exists() else HostState()
 
 
+def _check(case: str, name: str, ops: list) -> None:
+    text = "".join(f"{op.phase:11} {op.describe()}\n" for op in ops)
+    expected = GOLDEN / case / name
+    if os.environ.get("TOPO_UPDATE_GOLDEN"):
+        expected.write_text(text)
+    assert text == expected.read_text(), f"{expected} differs (TOPO_UPDATE_GOLDEN=1 rewrites)"
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     current, foreign, desired = (_load(case, n) for n in ("current", "foreign", "desired"))
@@ -68,11 +78,8 @@ def test_golden(case):
     links |= {h.dev for s in (current, foreign, desired) for r in s.routes for h in r.hops()
               if h.dev}
     ops = diff(desired, observed(current, foreign, links))
-    text = "".join(f"{op.phase:11} {op.describe()}\n" for op in ops)
-    expected = GOLDEN / case / "ops.txt"
-    if os.environ.get("TOPO_UPDATE_GOLDEN"):
-        expected.write_text(text)
-    assert text == expected.read_text()
+    _check(case, "ops.txt", ops)
+    _check(case, "revert.txt", [op.inverse() for op in reversed(ops)])
     if case == "noop":
         assert ops == []
     # applying the ops' result is the fixed point: the desired state as observed diffs to nothing

@@ -23,6 +23,8 @@ NOT_UTF8 = b"interfaces: \xff\xfe\n"
 BAD_HOSTS_PLAN = {"apiVersion": "topoctl/v1", "kind": "Plan", "metadata": {}, "fabric": {},
                   "hosts": [1, 2], "job": {}}
 NO_LAB = ["--lab", "tpxnosuch"]
+# --local: no lab or SSH needed to reach the --heal checks, which come before any launch
+HEAL_LOCAL = [str(PLANS / "mlp-hetero8-plan.yaml"), "--local", "--hosts", "h0", "--heal"]
 
 
 @pytest.fixture
@@ -54,6 +56,11 @@ TOPOCTL_BAD = [
     ("status", ["status", "{badhosts}"], "hosts: missing"),
     ("rollback", ["rollback", "{missing}"], "missing.yaml"),
     ("run", ["run", "{badhosts}"], "hosts: missing"),
+    ("run --heal", ["run", *HEAL_LOCAL], "--job: --heal re-plans the job"),
+    ("run --heal", ["run", *HEAL_LOCAL, "--job", str(PLANS / "bert-job.yaml"), "--cluster",
+                    str(PLANS / "hetero8-cluster.yaml")], "but the plan was made for 'mlp-lab'"),
+    ("run --heal", ["run", *HEAL_LOCAL, "--job", "{missing}"], "missing.yaml"),
+    ("run --heal", ["run", *HEAL_LOCAL, "--checkpoint-every", "0"], "positive whole number"),
     ("stop", ["stop", "{badhosts}"], "hosts: missing"),
     ("lab up", ["lab", "up", "{bad}", "--state-dir", "{labs}"], "not UTF-8"),
     ("lab status", ["lab", "status", *NO_LAB, "--state-dir", "{labs}"], "no lab tpxnosuch"),

@@ -118,3 +118,16 @@ def test_bad_ovsdb_settings_name_the_yaml_path():
     with pytest.raises(StateError) as e:
         pick_transport(args_for(), plan)
     assert e.value.problems[0][0] == "metadata.inventory.ovsdb.n1"
+
+
+def test_ansible_inventory_gives_ovs_hosts_their_ovsdb():
+    """The Ansible path passes the same --ovsdb as SSH: `topo_agent_ovsdb` per OVS host (the
+    playbooks put it on the agent's command line), none for a host without OVS."""
+    from topoctl.cli.inventory import cluster_inventory
+
+    cl = {**OVS_CLUSTER, "hosts": [dict(h) for h in OVS_CLUSTER["hosts"]]}
+    cl["hosts"][2]["ovsdb"] = "tcp:127.0.0.1:6640"
+    hosts = cluster_inventory(parse_cluster(cl))["all"]["hosts"]
+    assert "topo_agent_ovsdb" not in hosts["n0"] and "topo_agent_require_ovs" not in hosts["n0"]
+    assert hosts["n1"]["topo_agent_ovsdb"] == "unix:/var/run/openvswitch/db.sock"
+    assert hosts["n2"]["topo_agent_ovsdb"] == "tcp:127.0.0.1:6640"

@@ -21,6 +21,8 @@ BENCHES = {
     "demo": ("demo.py", "the main job: every strategy planned, applied and trained in a lab"),
     "bandwidth": ("bandwidth_sim.py", "simulated iteration time with and without +bandwidth, "
                   "every example cluster and strategy"),
+    "heal": ("heal_lab.py", "a cable cut during `run --heal` in a lab: time until training "
+             "runs again, predicted vs measured iteration time before and after"),
 }
 
 

@@ -2,7 +2,9 @@
 
 From a cluster file: every host with its `address` (ansible_host), the cluster's `inventory`
 (user, port, key, known_hosts with strict checking, the agent command), `topo_agent_require_ovs`
-for hosts with `ovs: true`, and one group per rack. With `--lab NAME`: the lab's management
+for hosts with `ovs: true` and `topo_agent_ovsdb` (the agent's --ovsdb: the cluster's
+`inventory.ovsdb` / `hosts[].ovsdb`, in a lab the host's own ovsdb-server), and one group per
+rack. With `--lab NAME`: the lab's management
 addresses, key, known_hosts and per-host agent state directories, and this installation's
 agent (the lab hosts share this machine's filesystem). Hosts without an address are an error
 naming their YAML path; nothing is written."""
@@ -62,15 +64,18 @@ def lab_inventory(lab, agent: list[str] | None = None) -> dict:
                       "topo_agent_state_dir": str(lab.state_dir / "agent" / h.name),
                       "topo_agent_config_dir": str(lab.state_dir / "agent-etc" / h.name),
                       "topo_agent_systemd_dir": str(lab.state_dir / "agent-etc" / h.name),
-                      **_host_vars(lab.cluster, h.name)}
+                      **_host_vars(lab.cluster, h.name, lab.ovsdb(h.name))}
              for h in lab.cluster.hosts}
     return _document(lab.cluster, hosts, common)
 
 
-def _host_vars(cluster: Cluster, host: str) -> dict:
-    h = cluster.host(host)
-    ovs = h.ovs if h.ovs is not None else cluster.defaults.ovs
-    return {"topo_agent_require_ovs": True} if ovs else {}
+def _host_vars(cluster: Cluster, host: str, ovsdb: str | None = None) -> dict:
+    """`topo_agent_require_ovs` for a host that runs OVS, and `topo_agent_ovsdb` (its agent's
+    --ovsdb) where it has a remote of its own: `ovsdb`, else the cluster's for that host."""
+    if not cluster.runs_ovs(host):
+        return {}
+    db = ovsdb or cluster.ovsdb(host)
+    return {"topo_agent_require_ovs": True, **({"topo_agent_ovsdb": db} if db else {})}
 
 
 def _document(cluster: Cluster, hosts: dict[str, dict], common: dict) -> dict:

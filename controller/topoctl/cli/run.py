@@ -7,12 +7,28 @@ import json
 
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
+from topoctl.rollout.heal import CHECKPOINT_EVERY, MAX_HEALS
 from topoctl.rollout.run import run_job, stop_job
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return n
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    """`topoctl run`: launch the plan's job on every host and supervise it."""
+    """`topoctl run`: launch the plan's job on every host and supervise it (with --heal: heal
+    around failed cables)."""
     plan, transport = open_plan(args)
+    if args.heal:
+        from topoctl.cli.run_heal import cmd_run_heal
+
+        return cmd_run_heal(args, plan, transport)
     quiet = args.json
     try:
         result = run_job(plan, transport, iterations=args.iterations,
@@ -24,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict()))
         return result.exit_code
     if result.exit_code:
-        print(f"training failed:\n  {result.failure}")
+        print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return result.exit_code
     it = result.iteration_time
     print(f"{len(result.ranks)} ranks, {args.iterations} iterations in {result.seconds:.1f} s; "
@@ -55,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print every rank's events")
+    p.add_argument("--heal", action="store_true",
+                   help="when a cable fails: re-plan without it, apply, resume from the last "
+                        "checkpoint (needs --job; the cluster from --cluster or the lab)")
+    p.add_argument("--job", help="(--heal) the job file the plan was made from")
+    p.add_argument("--checkpoint-every", type=_positive, default=CHECKPOINT_EVERY, metavar="N",
+                   help=f"(--heal) checkpoint every N iterations (default {CHECKPOINT_EVERY})")
+    p.add_argument("--max-heals", type=_positive, default=MAX_HEALS, metavar="K",
+                   help=f"(--heal) give up after K failed cables (default {MAX_HEALS})")
     p.set_defaults(func=cmd_run)
     s = sub.add_parser("stop", help="stop the plan's training processes on every host")
     add_transport_args(s)

@@ -4,7 +4,13 @@ Each host's agent gets the job spec (with the model resolved to an import path a
 shapes, so the training processes need nothing of the controller) and runs its ranks
 (`topo-agent launch`). Lines come back prefixed with host and rank; iteration events from
 rank 0 become a live iterations/s line. If any host's ranks fail, every other host is told to
-stop at once, and the result names the rank and shows its last lines."""
+stop at once, and the result names the rank and shows its last lines.
+
+Each host's launcher also watches the carrier of the interfaces the plan routes training over
+(`links.watched_interfaces`): a cable that fails is reported by the hosts at its ends within
+~0.5 s as a `link-down` event, every host's ranks are stopped at once, and the result names the
+cable and both its ends (`links_down`) instead of the ranks' gloo timeout 120 s later.
+`topoctl run --heal` (`rollout.heal`) builds on this."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from topoagent.state import StateError
 from topoagent.wire import parse_launch_spec
+from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
@@ -49,6 +56,17 @@ class RunResult:
     ranks: dict[int, RankStats]
     seconds: float
     failure: str = ""
+    # cables found failed: {host, interface, reason, cable, peer, at (the agent's wall clock
+    # when it saw the carrier go), received (the controller's)}, in the order reported
+    links_down: list[dict] = field(default_factory=list)
+    resumed_from: int | None = None  # iterations already done when the ranks resumed
+    started_at: float = 0.0  # wall clock: launch requested
+    first_iteration_at: float | None = None  # wall clock: rank 0's first iteration reported
+
+    @property
+    def failed_cables(self) -> list[str]:
+        """The failed cables' names, each once, in the order reported."""
+        return list(dict.fromkeys(d["cable"] for d in self.links_down))
 
     @property
     def iteration_time(self) -> float | None:
@@ -73,7 +91,8 @@ class RunResult:
         """The result as the `--json` document of `topoctl run`."""
         return {"exit_code": self.exit_code, "seconds": round(self.seconds, 3),
                 "iteration_time": self.iteration_time, "synchronous": self.synchronous,
-                "failure": self.failure,
+                "failure": self.failure, "links_down": self.links_down,
+                "resumed_from": self.resumed_from,
                 "ranks": {r: {"host": s.host, "iterations": len(s.iterations),
                               "median": s.median(), "checksum": s.checksum}
                           | ({"stage": s.stage, "losses": s.losses} if s.stage is not None
@@ -81,9 +100,11 @@ class RunResult:
                           for r, s in sorted(self.ranks.items())}}
 
 
-def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
-    """The plan's job spec for `topo-agent launch`, with the model as factory + kwargs + inputs
-    and the given iterations and threads, validated as the agent will (`LaunchSpec`).
+def job_payload(plan: dict, iterations: int, threads: int = 1, watch: bool = True,
+                checkpoint: dict | None = None) -> dict:
+    """The plan's job spec for `topo-agent launch`, with the model as factory + kwargs + inputs,
+    the given iterations and threads, the interfaces each launcher watches (`watch`) and the
+    checkpointing (`{every, resume}`), validated as the agent will (`LaunchSpec`).
     StateError (YAML paths under `job`) when the plan has no job to run or it is invalid."""
     job = copy.deepcopy(plan["job"])
     if "command" not in job:
@@ -99,23 +120,57 @@ def job_payload(plan: dict, iterations: int, threads: int = 1) -> dict:
                         "kwargs": params, "inputs": [asdict(s) for s in entry.inputs(params)]}
     job["iterations"] = iterations
     job["threads"] = threads
+    if watch:
+        job["watch"] = watched_interfaces(plan)
+    if checkpoint:
+        job["checkpoint"] = checkpoint
     return parse_launch_spec(job).to_dict(exclude_unset=True)
 
 
 def run_job(plan: dict, transport: Transport, iterations: int = 10,
             out: Callable[[str], None] = print, verbose: bool = False,
-            timeout: float | None = None) -> RunResult:
+            timeout: float | None = None, watch: bool = True,
+            checkpoint: dict | None = None) -> RunResult:
     """Launch the plan's ranks on every host through `transport`, stream their lines to `out`, stop
-    all when one fails."""
-    job = job_payload(plan, iterations)
+    all when one fails or a watched cable loses its carrier (`checkpoint`: `{every, resume}`
+    for the trainer)."""
+    job = job_payload(plan, iterations, watch=watch, checkpoint=checkpoint)
     payload = json.dumps(job)
     hosts = sorted(job["processes"])
     rank_host = {int(p["rank"]): h for h in hosts for p in job["processes"][h]}
     ranks = {r: RankStats(h) for r, h in rank_host.items()}
     lock = threading.Lock()
     failures: list[str] = []
+    links_down: list[dict] = []
+    marks: dict[str, float] = {}  # resumed_from, first_iteration_at
+    done_ranks: set[int] = set()  # ranks that reported their final parameters
     stopping = threading.Event()
+    stoppers: list[threading.Thread] = []
     t0 = time.perf_counter()
+    started_at = time.time()
+
+    def stop_others(but: str | None) -> None:
+        """Tell every host (but `but`) to stop its ranks, in parallel, once."""
+        if stopping.is_set():
+            return
+        stopping.set()
+        for other in hosts:
+            if other != but:
+                t = threading.Thread(target=transport.agent, args=(other, ["stop"]),
+                                     kwargs={"timeout": 30})
+                t.start()
+                stoppers.append(t)
+
+    def link_down(host: str, event: dict) -> None:
+        iface = str(event.get("interface"))
+        cable = cable_at(plan.get("fabric") or {}, host, iface)
+        port = f"{host}:{iface}"
+        d = {"host": host, "interface": iface, "reason": event.get("reason", "down"),
+             "cable": cable.name if cable else port, "peer": cable.peer(port) if cable else None,
+             "at": event.get("at"), "received": time.time()}
+        links_down.append(d)
+        out(f"{port}: {d['reason']}: cable {d['cable']} failed (peer {d['peer']}); "
+            "stopping every rank")
 
     def on_line(host: str, line: str) -> None:
         rank, body = None, line
@@ -124,45 +179,85 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
             rank = int(head[6:])
         event = _json(body)
         with lock:
+            if event and event.get("event") == "link-down":
+                link_down(host, event)
+                stop_others(host)
+                return
+            if event and event.get("event") == "resume":
+                marks["resumed_from"] = int(event["iteration"])
+                if not verbose:
+                    out(f"resumed after iteration {event['iteration']} (the checkpoint of "
+                        f"rank {event.get('source')})")
+                    return
             if event and event.get("event") == "iter" and rank in ranks:
                 ranks[rank].iterations.append(float(event["seconds"]))
                 if event.get("stage") is not None and event.get("loss") is not None:
                     ranks[rank].losses.append(float(event["loss"]))
+                if rank == min(ranks):
+                    marks.setdefault("first_iteration_at", time.time())
                 if rank == min(ranks) and not verbose:
                     n = len(ranks[rank].iterations)
                     dt = time.perf_counter() - t0
-                    out(f"iteration {n}/{iterations}  {event['seconds']:.3f} s  "
-                        f"({n / dt:.2f} it/s since start)")
+                    out(f"iteration {int(event.get('iter', n - 1)) + 1}/{iterations}  "
+                        f"{event['seconds']:.3f} s  ({n / dt:.2f} it/s since start)")
                     return
             elif event and event.get("event") == "done" and rank in ranks:
+                done_ranks.add(rank)
                 ranks[rank].checksum = event["checksum"]
                 ranks[rank].stage = event.get("stage")
             elif event and event.get("event") == "failed":
                 failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
                                 "lines:\n    " + "\n    ".join(event.get("last", [])))
+            if links_down and not verbose:  # the ranks' broken connections and tracebacks
+                return                          # after a failed cable only bury its name
             if verbose or not (event and event.get("event") in ("iter", "done", "start")):
                 out(f"{host} {line}")
 
     def run_host(host: str) -> None:
         rc = transport.stream(host, ["launch", "--host", host, "-"], payload, on_line, timeout)
-        if rc != 0 and not stopping.is_set():
-            stopping.set()
+        if rc != 0:
             with lock:
-                if rc == UNREACHABLE or not any(host in f for f in failures):
+                first = not stopping.is_set()
+                if first and (rc == UNREACHABLE or not any(host in f for f in failures)):
                     failures.append(f"{host}: launch exited {rc}")
-            for other in hosts:  # stop every other host's ranks now
-                if other != host:
-                    transport.agent(other, ["stop"], timeout=30)
+                stop_others(host)  # stop every other host's ranks now
 
     threads = [threading.Thread(target=run_host, args=(h,)) for h in hosts]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    for t in stoppers:
+        t.join()
     seconds = time.perf_counter() - t0
+    result = RunResult(0, ranks, seconds, links_down=links_down,
+                       resumed_from=int(marks["resumed_from"]) if "resumed_from" in marks
+                       else None, started_at=started_at,
+                       first_iteration_at=marks.get("first_iteration_at"))
+    finished = done_ranks == set(ranks)
+    if links_down and not finished:
+        result.exit_code, result.failure = 1, cable_failure(links_down, failures)
+    elif links_down:  # every rank had reported its final parameters: training is complete
+        out(f"training was complete when {', '.join(result.failed_cables)} failed")
+    elif failures:
+        result.exit_code, result.failure = 1, "\n".join(failures)
+    return result
+
+
+def cable_failure(links_down: list[dict], failures: list[str]) -> str:
+    """The message of a run stopped by failed cables: each cable with the ends that reported
+    it; what the ranks said afterwards (stopped, or broken connections) is a consequence."""
+    lines = []
+    for name in dict.fromkeys(d["cable"] for d in links_down):
+        first, *others = [d for d in links_down if d["cable"] == name]
+        peer = first["peer"] or "unknown"
+        also = " (reported there too)" if any(f"{d['host']}:{d['interface']}" == peer
+                                              for d in others) else ""
+        lines.append(f"cable {name} failed: {first['host']}:{first['interface']} "
+                     f"{first['reason']}, peer {peer}{also}; training stopped on every host")
     if failures:
-        return RunResult(1, ranks, seconds, "\n".join(failures))
-    return RunResult(0, ranks, seconds)
+        lines.append(f"then {len(failures)} rank/host failure(s) followed (ranks stopped)")
+    return "\n".join(lines)
 
 
 def stop_job(plan: dict, transport: Transport) -> dict[str, int]:

@@ -103,11 +103,14 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
                                             "src": addr.training[s], "nexthops": hops})
         if "rules" not in ex:
             ex["rules"] = [{"priority": RULE_PRIORITY, "iif": "lo", "table": TABLE}]
+        # the kernel's default hash (addresses only) puts every connection between two hosts
+        # on one next hop; with the ports hashed too, connections split by the weights
+        ex.setdefault("sysctl", {})["multipath_hash_policy"] = 1
     # hosts in the middle of a detour forward for others
     transit = {ln.split(">", 1)[1] for lst in alloc.rates.values() for path, _ in lst
                for ln in path[:-1]} & set(base.fabric.hosts) - base.hops.transit_hosts()
     for h in sorted(transit):
-        extra.setdefault(h, {})["sysctl"] = {"ip_forward": True}
+        extra.setdefault(h, {}).setdefault("sysctl", {})["ip_forward"] = True
     for h, sections in base.extra.items():
         for k, items in sections.items():
             if isinstance(items, dict):
