@@ -147,7 +147,10 @@ def recover_at_start(args, target: Target) -> Recovery | None:
 
 def cmd_recover(args, target: Target) -> int:
     """Undo an apply that was killed half-way; exit 0 nothing to recover, 2 undone, 1 problems
-    left."""
+    left. With --wait, first wait for a running apply to end (its journal is live until then):
+    what a controller whose session dropped mid-apply asks over a new connection."""
+    if args.wait:
+        _store(args, target).wait_idle(args.wait)
     rec = recover_at_start(args, target)
     if args.json:
         print(json.dumps({"ok": rec is None or not rec.problems, "recovered": rec is not None,
@@ -348,8 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_watch)
     sub.add_parser("stop", help="stop the ranks of a running launch").set_defaults(
         func=cmd_stop)
-    sub.add_parser("recover", help="undo an apply that was killed half-way (every start does "
-                   "this first)").set_defaults(func=cmd_recover)
+    rc = sub.add_parser("recover", help="undo an apply that was killed half-way (every start "
+                        "does this first)")
+    rc.add_argument("--wait", type=_seconds, metavar="SECONDS",
+                    help="first wait up to SECONDS for a running apply or rollback to end")
+    rc.set_defaults(func=cmd_recover)
     return p
 
 

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +68,20 @@ class Store:
                 raise StoreBusy(f"another topo-agent is applying to this target "
                                 f"(lock {self.root / 'lock'})") from None
             yield
+
+    def wait_idle(self, seconds: float, poll: float = 0.1) -> None:
+        """Return once no other agent holds the lock (say an apply whose SSH session dropped,
+        still running); StoreBusy after `seconds`."""
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                with self.lock():
+                    return
+            except StoreBusy:
+                if time.monotonic() >= end:
+                    raise StoreBusy(f"another topo-agent still holds {self.root / 'lock'} "
+                                    f"after {seconds:g} s") from None
+                time.sleep(poll)
 
     def _files(self) -> list[Path]:
         return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].json")) if self.dir.exists() else []

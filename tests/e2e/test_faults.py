@@ -1,7 +1,9 @@
 """Multi-host faults during `topoctl apply`, on the 8-host lab with a real agent (and sshd) per
 host: an agent killed mid-apply is named, recovered from its journal, and a second apply
 converges; over SSH every host confirms its apply (confirm-or-revert), and a host cut off after
-its apply reverts by itself while every other host is rolled back. Read back with iproute2."""
+its apply is reported unreachable within seconds (SSH keepalives), reverts by itself while every
+other host is rolled back. Read back with iproute2. More management-path faults over SSH (a
+dropped session, an agent killed, a host cut off by its own apply): test_ssh_faults.py."""
 
 from __future__ import annotations
 
@@ -90,10 +92,15 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
     cut = [["ip", "-n", ns, "route", "add", "blackhole", "default", "table", "77"],
            ["ip", "-n", ns, "rule", "add", "priority", "7", "lookup", "77"]]
 
+    marks: dict[str, float] = {}
+
     def progress(e: twophase.Event) -> None:
         if e.host == "h2" and e.phase == "apply" and e.result == "changed":
             for cmd in cut:
                 sh(cmd)
+            marks["cut"] = time.monotonic()
+        if e.host == "h2" and e.phase == "confirm":
+            marks["reported"] = time.monotonic()
 
     transport = lab_ssh_transport(lab)
     t0 = time.monotonic()
@@ -113,6 +120,11 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
         assert {h for h, e in final.items() if e.result == "rolled back"} == {
             f"h{i}" for i in range(8)} - {"h2"}
         assert took < 60, took  # said at the deadline, not after the 120 s SSH timeout
+        # SSH keepalives (2 s x 3) tell the confirmation's connection is dead within seconds
+        delay = marks["reported"] - marks["cut"]
+        print(f"h2 cut off after its apply -> reported unreachable: {delay:.1f} s")
+        assert delay < 12, delay
+        assert "no answer from its sshd" in final["h2"].detail[0], final["h2"].detail
         deadline = time.monotonic() + 30
         while confirm_record(lab, "h2")["state"] != "reverted" and time.monotonic() < deadline:
             time.sleep(0.2)

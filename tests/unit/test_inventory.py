@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 import pytest
 
@@ -88,10 +89,12 @@ def test_ovs_hosts_get_their_ovsdb_through_the_ssh_command_line():
         "n1": "unix:/var/run/openvswitch/db.sock", "n2": "tcp:127.0.0.1:6640"}
     t = pick_transport(args_for(), plan)
     assert isinstance(t, SshTransport)
-    assert t._command("n0", ["apply", "-"]) == "/usr/local/bin/topo-agent --json apply -"
-    assert t._command("n1", ["apply", "-"]) == (
+    assert shlex.join(t.argv("n0", ["apply", "-"])) == (
+        "/usr/local/bin/topo-agent --json apply -")
+    assert shlex.join(t.argv("n1", ["apply", "-"])) == (
         "/usr/local/bin/topo-agent --json --ovsdb unix:/var/run/openvswitch/db.sock apply -")
-    assert t._command("n2", ["diff", "-"]).endswith("--ovsdb tcp:127.0.0.1:6640 diff -")
+    assert shlex.join(t.argv("n2", ["diff", "-"])).endswith(
+        "--ovsdb tcp:127.0.0.1:6640 diff -")
     # the same from the cluster file (`--cluster FILE`)
     from topoctl.cli.apply import inventory_transport
 

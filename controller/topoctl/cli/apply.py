@@ -26,7 +26,8 @@ from topoctl.spec.cluster_load import load_cluster
 
 RESULT_STYLE = {"in sync": "green", "changes": "yellow", "changed": "green", "drifted": "yellow",
                 "rolled back": "magenta", "error": "red", "unreachable": "red",
-                "killed": "red", "confirmed": "green", "recovered": "magenta"}
+                "killed": "red", "dropped": "red", "confirmed": "green", "recovered": "magenta",
+                "applied": "yellow", "not applied": "green"}
 CONFIRM_SSH_S = 60.0  # default --confirm-within over SSH
 
 

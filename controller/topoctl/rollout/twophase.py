@@ -6,12 +6,17 @@
 2. apply: hosts with changes apply in parallel; each agent is itself transactional (a failing
    host reverts itself). If any host fails, every host that did change is rolled back to its
    previous state (`rollback`), and the report names each host and its cause.
+   A host whose SSH session dropped under its apply (no exit status) may have applied or not:
+   over a new connection topoctl waits for its agent to finish (`recover --wait`, which also
+   replays the journal of an agent that died), then diffs it against the plan: a host that did
+   apply is rolled back with the others, one that did not is as before.
 
 Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
---dry-run), 1 prepare failed (no host touched) or a rollback failed, 3 partial: the apply failed
-on some hosts and every host that had changed was rolled back; status 0 in sync, 2 drifted,
-1 a host could not be checked; rollback 2 rolled back, 0 nothing to roll back on any host,
-1 a host failed.
+--dry-run), 1 prepare failed (no host touched), a rollback failed or a host's state is unknown
+(unreachable during its apply without --confirm-within, or a dropped session that could not be
+checked), 3 partial: the apply failed on some hosts and every host that had changed was rolled
+back; status 0 in sync, 2 drifted, 1 a host could not be checked; rollback 2 rolled back,
+0 nothing to roll back on any host, 1 a host failed.
 
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
@@ -40,8 +45,8 @@ class Event:
 
     host: str
     phase: str  # prepare | apply | rollback | status
-    # in sync | changes | changed | drifted | error | unreachable | killed | rolled back |
-    # confirmed | recovered
+    # in sync | changes | changed | drifted | error | unreachable | killed | dropped |
+    # rolled back | confirmed | recovered | nothing to recover | applied | not applied
     result: str
     detail: list[str] = field(default_factory=list)  # operations, or error lines
     seconds: float = 0.0
@@ -111,7 +116,7 @@ def _parallel(fn: Callable[[str], Event], hosts: list[str], progress: Progress,
     return out
 
 
-FAILED = ("error", "unreachable", "killed")
+FAILED = ("error", "unreachable", "killed", "dropped")
 
 
 def _parallel_many(fn: Callable[[str], list[Event]], hosts: list[str], progress: Progress,
@@ -136,6 +141,8 @@ def _event(reply: AgentReply, phase: str, seconds: float, ok_result: str,
         return Event(reply.host, phase, "killed",
                      [f"agent killed ({reply.killed}) during {phase}; run `topo-agent recover` "
                       "or re-apply", *last], seconds)
+    if reply.dropped:  # no exit status: the agent may have finished, or still be running
+        return Event(reply.host, phase, "dropped", [f"{reply.dropped} during {phase}"], seconds)
     doc = reply.json()
     ops = [op["what"] for op in doc.get("operations", [])]
     if reply.rc == 0:
@@ -203,6 +210,14 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     if not failed:
         return Report("apply", EXIT_CHANGES, events, f"applied on {len(todo)} hosts")
 
+    # sessions that dropped under the apply (or its confirmation): find out, over a new
+    # connection, whether the host applied; one that did is rolled back with the others
+    dropped = sorted(h for h in failed if outcome[h].result == "dropped")
+    settled = _parallel_many(lambda h: _settle(transport, h, texts[h], flags, timeout),
+                             dropped, progress)
+    events += [e for evs in settled.values() for e in evs]
+    changed = sorted(changed + [h for h, evs in settled.items() if evs[-1].result == "applied"])
+
     back = _parallel(lambda h: _call(transport, h, [*flags, "rollback", "--no-probe"],
                                      None, "rollback", "rolled back", "rolled back", timeout),
                      changed, progress)
@@ -216,27 +231,62 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     unrolled = sorted(h for h, e in back.items() if e.result != "rolled back")
     unrecovered = sorted(h for h, e in rec.items() if e.result != "recovered")
     msg = f"apply failed on {', '.join(failed)} ({_causes(outcome, failed)}); "
+    for h, evs in settled.items():
+        msg += f"{h} over a new connection: {_settled_text(evs)}; "
     if killed:
         ok = [h for h in killed if h not in unrecovered]
         if ok:
             msg += f"recovered {', '.join(ok)} from its journal (host as before); "
     msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
-    if confirm_within:
-        lost = sorted(h for h in failed if outcome[h].result == "unreachable")
-        if lost:
-            whose = ("its agent reverts by itself" if len(lost) == 1
-                     else "their agents revert by themselves")
-            msg += (f"; {', '.join(lost)} unreachable: {whose} "
-                    f"{confirm_within:g} s after its apply unless confirmed")
+    lost = sorted(h for h in failed if outcome[h].result == "unreachable")
+    if confirm_within and lost:
+        whose = ("its agent reverts by itself" if len(lost) == 1
+                 else "their agents revert by themselves")
+        msg += (f"; {', '.join(lost)} unreachable: {whose} "
+                f"{confirm_within:g} s after its apply unless confirmed")
+    elif lost:  # nothing will revert it: it may be left changed
+        msg += (f"; STATE UNKNOWN on {', '.join(lost)}: unreachable during its apply, which "
+                "may have happened (no --confirm-within to revert it by itself)")
     if unrecovered:
         msg += (f"; RECOVERY FAILED on {', '.join(unrecovered)}: run `topo-agent recover` "
                 "there or re-apply")
     if unrolled:  # hosts left changed: an error the operator must look at
         msg += f"; ROLLBACK FAILED on {', '.join(unrolled)}"
-    if unrolled or unrecovered:
+    unsettled = sorted(h for h, evs in settled.items()
+                       if evs[-1].result not in ("applied", "not applied"))
+    if unsettled:
+        msg += (f"; STATE UNKNOWN on {', '.join(unsettled)}: check it with `topoctl status` "
+                "(an unconfirmed apply reverts by itself at its deadline)")
+    if unrolled or unrecovered or unsettled or (lost and not confirm_within):
         return Report("apply", EXIT_ERROR, events, msg)
     # partial: some hosts failed (each reverted itself), every other changed host rolled back
     return Report("apply", EXIT_PARTIAL, events, msg)
+
+
+def _settle(transport: Transport, host: str, text: str, flags: list[str],
+            timeout: float) -> list[Event]:
+    """What became of an apply whose SSH session dropped: wait for the host's agent to end
+    (replaying its journal if it died half-way), then diff against the plan. The last event is
+    `applied` (in sync: the apply went through), `not applied` (the host is as before: the
+    agent is transactional) or a failure (unreachable, error)."""
+    # half the call timeout: the answer must come back before the call itself times out
+    rec = _call(transport, host, ["recover", "--wait", f"{timeout / 2:g}"], None, "recover",
+                "nothing to recover", "recovered", timeout)
+    if rec.result in FAILED:
+        return [rec]
+    return [rec, _call(transport, host, [*flags, "diff", "-"], text, "check", "applied",
+                       "not applied", timeout)]
+
+
+def _settled_text(evs: list[Event]) -> str:
+    rec, last = evs[0], evs[-1]
+    died = ("its agent had died half-way and its journal was replayed, "
+            if rec.result == "recovered" else "")
+    if last.result == "applied":
+        return died + "the apply had completed (host in sync with the plan), rolled back"
+    if last.result == "not applied":
+        return died + "the apply had not happened (host as before)"
+    return f"{last.phase} {last.result}: {' / '.join(last.detail)}"
 
 
 def _causes(events: dict[str, Event], hosts: list[str]) -> str:

@@ -12,6 +12,7 @@ interface, three implementations:
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,12 @@ class AgentReply:
     rc: int  # the agent's exit code; 255 = unreachable (no agent answer at all)
     out: str
     err: str
-    # the agent died without an exit code of its own: "signal 9, SIGKILL" (a local process),
-    # or over SSH "no exit status" (sshd reports the signal, paramiko drops it)
+    # the agent died without an exit code of its own: "signal 9, SIGKILL" (a local process,
+    # or over SSH through the transport's wrapper)
     killed: str | None = None
+    # over SSH: the call ended with no exit status at all, the session dropped under it (the
+    # agent may still be running, or have finished, on the host)
+    dropped: str | None = None
 
     def json(self) -> dict:
         """The agent's --json document (or an error document built from what came back)."""
@@ -43,6 +47,16 @@ class AgentReply:
 
 
 UNREACHABLE = 255
+
+
+def signal_name(rc: int) -> str | None:
+    """`signal 9, SIGKILL` for a process killed by a signal (a negative return code)."""
+    if rc >= 0:
+        return None
+    try:
+        return f"signal {-rc}, {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"signal {-rc}"
 
 
 def agent_argv(cmd: list[str], state_dir: Path | None) -> list[str]:

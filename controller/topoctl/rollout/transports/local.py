@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv
+from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv, signal_name
 
 AGENT = [sys.executable, "-m", "topoagent.cli"]  # the agent of this installation
 
@@ -68,16 +67,6 @@ class LocalTransport:
     def close(self) -> None:
         """Nothing to release."""
         pass
-
-
-def signal_name(rc: int) -> str | None:
-    """`signal 9, SIGKILL` for a process killed by a signal (a negative return code)."""
-    if rc >= 0:
-        return None
-    try:
-        return f"signal {-rc}, {signal.Signals(-rc).name}"
-    except ValueError:
-        return f"signal {-rc}"
 
 
 def lab_transport(lab) -> LocalTransport:
