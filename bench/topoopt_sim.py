@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     topoopt.MCMC_ITERATIONS, topoopt.ROUNDS = args.mcmc, args.rounds
+    kinds = ("topoopt", "fat-tree", "fat-tree-2:1", "fat-tree-4:1", "expander")
+    if not args.json:  # rows as they finish: a long run keeps what it has done
+        print(f"{'d':>2} {'speed':>8} {'workload':<11}" + "".join(f"{k:>14}" for k in kinds)
+              + "   topoopt: strides, MP groups, AllReduce", flush=True)
     results = []
     for d in (int(x) for x in args.degrees.split(",")):
         for speed in args.speeds.split(","):
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"n={args.hosts} d={d} {speed} {w} ...", file=sys.stderr, flush=True)
                 results.append({"n": args.hosts, "d": d, "speed": speed, "workload": w,
                                 "fabrics": run_case(args.hosts, d, speed, w)})
+                if not args.json:
+                    print(_row(results[-1], kinds), flush=True)
     ptimes = {}
     for n in (int(x) for x in args.planner_time.split(",") if x):
         print(f"planner time n={n} ...", file=sys.stderr, flush=True)
@@ -137,21 +143,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"results": results, "planner_seconds": ptimes, "loadavg": load},
                          indent=1))
         return 0
-    kinds = ("topoopt", "fat-tree", "fat-tree-2:1", "fat-tree-4:1", "expander")
-    print(f"{'d':>2} {'speed':>8} {'workload':<11}" + "".join(f"{k:>14}" for k in kinds)
-          + "   topoopt: strides, MP groups, AllReduce")
-    for r in results:
-        f = r["fabrics"]
-        row = "".join(f"{f[k]['iteration_time'] * 1e3:>9.1f} ms " if k == "topoopt" else
-                      f"{f[k]['ratio_to_topoopt']:>13.2f}x" for k in kinds)
-        t = f["topoopt"]
-        print(f"{r['d']:>2} {r['speed']:>8} {r['workload']:<11}{row}   {t['strides']}, "
-              f"{t['model_parallel']}, {t['allreduce']}")
     print("(baselines: iteration time / topoopt's; > 1: topoopt is faster)")
     for n, s in ptimes.items():
         print(f"planner time (topoopt, resnet50, d=4) n={n}: {s:.1f} s")
     print(f"load average {' '.join(load)}")
     return 0
+
+
+def _row(r: dict, kinds: tuple[str, ...]) -> str:
+    """One table row: topoopt's iteration time, each baseline's as a ratio to it."""
+    f = r["fabrics"]
+    row = "".join(f"{f[k]['iteration_time'] * 1e3:>9.1f} ms " if k == "topoopt" else
+                  f"{f[k]['ratio_to_topoopt']:>13.2f}x" for k in kinds)
+    t = f["topoopt"]
+    return (f"{r['d']:>2} {r['speed']:>8} {r['workload']:<11}{row}   {t['strides']}, "
+            f"{t['model_parallel']}, {t['allreduce']}")
 
 
 if __name__ == "__main__":
