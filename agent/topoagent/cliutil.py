@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import traceback
 from collections.abc import Callable
@@ -71,3 +72,25 @@ def run_guarded(prog: str, fn: Callable[[], int | None], json_out: bool = False)
         print(f"{prog}: this is a bug in {prog}, please report it with the command line and "
               "the traceback above", file=sys.stderr)
         return EXIT_BUG
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (anything else is a usage error, exit 1)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return v
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: finite seconds > 0 (nan, inf and negatives are usage errors)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return v

@@ -4,6 +4,7 @@ the lab transport, and per-destination rates measured with iperf3 match the plan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,21 +95,38 @@ def test_per_destination_rates_through_ovs_in_the_lab(tmp_path):
                open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z" for p in pids)
 
 
+@contextlib.contextmanager
+def _ovs_lab(cluster, name: str, tmp_path):
+    """The cluster as a lab with sshd, removed at the end; its OVS daemons must be gone."""
+    try:
+        yield labmod.up(cluster, name, tmp_path, with_ssh=True)
+    finally:
+        pids = labovs.pids(tmp_path / name / "ovs" / "h0")
+        labmod.down(name, tmp_path)
+    assert all(not os.path.exists(f"/proc/{p}") or
+               open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z" for p in pids)
+
+
+def _ovs_plan(name: str, dst: str, rate: str):
+    """(cluster, plan) of CLUSTER named `name` whose h0 gives `dst` an OVS queue at `rate`."""
+    cluster = parse_cluster(CLUSTER | {"name": name})
+    doc, _ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
+    train = {h: st["interfaces"][0]["addresses"][0].split("/")[0]
+             for h, st in doc["hosts"].items()}
+    doc["hosts"]["h0"]["qos"] = [{"dev": "eth0", "driver": "ovs", "rate": "100mbit",
+                                  "classes": [{"id": 2, "dst": f"{train[dst]}/32",
+                                               "rate": rate}]}]
+    return cluster, doc
+
+
 def test_ovs_plan_over_ssh_reaches_the_hosts_ovsdb(tmp_path):
     """`topoctl apply --ssh` to a lab host whose plan uses `qos.driver: ovs`: the agent runs
     under the host's sshd and finds the host's own ovsdb-server only through the `--ovsdb` the
     transport passes (the default socket does not exist in the lab), applies, re-applies as a
     no-op, and the bridge and its queues are in that ovsdb (ovs-vsctl)."""
-    cluster = parse_cluster(CLUSTER | {"name": "tpwbs"})
-    doc, _ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
-    train = {h: st["interfaces"][0]["addresses"][0].split("/")[0]
-             for h, st in doc["hosts"].items()}
-    doc["hosts"]["h0"]["qos"] = [{"dev": "eth0", "driver": "ovs", "rate": "100mbit",
-                                  "classes": [{"id": 2, "dst": f"{train['h1']}/32",
-                                               "rate": "30mbit"}]}]
+    cluster, doc = _ovs_plan("tpwbs", "h1", "30mbit")
     name = f"tpwbs{os.getpid() % 1000}"
-    try:
-        lab = labmod.up(cluster, name, tmp_path, with_ssh=True)
+    with _ovs_lab(cluster, name, tmp_path) as lab:
         t = lab_ssh_transport(lab)
         try:
             assert t.ovsdb == {"h0": lab.ovsdb("h0")}
@@ -123,11 +141,6 @@ def test_ovs_plan_over_ssh_reaches_the_hosts_ovsdb(tmp_path):
         qos = o.vsctl("get", "port", "eth0", "qos").strip()
         assert o.vsctl("get", "qos", qos, "other_config").strip() == '{max-rate="100000000"}'
         assert 'min-rate="30000000"' in o.vsctl("--columns=other_config", "list", "queue")
-    finally:
-        pids = labovs.pids(tmp_path / name / "ovs" / "h0")
-        labmod.down(name, tmp_path)
-    assert all(not os.path.exists(f"/proc/{p}") or
-               open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z" for p in pids)
 
 
 def test_ovs_plan_via_ansible_reaches_the_hosts_ovsdb(tmp_path):
@@ -135,18 +148,11 @@ def test_ovs_plan_via_ansible_reaches_the_hosts_ovsdb(tmp_path):
     sshd): the lab inventory's `topo_agent_ovsdb` becomes the agent's --ovsdb on h0 only, the
     apply changes h0, the re-apply reports every host in sync (changed=0), and the queues are
     in h0's own ovsdb (ovs-vsctl). Without it the agent would find no ovsdb-server and fail."""
-    cluster = parse_cluster(CLUSTER | {"name": "tpwba"})
-    doc, _ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
-    train = {h: st["interfaces"][0]["addresses"][0].split("/")[0]
-             for h, st in doc["hosts"].items()}
-    doc["hosts"]["h0"]["qos"] = [{"dev": "eth0", "driver": "ovs", "rate": "100mbit",
-                                  "classes": [{"id": 2, "dst": f"{train['h2']}/32",
-                                               "rate": "40mbit"}]}]
+    cluster, doc = _ovs_plan("tpwba", "h2", "40mbit")
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(doc, sort_keys=False))
     name = f"tpwba{os.getpid() % 1000}"
-    try:
-        lab = labmod.up(cluster, name, tmp_path, with_ssh=True)
+    with _ovs_lab(cluster, name, tmp_path) as lab:
         inv_doc = lab_inventory(lab)
         hosts = inv_doc["all"]["hosts"]
         assert hosts["h0"]["topo_agent_ovsdb"] == lab.ovsdb("h0")
@@ -166,8 +172,3 @@ def test_ovs_plan_via_ansible_reaches_the_hosts_ovsdb(tmp_path):
         o = lab.ovs("h0")
         assert o.vsctl("list-br").split() == ["tpbr0"]
         assert 'min-rate="40000000"' in o.vsctl("--columns=other_config", "list", "queue")
-    finally:
-        pids = labovs.pids(tmp_path / name / "ovs" / "h0")
-        labmod.down(name, tmp_path)
-    assert all(not os.path.exists(f"/proc/{p}") or
-               open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z" for p in pids)

@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from topoagent.cliutil import positive_int
 from topoagent.protocol import EXIT_OK
 from topoagent.state import StateError
 from topoctl.cli import write_output
@@ -46,16 +47,6 @@ def check_scale(cluster, max_hosts: int, source: str) -> None:
                              f"{max_hosts} hosts (its searches would run for minutes and use "
                              f"gigabytes); plan a smaller cluster or raise the limit with "
                              f"--max-hosts {n} at your own risk")], source=source)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of hosts, got {text!r}")
-    return n
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -151,7 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="no machine caches: re-measure op costs (pipeline strategies on lab "
                         "hosts then keep the roofline)")
-    p.add_argument("--max-hosts", type=_positive, default=MAX_PLAN_HOSTS, metavar="N",
+    p.add_argument("--max-hosts", type=positive_int, default=MAX_PLAN_HOSTS, metavar="N",
                    help="refuse clusters of more than N hosts up front (default "
                         f"{MAX_PLAN_HOSTS}: larger ones take the planner minutes and gigabytes)")
     p.add_argument("--validate", choices=["auto", "all", "sample", "none"], default="auto",

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
+from topoagent.cliutil import positive_int, positive_seconds
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
 from topoctl.rollout.heal import CHECKPOINT_EVERY, MAX_HEALS
 from topoctl.rollout.run import run_job, stop_job
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return n
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -65,43 +55,21 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_CHANGES if EXIT_CHANGES in codes.values() else EXIT_OK
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a usage error, exit 1, otherwise)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return v
-
-
-def _positive_seconds(text: str) -> float:
-    """argparse type: finite seconds > 0 (nan, inf and negatives are usage errors)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return v
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl run` and `topoctl stop` to the topoctl parser."""
     p = sub.add_parser("run", help="train under the plan on every host, supervised")
     add_transport_args(p)
-    p.add_argument("--iterations", type=_positive_int, default=10)
-    p.add_argument("--timeout", type=_positive_seconds,
+    p.add_argument("--iterations", type=positive_int, default=10)
+    p.add_argument("--timeout", type=positive_seconds,
                    help="stop every rank after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print every rank's events")
     p.add_argument("--heal", action="store_true",
                    help="when a cable fails: re-plan without it, apply, resume from the last "
                         "checkpoint (needs --job; the cluster from --cluster or the lab)")
     p.add_argument("--job", help="(--heal) the job file the plan was made from")
-    p.add_argument("--checkpoint-every", type=_positive, default=CHECKPOINT_EVERY, metavar="N",
+    p.add_argument("--checkpoint-every", type=positive_int, default=CHECKPOINT_EVERY, metavar="N",
                    help=f"(--heal) checkpoint every N iterations (default {CHECKPOINT_EVERY})")
-    p.add_argument("--max-heals", type=_positive, default=MAX_HEALS, metavar="K",
+    p.add_argument("--max-heals", type=positive_int, default=MAX_HEALS, metavar="K",
                    help=f"(--heal) give up after K failed cables (default {MAX_HEALS})")
     p.set_defaults(func=cmd_run)
     s = sub.add_parser("stop", help="stop the plan's training processes on every host")
