@@ -176,3 +176,29 @@ def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
     assert status.exit_code == 0, [(e.host, e.result, e.detail) for e in status.events]
     again = twophase.apply_plan(plan, lab_transport(lab))
     assert again.exit_code == 0, again.message
+
+
+def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # noqa: F811
+    """`apply --keep-going`: h6's apply fails (its agent raises after operation 3 and reverts
+    itself); the 7 others keep the new state instead of being rolled back, exit 3, and the
+    report says so; a second apply changes only h6, a third is a no-op."""
+    before = dumps(lab)
+    monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "3")
+    monkeypatch.setenv("TOPO_AGENT_CRASH_MODE", "raise")
+    monkeypatch.setenv("TOPO_AGENT_CRASH_TARGET", lab.netns("h6"))
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--keep-going", "--json") == 3
+    report = json.loads(capsys.readouterr().out)
+    others = {f"h{i}" for i in range(8)} - {"h6"}
+    assert report["hosts"]["h6"]["result"] == "error", report["hosts"]["h6"]
+    assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == others
+    assert "kept the new state on h0, h1, h2, h3, h4, h5, h7 (--keep-going)" in \
+        report["message"]
+    kept = dumps(lab)
+    assert kept["h6"] == before["h6"]  # the failed host reverted itself
+    assert all(kept[h] != before[h] for h in others)
+    monkeypatch.delenv("TOPO_AGENT_CRASH_AFTER")
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--json") == 2
+    report = json.loads(capsys.readouterr().out)
+    assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == {"h6"}
+    assert {h: dumps(lab)[h] == kept[h] for h in others} == dict.fromkeys(others, True)
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0

@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             report = rollout.apply_plan(plan, transport, dry_run=args.dry_run,
                                         force_mgmt=args.force_mgmt, probe=not args.no_probe,
                                         only=args.hosts, progress=progress,
-                                        confirm_within=confirm_window(args, transport))
+                                        confirm_within=confirm_window(args, transport),
+                                        keep_going=args.keep_going)
         elif args.command == "diff":
             report = rollout.apply_plan(plan, transport, dry_run=True,
                                         force_mgmt=args.force_mgmt, only=args.hosts,
@@ -217,6 +218,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                 "of its apply; topoctl confirms every host it still reaches "
                                 f"(default {CONFIRM_SSH_S:g} over SSH, off for lab namespaces "
                                 "and --local; 0: off)")
+        if name == "apply":
+            p.add_argument("--keep-going", action="store_true",
+                           help="when the apply fails on some hosts, the hosts that applied "
+                                "keep the new state (default: they are rolled back); exit 3")
         if name in ("apply", "diff"):
             p.add_argument("--via", choices=["agent", "ansible"], default="agent",
                            help="ansible: run playbooks/apply.yml through ansible-runner "

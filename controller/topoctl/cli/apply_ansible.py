@@ -51,7 +51,8 @@ def run_via_ansible(args: argparse.Namespace, progress: Progress) -> Report | in
             rollout.host_texts(plan, args.hosts)  # names every host not in the plan
         inventory, data = _inventory(args, plan)
         extravars = {"topo_plan": str(Path(args.plan).resolve()),
-                     "topo_force_mgmt": bool(args.force_mgmt), "topo_probe": not args.no_probe}
+                     "topo_force_mgmt": bool(args.force_mgmt), "topo_probe": not args.no_probe,
+                     "topo_keep_going": bool(getattr(args, "keep_going", False))}
         report = run_playbook("apply.yml", inventory, private_data_dir=data, extravars=extravars,
                               limit=args.hosts, progress=progress, command=args.command,
                               check=args.command == "diff" or args.dry_run)

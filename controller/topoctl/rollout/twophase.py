@@ -15,8 +15,8 @@ Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pendi
 --dry-run), 1 prepare failed (no host touched), a rollback failed or a host's state is unknown
 (unreachable during its apply without --confirm-within, or a dropped session that could not be
 checked), 3 partial: the apply failed on some hosts and every host that had changed was rolled
-back; status 0 in sync, 2 drifted, 1 a host could not be checked; rollback 2 rolled back,
-0 nothing to roll back on any host, 1 a host failed.
+back (with `keep_going`: kept in the new state); status 0 in sync, 2 drifted, 1 a host could
+not be checked; rollback 2 rolled back, 0 nothing to roll back on any host, 1 a host failed.
 
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
@@ -166,10 +166,12 @@ def _call(transport: Transport, host: str, args: list[str], stdin: str | None, p
 def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                force_mgmt: bool = False, probe: bool = True, only: list[str] | None = None,
                progress: Progress = lambda e: None, timeout: float = 120.0,
-               confirm_within: float | None = None) -> Report:
+               confirm_within: float | None = None, keep_going: bool = False) -> Report:
     """Prepare every host, then apply; with `confirm_within` (seconds) each agent applies with
     --confirm-within and reverts by itself unless confirmed, and every changed host that is
-    still reachable afterwards is confirmed (a host the apply cut off goes back on its own)."""
+    still reachable afterwards is confirmed (a host the apply cut off goes back on its own).
+    With `keep_going`, when the apply fails on some hosts the hosts that did apply keep the
+    new state instead of being rolled back (each failed host reverts itself, as always)."""
     texts = host_texts(plan, only)
     flags = ["--force-mgmt"] if force_mgmt else []
     events: list[Event] = []
@@ -218,9 +220,9 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     events += [e for evs in settled.values() for e in evs]
     changed = sorted(changed + [h for h, evs in settled.items() if evs[-1].result == "applied"])
 
-    back = _parallel(lambda h: _call(transport, h, [*flags, "rollback", "--no-probe"],
-                                     None, "rollback", "rolled back", "rolled back", timeout),
-                     changed, progress)
+    back = {} if keep_going else _parallel(
+        lambda h: _call(transport, h, [*flags, "rollback", "--no-probe"], None, "rollback",
+                        "rolled back", "rolled back", timeout), changed, progress)
     events += back.values()
     # an agent killed mid-apply left its journal: recover that host now (any agent start
     # would), so it is as before and the report says so
@@ -237,7 +239,11 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
         ok = [h for h in killed if h not in unrecovered]
         if ok:
             msg += f"recovered {', '.join(ok)} from its journal (host as before); "
-    msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
+    if keep_going:
+        msg += (f"kept the new state on {', '.join(changed)} (--keep-going)" if changed
+                else "no other host had changed")
+    else:
+        msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
     lost = sorted(h for h in failed if outcome[h].result == "unreachable")
     if confirm_within and lost:
         whose = ("its agent reverts by itself" if len(lost) == 1
@@ -260,6 +266,7 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     if unrolled or unrecovered or unsettled or (lost and not confirm_within):
         return Report("apply", EXIT_ERROR, events, msg)
     # partial: some hosts failed (each reverted itself), every other changed host rolled back
+    # (or, with keep_going, left in the new state)
     return Report("apply", EXIT_PARTIAL, events, msg)
 
 
