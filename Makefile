@@ -4,7 +4,8 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
-DEBS  := iproute2 ethtool iperf3 iputils-ping openvswitch-switch openssh-server openssh-client ruby
+DEBS  := iproute2 ethtool iperf3 iputils-ping openvswitch-switch openssh-server openssh-client ruby \
+         vagrant vagrant-libvirt
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench deps clean

@@ -3,6 +3,7 @@ and each direct cable is a mirrored UDP tunnel between the right two NICs."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -65,11 +66,17 @@ def test_vagrantfile_is_valid_ruby():
     assert r.returncode == 0 and "Syntax OK" in r.stdout, r.stderr
 
 
-@pytest.mark.skipif(shutil.which("vagrant") is None, reason="vagrant not installed")
-def test_vagrant_validate():
+@pytest.mark.skipif(shutil.which("vagrant") is None,
+                    reason="vagrant not installed (make deps installs it with vagrant-libvirt)")
+def test_vagrant_validate(tmp_path):
+    """`vagrant validate` with the libvirt provider's own checks (vagrant-libvirt installed;
+    no VM is started). Vagrant's state goes to tmp_path, not beside the Vagrantfile."""
+    env = {**os.environ, "VAGRANT_DOTFILE_PATH": str(tmp_path / "dot"),
+           "VAGRANT_HOME": str(tmp_path / "home"), "VAGRANT_CHECKPOINT_DISABLE": "1"}
     r = subprocess.run(["vagrant", "validate"], cwd=CHECKED_IN.parent, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "validated successfully" in r.stdout, r.stdout + r.stderr
+    assert not (CHECKED_IN.parent / ".vagrant").exists()
 
 
 def test_bad_cluster_is_an_error_naming_the_path(tmp_path, capsys):
