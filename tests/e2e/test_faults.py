@@ -8,7 +8,9 @@ dropped session, an agent killed, a host cut off by its own apply): test_ssh_fau
 from __future__ import annotations
 
 import json
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -202,3 +204,43 @@ def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # n
     assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == {"h6"}
     assert {h: dumps(lab)[h] == kept[h] for h in others} == dict.fromkeys(others, True)
     assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0
+
+
+def test_a_stream_to_a_host_cut_off_ends_within_seconds(lab):  # noqa: F811
+    """`topoctl run` streams its ranks' lines over SSH for minutes: when the host's management
+    path dies the stream ends UNREACHABLE within seconds (keepalives), naming why, instead of
+    waiting for TCP to give up."""
+    ns = lab.netns("h2")
+    cut = [["ip", "-n", ns, "route", "add", "blackhole", "default", "table", "77"],
+           ["ip", "-n", ns, "rule", "add", "priority", "7", "lookup", "77"]]
+    transport = lab_ssh_transport(lab)
+    lines: list[str] = []
+    result: dict[str, float] = {}
+
+    def stream() -> None:
+        result["rc"] = transport.stream("h2", ["watch", "--interval", "1"], None,
+                                        lambda h, line: lines.append(line))
+        result["ended"] = time.monotonic()
+
+    t = threading.Thread(target=stream)
+    try:
+        t.start()
+        time.sleep(3)  # the agent runs and the stream is open
+        assert t.is_alive() and "rc" not in result
+        for cmd in cut:
+            sh(cmd)
+        cut_at = time.monotonic()
+        t.join(60)
+        assert not t.is_alive()
+        assert result["rc"] == 255  # UNREACHABLE
+        assert result["ended"] - cut_at < 12, result["ended"] - cut_at
+        assert "no answer from its sshd" in lines[-1], lines
+    finally:
+        sh(["ip", "-n", ns, "rule", "del", "priority", "7"], check=False)
+        sh(["ip", "-n", ns, "route", "del", "blackhole", "default", "table", "77"], check=False)
+        transport.close()
+        t.join(60)
+        for pid in sh(["ip", "netns", "pids", ns]).stdout.split():  # the watch left running
+            cmdline = Path(f"/proc/{pid}/cmdline")
+            if cmdline.exists() and b"watch" in cmdline.read_bytes():
+                sh(["kill", pid], check=False)

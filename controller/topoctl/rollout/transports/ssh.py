@@ -106,21 +106,29 @@ class SshTransport:
     def stream(self, host: str, args: list[str], stdin: str | None,
                on_line: Callable[[str, str], None], timeout: float | None = None) -> int:
         """Run the agent on `host` over SSH, each output line to on_line(host, line); its exit
-        code."""
+        code (UNREACHABLE, with a line saying why, when the host stops answering keepalives)."""
+        watch = None
         try:
             client = self._client(host)
-            # unwrapped: `run` supervises ranks that stream for minutes, signals included
-            chan_in, chan_out, _ = client.exec_command(self._command(host, args, wrap=False),
-                                                       timeout=timeout)
-            chan_out.channel.set_combine_stderr(True)
-            chan_in.write(stdin or "")
-            chan_in.channel.shutdown_write()
-            for line in chan_out:
-                on_line(host, line.rstrip("\n"))
-            return chan_out.channel.recv_exit_status()
-        except (KeyError, paramiko.SSHException, OSError) as e:
-            on_line(host, f"ssh {self.addresses.get(host)}: {e}")
+            with Keepalive(client.get_transport(), self.keepalive,
+                           self.keepalive_count) as watch:
+                # unwrapped: `run` supervises ranks that stream for minutes, signals included
+                chan_in, chan_out, _ = client.exec_command(
+                    self._command(host, args, wrap=False), timeout=timeout)
+                chan_out.channel.set_combine_stderr(True)
+                chan_in.write(stdin or "")
+                chan_in.channel.shutdown_write()
+                for line in chan_out:
+                    on_line(host, line.rstrip("\n"))
+                rc = chan_out.channel.recv_exit_status()
+        except (KeyError, paramiko.SSHException, OSError, EOFError) as e:
+            why = watch.lost if watch is not None and watch.lost else e
+            on_line(host, f"ssh {self.addresses.get(host)}: {why}")
             return UNREACHABLE
+        if watch.lost:  # keepalives unanswered: the connection was closed under the stream
+            on_line(host, f"ssh {self.addresses.get(host)}: {watch.lost}")
+            return UNREACHABLE
+        return rc
 
     def agent(self, host: str, args: list[str], stdin: str | None = None,
               timeout: float = 120.0) -> AgentReply:
