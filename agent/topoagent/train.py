@@ -154,7 +154,10 @@ def main() -> int:
         if writer and done % every == 0 and done < iters:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over
         if stop_after and done == stop_after:
-            return EXIT_TEST_STOP
+            # an abrupt stop, as a failure would: leaving through the interpreter's exit with
+            # the process group alive lets gloo's threads abort the process (SIGABRT)
+            sys.stdout.flush()
+            os._exit(EXIT_TEST_STOP)
     if ckpt is not None:
         dist.barrier()  # every rank is past its last iteration: nothing can resume any more
         if local0:
