@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from topoagent.collectives import load_calibration
 from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
-from topoctl.graph.cost import scale_costs
+from topoctl.graph.cost import roofline_costs, scale_costs, totals
 from topoctl.graph.devices import Device
 from topoctl.graph.profile import device_table, job_costs, job_graph, measure_train_job
+from topoctl.placement.runtime import rank_op_costs
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.ovs import ovs_host
@@ -28,6 +31,7 @@ from topoctl.spec.job import Job, JobError
 from topoctl.strategies import PlanContext, Strategy, StrategyError, available
 
 PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data parallelism
+LAB_TIMED_MAX_S = 2.0  # a rank's roofline forward + backward up to which lab ranks are timed
 
 
 @dataclass
@@ -107,8 +111,32 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
     lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
     train = (functools.partial(measure_train_job, job, use_cache=True)
              if use_cache and lab else None)
-    return PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
-                       use_cache, train)
+    ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
+                      use_cache, train)
+    return _on_lab_cpu(ctx) if train is not None else ctx
+
+
+def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
+    """`ctx` with the ranks costed as the lab runs them: every training host a `cpu` on this
+    machine, one single-threaded rank each, all sharing its cores. A rank's ops are timed on
+    this CPU at its batch (whatever `cost.method` says: the roofline's generic CPU is not this
+    one) and the simulator shares the cores among the ranks' compute (`Network.cpu_pool`).
+    Models whose roofline step exceeds `LAB_TIMED_MAX_S` keep the context's costs (the lab
+    does not train them, and timing them would take minutes)."""
+    if ctx.world_size != len(ctx.hosts):
+        return ctx
+    dev = ctx.device[ctx.hosts[0]]
+    fwd, bwd = totals(roofline_costs(ctx.graph, dev))
+    if fwd + bwd > LAB_TIMED_MAX_S:
+        return ctx
+    measured = ctx.train_costs(ctx.local_batch) if ctx.train_costs else None
+    if measured is None:  # the model does not train on real tensors here
+        return ctx
+    ops, step = rank_op_costs(ctx.graph, measured, ctx.job.cost.scale)
+    cal = load_calibration() or {}
+    cores = int(cal.get("cores") or os.cpu_count() or 1)
+    return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
+                   cpu_pool=(frozenset(ctx.hosts), cores))
 
 
 def evaluate(ctx: PlanContext, name: str) -> Evaluated:
@@ -186,8 +214,8 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
         | {"busiest_links": {k: _r(u) for k, u in sorted(
             res.link_utilisation.items(), key=lambda kv: (-kv[1], kv[0]))[:5] if u > 0},
            "samples_per_second": _r(ctx.job.batch.global_ / it) if it > 0 else 0.0,
-           "cost_model": sorted({("measured" if _measured(ctx, h) else "roofline") + ":" +
-                                 ctx.device[h].name for h in ctx.hosts})},
+           "cost_model": sorted({_cost_model(ctx, h) + ":" + ctx.device[h].name
+                                 for h in ctx.hosts})},
         **({"inventory": _inventory(ctx.cluster)} if ctx.cluster.inventory else {}),
         # what the strategy reports about its collective (trees: rate, optimum, bound name,
         # achieved/optimal), so every plan states how close to the optimum it is
@@ -202,6 +230,14 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
     job = launch_spec(ctx.job, ctx.hosts, ctx.ranks, addr, ctx.local_batch, s.collective,
                       s.buckets, s.bucket_cap)
     return plan_document(meta, fabric_wiring(ctx.cluster, s.fabric), hosts, job)
+
+
+def _cost_model(ctx: PlanContext, h: str) -> str:
+    """`timed` (lab ranks timed on this CPU, `_on_lab_cpu`), `measured` (per-op profile on this
+    CPU, `cost.method`) or `roofline`."""
+    if ctx.cpu_pool is not None:
+        return "timed"
+    return "measured" if _measured(ctx, h) else "roofline"
 
 
 def _measured(ctx: PlanContext, h: str) -> bool:

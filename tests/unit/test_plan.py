@@ -3,6 +3,7 @@ form, the checked-in example plans are current, bad input fails cleanly writing 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import yaml
 from topoagent.state import parse_host_state
 from topoctl.cli import main
 from topoctl.cli.plan import dump_plan
-from topoctl.planner import make_plan
+from topoctl.graph.cost import totals
+from topoctl.planner import LAB_TIMED_MAX_S, make_plan, prepare
 from topoctl.render.plan import validate_plan
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import load_job, parse_job
@@ -153,10 +155,14 @@ def test_gpu_types_from_the_cluster_drive_the_roofline():
 
 
 def test_measured_costs_on_cpu_hosts_are_cached(tmp_path, monkeypatch):
-    """cost: auto on `cpu` hosts times the model on this CPU once, then reads the cache."""
+    """cost: auto on `cpu` hosts that are not lab ranks (a `cost.device`-free job whose ranks
+    are not timed: several ranks per host) profiles the model on this CPU once, then reads the
+    cache."""
     monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
     job = parse_job(JOB | {"cost": {"method": "auto"}})
-    c = load_cluster(PLANS / "switch8-cluster.yaml")
+    data = yaml.safe_load((PLANS / "switch8-cluster.yaml").read_text())
+    data["defaults"]["gpus"] = {"count": 2, "type": "cpu"}
+    c = parse_cluster(data)
     doc, _, _ = make_plan(c, job)
     assert doc["metadata"]["prediction"]["cost_model"] == ["measured:CPU"]
     assert doc["metadata"]["prediction"]["compute"] > 0
@@ -168,9 +174,45 @@ def test_measured_costs_on_cpu_hosts_are_cached(tmp_path, monkeypatch):
         "compute"]
 
 
-def _inflate(text: str) -> str:
-    import json
+def test_lab_ranks_are_timed_on_this_cpu_and_share_its_cores(tmp_path, monkeypatch):
+    """Lab hosts (every host a `cpu`, one rank each, no cost.device): whatever cost.method
+    says, a rank's ops are timed on this CPU at its batch (cached), the optimiser step too, and
+    every data-parallel strategy's network shares the machine's cores among the ranks."""
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB | {"cost": {"method": "roofline"},
+                           "strategies": ["baseline", "trees", "topoopt", "trees+bandwidth"]})
+    c = load_cluster(PLANS / "hetero8-cluster.yaml")
+    doc, ctx, evals = make_plan(c, job)
+    assert doc["metadata"]["prediction"]["cost_model"] == ["timed:CPU"]
+    assert ctx.cpu_pool is not None and ctx.cpu_pool[0] == frozenset(ctx.hosts)
+    assert ctx.cpu_pool[1] >= 1
+    for e in evals:
+        assert e.strategy.network.cpu_pool == ctx.cpu_pool, e.strategy.name
+    files = list((tmp_path / "profiles").glob("*.json"))
+    assert len(files) == 1  # the training costs at the rank's batch; roofline needs no profile
+    timed = json.loads(files[0].read_text())
+    assert ctx.step_s == pytest.approx(sum(v[3] for v in timed.values()))
+    files[0].write_text(json.dumps({k: [x * 1000 + 1.0 for x in v] for k, v in timed.items()}))
+    doc2, _, _ = make_plan(c, job)  # the (edited) cache is used: compute grows
+    assert doc2["metadata"]["prediction"]["compute"] > 100 * doc["metadata"]["prediction"][
+        "compute"]
 
+
+def test_lab_ranks_too_big_to_time_keep_the_roofline(tmp_path, monkeypatch):
+    """A model whose roofline step is beyond `LAB_TIMED_MAX_S` is not timed (the lab does not
+    train it; timing it would take minutes): roofline, no pool, nothing cached."""
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB | {"model": {"catalog": "mlp", "params": {"layers": 4, "hidden": 4096}},
+                           "cost": {"method": "roofline"}, "batch": {"global": 8 * 8192}})
+    c = load_cluster(PLANS / "switch8-cluster.yaml")
+    ctx = prepare(c, job)
+    fwd, bwd = totals(ctx.host_costs(ctx.hosts[0]))
+    assert fwd + bwd > LAB_TIMED_MAX_S
+    assert ctx.cpu_pool is None and ctx.step_s is None
+    assert not list((tmp_path / "profiles").glob("*.json"))
+
+
+def _inflate(text: str) -> str:
     data = json.loads(text)
     return json.dumps({k: [v[0] * 1000 + 1.0, v[1]] for k, v in data.items()})
 
@@ -187,7 +229,7 @@ def test_factory_model_and_a_host_subset(tmp_path, monkeypatch):
     assert ctx.graph.by_name()["fc1"].out_shape == (4, 9)
     assert doc["job"]["collective"]["order"] == ["h0", "h4", "h6"]
     assert set(doc["job"]["processes"]) == {"h0", "h4", "h6"} and len(doc["hosts"]) == 8
-    assert doc["metadata"]["prediction"]["cost_model"] == ["measured:CPU"]
+    assert doc["metadata"]["prediction"]["cost_model"] == ["timed:CPU"]  # lab ranks
     assert validate_plan(doc) == []
     busiest = doc["metadata"]["prediction"]["busiest_links"]
     assert busiest and all(0 < u <= 1 + 1e-9 for u in busiest.values())

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from topoctl.collective.trees.pipeline import RuntimeCosts
-from topoctl.graph.cost import TrainCost
+from topoctl.graph.cost import OpCost, TrainCost
 from topoctl.graph.ops import OpGraph
 
-__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "stage_costs"]
+__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "rank_op_costs", "stage_costs"]
 
 
 def _is_float(graph: OpGraph, name: str) -> bool:
@@ -71,6 +71,24 @@ def stage_costs(graph: OpGraph, stage_of: Mapping[str, int], s: int,
         step += c.step
         bwd += c.bwd_inputs if any(grad.get(i, False) for i in o.inputs) else c.bwd_params
     return fwd, bwd, step
+
+
+def rank_op_costs(graph: OpGraph, measured: Mapping[str, TrainCost],
+                  scale: float = 1.0) -> tuple[dict[str, OpCost], float]:
+    """(per-op forward/backward seconds, optimiser step seconds) of a data-parallel rank whose
+    ops were timed on this CPU at its batch: the whole model is one stage, so an op's backward
+    is ``bwd_inputs`` once a value before it needs a gradient and ``bwd_params`` before that
+    (the input batch needs none), as autograd runs it (``needs_grad``). `scale`: the job's
+    ``cost.scale``. O(ops)."""
+    grad = needs_grad(graph, dict.fromkeys((o.name for o in graph.ops), 0), 0)
+    out: dict[str, OpCost] = {}
+    step = 0.0
+    for o in graph.ops:
+        c = measured[o.name]
+        bwd = c.bwd_inputs if any(grad.get(i, False) for i in o.inputs) else c.bwd_params
+        out[o.name] = OpCost(scale * c.fwd, scale * bwd)
+        step += scale * c.step
+    return out, step
 
 
 def message_cpu(nbytes: float, costs: RuntimeCosts, lab: bool = False,

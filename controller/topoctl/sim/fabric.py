@@ -27,9 +27,11 @@ def tcp_efficiency(mtu: int) -> float:
 
 def network_from_fabric(graph: FabricGraph, hops: NextHops,
                         rate_caps: dict[tuple[str, str], float] | None = None,
-                        efficiency: float | None = None) -> Network:
+                        efficiency: float | None = None,
+                        cpu_pool: tuple[frozenset[str], int] | None = None) -> Network:
     """Links in bytes/s of goodput (the fabric gives bit/s on the wire; `efficiency` defaults to
-    `tcp_efficiency(graph.mtu)`); `rate_caps` in bytes/s per (src, dst)."""
+    `tcp_efficiency(graph.mtu)`); `rate_caps` in bytes/s per (src, dst); `cpu_pool`: devices
+    sharing a machine's cores (`Network.cpu_pool`)."""
     eff = tcp_efficiency(graph.mtu) if efficiency is None else efficiency
     links: dict[str, Link] = {}
     for (u, v), cables in hops.bundles.items():
@@ -41,4 +43,4 @@ def network_from_fabric(graph: FabricGraph, hops: NextHops,
         nodes = hops.path_nodes(src, dst)
         return [(1.0, tuple(arc_id(a, b) for a, b in zip(nodes, nodes[1:], strict=False)))]
 
-    return Network(links, route, dict(rate_caps or {}))
+    return Network(links, route, dict(rate_caps or {}), cpu_pool)

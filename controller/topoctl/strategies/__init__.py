@@ -60,6 +60,11 @@ class PlanContext:
     # training costs timed on this CPU at a given batch (`graph.profile.measure_train_job`,
     # cached); the pipeline strategies cost their micro-batches with it. None: roofline/profile
     train_costs: Callable[[int], dict[str, TrainCost] | None] | None = None
+    # lab hosts whose ranks' compute was timed on this CPU (`planner.prepare`): the ranks share
+    # this machine's cores (processor sharing in the simulator, `Network.cpu_pool`); every
+    # strategy builds its network with it (`network_from_fabric(..., cpu_pool=...)`)
+    cpu_pool: tuple[frozenset[str], int] | None = None
+    step_s: float | None = None  # a rank's optimiser step timed on this CPU (lab), else roofline
 
     @property
     def world_size(self) -> int:

@@ -54,7 +54,7 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     demand = traffic_matrix(base.tasks)
     paths = candidate_paths(base.hops, sorted(demand), detours=multipath)
     eff = tcp_efficiency(base.fabric.mtu)
-    plain = network_from_fabric(base.fabric, base.hops)
+    plain = network_from_fabric(base.fabric, base.hops, cpu_pool=base.network.cpu_pool)
     cap = {k: ln.capacity for k, ln in plain.links.items()}
     alloc = allocate(demand, paths, cap, objective)
     rows = class_rows(alloc, base.hops.bundles, eff)
@@ -74,8 +74,8 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
         return routed.get((src, dst)) or plain.router(src, dst)
 
     caps = {p: alloc.total(p) for p in alloc.rates}
-    hard = Network(plain.links, route, caps)
-    soft = Network(plain.links, route)
+    hard = Network(plain.links, route, caps, plain.cpu_pool)
+    soft = Network(plain.links, route, cpu_pool=plain.cpu_pool)
     t_hard = simulate(base.tasks, hard, record=False).iteration_time
     t_soft = simulate(base.tasks, soft, record=False).iteration_time
     ceil_is_rate = t_hard <= t_soft

@@ -52,7 +52,10 @@ def backward_chunks(graph: OpGraph, costs: dict, bucket_ops: list[list[str]]) ->
 
 
 def step_time(ctx: PlanContext, host: str) -> float:
-    """Optimizer step: read weights, gradients and one moment, write weights (memory bound)."""
+    """Optimizer step: read weights, gradients and one moment, write weights (memory bound);
+    on lab hosts the step as timed on this CPU."""
+    if ctx.step_s is not None:  # timed on this CPU (lab hosts), cost.scale applied
+        return ctx.step_s
     d = ctx.device[host]
     return ctx.job.cost.scale * (d.launch + 4 * ctx.graph.param_bytes / (d.mem_bw * d.efficiency))
 
@@ -89,7 +92,8 @@ def plan(ctx: PlanContext) -> Strategy:
     order = list(ctx.hosts)
     tasks, sizes = dp_tasks(ctx, order, algorithm)
     return Strategy(name="baseline", fabric=ctx.fabric, hops=hops,
-                    network=network_from_fabric(ctx.fabric, hops), tasks=tasks,
+                    network=network_from_fabric(ctx.fabric, hops, cpu_pool=ctx.cpu_pool),
+                    tasks=tasks,
                     collective={"algorithm": "ring", "order": order}, buckets=sizes)
 
 

@@ -129,7 +129,7 @@ def ecmp_routes(ctx: PlanContext, topo: Topology) -> dict[tuple[str, str], list[
 
 
 def _network(ctx: PlanContext, topo: Topology, fabric: FabricGraph, hops) -> Network:
-    base = network_from_fabric(fabric, hops)
+    base = network_from_fabric(fabric, hops, cpu_pool=ctx.cpu_pool)
     pairs = [(c.a, c.b) for c in topo.cables]
     dist = distances(topo.n, pairs)
     nbrs = neighbour_counts(topo.n, pairs)
@@ -141,7 +141,7 @@ def _network(ctx: PlanContext, topo: Topology, fabric: FabricGraph, hops) -> Net
         return [(w, tuple(arc_id(hs[a], hs[b]) for a, b in zip(p, p[1:], strict=False)))
                 for w, p in paths]
 
-    return Network(base.links, route, {})
+    return Network(base.links, route, {}, base.cpu_pool)
 
 
 def totient_algorithm(orders: list[list[str]], exact_up_to: int = EXACT_RINGS_UP_TO):

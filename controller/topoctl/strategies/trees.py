@@ -68,7 +68,7 @@ def plan(ctx: PlanContext) -> Strategy:
     bounds = tree_bounds(g, lp_upper=tp.upper_bound, clock=clock)
     bname, bval = best_bound(bounds)
     hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
-    network = network_from_fabric(ctx.fabric, hops)
+    network = network_from_fabric(ctx.fabric, hops, cpu_pool=ctx.cpu_pool)
     rate = tp.rate * tcp_efficiency(ctx.fabric.mtu)  # goodput of the packed trees
     hosts = list(ctx.hosts)
     latency = max((network.latency(path) for t in tp.trees for p, c in t.edges
