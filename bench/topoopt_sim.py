@@ -8,8 +8,10 @@ per-server bandwidth (d x B):
 
 Baselines run the `baseline` strategy (data parallel, ring AllReduce in host order); topoopt
 also searches data/model parallelism per op group (jobs with `parallelism.model: true`: DLRM,
-BERT), with a shortened search here (`--mcmc`, `--rounds`). Also times the planner
-(`topoopt` strategy, prepare excluded) at n = 128 and n = 1024 (targets 5 s and 60 s).
+BERT), with a shortened search here (`--mcmc`, `--rounds`); when it finds a hybrid, every
+baseline fabric runs the faster of data parallelism and that same hybrid (`hybrid_time`).
+Also times the planner (`topoopt` strategy, prepare excluded) at n = 128 and n = 1024
+(targets 5 s and 60 s).
 
     python3 bench/topoopt_sim.py [--hosts 128] [--degrees 4,8] [--speeds 25gbit,100gbit]
         [--workloads dlrm,bert,candle_uno,vgg,resnet] [--planner-time 128,1024] [--json]
@@ -77,6 +79,7 @@ def run_case(n: int, d: int, speed: str, workload: str) -> dict:
     from topoctl.spec.job import parse_job
 
     out = {}
+    mp_ops: list[str] = []
     for kind in ("topoopt", "fat-tree", "fat-tree-2:1", "fat-tree-4:1", "expander"):
         strategy = "topoopt" if kind == "topoopt" else "baseline"
         ctx = prepare(parse_cluster(cluster(kind, n, d, speed)), parse_job(job(workload,
@@ -85,14 +88,33 @@ def run_case(n: int, d: int, speed: str, workload: str) -> dict:
         out[kind] = {"iteration_time": ev.result.iteration_time, "planner_s": ev.seconds}
         if kind == "topoopt":
             notes = ev.strategy.notes
+            mp_ops = list(notes["model_parallel"])
             out[kind] |= {"strides": notes["topology"]["strides"],
                           "diameter": notes["topology"]["diameter"],
-                          "model_parallel": len(notes["model_parallel"]),
+                          "model_parallel": len(mp_ops),
                           "allreduce": notes["allreduce"]["chosen"]}
+        elif mp_ops:  # the same hybrid on this fabric, when faster than data parallel
+            th = hybrid_time(ctx, mp_ops, ev.strategy.network)
+            out[kind] |= {"data_parallel": ev.result.iteration_time, "hybrid": th,
+                          "iteration_time": min(ev.result.iteration_time, th)}
     t = out["topoopt"]["iteration_time"]
     for r in out.values():
         r["ratio_to_topoopt"] = r["iteration_time"] / t
     return out
+
+
+def hybrid_time(ctx, mp_ops: list[str], network) -> float:
+    """Simulated iteration of the hybrid `topoopt` chose (`mp_ops` model parallel, each on the
+    owner the strategy gives it; the rest data parallel, ring AllReduce in host order) on
+    another fabric: the baselines get the paper's footing, the best strategy on each fabric."""
+    from topoctl.sim.engine import simulate
+    from topoctl.sim.schedules import ALGORITHMS
+    from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
+
+    own = owners(list(ctx.hosts), mp_candidates(ctx.graph))
+    tasks, _, _ = hybrid_tasks(ctx, {o: own[o] for o in mp_ops}, list(ctx.hosts),
+                               ALGORITHMS["ring"])
+    return simulate(tasks, network, record=False).iteration_time
 
 
 def planner_time(n: int, d: int = 4, workload: str = "resnet") -> float:
