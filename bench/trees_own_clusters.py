@@ -1,7 +1,7 @@
 """Tree AllReduce on clusters of our own (issue 16), through the user's command-line path only:
 for every generated cluster file (`bench/own_clusters.py`, seeded, unlike the examples)
 
-    topoctl plan CLUSTER JOB -o plan.yaml        (the job with `strategies: [trees]`)
+    topoctl plan CLUSTER JOB -o plan.yaml        (`strategies: [trees]`, batch B x hosts)
     topoctl lab up CLUSTER --name LAB
     topoctl apply plan.yaml --lab LAB
     topoctl run plan.yaml --lab LAB --iterations N --json
@@ -14,7 +14,8 @@ optimum_bytes_per_s`, applied to the gradient bytes, as `bench/demo.py` does) an
 measured iteration (target >= 80%), with the load average at each start. Root only.
 
     .venv/bin/python bench/trees_own_clusters.py [--suite full|small] [--only ring6 ...]
-        [--iterations 8] [--seed 16] [--job plans/mlp-job.yaml] [--out DIR] [--json]
+        [--iterations 8] [--seed 16] [--job plans/mlp-job.yaml] [--batch 48] [--out DIR]
+        [--json]
 
 Each cluster's files (cluster.yaml, job.yaml, plan.yaml, run.json) are kept in
 ``--out``/NAME (default ``bench/results/trees-own-clusters-DATE``), with results.json and
@@ -23,7 +24,6 @@ results.md next to them, so a reader can redo any line with the same commands.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -38,6 +38,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import own_clusters  # noqa: E402
+
+from topoagent.cliutil import ArgumentParser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -122,34 +124,49 @@ def measure(name: str, cluster: dict, job: dict, lab: str, iterations: int, out:
     return row
 
 
+def wire_gbit_s(row: dict) -> str:
+    """What the lab's cable emulation carries during an AllReduce at the optimum: 2 (n-1) M
+    bytes over all cables (each rank sends and receives about 2 M (n-1) / n) in the optimum's
+    time, in Gbit/s (this machine's emulation carried about 5.3 Gbit/s with iperf3 alone)."""
+    if not row.get("optimum_s"):
+        return "n/a"
+    bits = 8 * 2 * (row["hosts"] - 1) * row["gradient_bytes"]
+    return f"{bits / row['optimum_s'] / 1e9:.1f} Gbit/s"
+
+
 def table(rows: list[dict]) -> str:
     """The markdown table of the rows."""
     lines = ["| cluster | hosts / cables | trees | predicted s/it | measured s/it | error | "
-             "AllReduce optimum | optimum / measured (target >= 80%) | load average at start |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "AllReduce optimum | optimum / measured (target >= 80%) | cables carry at the "
+             "optimum | load average at start |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         load = " / ".join(f"{x:.1f}" for x in r["loadavg_start"])
         if "error" in r:
             lines.append(f"| {r['cluster']} | {r['hosts']} / {r['cables']} | failed: "
-                         f"{r['error'].splitlines()[-1][:80]} | | | | | | {load} |")
+                         f"{r['error'].splitlines()[-1][:80]} | | | | | | | {load} |")
             continue
         ratio = r.get("optimum_over_measured")
         lines.append(
             f"| {r['cluster']} ({r['description']}) | {r['hosts']} / {r['cables']} | "
             f"{r['trees']} | {r['predicted_s']:.3f} | {r['measured_s']:.3f} | "
             f"{r['error_pct']:+.1f}% | {r['optimum_s']:.3f} s | "
-            + (f"{100 * ratio:.1f}%" if ratio else "n/a") + f" | {load} |")
+            + (f"{100 * ratio:.1f}%" if ratio else "n/a") + f" | {wire_gbit_s(r)} | {load} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run every chosen cluster, print JSON or the table."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", default="full", choices=["full", "small"])
     ap.add_argument("--only", nargs="+", help="these clusters of the suite only")
     ap.add_argument("--seed", type=int, default=16)
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=8, choices=range(1, 1001),
+                    metavar="N", help="iterations per cluster (8)")
     ap.add_argument("--job", default=str(ROOT / "plans" / "mlp-job.yaml"))
+    ap.add_argument("--batch", type=int, default=48, choices=range(1, 100001), metavar="B",
+                    help="samples per rank: batch.global = B x hosts (48, as the demo job's "
+                    "384 on 8 hosts)")
     ap.add_argument("--out", help="results directory (default bench/results/"
                     "trees-own-clusters-DATE)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -163,7 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--only: no cluster {', '.join(unknown)} in suite {args.suite} "
               f"({', '.join(clusters)})", file=sys.stderr)
         return 1
-    job = yaml.safe_load(Path(args.job).read_text()) | {"strategies": ["trees"]}
+    try:
+        job = yaml.safe_load(Path(args.job).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        print(f"trees_own_clusters: {args.job}: {e}", file=sys.stderr)
+        return 1
+    if not isinstance(job, dict) or job.get("kind") != "Job":
+        print(f"trees_own_clusters: {args.job}: not a job file (kind: Job)", file=sys.stderr)
+        return 1
+    job["strategies"] = ["trees"]
     day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     out = Path(args.out or ROOT / "bench" / "results" / f"trees-own-clusters-{day}")
     out.mkdir(parents=True, exist_ok=True)
@@ -184,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             lab = f"ow{i}p{os.getpid() % 100000}"
             log(f"{name}: plan, lab up {lab}, apply, run {args.iterations} iterations")
             try:
-                rows.append(measure(name, cluster, job, lab, args.iterations, out, env))
+                n = len(cluster["hosts"])  # the batch must split evenly over the ranks
+                job_n = job | {"batch": (job.get("batch") or {}) | {"global": args.batch * n}}
+                rows.append(measure(name, cluster, job_n, lab, args.iterations, out, env))
             except KeyboardInterrupt:  # its lab is down already (measure's `finally`)
                 log(f"{name}: interrupted; lab {lab} removed")
                 return 130
