@@ -70,6 +70,19 @@ def optimum_seconds(plan: dict) -> float | None:
     return plan["metadata"]["model"]["parameters_bytes"] / float(rate) if rate else None
 
 
+def lab_down(lab: str, env: dict) -> None:
+    """`topoctl lab down` of `lab`, with Ctrl-C and SIGTERM ignored meanwhile (by it too: an
+    ignored signal stays ignored across exec), so a second interrupt cannot cut it short."""
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        down = topoctl("lab", "down", "--lab", lab, env=env, timeout=300)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if down.returncode:
+        log(f"lab down {lab}: {(down.stdout + down.stderr).strip()}")
+
+
 def measure(name: str, cluster: dict, job: dict, lab: str, iterations: int, out: Path,
             env: dict) -> dict:
     """One cluster through plan, lab up, apply, run, lab down; the figures (or the failure)."""
@@ -92,11 +105,10 @@ def measure(name: str, cluster: dict, job: dict, lab: str, iterations: int, out:
             "gradient_bytes": meta["model"]["parameters_bytes"],
             "predicted_s": meta["prediction"]["iteration_time"],
             "optimum_s": optimum_seconds(plan)}
-    r = topoctl("lab", "up", d / "cluster.yaml", "--name", lab, env=env)
-    if r.returncode:
-        topoctl("lab", "down", "--lab", lab, env=env)
-        return row | {"error": f"lab up: {(r.stdout + r.stderr).strip()[-2000:]}"}
-    try:
+    try:  # from `lab up` on: an interrupt during it still takes down what it built
+        r = topoctl("lab", "up", d / "cluster.yaml", "--name", lab, env=env)
+        if r.returncode:
+            return row | {"error": f"lab up: {(r.stdout + r.stderr).strip()[-2000:]}"}
         r = topoctl("apply", d / "plan.yaml", "--lab", lab, env=env)
         if r.returncode not in (0, 2):
             return row | {"error": f"apply: {(r.stdout + r.stderr).strip()[-2000:]}"}
@@ -111,9 +123,7 @@ def measure(name: str, cluster: dict, job: dict, lab: str, iterations: int, out:
         if r.returncode or not result.get("iteration_time"):
             return row | {"error": f"run: exit {r.returncode}: {result.get('failure')}"}
     finally:
-        down = topoctl("lab", "down", "--lab", lab, env=env)
-        if down.returncode:
-            log(f"{name}: lab down {lab} failed: {down.stderr.strip()}")
+        lab_down(lab, env)
     measured = result["iteration_time"]
     row |= {"measured_s": measured, "synchronous": result["synchronous"],
             "run_s": result["seconds"],
