@@ -220,7 +220,7 @@ def test_bench_passes_the_program_exit_code_on(tmp_path, monkeypatch, capsys):
     assert topoctl_cli.main(["bench", "demo", "--any", "x"]) == 5
 
 
-@pytest.mark.parametrize("name", ["demo", "allreduce", "lab-check", "bandwidth"])
+@pytest.mark.parametrize("name", ["demo", "allreduce", "lab-check", "bandwidth", "trees-own"])
 def test_bench_usage_errors_exit_1(name, capfd):
     """A bench program's usage error is bad input (1), not argparse's 2 (= changes)."""
     assert topoctl_cli.main(["bench", name, "--bad"]) == EXIT_ERROR

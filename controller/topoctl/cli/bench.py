@@ -23,6 +23,8 @@ BENCHES = {
                   "every example cluster and strategy"),
     "heal": ("heal_lab.py", "a cable cut during `run --heal` in a lab: time until training "
              "runs again, predicted vs measured iteration time before and after"),
+    "trees-own": ("trees_own_clusters.py", "the tree AllReduce on generated clusters unlike "
+                  "the examples (plan, lab up, apply, run): iteration vs the optimum"),
 }
 
 

@@ -1,0 +1,65 @@
+"""`bench/trees_own_clusters.py` end to end: its cluster generator is deterministic and every
+file it makes is a valid cluster unlike the examples; the bench's small suite (a 4-host ring)
+goes through `topoctl plan`, `lab up`, `apply`, `run` and `lab down` for real and reports sane
+figures, leaving no namespace behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from topoctl.spec.cluster_load import parse_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import own_clusters  # noqa: E402
+
+
+def test_generator_is_deterministic_and_unlike_the_examples():
+    full = own_clusters.suite("full", seed=16)
+    assert full == own_clusters.suite("full", seed=16)
+    assert full["rrg10"] != own_clusters.suite("full", seed=17)["rrg10"]
+    examples = [yaml.safe_load(p.read_text()) for p in (ROOT / "plans").glob("*-cluster.yaml")]
+    assert len(examples) >= 7
+    shapes = {(len(c["hosts"]), len(c["fabric"].get("links") or [])) for c in examples}
+    for name, doc in full.items():
+        cluster = parse_cluster(doc)
+        assert len(cluster.hosts) <= 10, name
+        assert cluster.fabric.mtu == 9000, name
+        assert (len(cluster.hosts), len(cluster.fabric.links)) not in shapes, name
+        # every NIC carries exactly one cable
+        assert sum(len(h.nics) for h in cluster.hosts) == 2 * len(cluster.fabric.links), name
+    degrees = {len(h.nics) for h in parse_cluster(full["rrg10"]).hosts}
+    assert degrees == {3}
+    with pytest.raises(ValueError, match="unknown suite"):
+        own_clusters.suite("huge")
+
+
+@pytest.mark.netns
+def test_small_suite_through_the_users_path(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "trees_own_clusters.py"),
+                        "--suite", "small", "--iterations", "3", "--out", str(tmp_path),
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    (row,) = doc["rows"]
+    assert row["cluster"] == "ring4" and row["strategy"] == "trees" and row["synchronous"]
+    assert row["measured_s"] > 0 and row["predicted_s"] > 0 and row["optimum_s"] > 0
+    # the optimum is a bound on the AllReduce alone: no iteration can beat it
+    assert row["optimum_over_measured"] < 1.0
+    assert row["error_pct"] == pytest.approx(
+        100 * (row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+    assert len(row["loadavg_start"]) == 3
+    # a reader can redo it: the cluster, job and plan files are kept next to the results
+    kept = tmp_path / "ring4"
+    assert yaml.safe_load((kept / "job.yaml").read_text())["strategies"] == ["trees"]
+    assert parse_cluster(yaml.safe_load((kept / "cluster.yaml").read_text()))
+    assert (kept / "plan.yaml").exists() and (tmp_path / "results.md").exists()
+    assert json.loads((tmp_path / "results.json").read_text())["rows"][0]["lab"] == row["lab"]
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tp-{row['lab']}-" not in left
