@@ -3,9 +3,10 @@ the hosts, optionally each stage data-parallel over a group of hosts (hybrid).
 
 ``placement`` (the thesis's pipeline): coarsen the op graph (`graph.coarsen.coarsen_graph`:
 fusion + co-location groups, thresholds from the cost distribution), then place the coarse
-graph on the stage groups with the exact MILP (`placement.milp`, HiGHS, deterministic node
-limit) when it is small and the HEFT heuristic (`placement.heft`) always, keeping the better
-under the shared objective. ``pipeline`` is the baseline: the balanced contiguous partition
+graph on the stage groups (`placement.search`): HEFT, the contiguous partition and one device
+as candidates, each scored by simulating the placed graph on the fabric, the fastest kept
+(`search: auto`); `search: milp` adds the exact MILP (HiGHS, warm start from the best
+candidate, deterministic node limit, `placement.improve`). ``pipeline`` is the baseline: the balanced contiguous partition
 (`placement.partition`) of the same coarse graph, as GPipe/PipeDream-style tools split a model.
 
 Candidates: every g dividing the host count with H/g >= 2 stage groups of g consecutive hosts
@@ -33,10 +34,12 @@ from topoagent.collectives import load_calibration
 from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.cost import TrainCost
-from topoctl.placement import heft, milp, partition
+from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
+from topoctl.placement.search import search as coarse_search
+from topoctl.placement.simulate import placed_tasks
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.network import Network
@@ -46,7 +49,6 @@ from topoctl.sim.tasks import Collective, Compute, Task, Transfer
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy
 
-MILP_MAX_VARS = 400  # nodes x devices up to which the MILP runs on the coarse graph
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
 
@@ -231,19 +233,22 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None) -
     return replace(network, cpu_pool=(frozenset(hosts), measured.runtime.cores), _cache={})
 
 
-def _search(p: PlacementProblem, method: str) -> Placement:
+def _search(p: PlacementProblem, method: str, network: Network,
+            groups: list[list[str]]) -> Placement:
+    """`partition`: the contiguous baseline; `heuristic`: HEFT, partition or one device by the
+    objective; `auto`: the same candidates scored by simulating the placed graph on the fabric
+    (`placement.search`; the objective misjudges placements that do not pipeline); `milp`:
+    `auto` plus the MILP warm-started from the best candidate (`placement.improve`)."""
     if method == "partition":
         return partition.place(p)
-    best = heft.place(p)
-    if method in ("auto", "milp") and (method == "milp" or
-                                       len(p.nodes) * len(p.devices) <= MILP_MAX_VARS):
-        try:
-            m = milp.place(p, node_limit=MILP_NODE_LIMIT)
-        except PlacementError:
-            m = None
-        if m is not None and m.objective < best.objective:
-            best = m
-    return best
+    if method == "heuristic":
+        return heft.place(p)
+    hosts = [g[0] for g in groups]
+
+    def score(assign: list[int]) -> float:
+        return simulate(placed_tasks(p, assign, hosts), network, record=False).iteration_time
+
+    return coarse_search(p, score, milp=method == "milp", node_limit=MILP_NODE_LIMIT)
 
 
 def _capacity(ctx: PlanContext) -> dict[str, float]:
@@ -294,7 +299,7 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
         else:
             p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
         try:
-            pl = _search(p, method)
+            pl = _search(p, method, network, groups)
         except PlacementError as e:
             errors.append(str(e))
             continue
