@@ -6,8 +6,9 @@ fusion + co-location groups, thresholds from the cost distribution), then place 
 graph on the stage groups (`placement.search`): HEFT, the contiguous partition and one device
 as candidates, each scored by simulating the placed graph on the fabric, the fastest kept
 (`search: auto`); `search: milp` adds the exact MILP (HiGHS, warm start from the best
-candidate, deterministic node limit, `placement.improve`). ``pipeline`` is the baseline: the balanced contiguous partition
-(`placement.partition`) of the same coarse graph, as GPipe/PipeDream-style tools split a model.
+candidate, deterministic node limit, `placement.improve`). ``pipeline`` is the baseline: the
+balanced contiguous partition (`placement.partition`) of the same coarse graph, as
+GPipe/PipeDream-style tools split a model.
 
 Candidates: every g dividing the host count with H/g >= 2 stage groups of g consecutive hosts
 (g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
