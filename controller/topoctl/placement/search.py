@@ -28,10 +28,11 @@ Score = Callable[[list[int]], float]
 
 
 def search(p: PlacementProblem, score: Score | None = None, milp: bool = False,
-           node_limit: int = 10) -> Placement:
+           node_limit: int = 10, time_limit: float = 600.0) -> Placement:
     """The best candidate (module docstring). `info`: every candidate's objective and score,
     the chosen algorithm, seconds spent in the heuristics, the scoring and the MILP.
-    PlacementError when no candidate fits the devices' memory."""
+    PlacementError when no candidate fits the devices' memory. `time_limit`: the MILP's outer
+    safety limit (the node limit decides the answer)."""
     t0 = time.perf_counter()
     cands: list[Placement] = []
     errors: list[str] = []
@@ -50,7 +51,7 @@ def search(p: PlacementProblem, score: Score | None = None, milp: bool = False,
     milp_info: dict = {}
     if milp:
         start = min(cands, key=lambda c: (c.objective, c.algorithm))
-        m = improve(p, start, node_limit=node_limit)
+        m = improve(p, start, node_limit=node_limit, time_limit=time_limit)
         milp_s = time.perf_counter() - t1
         milp_info = m.info
         if m.algorithm == "milp":
