@@ -3,10 +3,10 @@ the hosts, optionally each stage data-parallel over a group of hosts (hybrid).
 
 ``placement`` (the thesis's pipeline): coarsen the op graph (`graph.coarsen.coarsen_graph`:
 fusion + co-location groups, thresholds from the cost distribution), then place the coarse
-graph on the stage groups (`placement.search`): HEFT, the contiguous partition and one device
-as candidates, each scored by simulating the placed graph on the fabric, the fastest kept
-(`search: auto`); `search: milp` adds the exact MILP (HiGHS, warm start from the best
-candidate, deterministic node limit, `placement.improve`). ``pipeline`` is the baseline: the
+graph on the stage groups (`placement.search.candidates`): HEFT, the contiguous partition and
+one device, each simulated as the plan would run (below), the fastest kept (`search: auto`);
+`search: milp` adds the exact MILP (HiGHS, warm start from the best candidate, deterministic
+node limit, `placement.improve`). ``pipeline`` is the baseline: the
 balanced contiguous partition (`placement.partition`) of the same coarse graph, as
 GPipe/PipeDream-style tools split a model.
 
@@ -39,8 +39,7 @@ from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
-from topoctl.placement.search import search as coarse_search
-from topoctl.placement.simulate import placed_tasks
+from topoctl.placement.search import candidates
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.network import Network
@@ -234,22 +233,18 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None) -
     return replace(network, cpu_pool=(frozenset(hosts), measured.runtime.cores), _cache={})
 
 
-def _search(p: PlacementProblem, method: str, network: Network,
-            groups: list[list[str]]) -> Placement:
-    """`partition`: the contiguous baseline; `heuristic`: HEFT, partition or one device by the
-    objective; `auto`: the same candidates scored by simulating the placed graph on the fabric
-    (`placement.search`; the objective misjudges placements that do not pipeline); `milp`:
-    `auto` plus the MILP warm-started from the best candidate (`placement.improve`)."""
+def _search(p: PlacementProblem, method: str) -> list[Placement]:
+    """The placements to simulate: `partition`: the contiguous baseline; `heuristic`: HEFT,
+    partition or one device, the best by the objective; `auto`: all three
+    (`placement.search.candidates`; the objective misjudges placements that do not pipeline,
+    the simulator decides); `milp`: those plus the MILP warm-started from the best of them
+    (`placement.improve`)."""
     if method == "partition":
-        return partition.place(p)
+        return [partition.place(p)]
     if method == "heuristic":
-        return heft.place(p)
-    hosts = [g[0] for g in groups]
-
-    def score(assign: list[int]) -> float:
-        return simulate(placed_tasks(p, assign, hosts), network, record=False).iteration_time
-
-    return coarse_search(p, score, milp=method == "milp", node_limit=MILP_NODE_LIMIT)
+        return [heft.place(p)]
+    cands, _ = candidates(p, milp=method == "milp", node_limit=MILP_NODE_LIMIT)
+    return cands
 
 
 def _capacity(ctx: PlanContext) -> dict[str, float]:
@@ -300,13 +295,12 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
         else:
             p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
         try:
-            pl = _search(p, method, network, groups)
+            tries = _search(p, method)
         except PlacementError as e:
             errors.append(str(e))
             continue
-        tries = [pl]
         one = serial(p)  # no split at all: the simulator decides whether the split pays
-        if one is not None and len(set(pl.assign)) > 1:
+        if one is not None and all(t.assign != one.assign for t in tries):
             tries.append(one)
         found: list[Candidate] = []
         for pl in tries:
@@ -324,7 +318,8 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
             strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
                              tasks=tasks, collective={}, buckets=[b for b in grads if b])
             found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
-        cands.append(min(found, key=lambda c: c.iteration_time))  # first (the split) on ties
+        # the fastest; on ties a split before no split, then the better objective
+        cands.append(min(found, key=lambda c: (c.iteration_time, len(c.stages) == 1)))
     if not cands:
         raise JobError([("model", f"strategy {name}: no pipeline fits: " + "; ".join(
             dict.fromkeys(errors)) + _min_devices_hint(ctx, coarse, cap, micro))]) from None
