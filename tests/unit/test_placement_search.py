@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from topoctl.placement import heft, milp, search
+from topoctl.placement import heft, milp, partition, search
 from topoctl.placement.improve import canonical, improve, symmetric_classes
 from topoctl.placement.problem import (
     Placement,
@@ -131,3 +131,20 @@ def test_search_with_the_milp_is_never_worse_and_is_deterministic():
     assert a.assign == b.assign and a.objective == b.objective
     assert a.info["milp"]["nodes"] <= 20 + 1
     assert priority_order(p)  # the problem is a DAG the heuristics accept
+
+
+def test_a_contiguous_split_for_every_stage_count_is_a_candidate():
+    p = problem(10, [1.0, 2.0, 1.5, 0.5], 7, mb=4, capacity=6.0)
+    splits = partition.by_stage_count(p)
+    assert [s.algorithm for s in splits] == ["partition-2", "partition-3", "partition-4"]
+    for k, s in enumerate(splits, start=2):
+        assert len(set(s.assign)) <= k and memory_ok(p, s.assign)
+        changes = sum(a != b for a, b in zip(s.assign, s.assign[1:], strict=False))
+        assert changes == len(set(s.assign)) - 1  # contiguous: each device one run
+    # two stages on the two fastest devices (speeds 2.0 and 1.5)
+    assert set(splits[0].assign) <= {1, 2}
+    cands, _ = search.candidates(p)
+    names = {c.algorithm for c in cands}
+    assert "heft" in names and "serial" not in names  # one device cannot hold the model
+    assert names & {"partition-2", "partition-3", "partition-4", "partition"}
+    assert len({tuple(c.assign) for c in cands}) == len(cands)  # each assignment once
