@@ -3,7 +3,12 @@
 For a BERT-style and a VGG-style catalog model on 4 and 8 devices of mixed speed (A100 and V100
 alternating, roofline costs, a non-blocking switch): the exact MILP on the un-coarsened op
 graph (node limit, outer time limit; its gap), the MILP on the coarse graph (fusion +
-co-location), the heuristic (HEFT + partition, coarse graph), and data parallelism. For each:
+co-location), the heuristic (HEFT + partition, coarse graph), the coarse-graph search as the
+planner runs it (`placement.search`: HEFT, partition and one device scored by simulation,
+`search auto`; plus the MILP warm-started from them, `search milp`; the same search on the
+un-coarsened graph, to separate what coarsening buys from what the search buys), and data
+parallelism. The baseline of the speed-up column stays the MILP on the un-coarsened graph
+from scratch (scipy, the original formulation). For each:
 search seconds (coarsening included for the coarse rows) and the simulated makespan of one
 iteration of `--micro` micro-batches (`placement.simulate`: the placed graph's tasks, transfers
 as flows on the fabric; data parallel: compute then ring AllReduce). Targets: coarse MILP >= 100x
@@ -11,6 +16,7 @@ faster than the un-coarsened one at <= 5 % worse makespan; 12-layer BERT on 8 de
 in <= 30 s. Prints a table; `--json` writes the rows.
 
     python bench/placement_search.py [--node-limit 10] [--time-limit 300] [--json out.json]
+        [--baseline earlier.json]   # reuse an earlier run's un-coarsened MILP rows
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from topoctl.graph.capture import capture_catalog
 from topoctl.graph.coarsen import coarsen_graph, from_opgraph
 from topoctl.graph.cost import roofline_costs
 from topoctl.graph.devices import DEVICES
-from topoctl.placement import heft, milp
+from topoctl.placement import heft, milp, search
 from topoctl.placement.build import build_problem
 from topoctl.placement.problem import PlacementError
 from topoctl.placement.simulate import placed_tasks
@@ -61,7 +67,8 @@ def dp_makespan(og, costs_by_type: dict, n: int, micro: int) -> float:
     return simulate(tasks, net, record=False).iteration_time
 
 
-def row(model: str, n: int, micro: int, node_limit: int, time_limit: float) -> list[dict]:
+def row(model: str, n: int, micro: int, node_limit: int, time_limit: float,
+        baseline: dict | None = None) -> list[dict]:
     name, params, batch = MODELS[model]
     og = capture_catalog(name, params, batch)
     costs_by_type = {t: roofline_costs(og, DEVICES[t]) for t in ("A100", "V100")}
@@ -81,14 +88,17 @@ def row(model: str, n: int, micro: int, node_limit: int, time_limit: float) -> l
                     "devices_used": len(set(pl.assign)) if pl else 0, **extra})
 
     fine = from_opgraph(og, costs_by_type["A100"])
-    t0 = time.perf_counter()
-    pf = build_problem(fine, groups, op_cost, cap, net, micro)
-    try:
-        mf = milp.place(pf, node_limit=node_limit, time_limit=time_limit)
-        extra = {"gap": mf.gap, "time_limited": mf.info["time_limited"]}
-    except PlacementError as e:
-        mf, extra = None, {"error": str(e)}
-    record("MILP, un-coarsened", time.perf_counter() - t0, mf, pf, extra)
+    if baseline is not None:  # recorded by an earlier run (--baseline): not re-run
+        out.append({**baseline, "recorded": True})
+    else:
+        t0 = time.perf_counter()
+        pf = build_problem(fine, groups, op_cost, cap, net, micro)
+        try:
+            mf = milp.place(pf, node_limit=node_limit, time_limit=time_limit)
+            extra = {"gap": mf.gap, "time_limited": mf.info["time_limited"]}
+        except PlacementError as e:
+            mf, extra = None, {"error": str(e)}
+        record("MILP, un-coarsened", time.perf_counter() - t0, mf, pf, extra)
     t0 = time.perf_counter()
     coarse, stats = coarsen_graph(fine, LINK)
     pc = build_problem(coarse, groups, op_cost, cap, net, micro)
@@ -101,6 +111,22 @@ def row(model: str, n: int, micro: int, node_limit: int, time_limit: float) -> l
     pc = build_problem(coarse, groups, op_cost, cap, net, micro)
     h = heft.place(pc)
     record("heuristic, coarse", time.perf_counter() - t0, h, pc, {"chosen": h.info["chosen"]})
+    for label, use_milp in (("search auto, coarse", False), ("search milp, coarse", True),
+                            ("search milp, un-coarsened", True)):
+        t0 = time.perf_counter()
+        coarse = fine if "un-coarsened" in label else coarsen_graph(fine, LINK)[0]
+        t1 = time.perf_counter()
+        pc = build_problem(coarse, groups, op_cost, cap, net, micro)
+
+        def score(assign: list[int], pc=pc) -> float:
+            return simulate(placed_tasks(pc, assign, hosts), net, record=False).iteration_time
+
+        s = search.search(pc, score, milp=use_milp, node_limit=node_limit,
+                          time_limit=time_limit)
+        parts = {"coarsen": t1 - t0, **s.info["seconds"]}
+        record(label, time.perf_counter() - t0, s, pc,
+               {"chosen": s.info["chosen"], "parts_s": parts, "gap": s.info["milp"].get("gap"),
+                "candidates": s.info["candidates"]})
     out.append({"model": model, "devices": n, "method": "data parallel", "search_s": 0.0,
                 "makespan_s": dp_makespan(og, costs_by_type, n, micro), "nodes": len(og.ops),
                 "devices_used": n})
@@ -111,6 +137,7 @@ def table(rows: list[dict]) -> str:
     head = ("model", "devices", "method", "graph nodes", "search s", "makespan ms", "gap",
             "speedup vs un-coarsened MILP", "makespan vs un-coarsened")
     lines = [" | ".join(head), " | ".join("-" * len(x) for x in head)]
+    parts = []
     for r in rows:
         ref = next((x for x in rows if x["model"] == r["model"] and x["devices"] == r["devices"]
                     and x["method"] == "MILP, un-coarsened"), None)
@@ -121,9 +148,13 @@ def table(rows: list[dict]) -> str:
         gap = r.get("gap")
         lines.append(" | ".join([
             r["model"], str(r["devices"]), r["method"] + (" (time limit)" if r.get(
-                "time_limited") else ""), str(r["nodes"]), f"{r['search_s']:.2f}",
+                "time_limited") else "") + (" (recorded)" if r.get("recorded") else ""),
+            str(r["nodes"]), f"{r['search_s']:.2f}",
             f"{r['makespan_s'] * 1e3:.2f}", "-" if gap is None else f"{gap:.1%}", speed, rel]))
-    return "\n".join(lines)
+        if "parts_s" in r:
+            parts.append(f"{r['model']} x {r['devices']}, {r['method']}: chose {r['chosen']}; "
+                         + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["parts_s"].items()))
+    return "\n".join(lines + ["", "search parts:"] + parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,11 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=300.0,
                     help="outer safety limit per MILP (reported when it cuts the search)")
     ap.add_argument("--json")
+    ap.add_argument("--baseline", help="a --json file of an earlier run: its 'MILP, "
+                    "un-coarsened' rows are reused instead of re-running them (marked "
+                    "'recorded'; speed-ups are then against that run's times)")
     args = ap.parse_args(argv)
     rows = []
     for m in args.models:
         for n in args.devices:
-            rows += row(m, n, args.micro, args.node_limit, args.time_limit)
+            base = None
+            if args.baseline:
+                with open(args.baseline) as f:
+                    base = next(r for r in json.load(f) if r["model"] == m
+                                and r["devices"] == n and r["method"] == "MILP, un-coarsened")
+            rows += row(m, n, args.micro, args.node_limit, args.time_limit, base)
             print(f"done {m} on {n} devices", file=sys.stderr, flush=True)
     print(table(rows))
     if args.json:

@@ -126,3 +126,12 @@ def test_untraceable_model_names_the_op(readable_tmp, monkeypatch):
                   parse_job({**job, "strategies": ["placement"]}), use_cache=False)
     msg = str(e.value)
     assert "cannot trace" in msg and "gate (Gate)" in msg and "after op gt" in msg
+
+
+@pytest.mark.parametrize("method", ["auto", "milp"])
+def test_the_coarse_search_plans_the_same_stages_twice(method):
+    par = {"data": True, "microbatches": 4, "search": method}
+    runs = [plan(4, 0.4 * 4 * PARAMS, "placement", parallelism=par)[0] for _ in range(2)]
+    stages = [[s["ops"] for s in d["job"]["collective"]["stages"]] for d in runs]
+    assert stages[0] == stages[1] and len(stages[0]) >= 3  # memory still forces the split
+    assert runs[0]["metadata"]["prediction"] == runs[1]["metadata"]["prediction"]

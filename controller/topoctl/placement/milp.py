@@ -28,9 +28,11 @@ the strategy runs it on the coarse graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
+from scipy.sparse import coo_matrix, csr_matrix
 
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, evaluate
 
@@ -70,17 +72,40 @@ class _Rows:
         self.lb.append(lb)
         self.ub.append(ub)
 
-    def constraint(self, ncols: int) -> LinearConstraint:
-        a = coo_matrix((self.v, (self.r, self.c)), shape=(len(self.lb), ncols)).tocsr()
-        return LinearConstraint(a, np.array(self.lb), np.array(self.ub))
 
 
-def place(p: PlacementProblem, node_limit: int = 2000, time_limit: float = 600.0
-          ) -> Placement:
-    """Solve the MILP (module docstring). PlacementError when memory makes it infeasible.
-    `info`: status, nodes explored, dual bound, variables, rows, and whether the outer time
-    limit (not the node limit) stopped it."""
-    p.check()
+@dataclass(frozen=True)
+class Model:
+    """The MILP as arrays: minimise c x subject to row_lb <= a x <= row_ub, col_lb <= x <=
+    col_ub, x integral where `integrality` is 1. Columns: x[i, d] at i * D + d, S[i] at
+    `s0` + i, C at `c_col`, L at `l_col`, the ordering binaries from `o0` on (`pairs`)."""
+
+    c: np.ndarray
+    a: csr_matrix
+    row_lb: np.ndarray
+    row_ub: np.ndarray
+    col_lb: np.ndarray
+    col_ub: np.ndarray
+    integrality: np.ndarray
+    s0: int
+    c_col: int
+    l_col: int
+    o0: int
+    pairs: list[tuple[int, int]]
+
+
+def formulate(p: PlacementProblem, upper: float | None = None,
+              symmetric: list[list[int]] | None = None, compact: bool = False) -> Model:
+    """The MILP of the module docstring. `upper`: an objective value some placement reaches
+    (e.g. the heuristic's): every start and finish of a better schedule is <= upper, so it
+    bounds S and C and replaces the big-M, and C + (microbatches - 1) L <= upper cuts off
+    worse solutions. `symmetric`: classes of interchangeable devices (same costs, memory and
+    transfer times to every device); within a class the load of device k >= that of device
+    k + 1, which removes the permutations of identical devices. `compact`: an edge whose
+    transfer takes the same time between every pair of distinct devices (a uniform fabric)
+    gets D rows S_j >= S_i + P_i + t (x[i, d] - x[j, d]) instead of the D (D - 1) pair rows
+    (the same integer solutions: the right side reaches S_i + P_i + t exactly when i is on
+    d and j is not)."""
     n, dv = len(p.nodes), len(p.devices)
     pairs = unordered_pairs(p)
     xi = lambda i, d: i * dv + d  # noqa: E731
@@ -91,6 +116,8 @@ def place(p: PlacementProblem, node_limit: int = 2000, time_limit: float = 600.0
     m1 = p.microbatches - 1
     big = sum(max(c) for c in p.cost) + sum(
         max(p.comm(b, d, e) for d in range(dv) for e in range(dv)) for b in p.edges.values())
+    if upper is not None:
+        big = min(big, upper)
     big = max(big, 1e-9)
     rows = _Rows()
 
@@ -106,6 +133,16 @@ def place(p: PlacementProblem, node_limit: int = 2000, time_limit: float = 600.0
     for (i, j), b in p.edges.items():
         base = {s0 + j: 1.0, s0 + i: -1.0} | proc(i, -1.0)
         rows.add(base, 0.0, np.inf)
+        times = {p.comm(b, d, e) for d in range(dv) for e in range(dv) if d != e}
+        if compact and len(times) == 1:
+            (t,) = times
+            if t > 0:
+                for d in range(dv):
+                    coefs = dict(base)
+                    coefs[xi(i, d)] = coefs.get(xi(i, d), 0.0) - t
+                    coefs[xi(j, d)] = coefs.get(xi(j, d), 0.0) + t
+                    rows.add(coefs, 0.0, np.inf)
+            continue
         for d in range(dv):
             for e in range(dv):
                 t = p.comm(b, d, e)
@@ -132,6 +169,12 @@ def place(p: PlacementProblem, node_limit: int = 2000, time_limit: float = 600.0
             a[xi(i, d)] = a.get(xi(i, d), 0.0) - big
             a[xi(j, d)] = a.get(xi(j, d), 0.0) - big
             rows.add(a, -2 * big, np.inf)
+    if upper is not None:
+        rows.add({c_col: 1.0, l_col: float(m1)}, -np.inf, upper)
+    for cls in symmetric or []:
+        for d, e in zip(cls, cls[1:], strict=False):
+            rows.add(proc_dev(p, e, xi) | {xi(i, d): p.cost[i][d] for i in range(n)}, 0.0,
+                     np.inf)
     cost = np.zeros(ncols)
     cost[c_col] = 1.0
     cost[l_col] = float(m1)
@@ -142,14 +185,31 @@ def place(p: PlacementProblem, node_limit: int = 2000, time_limit: float = 600.0
     ub = np.full(ncols, np.inf)
     ub[:s0] = 1.0
     ub[o0:] = 1.0
-    res = milp(cost, constraints=[rows.constraint(ncols)], integrality=integrality,
-               bounds=Bounds(lb, ub),
+    if upper is not None:
+        ub[s0:s0 + n + 1] = upper
+        ub[l_col] = upper / max(1, m1) if m1 else upper
+    a = coo_matrix((rows.v, (rows.r, rows.c)), shape=(len(rows.lb), ncols)).tocsr()
+    return Model(cost, a, np.array(rows.lb), np.array(rows.ub), lb, ub, integrality, s0, c_col,
+                 l_col, o0, pairs)
+
+
+def place(p: PlacementProblem, node_limit: int = 2000, time_limit: float = 600.0
+          ) -> Placement:
+    """Solve the MILP (module docstring) with scipy.optimize.milp, from scratch.
+    PlacementError when memory makes it infeasible. `info`: status, nodes explored, dual
+    bound, variables, rows, and whether the outer time limit (not the node limit) stopped it."""
+    p.check()
+    n, dv = len(p.nodes), len(p.devices)
+    mo = formulate(p)
+    res = milp(mo.c, constraints=[LinearConstraint(mo.a, mo.row_lb, mo.row_ub)],
+               integrality=mo.integrality, bounds=Bounds(mo.col_lb, mo.col_ub),
                options={"node_limit": int(node_limit), "time_limit": float(time_limit),
                         "presolve": True, "disp": False})
+    s0 = mo.s0
     info = {"status": int(res.status), "message": str(res.message),
             "nodes": int(getattr(res, "mip_node_count", 0) or 0),
             "dual_bound": _f(getattr(res, "mip_dual_bound", None)),
-            "variables": ncols, "rows": len(rows.lb), "pairs": len(pairs),
+            "variables": len(mo.c), "rows": mo.a.shape[0], "pairs": len(mo.pairs),
             "time_limited": "time limit" in str(res.message).lower()}
     if res.x is None:
         if res.status == 2:

@@ -30,12 +30,11 @@ def cut_bytes(p: PlacementProblem) -> list[float]:
     return out
 
 
-def place(p: PlacementProblem, order: list[int] | None = None) -> Placement:
-    """Best contiguous partition over devices in `order` (default: the problem's order);
-    PlacementError when no contiguous split fits in memory."""
-    p.check()
+def _table(p: PlacementProblem, order: list[int]
+           ) -> tuple[list[list[float]], list[list[int]]]:
+    """The DP: best[s][k], the min bottleneck of nodes [0, k) in stages 0..s on order[0..s],
+    and back[s][k], where stage s starts."""
     n, dv = len(p.nodes), len(p.devices)
-    order = list(range(dv)) if order is None else order
     pre_cost = [[0.0] * (n + 1) for _ in range(dv)]
     for d in range(dv):
         for i in range(n):
@@ -44,7 +43,6 @@ def place(p: PlacementProblem, order: list[int] | None = None) -> Placement:
     for i in range(n):
         pre_mem[i + 1] = pre_mem[i] + p.memory[i]
     cut = cut_bytes(p)
-    # best[s][k]: min bottleneck of nodes [0, k) split into stages 0..s (stage s ends at k)
     best = [[math.inf] * (n + 1) for _ in range(len(order))]
     back = [[-1] * (n + 1) for _ in range(len(order))]
     for s, d in enumerate(order):
@@ -60,15 +58,43 @@ def place(p: PlacementProblem, order: list[int] | None = None) -> Placement:
                 v = max(prev, pre_cost[d][k] - pre_cost[d][j], out)
                 if v < best[s][k]:
                     best[s][k], back[s][k] = v, j
-    stages = min(range(len(order)), key=lambda s: (best[s][n], s))
-    if best[stages][n] == math.inf:
-        raise PlacementError(f"no contiguous split of the model into at most {dv} stages fits "
-                             "the devices' memory")
-    assign = [0] * n
-    k = n
+    return best, back
+
+
+def _assign(p: PlacementProblem, order: list[int], back: list[list[int]], stages: int
+            ) -> list[int]:
+    assign = [0] * len(p.nodes)
+    k = len(p.nodes)
     for s in range(stages, -1, -1):
         j = back[s][k]
         for i in range(j, k):
             assign[i] = order[s]
         k = j
-    return evaluate(p, assign, algorithm="partition")
+    return assign
+
+
+def place(p: PlacementProblem, order: list[int] | None = None) -> Placement:
+    """Best contiguous partition over devices in `order` (default: the problem's order);
+    PlacementError when no contiguous split fits in memory."""
+    p.check()
+    n, dv = len(p.nodes), len(p.devices)
+    order = list(range(dv)) if order is None else order
+    best, back = _table(p, order)
+    stages = min(range(len(order)), key=lambda s: (best[s][n], s))
+    if best[stages][n] == math.inf:
+        raise PlacementError(f"no contiguous split of the model into at most {dv} stages fits "
+                             "the devices' memory")
+    return evaluate(p, _assign(p, order, back, stages), algorithm="partition")
+
+
+def by_stage_count(p: PlacementProblem) -> list[Placement]:
+    """For every stage count from 2 to D, the balanced contiguous partition into that many
+    stages on the fastest devices (by their total cost; ties by index), each that fits the
+    memory: fewer stages send fewer messages, which the bottleneck rule of `place` does not
+    see (the simulator does). Algorithm names `partition-k`. Same DP, O(D * n^2)."""
+    p.check()
+    n, dv = len(p.nodes), len(p.devices)
+    order = sorted(range(dv), key=lambda d: (sum(c[d] for c in p.cost), d))
+    best, back = _table(p, order)
+    return [evaluate(p, _assign(p, order, back, s), algorithm=f"partition-{s + 1}")
+            for s in range(1, dv) if best[s][n] < math.inf]

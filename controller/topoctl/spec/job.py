@@ -128,8 +128,9 @@ class BatchSpec(Model):
 
 
 class Parallelism(Model):
-    """`microbatches` per iteration and `search` (auto: MILP on small coarse graphs, else the
-    heuristic) for the pipeline strategies (`placement`, `pipeline`)."""
+    """`microbatches` per iteration and `search` (auto: the heuristics' candidates scored by
+    simulation; milp: plus the MILP warm-started from them; heuristic: HEFT by the objective;
+    partition: the contiguous baseline) for the pipeline strategies (`placement`, `pipeline`)."""
 
     data: bool = True
     model: bool = False

@@ -3,10 +3,12 @@ the hosts, optionally each stage data-parallel over a group of hosts (hybrid).
 
 ``placement`` (the thesis's pipeline): coarsen the op graph (`graph.coarsen.coarsen_graph`:
 fusion + co-location groups, thresholds from the cost distribution), then place the coarse
-graph on the stage groups with the exact MILP (`placement.milp`, HiGHS, deterministic node
-limit) when it is small and the HEFT heuristic (`placement.heft`) always, keeping the better
-under the shared objective. ``pipeline`` is the baseline: the balanced contiguous partition
-(`placement.partition`) of the same coarse graph, as GPipe/PipeDream-style tools split a model.
+graph on the stage groups (`placement.search.candidates`): HEFT, the contiguous partition and
+one device, each simulated as the plan would run (below), the fastest kept (`search: auto`);
+`search: milp` adds the exact MILP (HiGHS, warm start from the best candidate, deterministic
+node limit, `placement.improve`). ``pipeline`` is the baseline: the
+balanced contiguous partition (`placement.partition`) of the same coarse graph, as
+GPipe/PipeDream-style tools split a model.
 
 Candidates: every g dividing the host count with H/g >= 2 stage groups of g consecutive hosts
 (g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
@@ -33,10 +35,11 @@ from topoagent.collectives import load_calibration
 from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.cost import TrainCost
-from topoctl.placement import heft, milp, partition
+from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
+from topoctl.placement.search import candidates
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.network import Network
@@ -46,7 +49,6 @@ from topoctl.sim.tasks import Collective, Compute, Task, Transfer
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy
 
-MILP_MAX_VARS = 400  # nodes x devices up to which the MILP runs on the coarse graph
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
 
@@ -231,19 +233,18 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None) -
     return replace(network, cpu_pool=(frozenset(hosts), measured.runtime.cores), _cache={})
 
 
-def _search(p: PlacementProblem, method: str) -> Placement:
+def _search(p: PlacementProblem, method: str) -> list[Placement]:
+    """The placements to simulate: `partition`: the contiguous baseline; `heuristic`: HEFT,
+    partition or one device, the best by the objective; `auto`: all three
+    (`placement.search.candidates`; the objective misjudges placements that do not pipeline,
+    the simulator decides); `milp`: those plus the MILP warm-started from the best of them
+    (`placement.improve`)."""
     if method == "partition":
-        return partition.place(p)
-    best = heft.place(p)
-    if method in ("auto", "milp") and (method == "milp" or
-                                       len(p.nodes) * len(p.devices) <= MILP_MAX_VARS):
-        try:
-            m = milp.place(p, node_limit=MILP_NODE_LIMIT)
-        except PlacementError:
-            m = None
-        if m is not None and m.objective < best.objective:
-            best = m
-    return best
+        return [partition.place(p)]
+    if method == "heuristic":
+        return [heft.place(p)]
+    cands, _ = candidates(p, milp=method == "milp", node_limit=MILP_NODE_LIMIT)
+    return cands
 
 
 def _capacity(ctx: PlanContext) -> dict[str, float]:
@@ -294,13 +295,12 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
         else:
             p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
         try:
-            pl = _search(p, method)
+            tries = _search(p, method)
         except PlacementError as e:
             errors.append(str(e))
             continue
-        tries = [pl]
         one = serial(p)  # no split at all: the simulator decides whether the split pays
-        if one is not None and len(set(pl.assign)) > 1:
+        if one is not None and all(t.assign != one.assign for t in tries):
             tries.append(one)
         found: list[Candidate] = []
         for pl in tries:
@@ -318,7 +318,8 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
             strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
                              tasks=tasks, collective={}, buckets=[b for b in grads if b])
             found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
-        cands.append(min(found, key=lambda c: c.iteration_time))  # first (the split) on ties
+        # the fastest; on ties a split before no split, then the better objective
+        cands.append(min(found, key=lambda c: (c.iteration_time, len(c.stages) == 1)))
     if not cands:
         raise JobError([("model", f"strategy {name}: no pipeline fits: " + "; ".join(
             dict.fromkeys(errors)) + _min_devices_hint(ctx, coarse, cap, micro))]) from None
