@@ -96,6 +96,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                                      stderr=subprocess.STDOUT, text=True)
                  for h in plan["job"]["processes"]}
         times = []
+        cpu: dict[str, list[float]] = {}  # host -> its rank's CPU seconds per iteration
         phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
         for h, p in procs.items():
             out, _ = p.communicate()
@@ -105,6 +106,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                     ev = json.loads(body)
                     if ev.get("event") == "iter" and ev["iter"] >= 1:
                         times.append(ev["seconds"])
+                        if "cpu_seconds" in ev:
+                            cpu.setdefault(h, []).append(ev["cpu_seconds"])
                         if ev.get("phases"):
                             phases.setdefault(ev.get("stage"), []).append(ev["phases"])
             if p.returncode:
@@ -119,6 +122,13 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
           f"predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
+    if cpu:  # how CPU-bound the run was: the ranks' own CPU against the machine's cores
+        per_rank = sum(statistics.median(v) for v in cpu.values())
+        cores = os.cpu_count() or 1
+        print(f"  ranks' CPU per iteration: {per_rank:.3f} core-s in all "
+              f"({per_rank / len(cpu) * 1e3:.1f} ms per rank), "
+              f"{100 * per_rank / (cores * measured):.0f}% of the {cores} cores over the "
+              "measured iteration (cable emulation outside the ranks not counted)")
     for st, ph in sorted(phases.items()):
         med = {k: statistics.median(x[k] for x in ph) for k in ph[0]}
         print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))

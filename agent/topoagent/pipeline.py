@@ -188,7 +188,7 @@ def main(job: LaunchSpec) -> int:
           algorithm="pipeline", stage=s, replica=r)
     for it in range(iters):
         full = batch_inputs(inputs_spec, global_batch, it, seed)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         saved = []
         loss_sum = 0.0
@@ -219,6 +219,7 @@ def main(job: LaunchSpec) -> int:
         # phases (wall seconds, sends and receives included): forwards, backwards, the
         # replicas' gradient AllReduce, the optimiser step
         _emit(event="iter", rank=rank, iter=it, seconds=seconds, loss=loss_val, stage=s,
+              cpu_seconds=round(time.process_time() - c0, 6),
               phases={"forward": round(t_fwd - t0, 6), "backward": round(t_bwd - t_fwd, 6),
                       "allreduce": round(t_ar - t_bwd, 6),
                       "step": round(seconds - (t_ar - t0), 6)})

@@ -141,15 +141,17 @@ def main() -> int:
     for it in range(start, iters):
         gen.manual_seed(data_seed(job.seed, rank, it))
         inputs = _inputs(specs, per_rank, gen)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         out = ddp(*inputs)
         out = out[0] if isinstance(out, (tuple, list)) else out
         loss = out.float().pow(2).mean()
         loss.backward()
         opt.step()
+        # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
+        # too, kernel time on its behalf included) during the iteration
         _emit(event="iter", rank=rank, iter=it, seconds=time.perf_counter() - t0,
-              loss=float(loss.detach()))
+              cpu_seconds=round(time.process_time() - c0, 6), loss=float(loss.detach()))
         done = it + 1
         if writer and done % every == 0 and done < iters:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over

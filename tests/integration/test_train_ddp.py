@@ -36,6 +36,10 @@ def test_two_ranks_train_to_the_same_parameters(collective, tmp_path):
     done = [e for e in events if e["event"] == "done"]
     iters = [e for e in events if e["event"] == "iter"]
     assert len(done) == 2 and len(iters) == 2 * JOB["iterations"]
+    # each iteration reports its process's CPU: some, and no more than its wall time allows
+    # for the process's threads on this machine's cores
+    assert all(0 < e["cpu_seconds"] <= e["seconds"] * (os.cpu_count() or 1) + 0.05
+               for e in iters)
     assert done[0]["checksum"] == done[1]["checksum"]
     start = next(e for e in events if e["event"] == "start")
     assert start["algorithm"] == (collective.get("algorithm") or "default")
