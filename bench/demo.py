@@ -4,10 +4,14 @@ Build the heterogeneous 8-host lab (plans/hetero8-cluster.yaml: namespaces, shap
 sshd per host), plan the MLP job with the baseline and with every topology-aware strategy the
 planner has, and for each: apply the plan on every host (two-phase, over the lab transport),
 train for a fixed number of iterations under it (DDP over gloo between the hosts' training
-addresses), and compare the simulator's prediction with the measurement. Prints one table,
-saves it as JSON and a PNG plot next to it, and tears the lab down, also when interrupted.
+addresses), and compare the simulator's prediction with the measurement. Then the same
+bandwidth-allocated plan (`baseline+bandwidth`) through Open vSwitch on an OVS-marked copy of
+the cluster (bench/demo_ovs.py; row `baseline+bandwidth (ovs)`, skipped with --no-ovs). Prints
+one table, saves it as JSON and a PNG plot next to it, and tears each lab down (OVS daemons
+included), also when interrupted.
 
     python bench/demo.py [--iterations 8] [--out demo-results] [--strategies baseline trees]
+                         [--no-ovs]
 """
 
 from __future__ import annotations
@@ -93,12 +97,12 @@ def plot(rows: list[dict], optimum: float | None, path: Path) -> None:
 
     names = [r["strategy"] for r in rows]
     x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 4))
     ax.bar([i - 0.2 for i in x], [r["predicted"] for r in rows], 0.4, label="predicted")
     ax.bar([i + 0.2 for i in x], [r["measured"] for r in rows], 0.4, label="measured")
     if optimum:
         ax.axhline(optimum, color="k", linestyle="dashed", label="optimal AllReduce")
-    ax.set_xticks(list(x), names)
+    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("seconds per iteration")
     ax.set_title("MLP on the heterogeneous 8-host lab")
     ax.legend()
@@ -112,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", default="demo-results")
     ap.add_argument("--strategies", nargs="+")
+    ap.add_argument("--no-ovs", action="store_true",
+                    help="skip the baseline+bandwidth row through Open vSwitch")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("the demo needs root (network namespaces)", file=sys.stderr)
@@ -168,6 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         transport.close()
         labmod.down(name)
         log(f"lab {name} removed")
+    if not args.no_ovs:
+        from demo_ovs import ovs_row
+
+        rows.append(ovs_row(CLUSTER, job_doc, args.iterations, out,
+                            f"dovs{os.getpid() % 10**5}", measure, log))
+        r = rows[-1]
+        log(f"{r['strategy']}: predicted {r['predicted']:.3f} s/it, measured "
+            f"{r['measured']:.3f} s/it")
     optimum = allreduce_optimum(plans)
     text = table(rows, optimum)
     (out / "results.json").write_text(json.dumps({"rows": rows, "allreduce_optimum": optimum},

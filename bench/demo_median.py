@@ -47,9 +47,11 @@ def median_table(paths: list[Path]) -> str:
         predicted = rows[0]["predicted"]
         error = (predicted - med) / med * 100
         speedup = f"{base / med:.2f}x" if base else "-"
+        # a row some runs lack (e.g. the OVS row, skipped with --no-ovs): say how many had it
+        few = f"; {len(rows)} of {len(paths)} runs" if len(rows) < len(paths) else ""
         lines.append(
-            f"{name} | {predicted:.3f} | {med:.3f} ({min(measured):.3f}-{max(measured):.3f})"
-            f" | {error:+.1f}% | {speedup} | {med / optimum:.2f}"
+            f"{name} | {predicted:.3f} | {med:.3f} ({min(measured):.3f}-{max(measured):.3f}"
+            f"{few}) | {error:+.1f}% | {speedup} | {med / optimum:.2f}"
         )
     lines.append("")
     lines.append(f"{len(paths)} runs; AllReduce optimum {optimum:.3f} s (packed-tree LP).")

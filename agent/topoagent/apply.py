@@ -240,7 +240,7 @@ def _baseline(ops: list[Op]) -> HostState:
     for op in ops:
         if isinstance(op, SetLink):
             links[op.dev] = Interface(name=op.dev, mtu=op.old_mtu, up=op.old_up)
-        elif isinstance(op, SetSysctl):
+        elif isinstance(op, SetSysctl) and not op.late:  # late: a link the apply creates
             if op.path.endswith("/rp_filter"):
                 dev = op.path.split("/")[3]
                 if rp_filter_path(dev) == op.path:

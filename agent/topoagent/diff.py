@@ -195,9 +195,15 @@ def _same_class(a: QosClass, b: QosClass) -> bool:
 def diff(desired: HostState, obs: Observed) -> list[Op]:
     """Operations that take the observed host to the desired state, in dependency order."""
     ops: list[Op] = []
+    created = {rp_filter_path(p) for p in internal_ports(desired) if p not in obs.links}
     for path, value in desired_sysctls(desired).items():
         old = obs.sysctl.get(path)
-        if old is not None and old != value:
+        if old is None and path in created:
+            # an OVS internal port this apply creates starts with the `default` value
+            old = obs.sysctl.get(rp_filter_path("default"), "0")
+            if old != value:
+                ops.append(SetSysctl(path, value, old, late=True))
+        elif old is not None and old != value:
             ops.append(SetSysctl(path, value, old))
 
     for iface in desired.interfaces:

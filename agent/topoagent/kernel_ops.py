@@ -100,18 +100,24 @@ class Op:
 
 @dataclass(frozen=True)
 class SetSysctl(Op):
-    """Write a sysctl under /proc/sys/net (`old` is the value the inverse restores)."""
+    """Write a sysctl under /proc/sys/net (`old` is the value the inverse restores). `late`: the
+    sysctl of a link this apply creates (an OVS internal port), written once the link exists."""
 
-    phase: ClassVar[str] = "sysctl"
     path: str
     value: str
     old: str
+    late: bool = False
+
+    @property
+    def phase(self) -> str:  # type: ignore[override]
+        """`sysctl` (first), or `link` (after the OVS bridges and their ports) when `late`."""
+        return "link" if self.late else "sysctl"
 
     def apply(self, drv: Driver) -> None:
         drv.set_sysctl(self.path, self.value)
 
     def inverse(self) -> Op:
-        return SetSysctl(self.path, self.old, self.value)
+        return SetSysctl(self.path, self.old, self.value, self.late)
 
     def describe(self) -> str:
         return f"sysctl {self.path.replace('/', '.')} = {self.value} (was {self.old})"

@@ -1,7 +1,8 @@
 """The Open vSwitch part of observe, check, diff and apply (the OVS driver's operations).
 
 Desired state = the `ovs` section plus every `qos` entry with `driver: ovs`:
-- OVSDB (`drivers.ovsdb`): the agent's bridges (datapath type), ports, internal ports, and per
+- OVSDB (`drivers.ovsdb`): the agent's bridges (datapath type), ports (NICs as protected
+  ports: the host routes, its bridge never switches between two NICs), internal ports, and per
   QoS port a linux-htb QoS (max-rate = link rate) with queue `id` per class (min-rate = rate,
   max-rate = ceil); HTB class 1:(id+1) carries queue `id`. One operation writes it all in one
   OVSDB transaction; its inverse writes the observed configuration back the same way.
@@ -65,7 +66,10 @@ def desired_db(state) -> DbConfig:
             if p in queues:
                 q, classes = queues[p]
                 qos = PortQos(q.rate, tuple(sorted((c.id, c.rate, c.ceil) for c in classes)))
-            ports.append((p, PortConfig(False, qos)))
+            # protected: the bridge never switches frames between two NICs (the host routes;
+            # on a direct fabric NORMAL would otherwise join all hosts' bridges into one
+            # looping L2 domain and flood without end)
+            ports.append((p, PortConfig(False, qos, protected=True)))
         ports += [(p, PortConfig(True, None)) for p in b.internal]
         cfg.bridges[b.name] = BridgeConfig(b.datapath_type, tuple(sorted(ports)))
     return cfg

@@ -177,6 +177,29 @@ def test_apply_reapply_show_and_foreign_rows_untouched(host: OvsHost):
     assert host.flows("tpfor") == foreign
 
 
+def test_internal_port_sysctl_and_protected_nics(host: OvsHost):
+    """An rp_filter on the internal port this apply creates is written once the port exists
+    (the verify used to fail on it: `rp_filter = 2 (was 0)`), and the bridge's NICs are
+    protected ports, so NORMAL never switches a frame from one NIC to another (on a direct
+    fabric the hosts' bridges would form one looping L2 domain); a re-apply is a no-op."""
+    st = state(CLASSES)
+    st["sysctl"] = {"rp_filter": {"tpin0": 2}}
+    r = host.apply(st)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ns_exec(host.ns, "cat", "/proc/sys/net/ipv4/conf/tpin0/rp_filter").stdout.strip() \
+        == "2"
+    protected = {p: host.vsctl("get", "port", p, "protected").strip()
+                 for p in ("tpa0", "tpc0", "tpin0")}
+    assert protected == {"tpa0": "true", "tpc0": "true", "tpin0": "false"}
+    r = host.apply(st)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout + r.stderr
+    # a port someone unprotected is protected again by the next apply
+    host.vsctl("set", "port", "tpc0", "protected=false")
+    r = host.apply(st)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert host.vsctl("get", "port", "tpc0", "protected").strip() == "true"
+
+
 def test_failure_in_the_middle_reverts_ovs_too(host: OvsHost):
     assert host.apply(state(CLASSES)).returncode == 2
     before = host.ovs_dump()

@@ -77,7 +77,8 @@ def test_ring_in_any_order_on_a_star_costs_the_same_but_not_on_a_line():
     t1 = simulate([Collective("r", ring_allreduce(hosts, 30.0))], net).iteration_time
     t2 = simulate([Collective("r", ring_allreduce(["c", "a", "b"], 30.0))], net).iteration_time
     assert t1 == pytest.approx(t2)
-    # on the line a-b-c the ring a->b->c->a shares no directed link (c->a uses c>b, b>a)
+    # on the line a-b-c the ring over [a, b, c] (each member sends to the one before it:
+    # a->c, c->b, b->a) shares no directed link (a->c uses a>b, b>c)
     links = {k: Link(k, k[0], k[-1], 10.0) for k in ("a>b", "b>c", "b>a", "c>b")}
     paths = {("a", "b"): [(1.0, ("a>b",))], ("b", "c"): [(1.0, ("b>c",))],
              ("c", "a"): [(1.0, ("c>b", "b>a"))], ("a", "c"): [(1.0, ("a>b", "b>c"))],
@@ -85,11 +86,25 @@ def test_ring_in_any_order_on_a_star_costs_the_same_but_not_on_a_line():
     net2 = Network(links, static_router(paths))
     assert simulate([Collective("r", ring_allreduce(["a", "b", "c"], 30.0))],
                     net2).iteration_time == pytest.approx(t1)
-    # a background flow on a>b halves the ring's a->b link for the whole run: the pipelined
+    # a background flow on a>b halves the ring's a->c path for the whole run: the pipelined
     # ring runs at its bottleneck, 2(n-1)/n * S / (B/2) = 4 * 10 / 5
     bg = simulate([Collective("r", ring_allreduce(["a", "b", "c"], 30.0)),
                    Transfer("bg", "a", "b", 1e6)], net2)
     assert bg.finish["r"] == pytest.approx(2 * 2 / 3 * 30.0 / 5.0)
+
+
+def test_ring_sends_the_way_gloo_does():
+    """gloo's ring (what DDP runs) has each rank send to the rank before it: measured in the
+    lab (every host's ring bytes leave on the cable to the host before it), so the bandwidth
+    post-pass gives its per-destination classes to those pairs."""
+    sched = ring_allreduce(["a", "b", "c", "d"], 4.0)
+    assert {(s.src, s.dst) for s in sched.steps} == {("a", "d"), ("b", "a"), ("c", "b"),
+                                                     ("d", "c")}
+    # round 2's step from b forwards what b received in round 1 (from c)
+    first, second = sched.steps[:4], sched.steps[4:8]
+    for s in second:
+        (dep,) = s.deps
+        assert first[dep].dst == s.src
 
 
 @pytest.mark.parametrize("caps", [(1.0, 4.0, 2.0, 8.0), (5.0, 1.0, 1.0, 3.0, 2.0, 9.0),
@@ -102,7 +117,7 @@ def test_ring_over_uneven_links_runs_at_its_slowest_link(caps):
     hosts = [f"h{i}" for i in range(n)]
     links, paths = {}, {}
     for i, c in enumerate(caps):
-        a, b = hosts[i], hosts[(i + 1) % n]
+        a, b = hosts[i], hosts[(i - 1) % n]  # the ring's direction: to the member before
         links[f"{a}>{b}"] = Link(f"{a}>{b}", a, b, c)
         paths[(a, b)] = [(1.0, (f"{a}>{b}",))]
     size = 60.0

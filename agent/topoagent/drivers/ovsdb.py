@@ -42,10 +42,12 @@ class PortQos:
 
 @dataclass(frozen=True)
 class PortConfig:
-    """A port of an agent bridge: internal or not, and its QoS."""
+    """A port of an agent bridge: internal or not, its QoS, and whether it is protected (the
+    NORMAL action forwards nothing between two protected ports)."""
 
     internal: bool = False
     qos: PortQos | None = None
+    protected: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,8 @@ class OvsDb:
                 if p.name == br.name:
                     continue  # the bridge's own local port
                 internal = any(i.type == "internal" for i in p.interfaces)
-                ports.append((p.name, PortConfig(internal, _read_qos(p))))
+                ports.append((p.name, PortConfig(internal, _read_qos(p),
+                                                 bool(getattr(p, "protected", False)))))
             if owned:
                 cfg.bridges[br.name] = BridgeConfig(br.datapath_type or "system",
                                                     tuple(sorted(ports)))
@@ -248,6 +251,8 @@ class OvsDb:
                     if p is not None:
                         doomed_qos += _drop_qos(p)
                     p = self._port(txn, pname, pc.internal)
+                if bool(p.protected) != pc.protected:
+                    p.protected = pc.protected
                 ports.append(p)
                 doomed_qos += self._set_qos(txn, p, pc.qos)
             for pname, p in have.items():
@@ -279,6 +284,7 @@ class OvsDb:
         p.name = name
         p.interfaces = [i]
         p.qos = []  # readable in this transaction (a fresh row has no columns yet)
+        p.protected = False
         p.external_ids = {OWNER_KEY: OVS_OWNER}
         return p
 

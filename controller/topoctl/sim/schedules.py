@@ -8,8 +8,10 @@ algorithm (ring, packed trees with partition sizes, hierarchical, parameter serv
 function `(members, size, ...) -> Schedule`.
 
 Ring AllReduce (Patarasuk & Yuan, JPDC'09) over any member order: reduce-scatter then all-gather,
-2(n-1) rounds, in each round every member sends one chunk of S/n to its successor, after it has
-received the previous round's chunk from its predecessor. On links of bandwidth B it takes
+2(n-1) rounds, in each round every member sends one chunk of S/n to its predecessor in the order
+(order[i] to order[i-1]: the direction of gloo's ring, which DDP runs; measured in the lab, each
+host's bytes leave towards the host before it), after it has received the previous round's
+chunk from its successor. On links of bandwidth B it takes
 2(n-1)/n * S/B (the bandwidth-optimal lower bound for AllReduce), plus 2(n-1) path latencies.
 Building it is 2n(n-1) steps, O(n^2) time.
 """
@@ -79,16 +81,18 @@ def _ring_steps(order: tuple[str, ...], rounds: int) -> tuple[Step, ...]:
     if n < 2:
         return ()
     chunk = 1.0 / n
-    pairs = [(order[i], order[(i + 1) % n]) for i in range(n)]
+    # gloo's ring (what DDP runs): each rank sends to the rank before it, and receives from
+    # the one after it what that one received the round before
+    pairs = [(order[i], order[(i - 1) % n]) for i in range(n)]
     steps = [Step(a, b, chunk) for a, b in pairs]
     for k in range(1, rounds):
         base = (k - 1) * n
-        steps += [Step(a, b, chunk, (base + (i - 1) % n,)) for i, (a, b) in enumerate(pairs)]
+        steps += [Step(a, b, chunk, (base + (i + 1) % n,)) for i, (a, b) in enumerate(pairs)]
     return tuple(steps)
 
 
 def ring_allreduce(order: Sequence[str], size: float) -> Schedule:
-    """Ring AllReduce over `order` (order[i] sends to order[i+1], cyclically)."""
+    """Ring AllReduce over `order` (order[i] sends to order[i-1], cyclically: gloo's way)."""
     return _ring("ring-allreduce", order, size, 2 * (len(order) - 1))
 
 
