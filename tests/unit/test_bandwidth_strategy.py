@@ -78,3 +78,17 @@ def test_multipath_is_opt_in_and_the_objective_comes_from_the_job():
                           ).strategy.extra.items():
             assert "rules" not in ex and "sysctl" not in ex, h
             assert not [r for r in ex.get("routes", []) if r.get("table") == 100], h
+
+
+def test_a_cap_that_buys_nothing_is_not_set():
+    """Where the simulator finds hard caps no faster than work-conserving classes (hetero8: the
+    packed trees' rates are what the cables give them anyway), every class's ceiling is its
+    link: a runtime that falls behind can still catch up (two runs of three: 1.84 against
+    1.02-1.04 s)."""
+    job = JOB | {"strategies": ["trees+bandwidth"]}
+    doc, _ctx, _evals = make_plan(load_cluster(PLANS / "hetero8-cluster.yaml"), parse_job(job),
+                                  use_cache=False)
+    assert doc["metadata"]["collective"]["bandwidth"]["ceil"] == "link"
+    for h, st in doc["hosts"].items():
+        for q in parse_host_state(st, f"hosts.{h}").qos:
+            assert q.classes and all(c.ceil == q.rate for c in q.classes), h

@@ -92,8 +92,9 @@ def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, Trai
     torch.set_num_threads(job.launch.threads)
     try:
         m = job.model
+        # "-fitted": per-op times fitted to a whole step (older cached timings are not)
         key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
-                                "train-float32")
+                                "train-float32-fitted")
         graph = job_graph(job, batch)
         names = {o.name for o in graph.ops}
         if use_cache:
