@@ -86,6 +86,12 @@ class Store:
     def _files(self) -> list[Path]:
         return sorted(self.dir.glob("[0-9][0-9][0-9][0-9].json")) if self.dir.exists() else []
 
+    def baseline(self) -> HostState | None:
+        """The host's original values of what applies changed (sysctls, link attributes), or
+        None before the first apply."""
+        files = self._files()
+        return _load(files[0]) if files else None
+
     def last_applied(self) -> HostState | None:
         """The newest applied state, or None when nothing was applied."""
         files = self._files()

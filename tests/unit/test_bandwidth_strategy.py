@@ -92,3 +92,27 @@ def test_a_cap_that_buys_nothing_is_not_set():
     for h, st in doc["hosts"].items():
         for q in parse_host_state(st, f"hosts.{h}").qos:
             assert q.classes and all(c.ceil == q.rate for c in q.classes), h
+
+
+def test_parallel_cables_are_split_only_with_multipath():
+    """hetero8's h2-h3 pair is joined by two cables (200 and 50 Mbit/s). Without
+    `bandwidth.multipath` the pair stays on the main table's route, as in the plain plan: no
+    policy route, no L4 hash (gloo's one connection per peer would land on one cable by chance:
+    the slow one in two of three demo runs), classes that cap nothing; with it, the pair is
+    split by weights over both cables."""
+    cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
+    for multipath in (False, True):
+        job = JOB | {"strategies": ["trees+bandwidth"],
+                     "bandwidth": {"multipath": multipath}}
+        doc, _ctx, _evals = make_plan(cluster, parse_job(job), use_cache=False)
+        bw = doc["metadata"]["collective"]["bandwidth"]
+        states = {h: parse_host_state(st, f"hosts.{h}") for h, st in doc["hosts"].items()}
+        table = {h: [r for r in hs.routes if r.table == 100] for h, hs in states.items()}
+        if not multipath:
+            assert bw["multipath_pairs"] == 0 and bw["ceil"] == "link"
+            assert not any(table.values())
+            assert all(hs.sysctl.multipath_hash_policy is None for hs in states.values())
+        else:
+            assert bw["multipath_pairs"] >= 2
+            assert table["h2"] and table["h3"]
+            assert states["h2"].sysctl.multipath_hash_policy == 1

@@ -216,13 +216,19 @@ def test_found_bandwidth_split_into_a_switch_is_a_clean_error():
     cluster = _ring(3) | {"fabric": {"kind": "switched", "switches": [{"name": "s0"}]}}
     cluster["hosts"][0]["nics"] = cluster["hosts"][1]["nics"] = [{"name": "eth0"}]
     job = JOB | {"strategies": ["bandwidth"], "batch": {"global": 12},
-                 "sync": {"bucket": "200KB", "algorithm": "ring"}}
+                 "sync": {"bucket": "200KB", "algorithm": "ring"},
+                 "bandwidth": {"multipath": True}}
     try:
         make_plan(parse_cluster(cluster), parse_job(job), use_cache=False)
     except TopoError as e:
         assert "strategies[0]" in str(e) and "multipath through a switch" in str(e), str(e)
     else:
         pytest.fail("planned a split it cannot render")
+    # without multipath the pair stays on its main-table route: nothing to split, a plan
+    doc, _, _ = make_plan(parse_cluster(cluster), parse_job(job | {"bandwidth": {}}),
+                          use_cache=False)
+    assert not [r for st in doc["hosts"].values() for r in st.get("routes", [])
+                if r.get("table") == 100]
 
 
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))

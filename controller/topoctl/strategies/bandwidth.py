@@ -58,7 +58,14 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     cap = {k: ln.capacity for k, ln in plain.links.items()}
     alloc = allocate(demand, paths, cap, objective)
     rows = class_rows(alloc, base.hops.bundles, eff)
-    split = split_pairs(rows)
+    # a pair whose rate leaves by several NICs (detours, or a bundle of parallel cables) gets a
+    # weighted route and the kernel's L4 hash only when multipath was asked for: gloo has one
+    # connection per peer, so the hash puts all of it on one next hop, and with unequal cables
+    # that was the slow one in two of three hetero8 demo runs (trees+bandwidth 1.84-1.87 s
+    # against 1.02-1.05 s, the h2-h3 bundle of 200 and 50 Mbit/s); without multipath the main
+    # table's route (the plain plan's) carries the pair, so its classes must not cap it
+    bundled = split_pairs(rows)
+    split = bundled if multipath else {}
     # weighted next hops need a host at the far end of each first hop; through a switch the
     # next hop is not known here (found by the fuzz suite: it was a KeyError, a traceback)
     via_switch = sorted((s, d, r.dev, r.peer) for (s, d), lst in split.items() for r in lst
@@ -82,7 +89,7 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     # headroom away (hetero8 demo, trees+bandwidth with ceilings at the rates on a tie: two
     # runs of three measured 1.84 s against 1.02-1.04 s for the same trees, 2026-11-25 on the
     # quiet Xeon)
-    ceil_is_rate = t_hard < t_soft * (1 - 1e-9)
+    ceil_is_rate = t_hard < t_soft * (1 - 1e-9) and not (bundled and not multipath)
     speed = {(p.host, p.nic): p.speed for p in base.fabric.ports}
     extra: dict[str, dict] = {}
     addr = assign(base.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
