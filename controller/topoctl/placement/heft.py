@@ -61,8 +61,9 @@ def heft(p: PlacementProblem) -> Placement:
     return evaluate(p, assign, order, algorithm="heft")
 
 
-def place(p: PlacementProblem) -> Placement:
-    """Best of HEFT, the contiguous partition and the best single device."""
+def candidates(p: PlacementProblem) -> list[Placement]:
+    """HEFT, the contiguous partition and the best single device, those that fit the devices'
+    memory; PlacementError (every reason) when none does."""
     cands: list[Placement] = []
     errors: list[str] = []
     for fn in (heft, partition.place):
@@ -75,6 +76,12 @@ def place(p: PlacementProblem) -> Placement:
         cands.append(one)
     if not cands:
         raise PlacementError("; ".join(dict.fromkeys(errors)))
+    return cands
+
+
+def place(p: PlacementProblem) -> Placement:
+    """Best of HEFT, the contiguous partition and the best single device."""
+    cands = candidates(p)
     best = min(cands, key=lambda c: (c.objective, c.algorithm))
     info = {c.algorithm: c.objective for c in cands}
     return Placement(best.assign, best.objective, best.makespan, best.bottleneck, best.start,

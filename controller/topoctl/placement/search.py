@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from topoctl.placement import heft, partition
 from topoctl.placement.improve import improve
-from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
+from topoctl.placement.problem import Placement, PlacementProblem
 
 Score = Callable[[list[int]], float]
 
@@ -35,18 +35,7 @@ def candidates(p: PlacementProblem, milp: bool = False, node_limit: int = 10,
     once; and info: the MILP's report and the seconds of the heuristics and of the MILP.
     PlacementError when none fits the devices' memory."""
     t0 = time.perf_counter()
-    cands: list[Placement] = []
-    errors: list[str] = []
-    for fn in (heft.heft, partition.place):
-        try:
-            cands.append(fn(p))
-        except PlacementError as e:
-            errors.append(str(e))
-    one = serial(p)
-    if one is not None:
-        cands.append(one)
-    if not cands:
-        raise PlacementError("; ".join(dict.fromkeys(errors)))
+    cands = heft.candidates(p)
     cands += partition.by_stage_count(p)
     t1 = time.perf_counter()
     milp_info: dict = {}
