@@ -31,7 +31,7 @@ from topoagent.observe import (
 from topoagent.probe import ping_many
 from topoagent.protocol import TopoError
 from topoagent.state import HostState, Interface, Sysctl
-from topoagent.store import Store
+from topoagent.store import Store, sysctl_with_baseline
 from topoagent.target import Target
 
 VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (rarely)
@@ -244,15 +244,8 @@ def with_original_sysctls(desired: HostState, base: HostState | None) -> HostSta
     interface may be gone)."""
     if base is None:
         return desired
-    s, b = desired.sysctl, base.sysctl
-    update = {}
-    if s.ip_forward is None and b.ip_forward is not None:
-        update["ip_forward"] = b.ip_forward
-    if s.multipath_hash_policy is None and b.multipath_hash_policy is not None:
-        update["multipath_hash_policy"] = b.multipath_hash_policy
-    if not update:
-        return desired
-    return desired.model_copy(update={"sysctl": s.model_copy(update=update)})
+    sysctl = sysctl_with_baseline(desired.sysctl, base.sysctl, rp_filter=False)
+    return desired if sysctl == desired.sysctl else desired.model_copy(update={"sysctl": sysctl})
 
 
 def _baseline(ops: list[Op]) -> HostState:

@@ -190,9 +190,15 @@ def with_baseline(state: HostState, base: HostState) -> HostState:
             ifaces[b.name] = i.model_copy(update={
                 "mtu": i.mtu if i.mtu is not None else b.mtu,
                 "up": i.up if i.up is not None else b.up})
-    fwd, mp = state.sysctl.ip_forward, state.sysctl.multipath_hash_policy
-    sysctl = Sysctl(ip_forward=fwd if fwd is not None else base.sysctl.ip_forward,
-                    rp_filter={**base.sysctl.rp_filter, **state.sysctl.rp_filter},
-                    multipath_hash_policy=mp if mp is not None else
-                    base.sysctl.multipath_hash_policy)
-    return state.model_copy(update={"interfaces": list(ifaces.values()), "sysctl": sysctl})
+    return state.model_copy(update={"interfaces": list(ifaces.values()),
+                                    "sysctl": sysctl_with_baseline(state.sysctl, base.sysctl)})
+
+
+def sysctl_with_baseline(sysctl: Sysctl, base: Sysctl, rp_filter: bool = True) -> Sysctl:
+    """`sysctl`, with the baseline's value for each sysctl it does not set (`rp_filter` False:
+    the per-interface ones stay as they are)."""
+    fwd, mp = sysctl.ip_forward, sysctl.multipath_hash_policy
+    return Sysctl(ip_forward=fwd if fwd is not None else base.ip_forward,
+                  rp_filter={**base.rp_filter, **sysctl.rp_filter} if rp_filter
+                  else dict(sysctl.rp_filter),
+                  multipath_hash_policy=mp if mp is not None else base.multipath_hash_policy)

@@ -259,6 +259,20 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
     return tuple(statistics.median(t[k] for t in times) for k in range(3))  # type: ignore[return-value]
 
 
+def whole_step_backward(graph: OpGraph, costs: dict[str, TrainCost]) -> dict[str, float]:
+    """Per op, the backward a whole-model training step runs: its `bwd_inputs` once a value
+    before it needs a gradient (after the first op with parameters), else `bwd_params` (the
+    input batch needs none; the staged rule is `placement.runtime.needs_grad`). O(ops)."""
+    needs: dict[str, bool] = {}
+    out: dict[str, float] = {}
+    for o in graph.ops:
+        c = costs[o.name]
+        grad_in = any(needs.get(i, False) for i in o.inputs)
+        needs[o.name] = o.kind != "placeholder" and (o.param_bytes > 0 or grad_in)
+        out[o.name] = c.bwd_inputs if grad_in else c.bwd_params
+    return out
+
+
 def fit_to_whole_step(costs: dict[str, TrainCost], graph: OpGraph,
                       whole: tuple[float, float, float]) -> dict[str, TrainCost]:
     """`costs` scaled so that a whole-model step adds up to `whole` (forward, backward, step):
@@ -267,18 +281,10 @@ def fit_to_whole_step(costs: dict[str, TrainCost], graph: OpGraph,
     of a real step (MLP of the demo, batch 96 on this CPU: forward 12%, backward 12% and step
     47% short, which made the one-host pipeline's prediction -11% to -20% in the lab). One
     factor per phase, the same for every op: a split of the model is still costed by its ops.
-    The whole step's backward is the one autograd runs: an op's `bwd_inputs` once a value before
-    it needs a gradient (after the first op with parameters), else `bwd_params` (the staged
-    rule is `placement.runtime.needs_grad`). O(ops)."""
-    needs: dict[str, bool] = {}
-    fwd = bwd = step = 0.0
-    for o in graph.ops:
-        c = costs[o.name]
-        grad_in = any(needs.get(i, False) for i in o.inputs)
-        needs[o.name] = o.kind != "placeholder" and (o.param_bytes > 0 or grad_in)
-        fwd += c.fwd
-        bwd += c.bwd_inputs if grad_in else c.bwd_params
-        step += c.step
+    The whole step's backward is the one autograd runs (`whole_step_backward`). O(ops)."""
+    fwd = sum(c.fwd for c in costs.values())
+    bwd = sum(whole_step_backward(graph, costs).values())
+    step = sum(c.step for c in costs.values())
     kf, kb, ks = (w / s if s > 0 and w > 0 else 1.0
                   for w, s in zip(whole, (fwd, bwd, step), strict=True))
     return {k: TrainCost(kf * c.fwd, kb * c.bwd_params, kb * c.bwd_inputs, ks * c.step)

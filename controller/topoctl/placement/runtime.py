@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from topoctl.collective.trees.pipeline import RuntimeCosts
-from topoctl.graph.cost import OpCost, TrainCost
+from topoctl.graph.cost import OpCost, TrainCost, whole_step_backward
 from topoctl.graph.ops import OpGraph
 
 __all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "rank_op_costs", "stage_costs"]
@@ -77,18 +77,11 @@ def rank_op_costs(graph: OpGraph, measured: Mapping[str, TrainCost],
                   scale: float = 1.0) -> tuple[dict[str, OpCost], float]:
     """(per-op forward/backward seconds, optimiser step seconds) of a data-parallel rank whose
     ops were timed on this CPU at its batch: the whole model is one stage, so an op's backward
-    is ``bwd_inputs`` once a value before it needs a gradient and ``bwd_params`` before that
-    (the input batch needs none), as autograd runs it (``needs_grad``). `scale`: the job's
+    is the one autograd runs (``graph.cost.whole_step_backward``). `scale`: the job's
     ``cost.scale``. O(ops)."""
-    grad = needs_grad(graph, dict.fromkeys((o.name for o in graph.ops), 0), 0)
-    out: dict[str, OpCost] = {}
-    step = 0.0
-    for o in graph.ops:
-        c = measured[o.name]
-        bwd = c.bwd_inputs if any(grad.get(i, False) for i in o.inputs) else c.bwd_params
-        out[o.name] = OpCost(scale * c.fwd, scale * bwd)
-        step += scale * c.step
-    return out, step
+    bwd = whole_step_backward(graph, dict(measured))
+    out = {o.name: OpCost(scale * measured[o.name].fwd, scale * bwd[o.name]) for o in graph.ops}
+    return out, scale * sum(measured[o.name].step for o in graph.ops)
 
 
 def message_cpu(nbytes: float, costs: RuntimeCosts, lab: bool = False,
