@@ -17,12 +17,15 @@ command-line tools; the lab gets its own name and is removed at the end."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -35,6 +38,50 @@ BIN = Path(sys.executable).parent
 
 def run(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+
+
+class CpuSampler:
+    """Machine-wide CPU use from /proc/stat, sampled every `period` seconds in a thread: what the
+    ranks use plus what they do not see (the cables' emulation in softirq, forwarding hosts)."""
+
+    FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+    def __init__(self, period: float = 0.1):
+        self.period = period
+        self.samples: list[tuple[float, list[int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> list[int]:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), self._read()))
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def share(self, t0: float, t1: float) -> dict[str, float] | None:
+        """Cores busy between the samples nearest `t0` and `t1` (all, and softirq alone)."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return None
+        (a, x), (b, y) = inside[0], inside[-1]
+        d = [j - i for i, j in zip(x, y, strict=True)]
+        total = sum(d) or 1
+        cores = os.cpu_count() or 1
+        busy = total - d[3] - d[4]
+        return {"busy": cores * busy / total, "softirq": cores * d[6] / total,
+                "system": cores * d[2] / total, "seconds": b - a}
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
@@ -96,16 +143,22 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                                      stderr=subprocess.STDOUT, text=True)
                  for h in plan["job"]["processes"]}
         times = []
+        window = [math.inf, -math.inf]  # wall clock of the measured iterations, all ranks
         cpu: dict[str, list[float]] = {}  # host -> its rank's CPU seconds per iteration
         phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
+        with CpuSampler() as sampler:
+            outs = {h: p.communicate()[0] for h, p in procs.items()}
         for h, p in procs.items():
-            out, _ = p.communicate()
+            out = outs[h]
             for line in out.splitlines():
                 _, _, body = line.partition("] ")
                 if body.startswith("{"):
                     ev = json.loads(body)
                     if ev.get("event") == "iter" and ev["iter"] >= 1:
                         times.append(ev["seconds"])
+                        if "end" in ev:
+                            window[0] = min(window[0], ev["end"] - ev["seconds"])
+                            window[1] = max(window[1], ev["end"])
                         if "cpu_seconds" in ev:
                             cpu.setdefault(h, []).append(ev["cpu_seconds"])
                         if ev.get("phases"):
@@ -129,6 +182,11 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
               f"({per_rank / len(cpu) * 1e3:.1f} ms per rank), "
               f"{100 * per_rank / (cores * measured):.0f}% of the {cores} cores over the "
               "measured iteration (cable emulation outside the ranks not counted)")
+    machine = sampler.share(*window) if window[0] < window[1] else None
+    if machine:
+        print(f"  machine during the measured iterations ({machine['seconds']:.1f} s): "
+              f"{machine['busy']:.2f} of {os.cpu_count()} cores busy, softirq "
+              f"{machine['softirq']:.2f}, system {machine['system']:.2f}")
     for st, ph in sorted(phases.items()):
         med = {k: statistics.median(x[k] for x in ph) for k in ph[0]}
         print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))

@@ -219,7 +219,7 @@ def main(job: LaunchSpec) -> int:
         # phases (wall seconds, sends and receives included): forwards, backwards, the
         # replicas' gradient AllReduce, the optimiser step
         _emit(event="iter", rank=rank, iter=it, seconds=seconds, loss=loss_val, stage=s,
-              cpu_seconds=round(time.process_time() - c0, 6),
+              cpu_seconds=round(time.process_time() - c0, 6), end=round(time.time(), 6),
               phases={"forward": round(t_fwd - t0, 6), "backward": round(t_bwd - t_fwd, 6),
                       "allreduce": round(t_ar - t_bwd, 6),
                       "step": round(seconds - (t_ar - t0), 6)})

@@ -150,8 +150,11 @@ def main() -> int:
         opt.step()
         # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
         # too, kernel time on its behalf included) during the iteration
+        # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
+        # CPU samples (bench/planner_lab_check.py)
         _emit(event="iter", rank=rank, iter=it, seconds=time.perf_counter() - t0,
-              cpu_seconds=round(time.process_time() - c0, 6), loss=float(loss.detach()))
+              cpu_seconds=round(time.process_time() - c0, 6), loss=float(loss.detach()),
+              end=round(time.time(), 6))
         done = it + 1
         if writer and done % every == 0 and done < iters:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over
