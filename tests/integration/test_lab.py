@@ -21,6 +21,7 @@ import pytest
 from tests import netns as nsutil
 from topoctl import cli
 from topoctl.lab import lab as labmod
+from topoctl.lab.commands import BURST_S
 from topoctl.lab.measure import measure
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
@@ -96,6 +97,11 @@ def test_every_namespace_port_and_cable_exists(hetero):
         for src, dst in ((c.a_end, c.b_end), (c.b_end, c.a_end)):
             cls = nsutil.sh(["tc", "-n", lay.wire_ns, "class", "show", "dev", src]).stdout
             assert f"rate {c.rate // 10**6}Mbit ceil {c.rate // 10**6}Mbit" in cls
+            # token credit: BURST_S at the rate (tc stores it in ticks: a few bytes' rounding)
+            burst = max(int(c.rate * BURST_S / 8), 2 * 9014)
+            for key in ("burst", "cburst"):
+                got = int(re.search(rf"\b{key} (\d+)b\b", cls).group(1))
+                assert abs(got - burst) <= 0.01 * burst, (key, got, burst, cls)
             flt = nsutil.sh(["tc", "-n", lay.wire_ns, "filter", "show", "dev", src,
                              "ingress"]).stdout
             assert f"Egress Redirect to device {dst}" in flt

@@ -55,8 +55,10 @@ def test_every_cable_shaped_both_ways_and_redirected():
     tc = commands.wire_tc_batch(lay, netem=False)
     for c in lay.cables:
         for src, dst in ((c.a_end, c.b_end), (c.b_end, c.a_end)):
+            # token credit: BURST_S at the cable's rate, at least two jumbo frames
+            burst = max(int(c.rate * commands.BURST_S / 8), 2 * 9014)
             assert f"class add dev {src} parent 1: classid 1:1 htb rate {c.rate}bit " \
-                   f"ceil {c.rate}bit quantum 9014" in tc
+                   f"ceil {c.rate}bit quantum 9014 burst {burst} cburst {burst}" in tc
             assert any(ln.startswith(f"filter add dev {src} ingress") and
                        ln.endswith(f"redirect dev {dst}") for ln in tc)
     assert not any("netem" in ln for ln in tc)
