@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from topoagent.cliutil import ArgumentParser
+from topoctl.lab.emulated import as_emulated, probe_netem
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -105,6 +106,11 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
+    if not probe_netem():  # predictions for the cables the lab really has
+        cluster, cleared = as_emulated(cluster)
+        if cleared:
+            print(f"  (no sch_netem: planned without {', '.join(cleared)}, as the lab emulates "
+                  "the cluster)")
     label = cluster["name"]
     cluster["name"] = name
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}

@@ -294,3 +294,20 @@ def test_32_hosts_degree_4_within_budget(tmp_path):
         t_down = time.monotonic() - t
     assert _gone(name) == []
     assert t_up <= 30 and t_down <= 10, (t_up, t_down)
+
+
+def test_probe_netem_agrees_with_tc_and_leaves_no_namespace():
+    """The probe answers what tc says on this kernel, and removes its namespace."""
+    from topoctl.lab.emulated import probe_netem
+
+    before = set(subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout.split())
+    ns = "tp-netemchk-x"
+    nsutil.sh(["ip", "netns", "add", ns])
+    try:
+        direct = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem",
+                                 "delay", "1ms"], capture_output=True).returncode == 0
+    finally:
+        nsutil.sh(["ip", "netns", "del", ns])
+    assert probe_netem() is direct
+    after = set(subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout.split())
+    assert not {n for n in after - before if n.startswith("tp-")}

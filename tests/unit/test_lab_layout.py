@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from topoctl.lab import commands, names
+from topoctl.lab.emulated import as_emulated
 from topoctl.lab.layout import Layout, build_layout, find_cable, mgmt_block_size
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
@@ -109,3 +111,17 @@ def test_find_cable_and_round_trip():
     with pytest.raises(ValueError, match="a:p1 is not cabled"):
         find_cable(lay2, "a:p1")
     assert commands.cabled_ends(lay2) == ["e0", "e2"]
+
+
+def test_as_emulated_clears_latency_and_loss_and_names_them():
+    doc = yaml.safe_load((PLANS / "hetero8-cluster.yaml").read_text())
+    doc["defaults"]["loss"] = "0.1%"
+    out, cleared = as_emulated(doc)
+    assert cleared == ["defaults.loss", "fabric.links[3].latency", "fabric.links[6].latency",
+                       "fabric.links[9].latency"]
+    graph = parse_cluster(out, "t").graph()
+    assert all(ln.latency == 0 for ln in graph.links)
+    assert doc["fabric"]["links"][3]["latency"] == "1ms"  # the input is left alone
+    # a cluster without latency comes back equal, nothing named
+    same, none = as_emulated(out)
+    assert same == out and none == []
