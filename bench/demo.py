@@ -10,13 +10,14 @@ the cluster (bench/demo_ovs.py; row `baseline+bandwidth (ovs)`, skipped with --n
 one table, saves it as JSON and a PNG plot next to it, and tears each lab down (OVS daemons
 included), also when interrupted.
 
-    python bench/demo.py [--iterations 8] [--out demo-results] [--strategies baseline trees]
-                         [--no-ovs]
+    python bench/demo.py [--iterations 8] [--min-seconds 3] [--out demo-results]
+                         [--strategies baseline trees] [--no-ovs]
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -54,6 +55,15 @@ def allreduce_optimum(plans: dict[str, dict]) -> float | None:
             grad = plan["metadata"]["model"]["parameters_bytes"]
             return grad / float(sched["metadata"]["optimum_bytes_per_s"])
     return None
+
+
+def iterations_for(plan: dict, args) -> int:
+    """Iterations to run `plan`: `--iterations`, or more when the timed ones (after the
+    runtime's warm-up) would cover less than `--min-seconds` of predicted time."""
+    from topoctl.rollout.run import WARMUP
+
+    predicted = plan["metadata"]["prediction"]["iteration_time"]
+    return max(args.iterations, WARMUP + math.ceil(args.min_seconds / max(predicted, 1e-3)))
 
 
 def measure(name: str, plan: dict, transport, iterations: int) -> dict:
@@ -113,7 +123,11 @@ def plot(rows: list[dict], optimum: float | None, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     # usage errors exit 1 (bad input), not argparse's 2 (= changes, README "Exit codes")
     ap = ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=8,
+                    help="iterations per strategy, at least (8; see --min-seconds)")
+    ap.add_argument("--min-seconds", type=float, default=3.0,
+                    help="timed iterations per strategy cover at least this many predicted "
+                         "seconds (3): a fast strategy's median is not left to 6 samples")
     ap.add_argument("--out", default="demo-results")
     ap.add_argument("--strategies", nargs="+")
     ap.add_argument("--no-ovs", action="store_true",
@@ -174,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             if changed["removed"] or changed["added"]:
                 log(f"{s}: re-cabled the lab ({len(changed['removed'])} cables out, "
                     f"{len(changed['added'])} in)")
-            m = measure(s, plan, transport, args.iterations)
+            m = measure(s, plan, transport, iterations_for(plan, args))
             meta = plan["metadata"]
             rows.append({"strategy": s, "predicted": meta["prediction"]["iteration_time"],
                          **m})

@@ -12,6 +12,7 @@ from topoagent.state import parse_host_state
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.explain import explain_text
 from topoctl.render.hoststate import render_hosts
+from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import RoutingError, shortest_next_hops
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 
@@ -103,13 +104,20 @@ def test_transit_hosts_forward_and_endpoints_do_not():
     assert "ip_forward" not in states["h0"].get("sysctl", {})
 
 
-def test_parallel_cables_become_weighted_nexthops():
-    data = ring_cluster(4, [{"a": "h0:eth2", "b": "h1:eth2", "bandwidth": "25mbit"}])
-    _, _, addr, states = rendered(parse_cluster(data))
-    r = next(r for r in states["h0"]["routes"] if r["dst"] == f"{addr.training['h1']}/32")
-    assert sorted((h["dev"], h["weight"]) for h in r["nexthops"]) == [("eth0", 256),
-                                                                      ("eth2", 64)]
-    parse_host_state(states["h0"])
+def test_parallel_cables_route_over_the_fastest():
+    """A pair's one connection cannot be spread over parallel cables (the kernel's hash picks
+    one, the slow one too): the route takes the fastest, the first of equals."""
+    for extra, dev in (("25mbit", "eth0"), ("400mbit", "eth2"), ("100mbit", "eth0")):
+        data = ring_cluster(4, [{"a": "h0:eth2", "b": "h1:eth2", "bandwidth": extra}], "1gbit")
+        for ln in data["fabric"]["links"][:4]:
+            ln["bandwidth"] = "100mbit"
+        _, hops, addr, states = rendered(parse_cluster(data))
+        r = next(r for r in states["h0"]["routes"] if r["dst"] == f"{addr.training['h1']}/32")
+        assert "nexthops" not in r and r["dev"] == dev, (extra, r)
+        parse_host_state(states["h0"])
+        # the simulator's link is that cable, not the bundle's sum
+        cap = network_from_fabric(hops.graph, hops, efficiency=1.0).links["h0>h1"].capacity
+        assert cap * 8 == max(100e6, float(extra.removesuffix("mbit")) * 1e6)
 
 
 def test_disconnected_fabric_is_an_error():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topoctl.bandwidth.lp import Allocation
-from topoctl.fabric.graph import FabricLink
+from topoctl.fabric.graph import FabricLink, lead_cable
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,15 @@ class ClassRow:
 
 
 def class_rows(alloc: Allocation, bundles: dict[tuple[str, str], list[FabricLink]],
-               efficiency: float) -> list[ClassRow]:
-    """One row per (source, destination, egress NIC): the path rates leaving by that NIC
-    (a bundle of parallel cables is split in proportion to the cables' capacities)."""
+               efficiency: float, spread_bundles: bool = False) -> list[ClassRow]:
+    """One row per (source, destination, egress NIC): the path rates leaving by that NIC (of
+    a bundle of parallel cables, its `lead_cable`: the one the routes use; with
+    `spread_bundles`, split in proportion to the cables' capacities)."""
     acc: dict[tuple, float] = {}
     for (s, d), lst in sorted(alloc.rates.items()):
         for path, r in lst:
             u, v = path[0].split(">", 1)
-            cables = bundles[(u, v)]
+            cables = bundles[(u, v)] if spread_bundles else [lead_cable(bundles[(u, v)])]
             tot = sum(c.capacity for c in cables)
             for c in cables:
                 dev, peer, pn = (c.a_nic, c.b, c.b_nic) if c.a == s else (c.b_nic, c.a, c.a_nic)

@@ -6,6 +6,7 @@ renderer read; code here never cares how the file spelled it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -121,3 +122,23 @@ def fabric_graph(c: Cluster) -> FabricGraph:
 def pick(v: float | None, default: float) -> float:
     """`v`, or `default` when `v` is None."""
     return default if v is None else v
+
+
+def lead_cable(links: Sequence[FabricLink]) -> FabricLink:
+    """Of parallel links between the same two nodes, the one a pair's traffic takes: the
+    fastest, the first of equals. One TCP connection (gloo keeps one per peer) cannot be spread
+    over several cables, and a multipath route leaves the choice to the kernel's hash, which
+    put it on the slow one in some runs (hetero8's h2-h3 bundle of 200 + 50 Mbit/s: trees
+    1.44-1.83 s per iteration instead of 1.0 s). Routes, the simulator and the tree planner
+    all use this cable; the others of the bundle carry no training traffic."""
+    return max(links, key=lambda ln: ln.capacity)  # max keeps the first of equals
+
+
+def connection_links(graph: FabricGraph) -> list[FabricLink]:
+    """`graph.links` with every bundle of parallel links reduced to its `lead_cable`, in the
+    order of the links. O(links)."""
+    bundles: dict[tuple[str, str], list[FabricLink]] = {}
+    for ln in graph.links:
+        bundles.setdefault((min(ln.a, ln.b), max(ln.a, ln.b)), []).append(ln)
+    leads = {id(lead_cable(b)) for b in bundles.values()}
+    return [ln for ln in graph.links if id(ln) in leads]

@@ -3,13 +3,13 @@
 For every host: the training address as a /32 on `lo`; each cabled NIC up with its fabric
 address and the fabric MTU; one /32 route per other training host (`src` = own training
 address, so locally originated traffic carries the training address): on a direct fabric via
-the next-hop neighbour's address on the cable (weighted `nexthops` over parallel cables, or over
-the strategy's multipath next hops), on a switched fabric straight to the destination's address
-in the shared L2 domain. Hosts that forward for others get `ip_forward`; on direct fabrics the
-NICs get loose reverse-path filtering (rp_filter 2: paths may be asymmetric). Per-destination
-bandwidth allocations become one HTB class per destination on the egress NIC. The output is
-plain dicts (fast for 1,024 hosts); tests validate it with `topoagent.state.parse_host_state`.
-O(hosts^2) for all hosts.
+the next-hop neighbour's address on the cable (of parallel cables, the `lead_cable`; weighted
+`nexthops` over the strategy's multipath next hops), on a switched fabric straight to the
+destination's address in the shared L2 domain. Hosts that forward for others get
+`ip_forward`; on direct fabrics the NICs get loose reverse-path filtering (rp_filter 2: paths
+may be asymmetric). Per-destination bandwidth allocations become one HTB class per destination
+on the egress NIC. The output is plain dicts (fast for 1,024 hosts); tests validate it with
+`topoagent.state.parse_host_state`. O(hosts^2) for all hosts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 
 from topoagent.state import format_rate
-from topoctl.fabric.graph import FabricGraph, FabricLink
+from topoctl.fabric.graph import FabricGraph, FabricLink, lead_cable
 from topoctl.render.addressing import Addressing, AddressingError
 from topoctl.sim.routing import NextHops
 
@@ -132,12 +132,12 @@ def _routes_of(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, add
             entries = []
             tot = sum(w for _, w in override)
             for nb, w in override:
-                entries += _hop_entries(h, hops.bundles[(h, nb)], addr, w / tot)
+                entries += _hop_entries(h, [lead_cable(hops.bundles[(h, nb)])], addr, w / tot)
             out.append(_route(dst, me, entries))
             continue
         t = templates.get(v)
         if t is None:
-            entries = _hop_entries(h, hops.bundles[(h, names[v])], addr)
+            entries = _hop_entries(h, [lead_cable(hops.bundles[(h, names[v])])], addr)
             t = templates[v] = _route("", me, entries)
             del t["dst"]
         out.append({"dst": dst, **t})
@@ -179,9 +179,8 @@ def _qos(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, addr: Add
     per_dev: dict[str, list[dict]] = {}
     for d, r in sorted(mine, key=lambda x: hosts.index(x[0])):
         nb = hops.next_node(h, d)
-        cables = hops.bundles[(h, nb)] if graph.kind == "direct" else \
-            [c for c in graph.links if c.a == h and c.kind == "access"]
-        c = cables[0]
+        c = lead_cable(hops.bundles[(h, nb)]) if graph.kind == "direct" else \
+            [c for c in graph.links if c.a == h and c.kind == "access"][0]
         dev = c.a_nic if c.a == h else c.b_nic
         per_dev.setdefault(dev, []).append({"dst": f"{addr.training[d]}/32",
                                             "rate": format_rate(int(r))})

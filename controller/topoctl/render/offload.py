@@ -10,7 +10,7 @@ refuses clearly where it does not (this machine)."""
 from __future__ import annotations
 
 from topoagent.protocol import TopoError
-from topoctl.fabric.graph import FabricGraph
+from topoctl.fabric.graph import FabricGraph, lead_cable
 from topoctl.sim.routing import NextHops
 
 
@@ -43,7 +43,7 @@ def offload_rules(graph: FabricGraph, hops: NextHops, training: dict[str, str],
             if d == t:
                 continue
             nb = routes[(t, d)][0][0] if routes.get((t, d)) else hops.next_node(t, d)
-            c = hops.bundles[(t, nb)][0]
+            c = lead_cable(hops.bundles[(t, nb)])
             dev, peer_nic = (c.a_nic, c.b_nic) if c.a == t else (c.b_nic, c.a_nic)
             for ingress in mine:
                 if ingress != dev:

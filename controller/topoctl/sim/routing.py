@@ -5,8 +5,8 @@ Direct-connect fabrics: hosts forward for each other (TopoOpt's host forwarding)
 be a transit node. Switched fabrics: only switches are transit; each host is split into a source
 and a sink node so that no path crosses a host. One BFS per destination host over the reversed
 graph (scipy.sparse.csgraph, C code): O(H * (N + E)) time, an H x N int32 next-hop matrix.
-Parallel cables between the same two nodes are one bundle (their capacities add; rendering
-spreads them with weighted next hops).
+Parallel cables between the same two nodes are one bundle; a pair's traffic takes its
+`fabric.graph.lead_cable` (one connection cannot be spread over several cables).
 """
 
 from __future__ import annotations

@@ -54,16 +54,18 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     demand = traffic_matrix(base.tasks)
     paths = candidate_paths(base.hops, sorted(demand), detours=multipath)
     eff = tcp_efficiency(base.fabric.mtu)
-    plain = network_from_fabric(base.fabric, base.hops, cpu_pool=base.network.cpu_pool)
+    # with multipath (L4 hash: connections spread by weight) a bundle's cables all count
+    plain = network_from_fabric(base.fabric, base.hops, cpu_pool=base.network.cpu_pool,
+                                spread_bundles=multipath)
     cap = {k: ln.capacity for k, ln in plain.links.items()}
     alloc = allocate(demand, paths, cap, objective)
-    rows = class_rows(alloc, base.hops.bundles, eff)
+    rows = class_rows(alloc, base.hops.bundles, eff, spread_bundles=multipath)
     # a pair whose rate leaves by several NICs (detours, or a bundle of parallel cables) gets a
     # weighted route and the kernel's L4 hash only when multipath was asked for: gloo has one
     # connection per peer, so the hash puts all of it on one next hop, and with unequal cables
     # that was the slow one in two of three hetero8 demo runs (trees+bandwidth 1.84-1.87 s
     # against 1.02-1.05 s, the h2-h3 bundle of 200 and 50 Mbit/s); without multipath the main
-    # table's route (the plain plan's) carries the pair, so its classes must not cap it
+    # table's route (the plain plan's, over the bundle's lead cable) carries the pair
     bundled = split_pairs(rows)
     split = bundled if multipath else {}
     # weighted next hops need a host at the far end of each first hop; through a switch the

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topoagent.collectives.schedule import TreeSchedule
-from topoctl.fabric.graph import FabricGraph
+from topoctl.fabric.graph import FabricGraph, connection_links
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
 from topoctl.fabric.topology import ArGroup, Topology, distances, find_topology
 from topoctl.fabric.totient import TopologyError
@@ -190,7 +190,7 @@ def _trees(ctx: PlanContext, fabric: FabricGraph) -> TreeSchedule:
     from topoctl.collective.trees.schedule import plan_to_schedule
     from topoctl.fabric.capgraph import build_capgraph
 
-    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in fabric.links]
+    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(fabric)]
     g = build_capgraph(links, list(ctx.hosts))
     tp = plan_trees(g)
     # the chunk size is fitted to the runtime afterwards (`with_collectives`)

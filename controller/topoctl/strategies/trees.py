@@ -38,6 +38,7 @@ from topoctl.collective.trees.pipeline import (
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_algorithm
 from topoctl.fabric.capgraph import build_capgraph
+from topoctl.fabric.graph import connection_links
 from topoctl.limits import SafetyClock
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
@@ -61,7 +62,7 @@ def plan(ctx: PlanContext) -> Strategy:
     if len(ctx.hosts) < 2:
         raise StrategyError("needs at least two training hosts (one host has nothing to "
                             "all-reduce over the fabric): use baseline")
-    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in ctx.fabric.links]
+    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(ctx.fabric)]
     g = build_capgraph(links, list(ctx.hosts))
     clock = SafetyClock()  # deterministic limits inside; this only guards against the absurd
     tp = plan_trees(g, clock=clock)
