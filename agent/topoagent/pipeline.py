@@ -190,20 +190,10 @@ def main(job: LaunchSpec) -> int:
         full = batch_inputs(inputs_spec, global_batch, it, seed)
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
-        saved = []
-        loss_sum = 0.0
-        for m in range(m_count):
-            lo = (r * m_count + m) * micro
-            inputs = [x[lo:lo + micro] for x in full]
-            loss, received, sent = _forward(stage, inputs, prev, nxt, dist, torch)
-            if loss is not None:
-                loss_sum += float(loss.detach())
-            saved.append((loss, received, sent))
-        t_fwd = time.perf_counter()
-        for m in reversed(range(m_count)):
-            loss, received, sent = saved[m]
-            _backward(loss, received, sent, prev, nxt, g * m_count, dist, torch)
-            saved[m] = None
+        micro_inputs = [[x[(r * m_count + m) * micro:(r * m_count + m + 1) * micro]
+                         for x in full] for m in range(m_count)]
+        loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt, g * m_count, dist)
+        t_fwd = t0 + fwd_s
         t_bwd = time.perf_counter()
         if g > 1:
             _allreduce_grads(model, groups[s], dist, torch)
@@ -226,6 +216,33 @@ def main(job: LaunchSpec) -> int:
     _emit(event="done", rank=rank, checksum=checksum(model), stage=s)
     dist.destroy_process_group()
     return 0
+
+
+def gpipe_passes(stage: Stage, micro_inputs: list[list], prev: int | None, nxt: int | None,
+                 parts: int, dist=None, clock=time.perf_counter) -> tuple[float, float, float]:
+    """One iteration's passes of this rank's stage, GPipe order: the forward of every
+    micro-batch (`micro_inputs`: each micro-batch's model inputs), then their backwards in
+    reverse order, receiving from rank `prev` and sending to rank `nxt` (None: no such
+    neighbour; a one-stage pipeline needs no `dist`). The loss is divided by `parts` (micro-
+    batches x replicas). Returns (the sum of the micro-batch losses on the last stage, else
+    0.0; forward seconds; backward seconds, by `clock`). `main` runs it, and the planner times
+    a one-stage pipeline with it, so that its prediction includes this path's own cost."""
+    import torch
+
+    t0 = clock()
+    saved = []
+    loss_sum = 0.0
+    for inputs in micro_inputs:
+        loss, received, sent = _forward(stage, inputs, prev, nxt, dist, torch)
+        if loss is not None:
+            loss_sum += float(loss.detach())
+        saved.append((loss, received, sent))
+    t1 = clock()
+    for m in reversed(range(len(saved))):
+        loss, received, sent = saved[m]
+        _backward(loss, received, sent, prev, nxt, parts, dist, torch)
+        saved[m] = None
+    return loss_sum, t1 - t0, clock() - t1
 
 
 def _forward(stage: Stage, inputs, prev, nxt, dist, torch):

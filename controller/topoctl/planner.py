@@ -43,8 +43,10 @@ class Evaluated:
     seconds: float  # planner time spent on it
 
 
-def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
-    """Check the job against the cluster and capture + cost the model."""
+def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
+            retime: bool = False) -> PlanContext:
+    """Check the job against the cluster and capture + cost the model (`retime`: lab ranks'
+    op times measured again once per process, `graph.profile.measure_train_job`)."""
     names = {h.name: i for i, h in enumerate(cluster.hosts)}
     if job.hosts is not None:
         probs = []
@@ -109,7 +111,7 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True) -> PlanContext:
     if job.cost.scale != 1.0:
         costs = {k: scale_costs(v, job.cost.scale) for k, v in costs.items()}
     lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
-    train = (functools.partial(measure_train_job, job, use_cache=True)
+    train = (functools.partial(measure_train_job, job, use_cache=True, retime=retime)
              if use_cache and lab else None)
     ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
                       use_cache, train)
@@ -177,10 +179,10 @@ def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
                                 "max(compute, 2(n-1)/n*S/B_host): bandwidth-bound")
 
 
-def make_plan(cluster: Cluster, job: Job, use_cache: bool = True) -> tuple[dict, PlanContext,
-                                                                          list[Evaluated]]:
+def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool = False
+              ) -> tuple[dict, PlanContext, list[Evaluated]]:
     """The full pipeline; returns (plan document, context, all evaluated strategies)."""
-    ctx = prepare(cluster, job, use_cache)
+    ctx = prepare(cluster, job, use_cache, retime)
     evals = [evaluate(ctx, s) for s in job.strategies]
     best = min(evals, key=lambda e: e.result.iteration_time)
     return render(ctx, best, evals), ctx, evals

@@ -208,6 +208,11 @@ def test_train_costs_are_measured_for_real():
     x = example_inputs("mlp", params, 256)
     g = capture_catalog("mlp", params, 256)
     c = measure_train_costs(model, x, g, warmup=1, repeats=5)
+    # fitted to the pipeline runtime's own path: the same ops, the stage's whole step
+    st = measure_train_costs(model, x, g, warmup=1, repeats=5, runtime="stage")
+    assert set(st) == set(c) and sum(v.fwd for v in st.values()) > 0
+    with pytest.raises(ValueError, match="module or stage"):
+        measure_train_costs(model, x, g, warmup=0, repeats=1, runtime="ddp")
     assert set(c) == {o.name for o in g.ops}
     assert c["x"] == TrainCost(0.0, 0.0, 0.0)
     lin = c["net_2"]  # 512x512 linear: the input gradient is one more matmul
@@ -271,8 +276,8 @@ def test_planner_keeps_one_stage_when_the_split_is_slower():
     for mbit, stages in ((10, 1), (100_000, 2)):
         ctx = _ctx(mbit=mbit, global_batch=4096)
         names = [o.name for o in ctx.graph.ops]
-        ctx.train_costs = lambda b, names=names: {n: TrainCost(5e-3, 1e-2, 1.5e-2, 0.0)
-                                                   for n in names}
+        ctx.train_costs = lambda b, runtime="module", names=names: {
+            n: TrainCost(5e-3, 1e-2, 1.5e-2, 0.0) for n in names}
         s = plan_pipeline(ctx)
         assert s.notes["stages"] == stages, (mbit, s.notes)
         assert len(s.collective["stages"]) == stages
@@ -305,7 +310,7 @@ def test_a_model_that_cannot_be_timed_keeps_the_context_costs():
     strategy plans with the context's per-op costs, as without the lab path."""
     ctx = _ctx()
     plain = plan_pipeline(ctx)
-    ctx.train_costs = lambda b: None
+    ctx.train_costs = lambda b, runtime="module": None
     s = plan_pipeline(ctx)
     assert "compute" not in s.notes
     assert s.notes["candidates"] == plain.notes["candidates"]

@@ -60,7 +60,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_scale(cluster, args.max_hosts, args.cluster)
     job = load_job(args.job)
     try:
-        doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache)
+        doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache,
+                                     retime=args.retime)
     except JobError as e:  # the planner knows the YAML path, the CLI knows the file
         raise e.at(args.job) from None
     except ClusterError as e:
@@ -142,6 +143,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="no machine caches: re-measure op costs (pipeline strategies on lab "
                         "hosts then keep the roofline)")
+    p.add_argument("--retime", action="store_true",
+                   help="lab hosts: time the ranks' ops on this CPU again and cache that, "
+                        "instead of an earlier timing (for a machine whose speed varies)")
     p.add_argument("--max-hosts", type=positive_int, default=MAX_PLAN_HOSTS, metavar="N",
                    help="refuse clusters of more than N hosts up front (default "
                         f"{MAX_PLAN_HOSTS}: larger ones take the planner minutes and gigabytes)")

@@ -45,7 +45,8 @@ def handle(req: dict) -> dict:
         return {"costs": {k: [c.fwd, c.bwd] for k, c in
                           measure_costs(model, inputs, small).items()}}
     try:
-        costs = measure_train_costs(model, inputs, graph)
+        costs = measure_train_costs(model, inputs, graph,
+                                    runtime=str(req.get("runtime", "module")))
     except Exception:  # noqa: BLE001 - a model that does not train here: no lab timing
         return {"costs": None}
     return {"costs": {k: list(asdict(c).values()) for k, c in costs.items()}}

@@ -144,7 +144,8 @@ def _tensors(v) -> list[torch.Tensor]:
 
 
 def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph,
-                        warmup: int = 2, repeats: int = 5) -> dict[str, TrainCost]:
+                        warmup: int = 2, repeats: int = 5,
+                        runtime: str = "module") -> dict[str, TrainCost]:
     """Time every fx node of `model` forward, backward (both variants of `TrainCost`) and its
     SGD step on this CPU at the batch of `inputs`, each op on its real input values, with
     gradients enabled as in training (median of `repeats` after `warmup` runs; CPU time of the
@@ -155,8 +156,11 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     Per op rather than per stage so that any split of the model can be costed; what the sum
     leaves out (the runtime's per-node interpretation, a few microseconds) is small against
     the compute of a layer. The per-op times are then fitted to a whole step timed the same
-    way (`fit_to_whole_step`). `graph` must come from capturing the same model (names match).
-    Runs the model: I/O-free but not pure; cached by `graph.cache`."""
+    way (`fit_to_whole_step`), as the runtime that will run it calls the model: `runtime`
+    "module" (data-parallel ranks: `model(x)`, `whole_step_times`) or "stage" (pipeline ranks:
+    fx nodes interpreted one by one in micro-batches, `stage_step_times`; 8-10% slower on the
+    demo's MLP). `graph` must come from capturing the same model (names match). Runs the
+    model: I/O-free but not pure; cached by `graph.cache`."""
     gm = fx.symbolic_trace(model)
     interp = fx.Interpreter(gm, garbage_collect_values=False)
     with torch.no_grad():
@@ -225,7 +229,13 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
                     p.grad = None
         out[n.name] = TrainCost(fwd, bwd_p, bwd_i, step)
     costs = {o.name: out.get(o.name, TrainCost(0.0, 0.0, 0.0)) for o in graph.ops}
-    return fit_to_whole_step(costs, graph, whole_step_times(model, inputs, warmup, repeats))
+    if runtime == "stage":
+        whole = stage_step_times(model, inputs, warmup=warmup, repeats=repeats)
+    elif runtime == "module":
+        whole = whole_step_times(model, inputs, warmup, repeats)
+    else:
+        raise ValueError(f"runtime {runtime!r}: module or stage")
+    return fit_to_whole_step(costs, graph, whole)
 
 
 def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup: int = 2,
@@ -252,6 +262,38 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
         t3 = clock()
         if i >= warmup:
             times.append((t1 - t0, t2 - t1, t3 - t2))
+    with torch.no_grad():
+        for p, v in zip(params, saved, strict=True):
+            p.copy_(v)
+            p.grad = None
+    return tuple(statistics.median(t[k] for t in times) for k in range(3))  # type: ignore[return-value]
+
+
+def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 4,
+                     warmup: int = 2, repeats: int = 5) -> tuple[float, float, float]:
+    """(forward, backward, SGD step) seconds per micro-batch (step: per iteration) of `model` run
+    as the pipeline runtime runs a stage (`topoagent.pipeline.gpipe_passes` on a one-stage
+    pipeline: fx nodes interpreted one by one, `microbatches` micro-batches of `inputs`,
+    gradients accumulated), medians of `repeats` after `warmup`, timed as `measure_train_costs`
+    times ops. The parameters are restored afterwards."""
+    from topoagent.pipeline import Stage, gpipe_passes
+
+    gm = fx.symbolic_trace(model)
+    stage = Stage(gm, [[n.name for n in gm.graph.nodes]], 0, {})
+    params = list(gm.parameters())
+    saved = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=1e-3)
+    micro = [list(inputs)] * microbatches
+    clock = _clock()
+    times: list[tuple[float, float, float]] = []
+    for i in range(warmup + repeats):
+        gm.zero_grad(set_to_none=True)
+        _, fwd, bwd = gpipe_passes(stage, micro, None, None, microbatches, clock=clock)
+        t0 = clock()
+        opt.step()
+        step = clock() - t0
+        if i >= warmup:
+            times.append((fwd / microbatches, bwd / microbatches, step))
     with torch.no_grad():
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)

@@ -82,35 +82,44 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
     return costs
 
 
-def measure_train_job(job, batch: int, use_cache: bool = True) -> dict[str, TrainCost] | None:
+_RETIMED: set[str] = set()  # cache keys re-timed by this process (`retime`)
+
+
+def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "module",
+                      retime: bool = False) -> dict[str, TrainCost] | None:
     """Per-op training costs of the job's model on this CPU at exactly `batch` samples (the
     pipeline's micro-batch: no linear scaling from a small profile batch, whose per-call
-    overhead would dominate), with the job's `launch.threads` torch threads, as a pipeline rank
-    runs. Cached per model, sizes, batch, torch, CPU and threads (`graph.cache`). None when
-    the model cannot run a training step on real tensors here (the caller keeps its costs)."""
+    overhead would dominate), with the job's `launch.threads` torch threads, fitted to a whole
+    step as `runtime` runs the model ("module": data-parallel ranks, "stage": pipeline ranks;
+    `graph.cost.measure_train_costs`). Cached per model, sizes, batch, runtime, torch, CPU and
+    threads (`graph.cache`); `retime`: time again once per process and cache that (this VM's
+    speed varied by up to 30% within an hour, 2026-11-25). None when the model cannot run a
+    training step on real tensors here (the caller keeps its costs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(job.launch.threads)
     try:
         m = job.model
         # "-fitted": per-op times fitted to a whole step (older cached timings are not)
         key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
-                                "train-float32-fitted")
+                                "train-float32-fitted" + ("-stage" if runtime == "stage" else ""))
         graph = job_graph(job, batch)
         names = {o.name for o in graph.ops}
-        if use_cache:
+        if use_cache and not (retime and key not in _RETIMED):
             hit = cache.load_train(key)
             if hit is not None and set(hit) == names:
                 return hit
+        _RETIMED.add(key)
         torch.manual_seed(0)
         if not m.catalog:  # the job's code: timed in a child process, unprivileged
-            costs = sandbox.factory_train_costs(job, batch)
+            costs = sandbox.factory_train_costs(job, batch, runtime)
             if costs is None:
                 return None
         else:
             model = build_model(m.catalog, m.params)
             inputs = example_inputs(m.catalog, m.params, batch)
             try:
-                costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph)
+                costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph,
+                                            runtime=runtime)
             except Exception:  # noqa: BLE001 - a model that does not train here: no timing
                 return None
         if use_cache:

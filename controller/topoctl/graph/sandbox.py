@@ -152,10 +152,12 @@ def factory_costs(job, batch: int) -> dict[str, OpCost]:
     return {str(k): OpCost(float(f), float(b)) for k, (f, b) in costs.items()}
 
 
-def factory_train_costs(job, batch: int) -> dict[str, TrainCost] | None:
-    """Per-op training costs of the factory model at `batch`, or None when it cannot train
-    on real tensors here."""
-    costs = run_worker(_request(job, "train", batch), capture_user())["costs"]
+def factory_train_costs(job, batch: int, runtime: str = "module"
+                        ) -> dict[str, TrainCost] | None:
+    """Per-op training costs of the factory model at `batch` (fitted as `runtime` runs it:
+    `graph.cost.measure_train_costs`), or None when it cannot train on real tensors here."""
+    costs = run_worker(_request(job, "train", batch) | {"runtime": runtime},
+                       capture_user())["costs"]
     if costs is None:
         return None
     return {str(k): TrainCost(*(float(x) for x in v)) for k, v in costs.items()}

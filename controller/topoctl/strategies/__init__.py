@@ -58,8 +58,9 @@ class PlanContext:
     use_cache: bool = True  # machine caches (op times, the runtime's CPU calibration) allowed
     # lab hosts (every training host a `cpu`, no `cost.device`) with the caches allowed: per-op
     # training costs timed on this CPU at a given batch (`graph.profile.measure_train_job`,
-    # cached); the pipeline strategies cost their micro-batches with it. None: roofline/profile
-    train_costs: Callable[[int], dict[str, TrainCost] | None] | None = None
+    # cached; `runtime="stage"`: fitted to the pipeline runtime's path); the pipeline strategies
+    # cost their micro-batches with it. None: roofline/profile
+    train_costs: Callable[..., dict[str, TrainCost] | None] | None = None
     # lab hosts whose ranks' compute was timed on this CPU (`planner.prepare`): the ranks share
     # this machine's cores (processor sharing in the simulator, `Network.cpu_pool`); every
     # strategy builds its network with it (`network_from_fabric(..., cpu_pool=...)`)

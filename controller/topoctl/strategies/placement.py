@@ -356,7 +356,7 @@ def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
     the context, scaled)."""
     if ctx.train_costs is None:
         return None
-    ops = ctx.train_costs(micro_batch)
+    ops = ctx.train_costs(micro_batch, runtime="stage")  # as topoagent.pipeline runs a stage
     if ops is None:  # the model does not train on real tensors here: the context's costs
         return None
     cal = load_calibration()
