@@ -4,7 +4,7 @@ cluster as a lab, apply every rendered HostState with `topo-agent`, launch the p
 median measured iteration (iterations >= 1, all ranks) with the plan's prediction.
 
     python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
-        [--strategies baseline trees ...] [--plan plan.yaml]
+        [--strategies baseline trees ...] [--plan plan.yaml] [--min-seconds 3]
 
 With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
 planned, applied and measured in turn on the same lab, one line each; trees plans get the
@@ -86,10 +86,12 @@ class CpuSampler:
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
-         strategies: list[str] | None = None, plan_file: str | None = None) -> int:
+         strategies: list[str] | None = None, plan_file: str | None = None,
+         min_seconds: float = 3.0) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
     if plan_file:  # measure this plan (made for this cluster) instead of planning
-        return check(cluster_file, job, iterations, yaml.safe_load(Path(plan_file).read_text()))
+        return check(cluster_file, job, iterations, yaml.safe_load(Path(plan_file).read_text()),
+                     min_seconds)
     strategies = strategies or list(job.get("strategies") or ["baseline"])
     if {"trees", "topoopt"} & set(strategies):  # both run the tree runtime
         r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
@@ -98,11 +100,12 @@ def main(cluster_file: str, job_file: str, iterations: int = 5,
             return 1
     rc = 0
     for s in strategies:
-        rc |= check(cluster_file, {**job, "strategies": [s]}, iterations)
+        rc |= check(cluster_file, {**job, "strategies": [s]}, iterations, None, min_seconds)
     return rc
 
 
-def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None) -> int:
+def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None,
+          min_seconds: float = 3.0) -> int:
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
@@ -125,7 +128,10 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     else:
         (tmp / "plan.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
-    plan["job"]["iterations"] = iterations
+    # the timed iterations (all but the first) cover at least `min_seconds` of predicted time:
+    # a fast strategy's median is not left to 5 samples
+    fast = math.ceil(min_seconds / max(plan["metadata"]["prediction"]["iteration_time"], 1e-3))
+    plan["job"]["iterations"] = max(iterations, 1 + fast)
     labs = tmp / "labs"
     # cabled as the plan says: a strategy that re-cables (topoopt) is measured on its own
     # cables, not on the cluster file's (for the others the two are the same)
@@ -204,11 +210,16 @@ def cli(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cluster", help="cluster file")
     ap.add_argument("job", help="job file")
-    ap.add_argument("iterations", nargs="?", type=int, default=5, help="iterations (5)")
+    ap.add_argument("iterations", nargs="?", type=int, default=5,
+                    help="iterations, at least (5; see --min-seconds)")
     ap.add_argument("--strategies", nargs="+", help="strategies to check (default: all)")
     ap.add_argument("--plan", help="measure this plan of the cluster instead of planning")
+    ap.add_argument("--min-seconds", type=float, default=3.0,
+                    help="more iterations when the timed ones would cover less predicted time "
+                         "(3)")
     args = ap.parse_args(argv)
-    return main(args.cluster, args.job, args.iterations, args.strategies, args.plan)
+    return main(args.cluster, args.job, args.iterations, args.strategies, args.plan,
+                args.min_seconds)
 
 
 if __name__ == "__main__":

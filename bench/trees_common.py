@@ -14,6 +14,7 @@ from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import (
     TreePrediction,
     choose_chunks,
+    link_steps,
     predict,
     runtime_costs,
     tree_shape,
@@ -54,8 +55,15 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     shape = tree_shape([t.parents for t in plan.trees], [t.rate for t in plan.trees])
     rate = plan.rate * tcp_efficiency(mtu)
     ranks = colocated or len(hosts)
+    # one cable per host pair, each direction its own link (the fill and drain steps)
+    at = {h: i for i, h in enumerate(hosts)}
+    uses = {}
+    for a, b, cap in links:
+        uses[(at[a], at[b])] = [((a, b), 1.0 / cap)]
+        uses[(at[b], at[a])] = [((b, a), 1.0 / cap)]
+    steps = link_steps(shape, uses)
     if chunk_bytes is None:
-        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks)
+        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps)
         chunk_bytes = max(1, pred.chunk_bytes)
     sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
     from topoagent.collectives.program import chunk_count
@@ -63,7 +71,7 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     c = chunk_count(sched, nbytes // 4, 4)
     if loopback:
         costs = replace(costs, emulation_bytes_per_s=1e30)
-    pred = predict(shape, float(nbytes), rate, c, costs, ranks)
+    pred = predict(shape, float(nbytes), rate, c, costs, ranks, links=steps)
     return plan, tau, sched, pred
 
 

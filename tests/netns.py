@@ -57,20 +57,25 @@ _UNITS = {"bit": 1, "Kbit": 10**3, "Mbit": 10**6, "Gbit": 10**9, "Tbit": 10**12}
 
 def tc_classes(ns: str, dev: str) -> list[dict]:
     """`tc class show` (iproute2 6.1 has no JSON for HTB classes): handle, parent, rate, ceil
-    in bit/s, plus the raw line for exact before/after comparisons."""
+    in bit/s, burst and cburst in bytes, plus the raw line for exact before/after comparisons."""
     out = []
     for line in sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout.splitlines():
         words = line.split()
         if len(words) < 3 or words[0] != "class":
             continue
         entry: dict = {"kind": words[1], "handle": words[2], "line": line.strip()}
-        for key in ("parent", "rate", "ceil"):
+        for key in ("parent", "rate", "ceil", "burst", "cburst"):
             if key in words:
                 entry[key] = words[words.index(key) + 1]
         for key in ("rate", "ceil"):
             if key in entry:
                 num = entry[key].rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
                 entry[key] = round(float(num) * _UNITS[entry[key][len(num):]])
+        for key in ("burst", "cburst"):  # bytes: "25000b", "97Kb", "1Mb" (iproute2 sprint_size)
+            if key in entry:
+                num = entry[key].rstrip("bKM")
+                entry[key] = round(float(num) * {"b": 1, "Kb": 1024, "Mb": 1024**2}[
+                    entry[key][len(num):]])
         out.append(entry)
     return out
 

@@ -113,6 +113,13 @@ def test_apply_is_seen_by_iproute2_and_reapply_is_a_noop(host: Host):
     assert classes["7470:2"]["rate"] == 50_000_000 and classes["7470:2"]["ceil"] == 200_000_000
     assert classes["7470:28"]["rate"] == 100_000_000  # id 40 = 0x28
     assert classes["7470:28"]["ceil"] == 150_000_000
+    # token credit: 4 ms at the rate (tc stores it as a transmit time: a few bytes' rounding),
+    # at least two frames (tpa0: MTU 1500); pyroute2's default of 1600 bytes starved jumbo
+    # frames
+    for handle, burst, cburst in (("7470:1", 100_000, 100_000), ("7470:2", 25_000, 100_000),
+                                  ("7470:28", 50_000, 75_000)):
+        assert abs(classes[handle]["burst"] - burst) <= 0.01 * burst, classes[handle]
+        assert abs(classes[handle]["cburst"] - cburst) <= 0.01 * cburst, classes[handle]
     filters = [f["options"] for f in tc_json(host.ns, "filter", "show", "dev", "tpa0")
                if "match" in f.get("options", {})]
     assert sorted((f["flowid"], f["match"]["value"], f["match"]["mask"]) for f in filters) == [
@@ -236,6 +243,21 @@ def test_foreign_objects_survive_apply_diff_and_rollback(host: Host):
     still_there()
     assert host.agent("rollback").returncode == 2
     still_there()
+
+
+def test_htb_credit_at_a_jumbo_mtu_and_the_lowest_rate(host: Host):
+    """Two jumbo frames of credit where 4 ms of the rate is less; at 1 kbit/s at most 30 s of
+    the rate (two frames would overflow the kernel's 32-bit transmit time at larger MTUs)."""
+    r = host.apply({"interfaces": [{"name": "tpc0", "mtu": 9000, "up": True}],
+                    "qos": [{"dev": "tpc0", "rate": "1gbit", "classes": [
+                        {"dst": "10.236.9.2", "rate": "1kbit"},
+                        {"dst": "10.236.9.3", "rate": "10mbit"}]}]})
+    assert r.returncode == 2, r.stderr
+    classes = {c["handle"]: c for c in tc_classes(host.ns, "tpc0")}
+    for handle, burst, cburst in (("7470:1", 500_000, 500_000), ("7470:2", 3_750, 500_000),
+                                  ("7470:3", 2 * 9014, 500_000)):
+        assert abs(classes[handle]["burst"] - burst) <= 0.01 * burst, classes[handle]
+        assert abs(classes[handle]["cburst"] - cburst) <= 0.01 * cburst, classes[handle]
 
 
 def test_qos_on_a_link_with_a_foreign_qdisc_is_refused(host: Host):

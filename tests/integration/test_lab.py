@@ -311,3 +311,49 @@ def test_probe_netem_agrees_with_tc_and_leaves_no_namespace():
     assert probe_netem() is direct
     after = set(subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout.split())
     assert not {n for n in after - before if n.startswith("tp-")}
+
+
+def _plan(args: list[str], capsys) -> tuple[int, str]:
+    code = cli.main(["plan", *args])
+    return code, capsys.readouterr().err
+
+
+def test_plan_as_lab_plans_the_cables_the_lab_builds(tmp_path, capsys):
+    """`topoctl plan --as-lab`: where the kernel has no sch_netem, the cables' latency is left
+    out (named on stderr) and the plan is the plan of the cluster without it; where it has
+    netem, the plan of the file as written. Not as root: a clear error, nothing written."""
+    import yaml
+
+    from topoctl.lab.emulated import as_emulated, probe_netem
+
+    doc = yaml.safe_load((PLANS / "fast4-cluster.yaml").read_text())
+    doc["fabric"]["links"][0]["latency"] = "3ms"
+    doc["fabric"]["links"][2]["latency"] = "3ms"
+    job = yaml.safe_load((PLANS / "mlp-job.yaml").read_text()) | {"strategies": ["baseline"]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(as_emulated(doc)[0]))
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump(job))
+    c, e, j = (str(tmp_path / f) for f in ("c.yaml", "e.yaml", "j.yaml"))
+
+    code, err = _plan([c, j, "-o", str(tmp_path / "lab.yaml"), "--as-lab"], capsys)
+    assert code == 0, err
+    assert _plan([c, j, "-o", str(tmp_path / "file.yaml")], capsys)[0] == 0
+    assert _plan([e, j, "-o", str(tmp_path / "emulated.yaml")], capsys)[0] == 0
+
+    def predicted(name: str) -> float:
+        plan = yaml.safe_load((tmp_path / name).read_text())
+        return plan["metadata"]["prediction"]["iteration_time"]
+    if probe_netem():
+        assert "sch_netem" not in err
+        assert predicted("lab.yaml") == predicted("file.yaml")
+    else:
+        assert "fabric.links[0].latency" in err and "fabric.links[2].latency" in err
+        assert predicted("lab.yaml") == predicted("emulated.yaml") < predicted("file.yaml")
+
+    # as a user: the probe needs a namespace; the check is on the effective uid, so that is
+    # what the test changes (a real unprivileged process cannot read pytest's 0700 tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "geteuid", lambda: 65534)
+        code, err = _plan([c, j, "-o", str(tmp_path / "user.yaml"), "--as-lab"], capsys)
+    assert code == 1 and "needs root" in err, err
+    assert not (tmp_path / "user.yaml").exists()

@@ -13,6 +13,7 @@ from topoagent.collectives.program import compile_program
 from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     choose_chunks,
+    link_steps,
     predict,
     runtime_costs,
     tree_shape,
@@ -140,3 +141,55 @@ def test_network_and_cpu_parts_overlap():
     assert fast.cpu_s > fast.network_s
     assert fast.seconds == fast.cpu_s
     assert fast.exposed_cpu_s == pytest.approx(fast.cpu_s - fast.network_s)
+
+
+def _up_height_depth(parents):
+    depth = []
+    for r in range(len(parents)):
+        d, cur = 0, r
+        while parents[cur] is not None:
+            cur, d = parents[cur], d + 1
+        depth.append(d)
+    up = [0] * len(parents)
+    for r in sorted(range(len(parents)), key=lambda x: -depth[x]):
+        if parents[r] is not None:
+            up[parents[r]] = max(up[parents[r]], up[r] + 1)
+    return up, depth
+
+
+@pytest.mark.parametrize("world,ntrees,chunks", [(3, 1, 2), (5, 3, 1), (5, 3, 4), (8, 16, 3),
+                                                 (8, 16, 40), (7, 8, 30)])
+def test_fill_and_drain_steps_last_as_long_as_their_busiest_link(world, ntrees, chunks):
+    """The network part with `links`, step by step from the program's rule (reduce r -> parent
+    at step k + up(r), broadcast parent -> r at k + h + depth(parent)): every step as long as
+    the link whose messages of that step take longest (bytes / capacity), summed; without
+    `links` every step is a full one (longer whenever some step is not full)."""
+    s = random_schedule(world, ntrees, seed=3 * world + ntrees)
+    rng = random.Random(chunks)
+    cap = {(a, b): rng.choice([1e6, 2e6, 5e6]) for a in range(world) for b in range(world)
+           if a != b}
+    nbytes = 8e6
+    sh = shape_of(s)
+    busy: dict = {}  # (step, link) -> seconds
+    share: dict = {}
+    for t, frac in zip(s.trees, sh.fractions):
+        up, depth = _up_height_depth(t.parents)
+        h = up[t.root]
+        chunk = nbytes * frac / chunks
+        for c, par in enumerate(t.parents):
+            if par is None:
+                continue
+            for (a, b), first in (((c, par), up[c]), ((par, c), h + depth[par])):
+                share[(a, b)] = share.get((a, b), 0.0) + frac
+                for k in range(chunks):
+                    key = (first + k, (a, b))
+                    busy[key] = busy.get(key, 0.0) + chunk / cap[(a, b)]
+    direct = sum(max(v for (st, _), v in busy.items() if st == step)
+                 for step in {st for st, _ in busy})
+    rate = min(cap[e] / x for e, x in share.items())  # the busiest link full in a full step
+    uses = {e: [(e, 1.0 / cap[e])] for e in cap}
+    got = predict(sh, nbytes, rate, chunks, FREE, 1, links=link_steps(sh, uses))
+    assert got.network_s == pytest.approx(direct, rel=1e-9)
+    full = predict(sh, nbytes, rate, chunks, FREE, 1)
+    assert full.network_s == pytest.approx(got.steps * nbytes / (rate * chunks))
+    assert full.network_s >= got.network_s * (1 - 1e-9)

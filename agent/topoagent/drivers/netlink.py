@@ -17,6 +17,13 @@ from topoagent.target import Target
 ETH_P_IP = 0x0800
 SCOPE_UNIVERSE, SCOPE_LINK, SCOPE_NOWHERE = 0, 253, 255
 U32_HT = 0x800  # the default hash table every u32 filter of a prio lands in
+# Token credit of the agent's HTB classes: this long at the class's rate, at least two frames
+# of the device. pyroute2's default (rate / 1e9 s + 1600 bytes, i.e. one standard frame) is
+# less than one jumbo frame or GSO packet, so a class sending at its rate waits for tokens
+# after every packet: tworack8's trees+bandwidth plan (one class per destination) trained at
+# 0.741 s per iteration against 0.568 s for the same trees without classes (2026-11-26). The
+# lab's cables had the same cause (controller/topoctl/lab/commands.py, BURST_S).
+HTB_BURST_S = 0.004
 
 
 def u32_handle(minor: int) -> int:
@@ -143,12 +150,24 @@ class NetlinkDriver:
         # default 0: unclassified traffic bypasses the classes (not throttled by the plan)
         self.ipr.tc("add", "htb", index=idx, handle=TC_MAJOR << 16, default=0)
         self.ipr.tc("add-class", "htb", index=idx, handle=(TC_MAJOR << 16) | 1,
-                    parent=TC_MAJOR << 16, rate=rate // 8, ceil=rate // 8)
+                    parent=TC_MAJOR << 16, **self._htb_rates(dev, rate, rate))
 
     def set_root_rate(self, dev: str, rate: int) -> None:
         """Change the rate of the agent's HTB root class."""
         self.ipr.tc("replace-class", "htb", index=self.index(dev), handle=(TC_MAJOR << 16) | 1,
-                    parent=TC_MAJOR << 16, rate=rate // 8, ceil=rate // 8)
+                    parent=TC_MAJOR << 16, **self._htb_rates(dev, rate, rate))
+
+    def _htb_rates(self, dev: str, rate: int, ceil: int) -> dict[str, int]:
+        """pyroute2 HTB class arguments for `rate`/`ceil` bit/s: bytes/s, and `HTB_BURST_S` of
+        token credit (bytes) at each, at least two frames at the device's MTU."""
+        mtu = self.ipr.link("get", index=self.index(dev))[0].get_attr("IFLA_MTU") or 1500
+
+        def credit(bits: int) -> int:
+            # at most 30 s of the rate: the kernel keeps the credit as a 32-bit transmit time
+            # (a 2-frame credit at 1 kbit/s and MTU 64k would overflow it)
+            return min(max(int(bits / 8 * HTB_BURST_S), 2 * (mtu + 14)), bits // 8 * 30)
+        return {"rate": rate // 8, "ceil": ceil // 8, "burst": credit(rate),
+                "cburst": credit(ceil)}
 
     def del_qdisc(self, dev: str) -> None:
         """Delete the agent's root qdisc (its classes and filters with it)."""
@@ -158,7 +177,7 @@ class NetlinkDriver:
         """Create or replace an HTB class."""
         self.ipr.tc("replace-class", "htb", index=self.index(dev),
                     handle=(TC_MAJOR << 16) | cls.id, parent=(TC_MAJOR << 16) | 1,
-                    rate=cls.rate // 8, ceil=(cls.ceil or cls.rate) // 8)
+                    **self._htb_rates(dev, cls.rate, cls.ceil or cls.rate))
 
     def del_class(self, dev: str, minor: int) -> None:
         """Delete an HTB class."""

@@ -49,6 +49,30 @@ def check_scale(cluster, max_hosts: int, source: str) -> None:
                              f"--max-hosts {n} at your own risk")], source=source)
 
 
+def _lab_cluster(path: str):
+    """The cluster file as this machine's namespace lab emulates it (`--as-lab`): without
+    sch_netem in the kernel the lab's cables have no latency and no loss, so the plan leaves
+    them out too and says which it left out (`topoctl.lab.emulated`)."""
+    import os
+
+    from topoagent.state import load_yaml_file
+    from topoctl.lab.emulated import as_emulated, probe_netem
+    from topoctl.lab.netops import LabError
+    from topoctl.spec.cluster_load import parse_cluster
+
+    if os.geteuid() != 0:
+        raise LabError("topoctl plan --as-lab needs root (it asks the kernel what the lab can "
+                       "emulate, in a throwaway network namespace)")
+    cluster = load_cluster(path)
+    if probe_netem():
+        return cluster
+    emulated, cleared = as_emulated(load_yaml_file(path))
+    if cleared:
+        print(f"topoctl: {path}: this kernel has no sch_netem, so the lab emulates no latency "
+              f"or loss: planning without {', '.join(cleared)}", file=sys.stderr)
+    return parse_cluster(emulated, path)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """`topoctl plan`: load and check the cluster and job, plan, validate, write the plan."""
     # torch and the catalog: imported only when planning, so every other command starts fast
@@ -56,7 +80,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from topoctl.spec.job import JobError, load_job
 
     t0 = time.perf_counter()
-    cluster = load_cluster(args.cluster)
+    cluster = _lab_cluster(args.cluster) if args.as_lab else load_cluster(args.cluster)
     check_scale(cluster, args.max_hosts, args.cluster)
     job = load_job(args.job)
     try:
@@ -146,6 +170,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retime", action="store_true",
                    help="lab hosts: time the ranks' ops on this CPU again and cache that, "
                         "instead of an earlier timing (for a machine whose speed varies)")
+    p.add_argument("--as-lab", action="store_true",
+                   help="plan the cluster as this machine's `topoctl lab` emulates it (root): "
+                        "latency and loss left out when the kernel has no sch_netem, so the "
+                        "prediction is comparable with a lab run")
     p.add_argument("--max-hosts", type=positive_int, default=MAX_PLAN_HOSTS, metavar="N",
                    help="refuse clusters of more than N hosts up front (default "
                         f"{MAX_PLAN_HOSTS}: larger ones take the planner minutes and gigabytes)")

@@ -85,6 +85,13 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
 _RETIMED: set[str] = set()  # cache keys re-timed by this process (`retime`)
 
 
+def forget_retimed() -> None:
+    """Make the next `retime` time the ops again although this process already did: for a
+    caller that plans right before each measurement (the demo), on a machine whose speed moves
+    within minutes."""
+    _RETIMED.clear()
+
+
 def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "module",
                       retime: bool = False) -> dict[str, TrainCost] | None:
     """Per-op training costs of the job's model on this CPU at exactly `batch` samples (the

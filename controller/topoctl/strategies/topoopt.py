@@ -278,7 +278,7 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
 
         def score(c: PlanContext, sched=sched, rate=rate, latency=latency):
             _, sizes, _ = hybrid_tasks(c, d.mp, hosts, tree_algorithm(sched))
-            fit = fit_runtime(c, sched, rate, latency, sizes)
+            fit = fit_runtime(c, sched, rate, latency, sizes, d.network)
             # path trees are n/2 deep: they need fine chunks to pipeline, as many as the
             # trees strategy simulates (the runtime's own count is in the CPU part's fit)
             alg = tree_algorithm(fit.schedule, max_chunks=max(PATH_CHUNKS, SIM_MAX_CHUNKS))

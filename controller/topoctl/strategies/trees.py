@@ -31,6 +31,7 @@ from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     TreePrediction,
     choose_chunks,
+    link_steps,
     predict,
     runtime_costs,
     tree_shape,
@@ -81,7 +82,7 @@ def plan(ctx: PlanContext) -> Strategy:
 
     def score(c: PlanContext) -> tuple[list, list[int], RuntimeFit]:
         _, sizes = dp_tasks(c, hosts, tree_algorithm(sched0))
-        fit = fit_runtime(c, sched0, rate, latency, sizes)
+        fit = fit_runtime(c, sched0, rate, latency, sizes, network)
         tasks, sizes = dp_tasks(c, hosts, tree_algorithm(fit.schedule, max_chunks=SIM_MAX_CHUNKS))
         return fit.with_cpu_part(tasks, sizes), sizes, fit
 
@@ -213,8 +214,26 @@ def tree_rate(sched: TreeSchedule, hosts: list[str], network: Network) -> tuple[
     return rate, latency
 
 
+def tree_link_uses(sched: TreeSchedule, hosts: list[str], network: Network
+                   ) -> dict[tuple[int, int], list[tuple[str, float]]]:
+    """Per directed tree edge (sender, receiver rank) of `sched`: the links its messages cross
+    with multipath weight / capacity (:func:`~topoctl.collective.trees.pipeline.link_steps`).
+    O(T N P)."""
+    uses: dict[tuple[int, int], list[tuple[str, float]]] = {}
+    for t in sched.trees:
+        for child, parent in enumerate(t.parents):
+            if parent is None:
+                continue
+            for a, b in ((child, parent), (parent, child)):
+                if (a, b) not in uses:
+                    uses[(a, b)] = [(lid, w / network.links[lid].capacity)
+                                    for w, path in network.routes(hosts[a], hosts[b])
+                                    for lid in path]
+    return uses
+
+
 def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: float,
-                sizes: list[int]) -> RuntimeFit:
+                sizes: list[int], network: Network | None = None) -> RuntimeFit:
     """Fit `sched` (any tree schedule over the hosts in rank order: packed trees, TopoOpt's
     path trees) to the runtime that will execute it, as the ``trees`` strategy plans it: the
     chunk count minimising network + CPU part of the largest bucket
@@ -222,12 +241,17 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     ``ctx.use_cache``; CPU hosts are taken to share this machine's cores), the schedule's
     ``chunk_bytes`` set from it (per-tree overrides dropped), and what the runtime then does
     with every bucket size (its own chunk count from ``chunk_bytes``). `rate`: the trees'
-    total goodput in bytes/s; `latency`: the largest path latency of a tree edge."""
+    total goodput in bytes/s; `latency`: the largest path latency of a tree edge; `network`:
+    the links the trees are routed over, for the pipeline's fill and drain steps (without it
+    every step is charged as a full one)."""
     costs = runtime_costs(load_calibration() if ctx.use_cache else None)
     hosts = list(ctx.hosts)
     colocated = len(hosts) if all(ctx.device[h].name == "CPU" for h in hosts) else 1
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
-    best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency)
+    links = (link_steps(shape, tree_link_uses(sched, hosts, network))
+             if network is not None else None)
+    best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency,
+                         links=links)
     meta = dict(sched.metadata)
     meta["pipeline"] = {"chunks": best.chunks, "for_bytes": int(max(sizes, default=0)),
                         "cpu_costs": costs.source}
@@ -238,7 +262,7 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     preds = {}
     for size in sorted(set(sizes)):
         c = chunk_count(fitted, max(1, size // 4), 4)
-        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency)
+        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency, links)
     if sizes:
         fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
     return RuntimeFit(fitted, preds, costs)

@@ -41,7 +41,7 @@ Complexity: ``O(T N)`` to build the shape, ``O(P log P)`` once and ``O(P)`` per 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -51,6 +51,7 @@ __all__ = [
     "TreePrediction",
     "TreeShape",
     "choose_chunks",
+    "link_steps",
     "predict",
     "runtime_costs",
     "tree_shape",
@@ -150,6 +151,54 @@ def tree_shape(parents: Sequence[Sequence[int | None]], rates: Sequence[float]) 
                      np.array(o, np.int64), np.array(t_of, np.int64), red)
 
 
+def link_steps(shape: TreeShape,
+               uses: Mapping[tuple[int, int], Sequence[tuple[Hashable, float]]]) -> np.ndarray:
+    """How full each link is in the fill and drain steps of the lock-step program, for
+    :func:`predict`: ``A[l, k]`` is the share of link ``l``'s full-step load carried by the
+    tree edges whose first step is at most ``k`` (``k = 0 .. D``, ``D = max_t (2 h_t - 1)``
+    the last first step), scaled so that the busiest link's full-step load is 1. `uses` maps a
+    directed rank pair (sender, receiver) to the links its messages cross with, per link,
+    multipath weight / capacity (seconds per byte). A step in which only some of a link's
+    tree edges are active (the pipeline filling or draining) is that much shorter than a full
+    step. O(E P + L D) for E tree-edge directions over paths of P links."""
+    n = shape.world_size
+    send = shape.group % 2 == 0
+    pairs = shape.group[send] // 2
+    starts = shape.offset[send]
+    trees = shape.tree[send]
+    frac = np.asarray(shape.fractions)
+    depth = int(starts.max()) if starts.size else 0
+    index: dict[Hashable, int] = {}
+    rows, cols, vals = [], [], []
+    for pair, start, t in zip(pairs.tolist(), starts.tolist(), trees.tolist()):
+        for link, per_byte in uses.get((pair // n, pair % n), ()):
+            rows.append(index.setdefault(link, len(index)))
+            cols.append(start)
+            vals.append(frac[t] * per_byte)
+    load = np.zeros((max(1, len(index)), depth + 1))
+    np.add.at(load, (np.array(rows, np.int64), np.array(cols, np.int64)), np.array(vals))
+    cum = np.cumsum(load, axis=1)
+    full = float(cum[:, -1].max())
+    return cum / full if full > 0 else cum
+
+
+def _step_units(links: np.ndarray | None, chunks: int, depth: int) -> float:
+    """Sum over the program's steps of the busiest link's load in units of a full step (see
+    :func:`link_steps`); every step is a full one without `links`."""
+    c = chunks
+    if links is None or links.shape[1] != depth + 1:
+        return float(c + depth)
+    if c >= depth:  # every edge active together in the middle: fill, full steps, drain
+        fill = links[:, :depth].max(axis=0).sum()
+        drain = (links[:, depth:] - links[:, :depth]).max(axis=0).sum()
+        return float(fill + (c - depth) + drain)
+    steps = np.arange(c + depth)
+    ended = steps - c  # edges with first step <= ended have sent their last chunk
+    active = links[:, np.minimum(steps, depth)] - np.where(
+        ended >= 0, links[:, np.clip(ended, 0, depth)], 0.0)
+    return float(active.max(axis=0).sum())
+
+
 @dataclass(frozen=True)
 class TreePrediction:
     """Seconds of one AllReduce; ``cpu_s`` already includes the core sharing."""
@@ -204,15 +253,18 @@ def predict(
     costs: RuntimeCosts,
     ranks_per_machine: int = 1,
     latency_s: float = 0.0,
+    links: np.ndarray | None = None,
 ) -> TreePrediction:
     """Predicted time of one tree AllReduce of ``nbytes`` at total tree rate ``rate`` (bytes/s
     of goodput) with ``chunks`` chunks per tree. ``ranks_per_machine`` ranks share
-    ``costs.cores`` cores (1: every rank has its own core)."""
+    ``costs.cores`` cores (1: every rank has its own core). `links` (:func:`link_steps`):
+    fill and drain steps as long as their busiest link's load; without it, full steps."""
     c = max(1, int(chunks))
-    steps = max(c + 2 * h - 1 for h in shape.heights) if shape.heights else 0
+    depth = max(2 * h - 1 for h in shape.heights) if shape.heights else 0
+    steps = c + depth if shape.heights else 0
     if nbytes <= 0 or rate <= 0:
         return TreePrediction(c, 0, 0, 0.0, 0.0, 0, 1.0)
-    network = steps * (nbytes / (rate * c) + latency_s)
+    network = (_step_units(links, c, depth) * nbytes / (rate * c) + steps * latency_s)
     n = shape.world_size
     msgs = _messages_per_rank(shape, c)
     frac = np.asarray(shape.fractions)
@@ -255,6 +307,7 @@ def choose_chunks(
     ranks_per_machine: int = 1,
     latency_s: float = 0.0,
     max_chunks: int = 4096,
+    links: np.ndarray | None = None,
 ) -> TreePrediction:
     """The chunk count minimising network + CPU part of :func:`predict` over ``C`` in
     ``1..max_chunks`` (every count up to 64, then a geometric grid), first minimum kept;
@@ -268,7 +321,7 @@ def choose_chunks(
         cands.append(min(top, int(c)))
     best = None
     for c in sorted(set(cands)):
-        p = predict(shape, nbytes, rate, c, costs, ranks_per_machine, latency_s)
+        p = predict(shape, nbytes, rate, c, costs, ranks_per_machine, latency_s, links)
         cost = p.network_s + p.cpu_s  # conservative: see the module docstring
         if best is None or cost < (best.network_s + best.cpu_s) * (1 - 1e-12):
             best = p

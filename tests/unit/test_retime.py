@@ -1,0 +1,33 @@
+"""`retime`: the ranks' ops are timed at most once per process (a timing this process made
+counts), and again after `forget_retimed` (the demo plans each strategy right before measuring it); without `retime`
+the cached timing is used. Read back through the cache file the timing writes."""
+
+from __future__ import annotations
+
+from topoctl.graph.profile import forget_retimed, measure_train_job
+from topoctl.spec.job import parse_job
+
+JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "retime",
+       "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 48, "features": 40,
+                                              "classes": 3}},
+       "batch": {"global": 8}, "strategies": ["baseline"]}
+
+
+def test_retime_times_once_per_process_and_again_after_forget(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB, "job")
+    forget_retimed()
+
+    def stamp() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (tmp_path / "profiles").glob("*.json")}
+    assert measure_train_job(job, 4) is not None  # no cache: timed now
+    first = stamp()
+    assert len(first) == 1
+    # already timed by this process: retime takes that timing
+    assert measure_train_job(job, 4, retime=True) is not None and stamp() == first
+    forget_retimed()
+    assert measure_train_job(job, 4) is not None and stamp() == first  # the cache
+    assert measure_train_job(job, 4, retime=True) is not None
+    second = stamp()
+    assert second.keys() == first.keys() and second != first  # timed again
+    assert measure_train_job(job, 4, retime=True) is not None and stamp() == second  # once
