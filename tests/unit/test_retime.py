@@ -1,6 +1,7 @@
 """`retime`: the ranks' ops are timed at most once per process (a timing this process made
-counts), and again after `forget_retimed` (the demo plans each strategy right before measuring it); without `retime`
-the cached timing is used. Read back through the cache file the timing writes."""
+counts), and again after `forget_retimed` (the demo plans each strategy right before
+measuring it); without `retime` the cached timing is used. Read back through the cache file
+the timing writes."""
 
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def test_fill_and_drain_steps_last_as_long_as_their_busiest_link(world, ntrees, 
     sh = shape_of(s)
     busy: dict = {}  # (step, link) -> seconds
     share: dict = {}
-    for t, frac in zip(s.trees, sh.fractions):
+    for t, frac in zip(s.trees, sh.fractions, strict=True):
         up, depth = _up_height_depth(t.parents)
         h = up[t.root]
         chunk = nbytes * frac / chunks

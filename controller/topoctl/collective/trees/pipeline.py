@@ -170,7 +170,7 @@ def link_steps(shape: TreeShape,
     depth = int(starts.max()) if starts.size else 0
     index: dict[Hashable, int] = {}
     rows, cols, vals = [], [], []
-    for pair, start, t in zip(pairs.tolist(), starts.tolist(), trees.tolist()):
+    for pair, start, t in zip(pairs.tolist(), starts.tolist(), trees.tolist(), strict=True):
         for link, per_byte in uses.get((pair // n, pair % n), ()):
             rows.append(index.setdefault(link, len(index)))
             cols.append(start)
