@@ -6,10 +6,11 @@ The runtime cuts every tree's partition into the same number ``C`` of chunks and
 INFOCOM'21; the NCCL-style pipelined tree model ``(C + 2h - 1)(a + s/r)``). Predicted time of an
 AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
 
-* network part ``S * (M / (R C) + a)``: in a step every tree moves one chunk, ``M x_t / (R C)``
-  bytes at its rate ``x_t`` (the same time ``M / (R C)`` on every tree, which is why all trees
-  use the same ``C``), ``a`` the largest path latency of a tree edge; the bottleneck links are
-  busy in every full step, the ``2h - 1`` fill/drain steps are the pipeline's cost;
+* network part ``U * M / (R C) + S * a``: in a step every tree moves one chunk,
+  ``M x_t / (R C)`` bytes at its rate ``x_t`` (the same time ``M / (R C)`` on every tree, which
+  is why all trees use the same ``C``), ``a`` the largest path latency of a tree edge; the
+  bottleneck links are busy in every full step, and ``U`` counts the ``2h - 1`` fill/drain
+  steps by how full their busiest link is (:func:`link_steps`; ``U = S`` without the links);
 * CPU part, per rank ``r``: ``n_r * c_msg + p_r * c_piece + B^red_r / rho_red +
   B^copy_r / rho_copy + B^wire_r / rho_wire`` with ``n_r`` the point-to-point messages it posts
   (one per peer and direction per step, pieces of several trees packed: counted exactly as the
