@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,12 @@ def cluster(kind: str, n: int, d: int, speed: str) -> dict:
             used[a] += 1
             used[b] += 1
         return base | {"fabric": {"kind": "direct", "mtu": 9000, "links": links}}
+    # a switched fabric of the same per-server bandwidth: one NIC of d x speed per server (d
+    # NICs into one switch would be a bundle of parallel cables, of which one TCP connection
+    # per peer uses one: `fabric.graph.lead_cable`)
+    value, unit = re.fullmatch(r"(\d+)([a-z]+)", speed).groups()
+    base = base | {"defaults": base["defaults"] | {"nic_speed": f"{int(value) * d}{unit}"},
+                   "hosts": _hosts(n, 1)}
     if kind == "fat-tree":
         return base | {"fabric": {"kind": "switched", "mtu": 9000,
                                   "switches": [{"name": "core"}]}}

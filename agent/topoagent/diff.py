@@ -35,9 +35,9 @@ from topoagent.kernel_ops import (
     SetSysctl,
     ordered,
 )
-from topoagent.observe import IP_FORWARD, MULTIPATH_HASH, Observed, rp_filter_path
+from topoagent.observe import IP_FORWARD, MULTIPATH_HASH, Observed, ObsQos, rp_filter_path
 from topoagent.ovs import check_ovs, diff_ovs, internal_ports
-from topoagent.state import RT_PROTO, HostState, QosClass, Route, StateError
+from topoagent.state import RT_PROTO, HostState, QosClass, Route, StateError, htb_credit
 
 
 def tc_offload_available() -> bool:
@@ -192,6 +192,14 @@ def _same_class(a: QosClass, b: QosClass) -> bool:
     return a.rate // 8 == b.rate // 8 and (a.ceil or a.rate) // 8 == (b.ceil or b.rate) // 8
 
 
+def _starved(tree: ObsQos, minor: int, rate: int, mtu: int) -> bool:
+    """Whether an agent HTB class on the host has less token credit than the agent gives one
+    at `rate` (`topoagent.state.htb_credit`): made by an agent before 2026-11-26 (pyroute2's
+    one-frame default) or changed by hand. Such a class is set again at the same rates."""
+    have = tree.credit.get(minor)
+    return have is not None and have < 0.9 * htb_credit(rate, mtu)
+
+
 def diff(desired: HostState, obs: Observed) -> list[Op]:
     """Operations that take the observed host to the desired state, in dependency order."""
     ops: list[Op] = []
@@ -265,7 +273,10 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
             ops += [SetClass(dev, c) for c in classes.values()]
             ops += [AddFilter(dev, c.id, c.dst) for c in classes.values()]
             continue
-        if tree.rate // 8 != q.rate // 8:
+        # the device's MTU once the interfaces are applied: the credit is two frames at least
+        mtu = next((i.mtu for i in desired.interfaces if i.name == dev and i.mtu), None) or (
+            obs.links[dev].mtu if dev in obs.links else 1500)
+        if tree.rate // 8 != q.rate // 8 or _starved(tree, 1, q.rate, mtu):
             ops.append(SetRootRate(dev, q.rate, tree.rate))
         for minor, (dst, target) in tree.filters.items():
             c = classes.get(minor)
@@ -277,7 +288,7 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
             have = tree.classes.get(minor)
             if have is None:
                 ops.append(SetClass(dev, c))
-            elif not _same_class(c, have):
+            elif not _same_class(c, have) or _starved(tree, minor, c.rate, mtu):
                 ops.append(SetClass(dev, c, QosClass(id=minor, dst=c.dst, rate=have.rate,
                                                      ceil=have.ceil)))
             f = tree.filters.get(minor)

@@ -269,6 +269,33 @@ def htb_rates(tc: RawTc) -> tuple[int, int]:
     return rate * 8, ceil * 8
 
 
+def _ticks_per_us() -> float:
+    """The kernel's packet-scheduler clock (``/proc/net/psched``: ticks <-> microseconds, as
+    tc computes it): HTB keeps a class's credit as a transmit time in these ticks."""
+    try:
+        t2us, us2t, clock_res = (int(x, 16) for x in
+                                 open("/proc/net/psched").read().split()[:3])
+    except (OSError, ValueError):
+        return 15.625  # the kernel's values since 2.6.x with hrtimers: 1000 / 64 * 1
+    if clock_res == 1_000_000_000:  # as iproute2's tc_core_init
+        t2us = us2t
+    return t2us / us2t * clock_res / 1e6
+
+
+def htb_credit_bytes(tc: RawTc) -> tuple[int, int]:
+    """(burst, cburst) in bytes of an HTB class: tc_htb_opt's buffer and cbuffer (after the
+    two 12-byte tc_ratespec) are transmit times at the rate and the ceiling, in scheduler
+    ticks."""
+    parms = tc.options.get(TCA_HTB_PARMS, b"\0" * 32)
+    if len(parms) < 32:
+        return 0, 0
+    buffer, cbuffer = struct.unpack_from("=II", parms, 24)
+    rate, ceil = htb_rates(tc)
+    per_us = _ticks_per_us()
+    return (round(buffer / per_us * 1e-6 * rate / 8),
+            round(cbuffer / per_us * 1e-6 * ceil / 8))
+
+
 def u32_single_key(tc: RawTc) -> tuple[int, int, int, int] | None:
     """(classid, mask, value, offset) of a u32 filter with exactly one 32-bit key.
 

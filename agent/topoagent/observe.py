@@ -24,6 +24,7 @@ from topoagent.nldump import (
     dump_routes,
     dump_rules,
     dump_tc,
+    htb_credit_bytes,
     htb_rates,
     open_in,
     u32_single_key,
@@ -95,6 +96,7 @@ class ObsQos:
     dev: str
     rate: int | None  # root class 1 rate, bit/s
     classes: dict[int, QosClass] = field(default_factory=dict)  # minor -> class (dst unset)
+    credit: dict[int, int] = field(default_factory=dict)  # minor -> burst bytes (1: the root)
     filters: dict[int, tuple[str, int]] = field(default_factory=dict)  # node -> (dst, class minor)
 
     def classified(self) -> dict[int, QosClass]:
@@ -218,6 +220,7 @@ def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
                 continue
             rate, ceil = htb_rates(c)
             minor = c.handle & 0xFFFF
+            tree.credit[minor] = htb_credit_bytes(c)[0]
             if minor == 1:
                 tree.rate = rate
             else:

@@ -260,6 +260,29 @@ def test_htb_credit_at_a_jumbo_mtu_and_the_lowest_rate(host: Host):
         assert abs(classes[handle]["cburst"] - cburst) <= 0.01 * cburst, classes[handle]
 
 
+def test_classes_with_too_little_credit_are_set_again(host: Host):
+    """A class with less credit than the agent gives (made by an agent before the credit rule,
+    or by hand) is reported by diff and set again at the same rates by apply; then nothing
+    is left to do. Read back with tc."""
+    assert host.apply(full_state()).returncode == 2
+    for cls, rate, ceil in (("7470:1", "200mbit", "200mbit"), ("7470:2", "50mbit", "200mbit")):
+        parent = "7470:" if cls == "7470:1" else "7470:1"
+        ns_exec(host.ns, "tc", "class", "replace", "dev", "tpa0", "parent", parent, "classid",
+                cls, "htb", "rate", rate, "ceil", ceil, "burst", "1600", "cburst", "1600")
+    starved = {c["handle"]: c for c in tc_classes(host.ns, "tpa0")}
+    assert starved["7470:2"]["burst"] < 2000 and starved["7470:1"]["burst"] < 2000
+    r = host.diff(full_state())
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "set link rate dev tpa0 200mbit" in r.stdout
+    assert "change dev tpa0 class 2" in r.stdout and "class 40" not in r.stdout, r.stdout
+    assert host.apply(full_state()).returncode == 2
+    classes = {c["handle"]: c for c in tc_classes(host.ns, "tpa0")}
+    assert abs(classes["7470:2"]["burst"] - 25_000) <= 250, classes["7470:2"]
+    assert abs(classes["7470:1"]["burst"] - 100_000) <= 1000, classes["7470:1"]
+    assert classes["7470:2"]["rate"] == 50_000_000 and classes["7470:2"]["ceil"] == 200_000_000
+    assert host.apply(full_state()).returncode == 0
+
+
 def test_qos_on_a_link_with_a_foreign_qdisc_is_refused(host: Host):
     sh(["tc", "-n", host.ns, "qdisc", "add", "dev", "tpa0", "root", "handle", "5:", "tbf",
         "rate", "10mbit", "burst", "32kbit", "latency", "50ms"])

@@ -11,19 +11,12 @@ import socket
 from pyroute2 import IPRoute
 
 from topoagent.observe import U32_PRIO
-from topoagent.state import TC_MAJOR, QosClass, Route, Rule
+from topoagent.state import TC_MAJOR, QosClass, Route, Rule, htb_credit
 from topoagent.target import Target
 
 ETH_P_IP = 0x0800
 SCOPE_UNIVERSE, SCOPE_LINK, SCOPE_NOWHERE = 0, 253, 255
 U32_HT = 0x800  # the default hash table every u32 filter of a prio lands in
-# Token credit of the agent's HTB classes: this long at the class's rate, at least two frames
-# of the device. pyroute2's default (rate / 1e9 s + 1600 bytes, i.e. one standard frame) is
-# less than one jumbo frame or GSO packet, so a class sending at its rate waits for tokens
-# after every packet: tworack8's trees+bandwidth plan (one class per destination) trained at
-# 0.741 s per iteration against 0.568 s for the same trees without classes (2026-11-26). The
-# lab's cables had the same cause (controller/topoctl/lab/commands.py, BURST_S).
-HTB_BURST_S = 0.004
 
 
 def u32_handle(minor: int) -> int:
@@ -158,16 +151,11 @@ class NetlinkDriver:
                     parent=TC_MAJOR << 16, **self._htb_rates(dev, rate, rate))
 
     def _htb_rates(self, dev: str, rate: int, ceil: int) -> dict[str, int]:
-        """pyroute2 HTB class arguments for `rate`/`ceil` bit/s: bytes/s, and `HTB_BURST_S` of
-        token credit (bytes) at each, at least two frames at the device's MTU."""
+        """pyroute2 HTB class arguments for `rate`/`ceil` bit/s: bytes/s, and the agent's token
+        credit at each (`topoagent.state.htb_credit`, bytes)."""
         mtu = self.ipr.link("get", index=self.index(dev))[0].get_attr("IFLA_MTU") or 1500
-
-        def credit(bits: int) -> int:
-            # at most 30 s of the rate: the kernel keeps the credit as a 32-bit transmit time
-            # (a 2-frame credit at 1 kbit/s and MTU 64k would overflow it)
-            return min(max(int(bits / 8 * HTB_BURST_S), 2 * (mtu + 14)), bits // 8 * 30)
-        return {"rate": rate // 8, "ceil": ceil // 8, "burst": credit(rate),
-                "cburst": credit(ceil)}
+        return {"rate": rate // 8, "ceil": ceil // 8, "burst": htb_credit(rate, mtu),
+                "cburst": htb_credit(ceil, mtu)}
 
     def del_qdisc(self, dev: str) -> None:
         """Delete the agent's root qdisc (its classes and filters with it)."""
