@@ -144,17 +144,15 @@ def test_network_and_cpu_parts_overlap():
 
 
 def _up_height_depth(parents):
-    depth = []
-    for r in range(len(parents)):
-        d, cur = 0, r
-        while parents[cur] is not None:
-            cur, d = parents[cur], d + 1
-        depth.append(d)
-    up = [0] * len(parents)
-    for r in sorted(range(len(parents)), key=lambda x: -depth[x]):
-        if parents[r] is not None:
-            up[parents[r]] = max(up[parents[r]], up[r] + 1)
-    return up, depth
+    """(subtree height, depth) of every rank, independently of the model (networkx)."""
+    import networkx as nx
+
+    g = nx.DiGraph((p, c) for c, p in enumerate(parents) if p is not None)
+    g.add_nodes_from(range(len(parents)))
+    root = parents.index(None)
+    depth = nx.single_source_shortest_path_length(g, root)
+    up = [max(nx.single_source_shortest_path_length(g, r).values()) for r in range(len(parents))]
+    return up, [depth[r] for r in range(len(parents))]
 
 
 @pytest.mark.parametrize("world,ntrees,chunks", [(3, 1, 2), (5, 3, 1), (5, 3, 4), (8, 16, 3),
