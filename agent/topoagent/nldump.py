@@ -11,6 +11,7 @@ of start-up). Every write goes through pyroute2."""
 from __future__ import annotations
 
 import errno
+import functools
 import socket
 import struct
 from collections.abc import Iterator
@@ -269,6 +270,7 @@ def htb_rates(tc: RawTc) -> tuple[int, int]:
     return rate * 8, ceil * 8
 
 
+@functools.cache
 def _ticks_per_us() -> float:
     """The kernel's packet-scheduler clock (``/proc/net/psched``: ticks <-> microseconds, as
     tc computes it): HTB keeps a class's credit as a transmit time in these ticks."""

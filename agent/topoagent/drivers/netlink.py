@@ -32,6 +32,7 @@ class NetlinkDriver:
         self.target = target
         self.ipr = ipr
         self._index: dict[str, int] = {}
+        self._mtu: dict[str, int] = {}  # read once per device (set_link keeps it current)
 
     def index(self, dev: str) -> int:
         """The ifindex of `dev` (cached); LookupError when there is no such link."""
@@ -55,6 +56,8 @@ class NetlinkDriver:
         if up is not None:
             kw["state"] = "up" if up else "down"
         self.ipr.link("set", index=self.index(dev), **kw)
+        if mtu is not None:
+            self._mtu[dev] = mtu
 
     # --- addresses --------------------------------------------------------------------------------
     def add_address(self, dev: str, address: str, proto: int) -> None:
@@ -153,7 +156,10 @@ class NetlinkDriver:
     def _htb_rates(self, dev: str, rate: int, ceil: int) -> dict[str, int]:
         """pyroute2 HTB class arguments for `rate`/`ceil` bit/s: bytes/s, and the agent's token
         credit at each (`topoagent.state.htb_credit`, bytes)."""
-        mtu = self.ipr.link("get", index=self.index(dev))[0].get_attr("IFLA_MTU") or 1500
+        if dev not in self._mtu:  # one request per device, not per class (256 classes: 0.8 s)
+            link = self.ipr.link("get", index=self.index(dev))[0]
+            self._mtu[dev] = link.get_attr("IFLA_MTU") or 1500
+        mtu = self._mtu[dev]
         return {"rate": rate // 8, "ceil": ceil // 8, "burst": htb_credit(rate, mtu),
                 "cburst": htb_credit(ceil, mtu)}
 
