@@ -261,7 +261,13 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     predicted at its pure network time (hetero8 ring at 200 Mbit/s: 0.575 s predicted, 0.90 s
     measured in the lab)."""
     from topoctl.collective.trees.simulate import tree_algorithm
-    from topoctl.strategies.trees import SIM_MAX_CHUNKS, choose_fusion, fit_runtime, tree_rate
+    from topoctl.strategies.trees import (
+        SIM_MAX_CHUNKS,
+        choose_fusion,
+        fit_runtime,
+        tree_links,
+        tree_rate,
+    )
 
     n = len(ctx.hosts)
     if ctx.world_size != n or n > TREES_MAX_HOSTS:
@@ -275,10 +281,11 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     best = None
     for name, sched in cands:
         rate, latency = tree_rate(sched, hosts, d.network)
+        links = tree_links(sched, hosts, d.network)
 
-        def score(c: PlanContext, sched=sched, rate=rate, latency=latency):
+        def score(c: PlanContext, sched=sched, rate=rate, latency=latency, links=links):
             _, sizes, _ = hybrid_tasks(c, d.mp, hosts, tree_algorithm(sched))
-            fit = fit_runtime(c, sched, rate, latency, sizes, d.network)
+            fit = fit_runtime(c, sched, rate, latency, sizes, links)
             # path trees are n/2 deep: they need fine chunks to pipeline, as many as the
             # trees strategy simulates (the runtime's own count is in the CPU part's fit)
             alg = tree_algorithm(fit.schedule, max_chunks=max(PATH_CHUNKS, SIM_MAX_CHUNKS))

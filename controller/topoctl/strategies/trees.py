@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from topoagent.collectives import load_calibration
 from topoagent.collectives.program import chunk_count
 from topoagent.collectives.schedule import TreeSchedule
@@ -80,9 +82,11 @@ def plan(ctx: PlanContext) -> Strategy:
                               metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
                                         "optimum_bytes_per_s": bval, "bound": bname})
 
+    links = tree_links(sched0, hosts, network)  # the same for every bucket cap
+
     def score(c: PlanContext) -> tuple[list, list[int], RuntimeFit]:
         _, sizes = dp_tasks(c, hosts, tree_algorithm(sched0))
-        fit = fit_runtime(c, sched0, rate, latency, sizes, network)
+        fit = fit_runtime(c, sched0, rate, latency, sizes, links)
         tasks, sizes = dp_tasks(c, hosts, tree_algorithm(fit.schedule, max_chunks=SIM_MAX_CHUNKS))
         return fit.with_cpu_part(tasks, sizes), sizes, fit
 
@@ -232,8 +236,16 @@ def tree_link_uses(sched: TreeSchedule, hosts: list[str], network: Network
     return uses
 
 
+def tree_links(sched: TreeSchedule, hosts: list[str], network: Network) -> np.ndarray:
+    """How full each link of `network` is in the fill and drain steps of `sched`
+    (:func:`~topoctl.collective.trees.pipeline.link_steps`): computed once per schedule, for
+    every :func:`fit_runtime` of it."""
+    shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
+    return link_steps(shape, tree_link_uses(sched, hosts, network))
+
+
 def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: float,
-                sizes: list[int], network: Network | None = None) -> RuntimeFit:
+                sizes: list[int], links: np.ndarray | None = None) -> RuntimeFit:
     """Fit `sched` (any tree schedule over the hosts in rank order: packed trees, TopoOpt's
     path trees) to the runtime that will execute it, as the ``trees`` strategy plans it: the
     chunk count minimising network + CPU part of the largest bucket
@@ -241,15 +253,13 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     ``ctx.use_cache``; CPU hosts are taken to share this machine's cores), the schedule's
     ``chunk_bytes`` set from it (per-tree overrides dropped), and what the runtime then does
     with every bucket size (its own chunk count from ``chunk_bytes``). `rate`: the trees'
-    total goodput in bytes/s; `latency`: the largest path latency of a tree edge; `network`:
-    the links the trees are routed over, for the pipeline's fill and drain steps (without it
-    every step is charged as a full one)."""
+    total goodput in bytes/s; `latency`: the largest path latency of a tree edge; `links`:
+    :func:`tree_links` of `sched`, for the pipeline's fill and drain steps (without it every
+    step is charged as a full one)."""
     costs = runtime_costs(load_calibration() if ctx.use_cache else None)
     hosts = list(ctx.hosts)
     colocated = len(hosts) if all(ctx.device[h].name == "CPU" for h in hosts) else 1
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
-    links = (link_steps(shape, tree_link_uses(sched, hosts, network))
-             if network is not None else None)
     best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency,
                          links=links)
     meta = dict(sched.metadata)
