@@ -2,6 +2,7 @@
 
     python bench/allreduce_lab.py --lab plans/tworack8-cluster.yaml [--scale 0.25]
         [--bytes 33554432] [--chunk-bytes N] [--iters 3] [--no-ring] [--json OUT]
+        [--plan PLAN]
 
 Builds a throwaway lab (``topoctl lab up``, name ``tp5...``) from the cluster file, with cable
 rates multiplied by ``--scale`` so that 2 cores are not the bottleneck. Every host gets a
@@ -13,7 +14,10 @@ run: gloo's default all_reduce, a ring in the best order (maximum bottleneck) an
 trees (the lock-step runtime; chunk from the cost model, ``topoctl.collective.trees.pipeline``,
 unless ``--chunk-bytes``), with the cost model's prediction of the trees' time. Reports time,
 algbw (M / t) and measured/optimal (optimum = M / tau, the partition bound). Always removes
-the lab. Direct-connect clusters only.
+the lab. Direct-connect clusters only. ``--plan``: the lab cabled as the plan's fabric says and
+the plan's own tree schedule and chunk run instead of freshly packed trees (e.g. a TopoOpt plan's
+path trees, one gradient bucket at a time: ``--bytes`` the plan's largest bucket), predicted by
+the same cost model (``trees_common.schedule_prediction``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from topoctl.collective.trees.bounds import partition_bound
 from topoctl.fabric.capgraph import build_capgraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trees_common import trees_for  # noqa: E402
+from trees_common import schedule_prediction, trees_for  # noqa: E402
 
 PY = sys.executable
 TOPOCTL = str(Path(sys.executable).with_name("topoctl"))
@@ -112,6 +116,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trees-only", action="store_true", help="skip the baselines (tuning)")
     ap.add_argument("--lookahead", type=int, default=None,
                     help="steps whose receives the tree runtime posts early (its default)")
+    ap.add_argument("--plan", help="cable the lab as this plan's fabric and run its tree "
+                    "schedule (a TopoOpt or trees plan of the cluster; --scale 1 only)")
     ap.add_argument("--json", help="write the raw results here")
 
 
@@ -131,7 +137,11 @@ def run(args: argparse.Namespace, during=None) -> int:
     cfile = tmp / "cluster.yaml"
     cfile.write_text(yaml.safe_dump(scaled_cluster(Path(args.lab), args.scale, args.name)))
     t_up = time.perf_counter()
-    sh([TOPOCTL, "lab", "up", str(cfile), "--name", args.name, "--no-ssh"])
+    plan_doc = yaml.safe_load(Path(args.plan).read_text()) if getattr(args, "plan", None) else None
+    if plan_doc is not None and args.scale != 1:
+        raise SystemExit("--plan: the plan's cables have their own rates; use --scale 1")
+    sh([TOPOCTL, "lab", "up", str(cfile), "--name", args.name, "--no-ssh",
+        *(["--plan", args.plan] if plan_doc is not None else [])])
     procs: list[subprocess.Popen] = []
     try:
         lab = Lab.load(args.name)
@@ -173,6 +183,14 @@ def run(args: argparse.Namespace, during=None) -> int:
         tau = partition_bound(g)[0]
         plan, _, sched, pred = trees_for(hosts, links, lab.layout.mtu, args.bytes,
                                          chunk_bytes=args.chunk_bytes)
+        if plan_doc is not None:  # the plan's own trees and chunk instead
+            from topoagent.collectives import TreeSchedule
+
+            doc = plan_doc["job"]["collective"]["schedule"]
+            if args.chunk_bytes:
+                doc = doc | {"chunk_bytes": args.chunk_bytes}
+            sched = TreeSchedule.model_validate(doc)
+            pred = schedule_prediction(sched, hosts, links, lab.layout.mtu, args.bytes)
         spath = tmp / "schedule.yaml"
         spath.write_text(yaml.safe_dump(sched.dump(), sort_keys=False))
         capd = {}
@@ -211,8 +229,10 @@ def run(args: argparse.Namespace, during=None) -> int:
         subprocess.run([TOPOCTL, "lab", "down", "--lab", args.name], capture_output=True)
     m = args.bytes
     t_opt = m / tau
+    origin = " (the plan's)" if plan_doc is not None else ""
     print(f"cluster {args.lab} (rates x{args.scale}), {len(hosts)} ranks, M = {m / 2**20:.1f}"
-          f" MiB, {len(plan.trees)} trees (planned rate {plan.rate * 8 / 1e6:.1f} Mbit/s, "
+          f" MiB, {len(sched.trees)} trees{origin} (packed-tree rate "
+          f"{plan.rate * 8 / 1e6:.1f} Mbit/s, "
           f"tau {tau * 8 / 1e6:.1f} Mbit/s), optimum {t_opt:.3f} s; ring order {order}; "
           f"chunk {sched.chunk_bytes} B; trees predicted {pred.seconds:.3f} s (network "
           f"{pred.network_s:.3f}, CPU {pred.cpu_s:.3f}: the larger)")
@@ -228,7 +248,7 @@ def run(args: argparse.Namespace, during=None) -> int:
               + ("" if r["correct"] else " WRONG RESULT |"))
     print(f"load average {os.getloadavg()}; lab up + addressing {t_up:.1f} s")
     args.result = {"tau": tau, "optimum_s": t_opt, "plan_rate": plan.rate,
-                   "trees": len(plan.trees), "chunk_bytes": sched.chunk_bytes,
+                   "trees": len(sched.trees), "chunk_bytes": sched.chunk_bytes,
                    "predicted": pred.as_dict(), "load_average": os.getloadavg(), **res}
     if args.json:
         Path(args.json).write_text(json.dumps(args.result))

@@ -55,24 +55,59 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     shape = tree_shape([t.parents for t in plan.trees], [t.rate for t in plan.trees])
     rate = plan.rate * tcp_efficiency(mtu)
     ranks = colocated or len(hosts)
-    # one cable per host pair, each direction its own link (the fill and drain steps)
+    steps = link_steps(shape, _one_hop_uses(hosts, links))
+    if chunk_bytes is None:
+        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps)
+        chunk_bytes = max(1, pred.chunk_bytes)
+    sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
+    pred = schedule_prediction(sched, hosts, links, mtu, nbytes, colocated, loopback, rate)
+    return plan, tau, sched, pred
+
+
+def _one_hop_uses(hosts: list[str], links: list) -> dict:
+    """One cable per host pair, each direction its own link (the fill and drain steps)."""
     at = {h: i for i, h in enumerate(hosts)}
     uses = {}
     for a, b, cap in links:
         uses[(at[a], at[b])] = [((a, b), 1.0 / cap)]
         uses[(at[b], at[a])] = [((b, a), 1.0 / cap)]
-    steps = link_steps(shape, uses)
-    if chunk_bytes is None:
-        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps)
-        chunk_bytes = max(1, pred.chunk_bytes)
-    sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
+    return uses
+
+
+def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu: int,
+                        nbytes: int, colocated: int | None = None, loopback: bool = False,
+                        rate: float | None = None) -> TreePrediction:
+    """The cost model's AllReduce of ``nbytes`` with any tree schedule (packed trees, a plan's
+    TopoOpt path trees) whose tree edges are cables of ``links`` (bytes/s, one per host pair):
+    the trees' total rate is the largest at which every directed cable carries its trees'
+    shares (goodput; ``rate`` given: that one); the runtime's chunk count from the
+    schedule's ``chunk_bytes``."""
     from topoagent.collectives.program import chunk_count
 
-    c = chunk_count(sched, nbytes // 4, 4)
+    at = {h: i for i, h in enumerate(hosts)}
+    cap = {}
+    for a, b, c in links:
+        cap[(at[a], at[b])] = cap[(at[b], at[a])] = c
+    total = sum(t.rate for t in sched.trees)
+    load: dict[tuple[int, int], float] = {}
+    for t in sched.trees:
+        for child, parent in enumerate(t.parents):
+            if parent is None:
+                continue
+            for edge in ((child, parent), (parent, child)):
+                if edge not in cap:
+                    raise ValueError(f"tree edge {hosts[edge[0]]}-{hosts[edge[1]]} is not a "
+                                     "cable")
+                load[edge] = load.get(edge, 0.0) + t.rate / total
+    if rate is None:
+        rate = min(cap[e] / x for e, x in load.items()) * tcp_efficiency(mtu)
+    costs = runtime_costs(load_calibration())
     if loopback:
         costs = replace(costs, emulation_bytes_per_s=1e30)
-    pred = predict(shape, float(nbytes), rate, c, costs, ranks, links=steps)
-    return plan, tau, sched, pred
+    shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
+    steps = link_steps(shape, _one_hop_uses(hosts, links))
+    c = chunk_count(sched, nbytes // 4, 4)
+    return predict(shape, float(nbytes), rate, c, costs, colocated or len(hosts), links=steps)
 
 
 def write_schedule(sched: TreeSchedule, path: Path) -> Path:
