@@ -145,17 +145,16 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from topoctl.lab.emulated import as_emulated, probe_netem
+    from topoctl.lab.emulated import lab_emulation
     from topoctl.spec.cluster_load import parse_cluster
 
-    netem = probe_netem()
     cluster = load_cluster(CLUSTER)
-    if not netem:  # predictions for the cables the lab really has (topoctl.lab.emulated)
-        doc, cleared = as_emulated(yaml.safe_load(CLUSTER.read_text()))
-        if cleared:
-            log(f"this kernel has no sch_netem: the lab cannot emulate {', '.join(cleared)}; "
-                "planning the cluster as the lab emulates it (no latency, no loss)")
-            cluster = parse_cluster(doc, f"{CLUSTER} (as emulated)")
+    # predictions for the cables the lab really has (topoctl.lab.emulated)
+    doc, cleared = lab_emulation(yaml.safe_load(CLUSTER.read_text()))
+    if cleared:
+        log(f"this kernel has no sch_netem: the lab cannot emulate {', '.join(cleared)}; "
+            "planning the cluster as the lab emulates it (no latency, no loss)")
+        cluster = parse_cluster(doc, f"{CLUSTER} (as emulated)")
     job_doc = yaml.safe_load(JOB.read_text())
     # one row per strategy function: an alias ("bandwidth" = "baseline+bandwidth") runs once,
     # under its longest, most descriptive name
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         from demo_ovs import ovs_row
 
         rows.append(ovs_row(CLUSTER, job_doc, args.iterations, out,
-                            f"dovs{os.getpid() % 10**5}", measure, log, netem=netem))
+                            f"dovs{os.getpid() % 10**5}", measure, log))
         r = rows[-1]
         log(f"{r['strategy']}: predicted {r['predicted']:.3f} s/it, measured "
             f"{r['measured']:.3f} s/it")

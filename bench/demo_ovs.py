@@ -26,16 +26,14 @@ OVS_STRATEGY = "baseline+bandwidth"
 OVS_ROW = f"{OVS_STRATEGY} (ovs)"
 
 
-def ovs_cluster(path: Path, netem: bool = True):
+def ovs_cluster(path: Path):
     """The cluster file at `path` with every host marked `ovs: true` (and `-ovs` appended to its
-    name): the same fabric, each host behind its own Open vSwitch. Without `netem` (the kernel
-    cannot emulate latency and loss) as the lab emulates it (`topoctl.lab.emulated`)."""
-    from topoctl.lab.emulated import as_emulated
+    name): the same fabric, each host behind its own Open vSwitch, as this kernel's lab
+    emulates it (`topoctl.lab.emulated.lab_emulation`: no latency or loss without sch_netem)."""
+    from topoctl.lab.emulated import lab_emulation
     from topoctl.spec.cluster_load import parse_cluster
 
-    doc = yaml.safe_load(path.read_text())
-    if not netem:
-        doc, _ = as_emulated(doc)
+    doc, _ = lab_emulation(yaml.safe_load(path.read_text()))
     doc["name"] = f"{doc['name']}-ovs"
     doc.setdefault("defaults", {})["ovs"] = True
     for h in doc.get("hosts", []):
@@ -130,18 +128,18 @@ def describe(rows: list[dict]) -> list[str]:
 
 def ovs_row(cluster_file: Path, job_doc: dict, iterations: int, out: Path, lab_name: str,
             measure: Callable, log: Callable[[str], None],
-            check: Callable | None = None, netem: bool = True) -> dict:
+            check: Callable | None = None) -> dict:
     """Plan `baseline+bandwidth` on the OVS-marked copy of `cluster_file`, build its lab (OVS
     per host), apply and train `iterations` iterations with `measure(name, plan, transport,
     iterations)` (bench/demo.py's), read the OVS classes, call `check(lab, plan, row)` if given
     (tests), and remove the lab and its OVS daemons, also on failure or interrupt. The row:
-    strategy, predicted, the measurement and `ovs_classes`. `netem`: as `ovs_cluster`'s."""
+    strategy, predicted, the measurement and `ovs_classes`."""
     from topoctl.lab import lab as labmod
     from topoctl.planner import make_plan
     from topoctl.rollout.transports.ssh import lab_ssh_transport
     from topoctl.spec.job import parse_job
 
-    cluster = ovs_cluster(cluster_file, netem)
+    cluster = ovs_cluster(cluster_file)
     job = parse_job({**job_doc, "strategies": [OVS_STRATEGY]}, f"job[{OVS_STRATEGY}]")
     plan, _, _ = make_plan(cluster, job)
     (out / "plan-baseline+bandwidth-ovs.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))

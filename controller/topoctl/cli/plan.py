@@ -56,20 +56,19 @@ def _lab_cluster(path: str):
     import os
 
     from topoagent.state import load_yaml_file
-    from topoctl.lab.emulated import as_emulated, probe_netem
+    from topoctl.lab.emulated import lab_emulation
     from topoctl.lab.netops import LabError
     from topoctl.spec.cluster_load import parse_cluster
 
     if os.geteuid() != 0:
         raise LabError("topoctl plan --as-lab needs root (it asks the kernel what the lab can "
                        "emulate, in a throwaway network namespace)")
-    cluster = load_cluster(path)
-    if probe_netem():
+    cluster = load_cluster(path)  # checked as written: its errors name the file
+    emulated, cleared = lab_emulation(load_yaml_file(path))
+    if not cleared:
         return cluster
-    emulated, cleared = as_emulated(load_yaml_file(path))
-    if cleared:
-        print(f"topoctl: {path}: this kernel has no sch_netem, so the lab emulates no latency "
-              f"or loss: planning without {', '.join(cleared)}", file=sys.stderr)
+    print(f"topoctl: {path}: this kernel has no sch_netem, so the lab emulates no latency "
+          f"or loss: planning without {', '.join(cleared)}", file=sys.stderr)
     return parse_cluster(emulated, path)
 
 

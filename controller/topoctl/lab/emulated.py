@@ -3,9 +3,10 @@
 Cables are shaped with HTB on every kernel, but their latency and loss need sch_netem; where
 the kernel lacks it (`topoctl lab up` says so) the lab's cables have neither. A prediction made
 for the cluster file then charges every lock-step step of a collective the cables' latency the
-measurement never sees (hetero8's trees, 64 steps over 1-2 ms cables: +6% on 2026-11-25). The
-demo and `bench/planner_lab_check.py` therefore plan the cluster as emulated when
-`probe_netem` says so, and print which latencies they left out.
+measurement never sees (hetero8's trees, 64 steps over 1-2 ms cables: +6% on 2026-11-25).
+`topoctl plan --as-lab`, the demo (its OVS row too) and `bench/planner_lab_check.py` (through
+`--as-lab`) therefore plan the cluster as the lab emulates it (`lab_emulation`) and print
+which latencies they left out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 
 from topoctl.lab import names, netops
 
-__all__ = ["as_emulated", "probe_netem"]
+__all__ = ["as_emulated", "lab_emulation", "probe_netem"]
 
 
 def as_emulated(doc: dict) -> tuple[dict, list[str]]:
@@ -48,3 +49,12 @@ def probe_netem() -> bool:
         return netops.has_netem(ns)
     finally:
         netops.run(["ip", "netns", "del", ns], check=False)
+
+
+def lab_emulation(doc: dict) -> tuple[dict, list[str]]:
+    """The cluster document `doc` as this kernel's lab emulates it, and the YAML paths it
+    left out: `doc` itself where the kernel has sch_netem, else `as_emulated(doc)` (root: the
+    probe uses a network namespace)."""
+    if probe_netem():
+        return doc, []
+    return as_emulated(doc)
