@@ -47,10 +47,10 @@ def batch_inputs(specs: list[dict], batch: int, iteration: int, seed: int = 0):
     """The global batch of one iteration: identical on every rank and in a reference run."""
     import torch
 
-    from topoagent.train import _inputs
+    from topoagent.train import random_inputs
 
     gen = torch.Generator().manual_seed(seed * 1_000_003 + iteration)
-    return _inputs(specs, batch, gen)
+    return random_inputs(specs, batch, gen)
 
 
 def meta_values(model_factory, kwargs: dict, specs: list[dict], micro: int) -> dict:
@@ -147,7 +147,7 @@ def main(job: LaunchSpec) -> int:
     import torch.distributed as dist
     from torch import fx
 
-    from topoagent.train import _factory, checksum
+    from topoagent.train import checksum, load_factory
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
@@ -172,7 +172,7 @@ def main(job: LaunchSpec) -> int:
     s, r = where[0]
     spec = job.model
     inputs_spec = [i.model_dump() for i in spec.inputs]
-    factory = _factory(spec.factory)
+    factory = load_factory(spec.factory)
     seed = job.seed
     torch.manual_seed(seed)
     model = factory(**spec.kwargs)

@@ -42,7 +42,8 @@ def _emit(**event) -> None:
     print(json.dumps(event), flush=True)
 
 
-def _factory(path: str):
+def load_factory(path: str):
+    """The object a job's ``model.factory`` names (``module:attr.path``), imported."""
     module, _, attr = path.partition(":")
     obj = importlib.import_module(module)
     for part in attr.split("."):
@@ -50,7 +51,9 @@ def _factory(path: str):
     return obj
 
 
-def _inputs(specs: list[dict], batch: int, gen):
+def random_inputs(specs: list[dict], batch: int, gen):
+    """One batch of `batch` samples of the job's ``model.inputs`` (`specs`), drawn from the
+    torch generator `gen`: normal floats, or integers below ``high`` (default 2)."""
     import torch
 
     out = []
@@ -109,7 +112,7 @@ def main() -> int:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     torch.manual_seed(job.seed)  # the same initial weights on every rank
-    model = _factory(job.model.factory)(**job.model.kwargs)
+    model = load_factory(job.model.factory)(**job.model.kwargs)
     ckpt = _checkpoints(job, model, world)
     start, src, state = 0, 0, None
     if job.checkpoint.resume and ckpt is not None:
@@ -140,7 +143,7 @@ def main() -> int:
           algorithm=coll.get("algorithm", "default"), first=start)
     for it in range(start, iters):
         gen.manual_seed(data_seed(job.seed, rank, it))
-        inputs = _inputs(specs, per_rank, gen)
+        inputs = random_inputs(specs, per_rank, gen)
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         out = ddp(*inputs)

@@ -8,7 +8,6 @@ gradients became ready)."""
 
 from __future__ import annotations
 
-import importlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,16 +17,12 @@ import torch.distributed as dist
 import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from topoagent.train import load_factory
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
-
-
-def _factory(path: str):
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def _ddp_bucket_bytes(model_spec: dict, cap_mb: float, tmp_path: Path) -> list[int]:
@@ -36,7 +31,7 @@ def _ddp_bucket_bytes(model_spec: dict, cap_mb: float, tmp_path: Path) -> list[i
                             timeout=timedelta(seconds=30))
     try:
         torch.manual_seed(0)
-        model = _factory(model_spec["factory"])(**model_spec["kwargs"])
+        model = load_factory(model_spec["factory"])(**model_spec["kwargs"])
         ddp = DDP(model, bucket_cap_mb=cap_mb)
         seen: list[int] = []
 

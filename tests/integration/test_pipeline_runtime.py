@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from topoagent.pipeline import batch_inputs
-from topoagent.train import _factory
+from topoagent.train import load_factory
 from topoctl.planner import make_plan
 from topoctl.rollout.run import job_payload
 from topoctl.spec.cluster_load import parse_cluster
@@ -47,7 +47,7 @@ MODELS = {
 def reference_losses(job: dict, global_batch: int) -> list[float]:
     spec = job["model"]
     torch.manual_seed(0)
-    model = _factory(spec["factory"])(**spec["kwargs"])
+    model = load_factory(spec["factory"])(**spec["kwargs"])
     opt = torch.optim.SGD(model.parameters(), lr=float(job.get("lr", 1e-3)))
     out = []
     for it in range(int(job.get("iterations", ITERS))):

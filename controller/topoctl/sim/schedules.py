@@ -71,12 +71,14 @@ class CollectiveAlgorithm(Protocol):
 
 
 def _ring(name: str, order: Sequence[str], size: float, rounds: int) -> Schedule:
-    return Schedule(name, tuple(order), _ring_steps(tuple(order), rounds), float(size))
+    return Schedule(name, tuple(order), ring_steps(tuple(order), rounds), float(size))
 
 
 @lru_cache(maxsize=32)
-def _ring_steps(order: tuple[str, ...], rounds: int) -> tuple[Step, ...]:
-    """Unit-size ring steps (chunks of 1/n), shared by every bucket over the same order."""
+def ring_steps(order: tuple[str, ...], rounds: int) -> tuple[Step, ...]:
+    """Unit-size ring steps (chunks of 1/n) of `rounds` rounds of gloo's ring over `order`
+    (``2(n - 1)`` rounds: an AllReduce), shared by every bucket over the same order (cached).
+    O(rounds * n)."""
     n = len(order)
     if n < 2:
         return ()

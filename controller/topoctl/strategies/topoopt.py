@@ -44,7 +44,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import arc_id, network_from_fabric
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.schedules import Schedule, Step, _ring_steps
+from topoctl.sim.schedules import Schedule, Step, ring_steps
 from topoctl.spec.cluster import ClusterError, DirectFabric
 from topoctl.strategies import PlanContext, Strategy
 from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
@@ -154,12 +154,12 @@ def totient_algorithm(orders: list[list[str]], exact_up_to: int = EXACT_RINGS_UP
     def algorithm(members, size: float) -> Schedule:
         k = len(orders)
         if len(orders[0]) > exact_up_to:
-            unit = _ring_steps(tuple(orders[0]), 2 * (len(orders[0]) - 1))
+            unit = ring_steps(tuple(orders[0]), 2 * (len(orders[0]) - 1))
             return Schedule("totient-rings", tuple(orders[0]), unit, size / k)
         steps: list[Step] = []
         for order in orders:
             base = len(steps)
-            unit = _ring_steps(tuple(order), 2 * (len(order) - 1))
+            unit = ring_steps(tuple(order), 2 * (len(order) - 1))
             steps += [Step(s.src, s.dst, s.size * size / k, tuple(d + base for d in s.deps))
                       for s in unit]
         return Schedule("totient-rings", tuple(orders[0]), tuple(steps))
