@@ -17,7 +17,13 @@ from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import roofline_costs, scale_costs, totals
 from topoctl.graph.devices import Device
-from topoctl.graph.profile import device_table, job_costs, job_graph, measure_train_job
+from topoctl.graph.profile import (
+    device_table,
+    job_costs,
+    job_graph,
+    measure_train_job,
+    retime_runtime_calibration,
+)
 from topoctl.placement.runtime import rank_op_costs
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
@@ -46,7 +52,8 @@ class Evaluated:
 def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
             retime: bool = False) -> PlanContext:
     """Check the job against the cluster and capture + cost the model (`retime`: lab ranks'
-    op times measured again once per process, `graph.profile.measure_train_job`)."""
+    op times and the tree runtime's CPU costs measured again once per process,
+    `graph.profile.measure_train_job`, `graph.profile.retime_runtime_calibration`)."""
     names = {h.name: i for i, h in enumerate(cluster.hosts)}
     if job.hosts is not None:
         probs = []
@@ -113,6 +120,8 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
     lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
     train = (functools.partial(measure_train_job, job, use_cache=True, retime=retime)
              if use_cache and lab else None)
+    if train is not None and retime:
+        retime_runtime_calibration()
     ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
                       use_cache, train)
     return _on_lab_cpu(ctx) if train is not None else ctx

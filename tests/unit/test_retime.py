@@ -32,3 +32,23 @@ def test_retime_times_once_per_process_and_again_after_forget(tmp_path, monkeypa
     second = stamp()
     assert second.keys() == first.keys() and second != first  # timed again
     assert measure_train_job(job, 4, retime=True) is not None and stamp() == second  # once
+
+
+def test_retime_measures_the_runtime_calibration_once_per_process(tmp_path, monkeypatch):
+    """The tree runtime's CPU calibration is re-measured with the ops (`--retime`): once per
+    process, again after `forget_retimed`; read back through the cache file it writes."""
+    from topoagent.collectives import calibration_path, load_calibration
+    from topoctl.graph.profile import retime_runtime_calibration
+
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    forget_retimed()
+    path = calibration_path()
+    assert not path.exists()
+    retime_runtime_calibration()
+    first = path.stat().st_mtime_ns
+    assert load_calibration()["per_message_s"] > 0
+    retime_runtime_calibration()
+    assert path.stat().st_mtime_ns == first  # once per process
+    forget_retimed()
+    retime_runtime_calibration()
+    assert path.stat().st_mtime_ns != first  # measured again

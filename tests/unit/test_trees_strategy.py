@@ -78,3 +78,33 @@ def test_fusion_caps_double_until_one_bucket_holds_the_gradient():
     assert caps[:3] == [3_000_000, 6_000_000, 12_000_000]
     assert caps[-1] >= total > caps[-2]
     assert fusion_caps(with_bucket(ctx, 10**9)) == [10**9]  # already one bucket
+
+
+def test_lab_ranks_start_the_tree_runtime_when_their_backward_is_done():
+    """More lab ranks than cores: every bucket's runtime time waits for the backward of every
+    rank (their compute holds the cores, a lock-step step needs every rank); ranks on hosts
+    of their own (GPUs): it starts with its bucket, overlapping the rest of the backward."""
+    from topoctl.sim.engine import simulate
+    from topoctl.strategies.baseline import backward_task
+
+    def runtime_parts(cluster, job):
+        _, ctx, evals = make_plan(cluster, parse_job(job), use_cache=False)
+        ev = next(e for e in evals if e.strategy.name == "trees")
+        parts = {t.id: t for t in ev.strategy.tasks if t.id.endswith("/cpu")}
+        nb = len(ev.strategy.buckets)
+        return ev, parts, nb, {backward_task(nb, h) for h in ctx.hosts}
+
+    hetero8 = load_cluster(PLANS / "hetero8-cluster.yaml")
+    ev, parts, nb, done = runtime_parts(hetero8, _demo_job(fusion="fixed"))
+    assert nb == 4 and len(parts) == nb and len(done) == 8
+    for t in parts.values():
+        assert done <= set(t.deps), t.id
+    res = simulate(ev.strategy.tasks, ev.strategy.network, record=True)
+    assert res.start["ar0/cpu"] == pytest.approx(max(res.finish[d] for d in done))
+
+    gpus = _demo_job(fusion="fixed") | {"cost": {"method": "roofline", "device": "A100"}}
+    ev, parts, nb, done = runtime_parts(hetero8, gpus)
+    assert nb == 4 and len(done) == 8
+    assert all(not done & set(t.deps) for t in parts.values())
+    res = simulate(ev.strategy.tasks, ev.strategy.network, record=True)
+    assert res.start["ar0/cpu"] < max(res.finish[d] for d in done)

@@ -167,8 +167,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="no machine caches: re-measure op costs (pipeline strategies on lab "
                         "hosts then keep the roofline)")
     p.add_argument("--retime", action="store_true",
-                   help="lab hosts: time the ranks' ops on this CPU again and cache that, "
-                        "instead of an earlier timing (for a machine whose speed varies)")
+                   help="lab hosts: time the ranks' ops and the tree runtime's CPU costs "
+                        "on this CPU again and cache them, instead of earlier timings (for a "
+                        "machine whose speed varies; a few seconds more)")
     p.add_argument("--as-lab", action="store_true",
                    help="plan the cluster as this machine's `topoctl lab` emulates it (root): "
                         "latency and loss left out when the kernel has no sch_netem, so the "

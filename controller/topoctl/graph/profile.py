@@ -85,6 +85,22 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
 _RETIMED: set[str] = set()  # cache keys re-timed by this process (`retime`)
 
 
+def retime_runtime_calibration() -> None:
+    """Measure the tree runtime's CPU costs on this machine again (``python -m
+    topoagent.collectives.calibrate --force``: a few seconds) and cache them, once per process
+    (again after `forget_retimed`), as `retime` does for the ops: this VM's per-message cost
+    moved from 34 to 44 us within a day (2026-11-26), with the op times within 2%."""
+    from topoagent.collectives import ensure_calibration
+
+    if _RUNTIME in _RETIMED:
+        return
+    ensure_calibration(force=True)
+    _RETIMED.add(_RUNTIME)
+
+
+_RUNTIME = "runtime-calibration"  # `_RETIMED`'s entry for `retime_runtime_calibration`
+
+
 def forget_retimed() -> None:
     """Make the next `retime` time the ops again although this process already did: for a
     caller that plans right before each measurement (the demo), on a machine whose speed moves

@@ -60,6 +60,12 @@ def step_time(ctx: PlanContext, host: str) -> float:
     return ctx.job.cost.scale * (d.launch + 4 * ctx.graph.param_bytes / (d.mem_bw * d.efficiency))
 
 
+def backward_task(k: int, host: str) -> str:
+    """Id of `host`'s backward chunk `k` in :func:`dp_tasks` (chunk ``len(buckets)``: the
+    backward's tail, after the last bucket's ops: the backward is done when it is)."""
+    return f"bwd{k}@{host}"
+
+
 def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgorithm,
              bucket_cap: int | None = None) -> tuple[list[Task], list[int]]:
     """One data-parallel iteration: per host forward, backward in bucket chunks, optimizer step;
@@ -73,15 +79,16 @@ def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgori
         chunks = backward_chunks(ctx.graph, c, [ops for ops, _ in bks])
         prev = f"fwd@{h}"
         for k, t in enumerate(chunks):
-            tid = f"bwd{k}@{h}"
+            tid = backward_task(k, h)
             tasks.append(Compute(tid, h, t, (prev,)))
             prev = tid
     for k, (_, size) in enumerate(bks):
-        deps = tuple(f"bwd{k}@{h}" for h in ctx.hosts) + ((f"ar{k - 1}",) if k else ())
+        deps = tuple(backward_task(k, h) for h in ctx.hosts) + ((f"ar{k - 1}",) if k else ())
         tasks.append(Collective(f"ar{k}", algorithm(list(order), float(size)), deps))
     last = (f"ar{len(bks) - 1}",) if bks else ()
     for h in ctx.hosts:
-        tasks.append(Compute(f"step@{h}", h, step_time(ctx, h), (f"bwd{len(bks)}@{h}",) + last))
+        tasks.append(Compute(f"step@{h}", h, step_time(ctx, h),
+                             (backward_task(len(bks), h),) + last))
     return tasks, [s for _, s in bks]
 
 

@@ -23,7 +23,7 @@ from topoctl.graph.ops import OpGraph
 from topoctl.sim.schedules import CollectiveAlgorithm
 from topoctl.sim.tasks import Compute, Task, Transfer
 from topoctl.strategies import PlanContext
-from topoctl.strategies.baseline import dp_tasks
+from topoctl.strategies.baseline import backward_task, dp_tasks
 
 MAX_GROUPS = 16  # model-parallel candidates: the largest parameterised ops
 
@@ -74,12 +74,12 @@ def hybrid_tasks(ctx: PlanContext, mp: Mapping[str, str], order: list[str],
             size = float(ops[op].out_bytes * len(ctx.ranks[h]))
             pre.append(Transfer(f"mpx{k}>{h}", owner, h, size, (f"mpf{k}@{owner}",)))
             fwd_deps[h].append(f"mpx{k}>{h}")
-            post.append(Transfer(f"mpg{k}<{h}", h, owner, size, (f"bwd{nb}@{h}",)))
+            post.append(Transfer(f"mpg{k}<{h}", h, owner, size, (backward_task(nb, h),)))
             back.append(f"mpg{k}<{h}")
             traffic[(owner, h)] = traffic.get((owner, h), 0.0) + size
             traffic[(h, owner)] = traffic.get((h, owner), 0.0) + size
         post.append(Compute(f"mpb{k}@{owner}", owner, world * c.bwd,
-                            tuple(back) + (f"bwd{nb}@{owner}",)))
+                            tuple(back) + (backward_task(nb, owner),)))
         step_deps[owner].append(f"mpb{k}@{owner}")
     out: list[Task] = []
     for t in tasks:

@@ -50,7 +50,7 @@ from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.tasks import Collective, Compute
 
 from . import PlanContext, Strategy, StrategyError
-from .baseline import dp_tasks
+from .baseline import backward_task, dp_tasks
 
 SIM_MAX_CHUNKS = 64  # chunks per tree the simulator schedule models at most (planning speed)
 FUSION_MAX_HOSTS = 64  # bucket caps are searched up to this many hosts (one simulation each)
@@ -182,14 +182,24 @@ class RuntimeFit:
     schedule: TreeSchedule
     preds: dict[int, TreePrediction]  # bucket bytes -> prediction
     costs: RuntimeCosts
+    # the hosts whose ranks outnumber this machine's cores (the lab), else empty
+    shared: tuple[str, ...] = ()
 
     def with_cpu_part(self, tasks: list, sizes: list[int]) -> list:
-        """`tasks` (one ``Collective`` per bucket of `sizes`, in order) with every bucket's
+        """`tasks` (one ``Collective`` per bucket of `sizes`, in order, as
+        :func:`~topoctl.strategies.baseline.dp_tasks` builds them) with every bucket's
         runtime time beside its collective (see :func:`_with_cpu_part`): the larger of the
         lock-step network part and the CPU part. The simulated collective keeps the links
         busy; the engine's pipelining is not lock-step (it overlaps steps the runtime runs one
-        after another), so the lock-step model bounds the bucket from below."""
-        return _with_cpu_part(tasks, [self.preds[s].seconds for s in sizes])
+        after another), so the lock-step model bounds the bucket from below.
+
+        Ranks that outnumber the machine's cores (`shared`): the runtime's time starts when the
+        ranks' backward is done. Its lock-step steps each need every rank's thread on a core,
+        and while the ranks compute, the cores are theirs: traced on hetero8 and mesh5
+        (2026-11-26), the first bucket, handed over mid-backward, took 26-30 ms longer than
+        the next ones of its size, about as long as the backward it overlapped."""
+        hold = tuple(backward_task(len(sizes), h) for h in self.shared)
+        return _with_cpu_part(tasks, [self.preds[s].seconds for s in sizes], hold)
 
     def note(self, sizes: list[int]) -> dict:
         """The plan's ``metadata.collective.runtime`` (``topoctl explain`` prints it)."""
@@ -275,14 +285,17 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
         preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency, links)
     if sizes:
         fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
-    return RuntimeFit(fitted, preds, costs)
+    # more ranks than cores: their compute holds the cores (`RuntimeFit.with_cpu_part`)
+    shared = tuple(hosts) if colocated > costs.cores else ()
+    return RuntimeFit(fitted, preds, costs, shared)
 
 
-def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
+def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = ()) -> list:
     """Beside every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of `cpu` seconds (the
-    runtime's own time for the bucket) that starts with it (same dependencies) on a
-    pseudo-device of its own; whatever waited for ``ar{k}`` waits for both. The runtime
-    overlaps its CPU work with the transfers, so the bucket takes the larger of the two."""
+    runtime's own time for the bucket) that starts with it (same dependencies, and the tasks
+    `hold` names) on a pseudo-device of its own; whatever waited for ``ar{k}`` waits for both.
+    The runtime overlaps its CPU work with the transfers, so the bucket takes the larger of
+    the two."""
     renamed: dict[str, tuple[str, ...]] = {}
     k = 0
     for t in tasks:
@@ -293,7 +306,8 @@ def _with_cpu_part(tasks: list, cpu: list[float]) -> list:
         deps = tuple(d2 for d in t.deps for d2 in renamed.get(d, (d,)))
         out.append(type(t)(**{**t.__dict__, "deps": deps}))
         if isinstance(t, Collective):
-            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], deps))
+            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k],
+                               tuple(dict.fromkeys(deps + hold))))
             k += 1
     return out
 
