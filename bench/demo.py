@@ -83,7 +83,8 @@ def measure(name: str, plan: dict, transport, iterations: int) -> dict:
     if result.exit_code or not result.synchronous:
         raise SystemExit(f"{name}: training failed: {result.failure or 'ranks diverged'}")
     return {"apply_seconds": applied, "measured": result.iteration_time,
-            "run_seconds": result.seconds}
+            "run_seconds": result.seconds,
+            **({"allreduce": result.allreduce_seconds} if result.allreduce_seconds else {})}
 
 
 def table(rows: list[dict], optimum: float | None) -> str:
@@ -199,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
                          **m})
             log(f"{s}: predicted {rows[-1]['predicted']:.3f} s/it, measured "
                 f"{m['measured']:.3f} s/it")
+            if m.get("allreduce"):
+                from topoctl.rollout.run import allreduce_summary, predicted_buckets
+
+                rows[-1]["allreduce_predicted"] = predicted_buckets(plan)
+                log(f"{s}: {allreduce_summary(m['allreduce'], predicted_buckets(plan))}")
     finally:
         transport.close()
         labmod.down(name)

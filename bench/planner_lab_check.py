@@ -157,6 +157,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         window = [math.inf, -math.inf]  # wall clock of the measured iterations, all ranks
         cpu: dict[str, list[float]] = {}  # host -> its rank's CPU seconds per iteration
         phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
+        buckets: dict[str, list] = {}  # tree plans: host -> per-iteration bucket timings
         with CpuSampler() as sampler:
             outs = {h: p.communicate()[0] for h, p in procs.items()}
         for h, p in procs.items():
@@ -165,6 +166,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                 _, _, body = line.partition("] ")
                 if body.startswith("{"):
                     ev = json.loads(body)
+                    if ev.get("event") == "iter" and "allreduce" in ev:
+                        buckets.setdefault(h, []).append(ev["allreduce"])
                     if ev.get("event") == "iter" and ev["iter"] >= 1:
                         times.append(ev["seconds"])
                         if "end" in ev:
@@ -186,6 +189,13 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
           f"predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
+    if buckets:  # the tree runtime's own time per bucket, against its prediction
+        from topoctl.rollout.run import RankStats, RunResult, allreduce_summary, predicted_buckets
+
+        ranks = {i: RankStats(h, allreduce=b) for i, (h, b) in enumerate(sorted(buckets.items()))}
+        rows = RunResult(0, ranks, 0.0).allreduce_seconds
+        if rows:
+            print("  " + allreduce_summary(rows, predicted_buckets(plan)))
     if cpu:  # how CPU-bound the run was: the ranks' own CPU against the machine's cores
         per_rank = sum(statistics.median(v) for v in cpu.values())
         cores = os.cpu_count() or 1

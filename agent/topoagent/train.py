@@ -12,7 +12,9 @@ address, and gloo's default device binds what the hostname resolves to.
 With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
 
 One JSON line per event on stdout: `start`, `resume` (rank 0, when continuing from a
-checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss) and
+checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss; tree
+plans: `allreduce`, per gradient bucket [bytes, seconds waiting for the tree runtime's thread,
+seconds of its AllReduce]) and
 `done` (checksum of the final parameters, identical on every rank when training was synchronous).
 
 With `checkpoint.every` the run checkpoints (`topoagent.checkpoint`) and with `checkpoint.resume`
@@ -122,10 +124,11 @@ def main() -> int:
             checkpoint.restore_model(model, state, src)
     ddp = DDP(model, bucket_cap_mb=job.bucket_cap_mb)
     coll = job.collective
+    tree_hook = None
     if coll.get("algorithm") == "trees":
         from topoagent.collectives import load_schedule, register_tree_hook
 
-        register_tree_hook(ddp, load_schedule(coll["schedule"]))
+        tree_hook = register_tree_hook(ddp, load_schedule(coll["schedule"]))
     opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
     if start:
         checkpoint.restore_optimizer(opt, state, src)
@@ -155,9 +158,12 @@ def main() -> int:
         # too, kernel time on its behalf included) during the iteration
         # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
         # CPU samples (bench/planner_lab_check.py)
-        _emit(event="iter", rank=rank, iter=it, seconds=time.perf_counter() - t0,
-              cpu_seconds=round(time.process_time() - c0, 6), loss=float(loss.detach()),
-              end=round(time.time(), 6))
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
+        extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
+                                tree_hook.take_timings()]} if tree_hook is not None else {})
+        _emit(event="iter", rank=rank, iter=it, seconds=seconds, cpu_seconds=round(cpu, 6),
+              loss=float(loss.detach()), end=round(time.time(), 6), **extra)
         done = it + 1
         if writer and done % every == 0 and done < iters:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over

@@ -68,6 +68,15 @@ def test_ddp_over_the_lab_trains_in_lockstep(lab_and_plan, capsys):
     assert sorted(result["ranks"]) == ["0", "1", "2", "3"]
     assert all(r["iterations"] == 5 for r in result["ranks"].values())
     assert {r["host"] for r in result["ranks"].values()} == {"h0", "h1", "h2", "h3"}
+    # the tree runtime's time per gradient bucket: all of the gradient, each bucket timed
+    doc = yaml.safe_load(open(plan))
+    if doc["metadata"]["strategy"] == "trees":
+        grad = doc["metadata"]["model"]["parameters_bytes"]
+        assert sum(b["bytes"] for b in result["allreduce"]) == grad
+        assert all(b["seconds"] > 0 and b["skew"] >= 0 for b in result["allreduce"])
+        assert len(result["allreduce"]) == len(doc["job"]["collective"]["buckets"])
+    else:
+        assert result["allreduce"] is None
 
 
 def test_a_dying_rank_stops_every_host_and_is_named(lab_and_plan, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """`python -m topoagent.train`, DDP path, reads the plan's launch spec as the typed `LaunchSpec`:
 two ranks over loopback train a small model with the gloo ring and with a tree schedule, end
-with the same parameters; a launch spec that is not valid is refused with the file and YAML
-path, exit 1, before any process group starts."""
+with the same parameters (the tree runtime reports its buckets' timings); a launch spec that
+is not valid is refused with the file and YAML path, exit 1, before any process group
+starts."""
 
 from __future__ import annotations
 
@@ -43,6 +44,18 @@ def test_two_ranks_train_to_the_same_parameters(collective, tmp_path):
     assert done[0]["checksum"] == done[1]["checksum"]
     start = next(e for e in events if e["event"] == "start")
     assert start["algorithm"] == (collective.get("algorithm") or "default")
+    if not collective:
+        assert all("allreduce" not in e for e in iters)
+        return
+    # the tree runtime reports every gradient bucket of every iteration: all the gradient's
+    # bytes, some time waiting for the runtime's thread and some reducing
+    from topoctl.catalog.dense import MLP
+
+    grad = sum(p.numel() * 4 for p in MLP(**JOB["model"]["kwargs"]).parameters())
+    for e in iters:
+        assert len(e["allreduce"]) >= 1
+        assert sum(b for b, _, _ in e["allreduce"]) == grad
+        assert all(w >= 0 and r > 0 for _, w, r in e["allreduce"])
 
 
 def test_a_bad_launch_spec_is_refused_naming_file_and_path(tmp_path):

@@ -7,11 +7,14 @@
 
 Buckets are reduced by one background thread per hook, in the order DDP hands them over (the
 same on every rank), so communication overlaps the rest of the backward pass; the hook refuses
-to start when the schedule's world size differs from the process group's.
+to start when the schedule's world size differs from the process group's. Every bucket's
+timing is kept (`TreeHookState.take_timings`: bytes, seconds waiting for the thread, seconds
+of the AllReduce) for the trainer to report with its iteration.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,15 @@ class TreeHookState:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tree-allreduce")
     )
+    # per bucket reduced since the last `take_timings`: (bytes, seconds from DDP handing it
+    # over to the thread starting it, seconds of the AllReduce), in the order reduced
+    timings: list = field(default_factory=list)
+
+    def take_timings(self) -> list[tuple[int, float, float]]:
+        """The buckets' timings since the last call (DDP's backward has waited for every
+        bucket of an iteration by the time it returns), and forget them."""
+        out, self.timings = self.timings, []
+        return out
 
 
 def tree_allreduce_hook(
@@ -46,10 +58,14 @@ def tree_allreduce_hook(
     buffer."""
     buf = bucket.buffer()
     fut: torch.futures.Future = torch.futures.Future()
+    handed = time.perf_counter()
 
     def work() -> None:
         try:
+            start = time.perf_counter()
             tree_allreduce(buf, state.schedule, state.group)
+            state.timings.append((buf.numel() * buf.element_size(), start - handed,
+                                  time.perf_counter() - start))
             buf.div_(state.schedule.world_size)
             fut.set_result(buf)
         except BaseException as exc:  # noqa: BLE001 - handed to DDP through the future

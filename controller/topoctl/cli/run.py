@@ -9,7 +9,7 @@ from topoagent.cliutil import positive_int, positive_seconds
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
 from topoctl.rollout.heal import CHECKPOINT_EVERY, MAX_HEALS
-from topoctl.rollout.run import run_job, stop_job
+from topoctl.rollout.run import allreduce_summary, predicted_buckets, run_job, stop_job
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -34,9 +34,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return result.exit_code
     it = result.iteration_time
+    predicted = (plan.get("metadata", {}).get("prediction") or {}).get("iteration_time")
     print(f"{len(result.ranks)} ranks, {args.iterations} iterations in {result.seconds:.1f} s; "
-          f"median iteration {it:.3f} s; parameters identical on every rank: "
-          f"{'yes' if result.synchronous else 'NO'}")
+          f"median iteration {it:.3f} s"
+          + (f" (predicted {predicted:.3f} s)" if isinstance(predicted, (int, float)) else "")
+          + f"; parameters identical on every rank: {'yes' if result.synchronous else 'NO'}")
+    if result.allreduce_seconds:
+        print(allreduce_summary(result.allreduce_seconds, predicted_buckets(plan)))
     return 0 if result.synchronous else 1
 
 

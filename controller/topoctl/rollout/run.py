@@ -40,6 +40,9 @@ class RankStats:
     # pipeline plans: ranks of one stage hold the same parameters; < 0: a host without a stage
     stage: int | None = None
     losses: list[float] = field(default_factory=list)  # as reported (pipeline: last stage)
+    # tree plans: per iteration, per gradient bucket (bytes, s waiting for the runtime's
+    # thread, s of the AllReduce), as the rank reported them
+    allreduce: list[list[tuple[int, float, float]]] = field(default_factory=list)
 
     def median(self) -> float | None:
         """Median seconds per iteration after the warm-up (None without iterations)."""
@@ -87,10 +90,38 @@ class RunResult:
         return bool(groups) and all(len(v) == 1 and (None not in v or (s is not None and s < 0))
                                     for s, v in groups.items())
 
+    @property
+    def allreduce_seconds(self) -> list[dict] | None:
+        """Tree plans: per gradient bucket, in the order reduced, its bytes and the median over
+        the timed iterations of its AllReduce's seconds on the rank that started it last (the
+        others waited for that rank: their time includes the skew between the ranks, `skew`
+        is the median of that spread); None without bucket timings."""
+        per_iter: dict[int, list[list[tuple[int, float, float]]]] = {}
+        for r in self.ranks.values():
+            for i, buckets in enumerate(r.allreduce):
+                per_iter.setdefault(i, []).append(buckets)
+        rows: dict[int, tuple[int, list[float], list[float]]] = {}
+        timed = [i for i in sorted(per_iter) if i >= WARMUP] or sorted(per_iter)
+        for i in timed:
+            ranks = per_iter[i]
+            if len(ranks) != len(self.ranks) or len({len(b) for b in ranks}) != 1:
+                continue  # a rank without this iteration, or DDP's first bucketing
+            for k, per_rank in enumerate(zip(*ranks, strict=True)):
+                runs = [run for _, _, run in per_rank]
+                size, own, spread = rows.setdefault(k, (per_rank[0][0], [], []))
+                own.append(min(runs))
+                spread.append(max(runs) - min(runs))
+        if not rows:
+            return None
+        return [{"bytes": size, "seconds": round(statistics.median(own), 6),
+                 "skew": round(statistics.median(spread), 6)}
+                for _, (size, own, spread) in sorted(rows.items())]
+
     def to_dict(self) -> dict:
         """The result as the `--json` document of `topoctl run`."""
         return {"exit_code": self.exit_code, "seconds": round(self.seconds, 3),
                 "iteration_time": self.iteration_time, "synchronous": self.synchronous,
+                "allreduce": self.allreduce_seconds,
                 "failure": self.failure, "links_down": self.links_down,
                 "resumed_from": self.resumed_from,
                 "ranks": {r: {"host": s.host, "iterations": len(s.iterations),
@@ -98,6 +129,23 @@ class RunResult:
                           | ({"stage": s.stage, "losses": s.losses} if s.stage is not None
                              else {})
                           for r, s in sorted(self.ranks.items())}}
+
+
+def allreduce_summary(rows: list[dict], predicted: list[float] | None = None) -> str:
+    """One line of the tree runtime's measured seconds per bucket (`RunResult.
+    allreduce_seconds`) beside the plan's prediction of each (``metadata.collective.runtime.
+    bucket_seconds``) and the skew between the ranks' starts."""
+    pred = predicted or []
+    return "tree AllReduce per bucket, measured / predicted s (skew between ranks): " + ", ".join(
+        f"{r['bytes'] / 1e6:.1f} MB {r['seconds']:.3f}"
+        + (f" / {pred[k]:.3f}" if k < len(pred) else "") + f" ({r['skew']:.3f})"
+        for k, r in enumerate(rows))
+
+
+def predicted_buckets(plan: dict) -> list[float]:
+    """The plan's predicted runtime seconds per gradient bucket (tree plans), else []."""
+    runtime = (plan.get("metadata", {}).get("collective") or {}).get("runtime") or {}
+    return list(runtime.get("bucket_seconds") or [])
 
 
 def job_payload(plan: dict, iterations: int, threads: int = 1, watch: bool = True,
@@ -191,6 +239,9 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
                     return
             if event and event.get("event") == "iter" and rank in ranks:
                 ranks[rank].iterations.append(float(event["seconds"]))
+                if isinstance(event.get("allreduce"), list):
+                    ranks[rank].allreduce.append([(int(b), float(w), float(t))
+                                                  for b, w, t in event["allreduce"]])
                 if event.get("stage") is not None and event.get("loss") is not None:
                     ranks[rank].losses.append(float(event["loss"]))
                 if rank == min(ranks):

@@ -313,10 +313,12 @@ def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = ()) ->
 
 
 def _runtime_note(preds: dict, sizes: list[int], source: str, chunk_bytes: int) -> dict:
-    """Network and CPU part of the iteration's tree AllReduces (sum over buckets), and the
+    """Network and CPU part of the iteration's tree AllReduces (sum over buckets), each
+    bucket's runtime seconds (in DDP's order: what `topoctl run` measures per bucket), and the
     largest bucket's pipeline."""
     big = preds[max(sizes)]
     return {"buckets": len(sizes), "network_s": sum(preds[s].network_s for s in sizes),
+            "bucket_seconds": [round(preds[s].seconds, 6) for s in sizes],
             "cpu_s": sum(preds[s].cpu_s for s in sizes),
             "exposed_cpu_s": sum(preds[s].exposed_cpu_s for s in sizes), "chunks": big.chunks,
             "chunk_bytes": chunk_bytes, "steps": big.steps, "messages": big.messages,
