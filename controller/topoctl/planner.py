@@ -118,13 +118,22 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
     if job.cost.scale != 1.0:
         costs = {k: scale_costs(v, job.cost.scale) for k, v in costs.items()}
     lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
-    train = (functools.partial(measure_train_job, job, use_cache=True, retime=retime)
+    train = (functools.partial(measure_train_job, job, use_cache=True, retime=retime,
+                               corun=lab_corun(r))
              if use_cache and lab else None)
     if train is not None and retime:
         retime_runtime_calibration()
     ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
                       use_cache, train)
     return _on_lab_cpu(ctx) if train is not None else ctx
+
+
+def lab_corun(ranks: int) -> int:
+    """Copies of the training step run beside a lab rank's timing (`graph.corun`): the other
+    ranks on this machine, at most 4 per core (as `topoagent.collectives.calibrate` shares
+    them): beyond that the cores only take turns more often."""
+    cores = int((load_calibration() or {}).get("cores") or os.cpu_count() or 1)
+    return max(0, min(ranks, 4 * cores) - 1)
 
 
 def _on_lab_cpu(ctx: PlanContext) -> PlanContext:

@@ -52,3 +52,15 @@ def test_retime_measures_the_runtime_calibration_once_per_process(tmp_path, monk
     forget_retimed()
     retime_runtime_calibration()
     assert path.stat().st_mtime_ns != first  # measured again
+
+
+def test_a_timing_beside_co_running_ranks_is_cached_apart(tmp_path, monkeypatch):
+    """`corun` (the lab's other ranks on this machine): its own timing and cache entry."""
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB, "job")
+    forget_retimed()
+    alone = measure_train_job(job, 4)
+    files = set((tmp_path / "profiles").glob("*.json"))
+    beside = measure_train_job(job, 4, corun=2)
+    assert alone is not None and beside is not None and alone.keys() == beside.keys()
+    assert len(set((tmp_path / "profiles").glob("*.json")) - files) == 1

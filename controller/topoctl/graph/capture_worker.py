@@ -46,7 +46,8 @@ def handle(req: dict) -> dict:
                           measure_costs(model, inputs, small).items()}}
     try:
         costs = measure_train_costs(model, inputs, graph,
-                                    runtime=str(req.get("runtime", "module")))
+                                    runtime=str(req.get("runtime", "module")),
+                                    corun=int(req.get("corun", 0)))
     except Exception:  # noqa: BLE001 - a model that does not train here: no lab timing
         return {"costs": None}
     return {"costs": {k: list(asdict(c).values()) for k, c in costs.items()}}

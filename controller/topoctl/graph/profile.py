@@ -109,22 +109,25 @@ def forget_retimed() -> None:
 
 
 def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "module",
-                      retime: bool = False) -> dict[str, TrainCost] | None:
+                      retime: bool = False, corun: int = 0) -> dict[str, TrainCost] | None:
     """Per-op training costs of the job's model on this CPU at exactly `batch` samples (the
     pipeline's micro-batch: no linear scaling from a small profile batch, whose per-call
     overhead would dominate), with the job's `launch.threads` torch threads, fitted to a whole
     step as `runtime` runs the model ("module": data-parallel ranks, "stage": pipeline ranks;
     `graph.cost.measure_train_costs`). Cached per model, sizes, batch, runtime, torch, CPU and
     threads (`graph.cache`); `retime`: time again once per process and cache that (this VM's
-    speed varied by up to 30% within an hour, 2026-11-25). None when the model cannot run a
-    training step on real tensors here (the caller keeps its costs)."""
+    speed varied by up to 30% within an hour, 2026-11-25); `corun`: the whole step timed with
+    that many copies running beside it (the lab's other ranks on this machine's cores,
+    `graph.corun`), cached apart. None when the model cannot run a training step on real
+    tensors here (the caller keeps its costs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(job.launch.threads)
     try:
         m = job.model
         # "-fitted": per-op times fitted to a whole step (older cached timings are not)
         key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
-                                "train-float32-fitted" + ("-stage" if runtime == "stage" else ""))
+                                "train-float32-fitted" + ("-stage" if runtime == "stage" else "")
+                                + (f"-corun{corun}" if corun > 0 else ""))
         graph = job_graph(job, batch)
         names = {o.name for o in graph.ops}
         if use_cache and not (retime and key not in _RETIMED):
@@ -134,7 +137,7 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
         _RETIMED.add(key)
         torch.manual_seed(0)
         if not m.catalog:  # the job's code: timed in a child process, unprivileged
-            costs = sandbox.factory_train_costs(job, batch, runtime)
+            costs = sandbox.factory_train_costs(job, batch, runtime, corun)
             if costs is None:
                 return None
         else:
@@ -142,7 +145,7 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
             inputs = example_inputs(m.catalog, m.params, batch)
             try:
                 costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph,
-                                            runtime=runtime)
+                                            runtime=runtime, corun=corun)
             except Exception:  # noqa: BLE001 - a model that does not train here: no timing
                 return None
         if use_cache:
