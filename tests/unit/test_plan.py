@@ -307,3 +307,23 @@ def test_a_cluster_beyond_the_scale_limit_is_refused_up_front(tmp_path):
     assert main(["plan", small, str(PLANS / "mlp-job.yaml"), "-o", str(out),
                  "--max-hosts", "8"]) == 0
     assert out.exists()
+
+
+def test_lab_data_parallel_ranks_are_timed_beside_the_others_pipeline_stages_alone(
+        monkeypatch):
+    """The lab's data-parallel ranks all compute at once: their step is timed beside copies of
+    it (the other ranks, up to 4 per core); a pipeline stage alone (how many stages compute at
+    once is what the pipeline strategies search)."""
+    from topoctl import planner
+
+    calls = []
+    monkeypatch.setattr(planner, "measure_train_job",
+                        lambda job, batch, **kw: calls.append(kw) or None)
+    job = parse_job(JOB | {"cost": {"method": "roofline"}, "strategies": ["baseline"]})
+    ctx = planner.prepare(load_cluster(PLANS / "hetero8-cluster.yaml"), job)
+    ctx.train_costs(8)
+    ctx.train_costs(8, runtime="stage")
+    # prepare's own timing (module), then ours: module, stage
+    assert [c["corun"] for c in calls] == [planner.lab_corun(8)] * 2 + [0]
+    assert [c["runtime"] for c in calls] == ["module", "module", "stage"]
+    assert 0 < planner.lab_corun(8) <= 7 and planner.lab_corun(1) == 0

@@ -356,9 +356,7 @@ def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
     the context, scaled)."""
     if ctx.train_costs is None:
         return None
-    # as topoagent.pipeline runs a stage, timed alone: how many stages compute at once is what
-    # the search decides (the one-host pipeline of the demo: one), so no copies run beside it
-    ops = ctx.train_costs(micro_batch, runtime="stage", corun=0)
+    ops = ctx.train_costs(micro_batch, runtime="stage")  # as topoagent.pipeline runs a stage
     if ops is None:  # the model does not train on real tensors here: the context's costs
         return None
     cal = load_calibration()
