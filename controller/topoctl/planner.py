@@ -142,8 +142,12 @@ def lab_corun(ranks: int) -> int:
     """Copies of the training step run beside a lab rank's timing (`graph.corun`): the other
     ranks on this machine, at most 4 per core (as `topoagent.collectives.calibrate` shares
     them): beyond that the cores only take turns more often."""
-    cores = int((load_calibration() or {}).get("cores") or os.cpu_count() or 1)
-    return max(0, min(ranks, 4 * cores) - 1)
+    return max(0, min(ranks, 4 * lab_cores()) - 1)
+
+
+def lab_cores() -> int:
+    """The cores the lab's ranks share: the runtime calibration's, else `os.cpu_count()`."""
+    return int((load_calibration() or {}).get("cores") or os.cpu_count() or 1)
 
 
 def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
@@ -163,8 +167,7 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     if measured is None:  # the model does not train on real tensors here
         return ctx
     ops, step = rank_op_costs(ctx.graph, measured, ctx.job.cost.scale)
-    cal = load_calibration() or {}
-    cores = int(cal.get("cores") or os.cpu_count() or 1)
+    cores = lab_cores()
     return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
                    cpu_pool=(frozenset(ctx.hosts), cores))
 

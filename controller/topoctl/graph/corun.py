@@ -20,9 +20,11 @@ be ready, and stops and reaps them on exit, also on error.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,10 +56,15 @@ def co_running(model: nn.Module, inputs: tuple[torch.Tensor, ...], copies: int
                     [sys.executable, "-m", "topoctl.graph.corun", str(path)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     text=True, env=env))
+            deadline = time.monotonic() + READY_TIMEOUT_S
             for p in procs:
-                line = p.stdout.readline().strip()  # blocks until ready or the copy died
+                # "ready", or EOF when the copy died; nothing by the deadline: it hangs
+                ready, _, _ = select.select([p.stdout], [], [],
+                                            max(0.0, deadline - time.monotonic()))
+                line = p.stdout.readline().strip() if ready else ""
                 if line != "ready":
-                    err = p.stderr.read() if p.poll() is not None else ""
+                    err = p.stderr.read() if p.poll() is not None else (
+                        f"not ready after {READY_TIMEOUT_S:.0f} s")
                     raise RuntimeError(f"a co-running copy of the training step did not start: "
                                        f"{line or err.strip()[-500:] or 'no output'}")
             yield
@@ -78,8 +85,6 @@ def co_running(model: nn.Module, inputs: tuple[torch.Tensor, ...], copies: int
 
 def _run(path: str) -> int:
     """The child: training steps until stdin closes."""
-    import select
-
     torch.set_num_threads(1)
     doc = torch.load(path, weights_only=False)  # our own file, written by the parent
     model, inputs = doc["model"], doc["inputs"]

@@ -83,6 +83,7 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
 
 
 _RETIMED: set[str] = set()  # cache keys re-timed by this process (`retime`)
+_RUNTIME = "runtime-calibration"  # `_RETIMED`'s entry for `retime_runtime_calibration`
 
 
 def retime_runtime_calibration() -> None:
@@ -97,8 +98,6 @@ def retime_runtime_calibration() -> None:
     ensure_calibration(force=True)
     _RETIMED.add(_RUNTIME)
 
-
-_RUNTIME = "runtime-calibration"  # `_RETIMED`'s entry for `retime_runtime_calibration`
 
 
 def forget_retimed() -> None:
