@@ -203,6 +203,27 @@ def test_switched_leaf_spine(tmp_path):
     assert _gone(name) == []
 
 
+def test_hosts_use_cubic_whatever_the_machine_uses(tmp_path):
+    """The hosts' TCP congestion control is cubic even when the machine's (which a new
+    namespace inherits) is another: here the root namespace is set to reno for the test."""
+    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    before = cc.read_text().strip()
+    name = _name("c")
+    try:
+        cc.write_text("reno\n")
+        lab = labmod.up(load_cluster(PLANS / "hetero8-cluster.yaml"), name, tmp_path,
+                        with_ssh=False)
+        cc.write_text(before + "\n")
+        got = {h.name: nsutil.sh(["ip", "netns", "exec", h.ns, "cat", str(cc)]).stdout.strip()
+               for h in lab.layout.hosts}
+        assert set(got.values()) == {labmod.HOST_TCP_CONGESTION}, got
+        assert labmod.status(labmod.Lab.load(name, tmp_path))["tcp_congestion"] == "cubic"
+    finally:
+        cc.write_text(before + "\n")
+        labmod.down(name, tmp_path)
+    assert _gone(name) == []
+
+
 def _cli(*args: str, env_root: Path) -> subprocess.CompletedProcess:
     """`topoctl lab ARGS` in-process (the CLI module's whole path, without paying the
     planner's import time once per call); stdout, stderr and the exit code as from a process."""

@@ -138,6 +138,10 @@ def _up(args: argparse.Namespace) -> int:
     if missing:
         print(f"warning: this kernel has no sch_netem: latency/loss of {len(missing)} cable(s) "
               f"not emulated (rates are)", file=sys.stderr)
+    if lab.tcp_congestion != labmod.HOST_TCP_CONGESTION:
+        print(f"warning: the hosts' TCP congestion control is {lab.tcp_congestion}, not "
+              f"{labmod.HOST_TCP_CONGESTION} (not in this kernel): measured times may not "
+              f"follow the plan's predictions", file=sys.stderr)
     return 0
 
 
@@ -166,7 +170,8 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(st | ({"plan": report.as_dict()} if report else {}), indent=1))
         return _plan_exit(st, report) if report else 0
-    print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}")
+    print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}"
+          f", hosts' TCP {st['tcp_congestion']}")
     print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} {'ovs':<4} ports")
     for h in st["hosts"]:
         print(f"{h['name']:<10} {'ok' if h['netns_exists'] else 'GONE':<6} {h['mgmt_ip']:<15} "

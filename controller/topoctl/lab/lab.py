@@ -27,6 +27,15 @@ from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster
 from topoctl.spec.cluster_load import parse_cluster
 
 DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
+# TCP congestion control of every lab host: Linux's default, the loss-based fair sharing the
+# simulator's fluid model assumes. A namespace inherits the root's choice, and a machine set to
+# BBR made the lock-step tree AllReduce stall on some message sizes: BBR's model of a veth path
+# (minimum RTT of microseconds, bursts through the cable's token credit) caps the window below a
+# message, so the message's tail waits for ACKs queued behind the reverse traffic. Measured on
+# hetero8 (15.9 MB, the same trees): 64 KiB chunks 1.116 s with BBR against 0.92-0.94 s for 48,
+# 56 and 80 KiB; with cubic 0.928 s. tworack8 at 16 KiB: 0.620 s (BBR), 0.464 s (cubic; the
+# cost model predicts 0.464 s). 2026-11-26.
+HOST_TCP_CONGESTION = "cubic"
 
 
 def state_root(root: str | Path | None = None) -> Path:
@@ -42,6 +51,7 @@ class Lab:
     layout: Layout
     state_dir: Path
     netem: bool = False
+    tcp_congestion: str = HOST_TCP_CONGESTION  # in effect on the hosts (read back at `up`)
 
     @property
     def name(self) -> str:
@@ -108,8 +118,10 @@ class Lab:
         return self.ovs(host).db
 
     def save(self) -> None:
-        """Write lab.json (cluster, layout, netem) atomically into the state directory."""
-        data = {"lab": self.name, "netem": self.netem, "cluster": self.cluster.to_dict(),
+        """Write lab.json (cluster, layout, netem, TCP congestion control) atomically into the
+        state directory."""
+        data = {"lab": self.name, "netem": self.netem, "tcp_congestion": self.tcp_congestion,
+                "cluster": self.cluster.to_dict(),
                 "layout": self.layout.to_dict()}
         tmp = self.state_dir / "lab.json.tmp"
         tmp.write_text(json.dumps(data, indent=1))
@@ -128,7 +140,8 @@ class Lab:
                            ) from None
         try:
             return cls(parse_cluster(data["cluster"]), Layout.from_dict(data["layout"]), d,
-                       data.get("netem", False))
+                       data.get("netem", False),
+                       data.get("tcp_congestion", HOST_TCP_CONGESTION))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             # a hand-edited or truncated state file: say so rather than a traceback
             raise LabError(f"damaged lab state ({type(e).__name__}: {e}); `topoctl lab down "
@@ -200,6 +213,8 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
         netops.batch("ip", commands.root_batch(layout))
         for h in layout.hosts:
             netops.batch("ip", commands.host_batch(layout, h.name), ns=h.ns)
+        in_effect = {netops.set_tcp_congestion(h.ns, HOST_TCP_CONGESTION) for h in layout.hosts}
+        lab.tcp_congestion = ",".join(sorted(in_effect))
         netops.batch("ip", commands.wire_ip_batch(layout), ns=layout.wire_ns)
         lab.netem = netops.has_netem(layout.wire_ns)
         netops.batch("tc", commands.wire_tc_batch(layout, lab.netem), ns=layout.wire_ns)
@@ -325,7 +340,7 @@ def status(lab: Lab) -> dict:
                 "measured": None} for u in lay.uplinks]
     return {"lab": lab.name, "kind": lay.kind, "mgmt_net": lay.mgmt_net,
             "state_dir": str(lab.state_dir), "netem": lab.netem,
-            "unemulated": unemulated(lab), "hosts": hosts, "cables": cables}
+            "tcp_congestion": lab.tcp_congestion, "unemulated": unemulated(lab), "hosts": hosts, "cables": cables}
 
 
 def check_cabling(lab: Lab, fabric: Any) -> cabling.CablingReport:

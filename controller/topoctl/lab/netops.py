@@ -129,6 +129,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def set_tcp_congestion(ns: str, algorithm: str) -> str:
+    """Make `algorithm` the TCP congestion control of namespace `ns` (a per-namespace sysctl);
+    returns the one in effect afterwards (unchanged when this kernel lacks `algorithm`)."""
+    path = "/proc/sys/net/ipv4/tcp_congestion_control"
+    script = f"echo {algorithm} > {path} 2>/dev/null; cat {path}"
+    return run(["ip", "netns", "exec", ns, "sh", "-c", script], check=False).stdout.strip()
+
+
 def has_netem(ns: str) -> bool:
     """Whether this kernel has sch_netem (probed on lo of `ns`, then removed)."""
     ok = run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "handle", "7:", "netem",
