@@ -340,7 +340,8 @@ def status(lab: Lab) -> dict:
                 "measured": None} for u in lay.uplinks]
     return {"lab": lab.name, "kind": lay.kind, "mgmt_net": lay.mgmt_net,
             "state_dir": str(lab.state_dir), "netem": lab.netem,
-            "tcp_congestion": lab.tcp_congestion, "unemulated": unemulated(lab), "hosts": hosts, "cables": cables}
+            "tcp_congestion": lab.tcp_congestion, "unemulated": unemulated(lab),
+            "hosts": hosts, "cables": cables}
 
 
 def check_cabling(lab: Lab, fabric: Any) -> cabling.CablingReport:
