@@ -4,12 +4,16 @@ per machine under $TOPOCTL_CACHE/runtime/, read back by the planner's public fun
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests import netns as nsutil
 from topoagent.collectives import calibration_path, load_calibration
+from topoagent.collectives.calibrate import TCP_CONGESTION
 from topoctl.collective.trees.pipeline import runtime_costs
 
 KEYS = ("per_message_s", "per_message_shared_s", "wire_bytes_per_s", "reduce_bytes_per_s",
@@ -23,8 +27,6 @@ def calibrate(*args: str, env) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(900)
 def test_calibration_measures_once_and_is_cached(tmp_path, monkeypatch):
-    import os
-
     monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
     env = os.environ | {"TOPOCTL_CACHE": str(tmp_path)}
     assert load_calibration() is None
@@ -50,3 +52,20 @@ def test_calibration_measures_once_and_is_cached(tmp_path, monkeypatch):
     assert load_calibration() is None
     path.write_text(json.dumps(data | {"per_message_s": -1}))
     assert load_calibration() is None
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+def test_calibration_runs_under_the_lab_hosts_congestion_control(tmp_path):
+    """As root the pairs run in a throwaway namespace with the lab hosts' congestion control,
+    whatever the machine's is (set to reno here), and the namespace is gone afterwards."""
+    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    before = cc.read_text().strip()
+    try:
+        cc.write_text("reno\n")
+        r = calibrate("--json", "--force", env=os.environ | {"TOPOCTL_CACHE": str(tmp_path)})
+    finally:
+        cc.write_text(before + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["tcp_congestion"] == TCP_CONGESTION
+    assert [n for n in nsutil.list_netns() if n.startswith("tpc-")] == []

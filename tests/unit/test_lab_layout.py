@@ -125,3 +125,10 @@ def test_as_emulated_clears_latency_and_loss_and_names_them():
     # a cluster without latency comes back equal, nothing named
     same, none = as_emulated(out)
     assert same == out and none == []
+
+
+def test_runtime_is_calibrated_under_the_lab_hosts_congestion_control():
+    from topoagent.collectives.calibrate import TCP_CONGESTION
+    from topoctl.lab.lab import HOST_TCP_CONGESTION
+
+    assert TCP_CONGESTION == HOST_TCP_CONGESTION

@@ -18,7 +18,14 @@ process, gloo's included), not wall time:
   switch);
 * ``per_piece_s``: CPU seconds of the executor's work per piece of a packed message (a tensor
   slice and a small ``torch.add(out=)``/``copy_``: torch's per-call overhead);
-* ``cores``: CPUs this process may run on.
+* ``cores``: CPUs this process may run on;
+* ``tcp_congestion``: the TCP congestion control the pairs ran under.
+
+Run as root, the processes run in a throwaway network namespace (``tpc-<pid>``, loopback only)
+whose congestion control is :data:`TCP_CONGESTION`, the one the lab's hosts use, whatever the
+machine's own is: the runtime's CPU cost depends on it (on the Intel Xeon VM, 2026-11-26,
+loopback moved 7.7-8.5 GB per CPU second with cubic and 4.8-5.3 with BBR, whose pacing without
+the fq qdisc runs on timers). Without root the machine's own is used, and recorded.
 
 Cached as JSON under ``$TOPOCTL_CACHE/runtime/`` (default ``~/.cache/topoctl/runtime``), one file
 per machine key (CPU model, core count, torch version), like the planner's op-time cache; the
@@ -33,15 +40,23 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["calibration_path", "ensure_calibration", "load_calibration", "machine_key",
-           "measure"]
+__all__ = ["TCP_CONGESTION", "calibration_path", "ensure_calibration", "load_calibration",
+           "machine_key", "measure"]
 
-VERSION = 3
+VERSION = 4
+TCP_CONGESTION = "cubic"
+"""The congestion control the runtime is calibrated under: the lab hosts' own
+(``topoctl.lab.lab.HOST_TCP_CONGESTION``; a unit test keeps the two equal)."""
+_CC_PATH = "/proc/sys/net/ipv4/tcp_congestion_control"
+_CLONE_NEWNET = 0x40000000
 
 
 def _cpu_model() -> str:
@@ -104,9 +119,41 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+@contextmanager
+def _scratch_netns() -> Iterator[str | None]:
+    """A throwaway network namespace with only ``lo`` (up) and :data:`TCP_CONGESTION`; None
+    (use the current one) without root or ``ip``. Removed on exit."""
+    name = f"tpc-{os.getpid()}"
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "add", name], capture_output=True,
+                                           check=False).returncode != 0:
+        yield None
+        return
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True,
+                       check=True)
+        subprocess.run(["ip", "netns", "exec", name, "sh", "-c",
+                        f"echo {TCP_CONGESTION} > {_CC_PATH}"], capture_output=True, check=False)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def _enter_netns(name: str) -> None:
+    """Move this (still single-threaded: before gloo starts its threads) process into ``name``."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/run/netns/{name}") as f:
+        if libc.setns(f.fileno(), _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {name}")
+
+
 def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
-            big_bytes: int, world: int = 2) -> None:
+            big_bytes: int, world: int = 2, netns: str | None = None) -> None:
     import statistics
+
+    if netns:
+        _enter_netns(netns)
 
     import torch
     import torch.distributed as dist
@@ -167,6 +214,7 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
             return (_cpu() - c0) / n
 
         res["per_piece_s"] = statistics.median(pieces() for _ in range(rounds))
+    res["tcp_congestion"] = Path(_CC_PATH).read_text().strip()
     Path(out, f"{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
@@ -176,25 +224,27 @@ def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 
             ) -> dict[str, Any]:
     """Run the micro-benchmark (2 processes over gloo on loopback; medians of ``rounds``) and
     return its figures; the two processes' per-message and wire figures are averaged."""
-    import socket
+    with _scratch_netns() as netns:
+        return _measure(rounds, small, big, big_bytes, netns)
 
+
+def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | None
+             ) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # the rendezvous port is free in a fresh namespace; in the current one, ask the kernel
+    port = 29517 if netns else _free_port()
     with tempfile.TemporaryDirectory(prefix="tp-calibrate-") as tmp:
-        mp.spawn(_worker, args=(port, tmp, rounds, small, big, big_bytes), nprocs=2, join=True)
+        mp.spawn(_worker, args=(port, tmp, rounds, small, big, big_bytes, 2, netns), nprocs=2,
+                 join=True)
         r0 = json.loads(Path(tmp, "0.json").read_text())
         r1 = json.loads(Path(tmp, "1.json").read_text())
     # oversubscribed: 4 ranks per core in pairs (the lab: 8 ranks on 2 cores); blocking
     # waits then cost context switches
     shared = 4 * _cores()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = port + 1 if netns else _free_port()
     with tempfile.TemporaryDirectory(prefix="tp-calibrate-") as tmp:
-        mp.spawn(_worker, args=(port, tmp, rounds, small // 4, big, big_bytes, shared),
+        mp.spawn(_worker, args=(port, tmp, rounds, small // 4, big, big_bytes, shared, netns),
                  nprocs=shared, join=True)
         rs = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(shared)]
     import statistics
@@ -214,8 +264,17 @@ def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 
         "reduce_bytes_per_s": float(f"{r0['reduce_bytes_per_s']:.4g}"),
         "copy_bytes_per_s": float(f"{r0['copy_bytes_per_s']:.4g}"),
         "per_piece_s": float(f"{r0['per_piece_s']:.4g}"),
+        "tcp_congestion": r0["tcp_congestion"],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def ensure_calibration(force: bool = False) -> dict[str, Any]:
@@ -255,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  copy             {data['copy_bytes_per_s'] / 1e9:.2f} GB per CPU second")
     print(f"  per piece        {data.get('per_piece_s', 0) * 1e6:.1f} us CPU")
     print(f"  cores            {data['cores']}")
+    print(f"  TCP              {data.get('tcp_congestion', '?')}")
     return 0
 
 
