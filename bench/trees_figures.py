@@ -148,7 +148,7 @@ def main() -> int:
                   f"{em['offered_bit_s'] / 1e9:.2f} Gbit/s on {em['edges']} directed edges, "
                   f"machine {em['machine_busy']:.0%} busy: "
                   f"{em['emulation_bytes_per_core_s'] / 1e9:.2f} GB per core-second (the cost "
-                  "model assumes 0.51; put a quiet figure in the calibration's "
+                  "model assumes 0.62; put a quiet figure in the calibration's "
                   "emulation_bytes_per_s)")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "calibration": cal}, indent=1))

@@ -69,10 +69,13 @@ class RuntimeCosts:
     reduce_bytes_per_s: float = 20e9
     copy_bytes_per_s: float = 16e9
     per_piece_s: float = 8e-6
-    # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work: wire
-    # bytes per core-second; iperf3 on all 28 tworack8 cables of this machine, 2026-11-23:
-    # 5.29 Gbit/s with 65% of 2 cores busy (issue 16). bench/trees_figures.py re-measures it.
-    emulation_bytes_per_s: float = 0.51e9
+    # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work (the
+    # lab hosts' cubic): wire bytes per core-second, fitted to the whole machine's CPU during
+    # the lock-step tree AllReduce of 15.9 MB on tworack8 and hetero8 at 16-137 KB chunks
+    # (2026-11-26, Intel Xeon: 0.60 fits hetero8, 0.65 tworack8, within 6%;
+    # bench/results/emulation-cost-2026-11-26.md). The earlier 0.51 came from iperf3 under
+    # BBR, whose timer pacing costs CPU; iperf3's own pacing at 56 low rates costs CPU too.
+    emulation_bytes_per_s: float = 0.62e9
     cores: int = 2
     source: str = "default"
 
