@@ -21,6 +21,7 @@ from topoctl.collective.trees.pipeline import (
 )
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.fabric.capgraph import build_capgraph
+from topoctl.lab.commands import BURST_S
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.spec.cluster_load import load_cluster
 
@@ -57,7 +58,8 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     ranks = colocated or len(hosts)
     steps = link_steps(shape, _one_hop_uses(hosts, links))
     if chunk_bytes is None:
-        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps)
+        pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps,
+                             credit_s=BURST_S)
         chunk_bytes = max(1, pred.chunk_bytes)
     sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
     pred = schedule_prediction(sched, hosts, links, mtu, nbytes, colocated, loopback, rate)
@@ -107,7 +109,8 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
     steps = link_steps(shape, _one_hop_uses(hosts, links))
     c = chunk_count(sched, nbytes // 4, 4)
-    return predict(shape, float(nbytes), rate, c, costs, colocated or len(hosts), links=steps)
+    return predict(shape, float(nbytes), rate, c, costs, colocated or len(hosts), links=steps,
+                   credit_s=BURST_S)
 
 
 def write_schedule(sched: TreeSchedule, path: Path) -> Path:

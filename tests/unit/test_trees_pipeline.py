@@ -191,3 +191,52 @@ def test_fill_and_drain_steps_last_as_long_as_their_busiest_link(world, ntrees, 
     full = predict(sh, nbytes, rate, chunks, FREE, 1)
     assert full.network_s == pytest.approx(got.steps * nbytes / (rate * chunks))
     assert full.network_s >= got.network_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("world,ntrees,chunks,credit", [(3, 1, 2, 0.3), (5, 3, 1, 0.5),
+                                                        (5, 3, 4, 0.1), (8, 16, 3, 0.02),
+                                                        (8, 16, 40, 0.05), (7, 8, 30, 1.0)])
+def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit):
+    """With `credit_s` (the lab's HTB burst), step by step from the program's rule: each link
+    starts with `credit_s` seconds of credit, sends from it first, earns it back while idle
+    within a step (up to `credit_s`), and a step lasts as long as its slowest link's work
+    beyond its credit. Never longer than without credit."""
+    s = random_schedule(world, ntrees, seed=5 * world + ntrees)
+    rng = random.Random(chunks + 7)
+    cap = {(a, b): rng.choice([1e6, 2e6, 5e6]) for a in range(world) for b in range(world)
+           if a != b}
+    nbytes = 8e6
+    sh = shape_of(s)
+    busy: dict = {}  # step -> link -> seconds
+    share: dict = {}
+    for t, frac in zip(s.trees, sh.fractions, strict=True):
+        up, depth = _up_height_depth(t.parents)
+        h = up[t.root]
+        chunk = nbytes * frac / chunks
+        for c, par in enumerate(t.parents):
+            if par is None:
+                continue
+            for (a, b), first in (((c, par), up[c]), ((par, c), h + depth[par])):
+                share[(a, b)] = share.get((a, b), 0.0) + frac
+                for k in range(chunks):
+                    per = busy.setdefault(first + k, {})
+                    per[(a, b)] = per.get((a, b), 0.0) + chunk / cap[(a, b)]
+    tokens = dict.fromkeys(cap, credit)
+    direct = 0.0
+    for step in range(max(busy) + 1):
+        need = busy.get(step, {})
+        work = {e: max(0.0, need.get(e, 0.0) - tokens[e]) for e in cap}
+        took = max(work.values())
+        for e in cap:
+            spent = min(tokens[e], need.get(e, 0.0))
+            tokens[e] = min(credit, tokens[e] - spent + took - work[e])
+        direct += took
+    rate = min(cap[e] / x for e, x in share.items())
+    uses = {e: [(e, 1.0 / cap[e])] for e in cap}
+    links = link_steps(sh, uses)
+    got = predict(sh, nbytes, rate, chunks, FREE, 1, links=links, credit_s=credit)
+    assert got.network_s == pytest.approx(direct, rel=1e-9, abs=1e-12)
+    without = predict(sh, nbytes, rate, chunks, FREE, 1, links=links)
+    assert got.network_s <= without.network_s * (1 + 1e-12)
+    assert predict(sh, nbytes, rate, chunks, FREE, 1, links=links, credit_s=0.0).network_s == \
+        without.network_s

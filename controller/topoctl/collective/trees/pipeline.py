@@ -186,12 +186,16 @@ def link_steps(shape: TreeShape,
     return cum / full if full > 0 else cum
 
 
-def _step_units(links: np.ndarray | None, chunks: int, depth: int) -> float:
+def _step_units(links: np.ndarray | None, chunks: int, depth: int, credit: float = 0.0
+                ) -> float:
     """Sum over the program's steps of the busiest link's load in units of a full step (see
-    :func:`link_steps`); every step is a full one without `links`."""
+    :func:`link_steps`); every step is a full one without `links`. `credit`: each link's token
+    credit in the same units (:func:`_credited_step_units`)."""
     c = chunks
     if links is None or links.shape[1] != depth + 1:
         return float(c + depth)
+    if credit > 0:
+        return _credited_step_units(links, c, depth, credit)
     if c >= depth:  # every edge active together in the middle: fill, full steps, drain
         fill = links[:, :depth].max(axis=0).sum()
         drain = (links[:, depth:] - links[:, :depth]).max(axis=0).sum()
@@ -201,6 +205,31 @@ def _step_units(links: np.ndarray | None, chunks: int, depth: int) -> float:
     active = links[:, np.minimum(steps, depth)] - np.where(
         ended >= 0, links[:, np.clip(ended, 0, depth)], 0.0)
     return float(active.max(axis=0).sum())
+
+
+def _credited_step_units(links: np.ndarray, chunks: int, depth: int, credit: float) -> float:
+    """:func:`_step_units` on links that may send ``credit`` (units of a full step) at once
+    after idling: a token bucket per link, full at the start, that fills while the link has
+    nothing to send and is spent before the link's rate applies (the lab's tc HTB classes:
+    ``topoctl.lab.commands.BURST_S``). A step lasts as long as its slowest link's load beyond
+    its tokens. O(L (D + k)) for ``k`` middle steps until the tokens settle (a few)."""
+    c, d = chunks, depth
+    tok = np.full(links.shape[0], credit)
+    total = 0.0
+    s, last = 0, c + d
+    while s < last:
+        ended = s - c
+        need = links[:, min(s, d)] - (links[:, min(ended, d)] if ended >= 0 else 0.0)
+        busy = np.maximum(need - tok, 0.0)
+        step = float(busy.max())
+        new = np.minimum(credit, tok - np.minimum(tok, need) + (step - busy))
+        total += step
+        s += 1
+        if d <= s < c and np.array_equal(new, tok):  # settled in the middle: same from here
+            total += step * (c - s)
+            s = c
+        tok = new
+    return total
 
 
 @dataclass(frozen=True)
@@ -258,17 +287,21 @@ def predict(
     ranks_per_machine: int = 1,
     latency_s: float = 0.0,
     links: np.ndarray | None = None,
+    credit_s: float = 0.0,
 ) -> TreePrediction:
     """Predicted time of one tree AllReduce of ``nbytes`` at total tree rate ``rate`` (bytes/s
     of goodput) with ``chunks`` chunks per tree. ``ranks_per_machine`` ranks share
     ``costs.cores`` cores (1: every rank has its own core). `links` (:func:`link_steps`):
-    fill and drain steps as long as their busiest link's load; without it, full steps."""
+    fill and drain steps as long as their busiest link's load; without it, full steps.
+    ``credit_s``: seconds of token credit each link has at its rate (the lab's shaped cables;
+    0 for real links), spent in the steps after a link idled."""
     c = max(1, int(chunks))
     depth = max(2 * h - 1 for h in shape.heights) if shape.heights else 0
     steps = c + depth if shape.heights else 0
     if nbytes <= 0 or rate <= 0:
         return TreePrediction(c, 0, 0, 0.0, 0.0, 0, 1.0)
-    network = (_step_units(links, c, depth) * nbytes / (rate * c) + steps * latency_s)
+    full = nbytes / (rate * c)  # seconds of a full step
+    network = _step_units(links, c, depth, credit_s / full) * full + steps * latency_s
     n = shape.world_size
     msgs = _messages_per_rank(shape, c)
     frac = np.asarray(shape.fractions)
@@ -312,6 +345,7 @@ def choose_chunks(
     latency_s: float = 0.0,
     max_chunks: int = 4096,
     links: np.ndarray | None = None,
+    credit_s: float = 0.0,
 ) -> TreePrediction:
     """The chunk count minimising network + CPU part of :func:`predict` over ``C`` in
     ``1..max_chunks`` (every count up to 64, then a geometric grid), first minimum kept;
@@ -325,7 +359,8 @@ def choose_chunks(
         cands.append(min(top, int(c)))
     best = None
     for c in sorted(set(cands)):
-        p = predict(shape, nbytes, rate, c, costs, ranks_per_machine, latency_s, links)
+        p = predict(shape, nbytes, rate, c, costs, ranks_per_machine, latency_s, links,
+                    credit_s)
         cost = p.network_s + p.cpu_s  # conservative: see the module docstring
         if best is None or cost < (best.network_s + best.cpu_s) * (1 - 1e-12):
             best = p
