@@ -78,12 +78,13 @@ def _one_hop_uses(hosts: list[str], links: list) -> dict:
 
 def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu: int,
                         nbytes: int, colocated: int | None = None, loopback: bool = False,
-                        rate: float | None = None) -> TreePrediction:
+                        rate: float | None = None, credit_s: float = BURST_S
+                        ) -> TreePrediction:
     """The cost model's AllReduce of ``nbytes`` with any tree schedule (packed trees, a plan's
     TopoOpt path trees) whose tree edges are cables of ``links`` (bytes/s, one per host pair):
     the trees' total rate is the largest at which every directed cable carries its trees'
     shares (goodput; ``rate`` given: that one); the runtime's chunk count from the
-    schedule's ``chunk_bytes``."""
+    schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (the lab's)."""
     from topoagent.collectives.program import chunk_count
 
     at = {h: i for i, h in enumerate(hosts)}
@@ -110,7 +111,7 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
     steps = link_steps(shape, _one_hop_uses(hosts, links))
     c = chunk_count(sched, nbytes // 4, 4)
     return predict(shape, float(nbytes), rate, c, costs, colocated or len(hosts), links=steps,
-                   credit_s=BURST_S)
+                   credit_s=credit_s)
 
 
 def write_schedule(sched: TreeSchedule, path: Path) -> Path:
