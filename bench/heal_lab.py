@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.strategy in ("trees", "topoopt"):  # the tree runtime's CPU model (cached)
         subprocess.run([sys.executable, "-m", "topoagent.collectives.calibrate"], check=True,
                        capture_output=True)
-    topoctl("plan", args.cluster, job, "-o", plan)
+    # as the lab emulates the cables (no latency without sch_netem), like the re-plan on a lab
+    topoctl("plan", args.cluster, job, "--as-lab", "-o", plan)
     topoctl("lab", "up", args.cluster, "--name", name, "--no-ssh")
     runs = []
     try:

@@ -159,3 +159,26 @@ def test_the_failure_names_the_cable_and_its_peer():
         "cable h3:eth0--h4:eth1 failed: h3:eth0 no carrier, peer h4:eth1 (reported there "
         "too); training stopped on every host",
         "then 1 rank/host failure(s) followed (ranks stopped)"]
+
+
+@pytest.mark.parametrize("netem", [False, True])
+def test_heal_replans_the_cables_as_the_lab_emulates_them(tmp_path, monkeypatch, netem):
+    """On a lab whose kernel has no sch_netem the re-plan's cluster has no latency (the lab's
+    cables have none, and the new plan's prediction is compared with them); with sch_netem
+    the lab's cluster as written."""
+    import argparse
+
+    from topoctl.cli.run_heal import heal_inputs
+    from topoctl.lab.lab import Lab
+    from topoctl.lab.layout import build_layout
+
+    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path))
+    cluster = load_cluster(PLANS / "hetero8-cluster.yaml")
+    assert any(ln.latency > 0 for ln in cluster.graph().links)
+    d = tmp_path / "hx"
+    d.mkdir()
+    Lab(cluster, build_layout(cluster, "hx", "10.232.250.0/24"), d, netem).save()
+    args = argparse.Namespace(job=str(PLANS / "mlp-job.yaml"), cluster=None, lab="hx")
+    got, _job = heal_inputs(args, {"metadata": {"cluster": "hx"}})
+    lat = [ln.latency for ln in got.graph().links]
+    assert (max(lat) > 0) is netem

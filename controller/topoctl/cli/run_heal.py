@@ -13,18 +13,22 @@ from pathlib import Path
 from topoagent.state import StateError
 from topoctl.cli import write_output
 from topoctl.cli.apply import confirm_window
+from topoctl.lab.emulated import as_emulated
 from topoctl.lab.lab import Lab, list_labs
 from topoctl.render.yamlout import dump
 from topoctl.rollout.heal import Heal, HealResult, run_healing
 from topoctl.rollout.replan import HealError
 from topoctl.rollout.transports import Transport
 from topoctl.spec.cluster import Cluster
-from topoctl.spec.cluster_load import load_cluster
+from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import Job, load_job
 
 
 def heal_inputs(args: argparse.Namespace, plan: dict) -> tuple[Cluster, Job]:
-    """The cluster and job to re-plan with; TopoError naming the flag when one is missing."""
+    """The cluster and job to re-plan with; TopoError naming the flag when one is missing. On a
+    lab whose kernel has no sch_netem the lab's cluster without the latency and loss it could
+    not emulate (as `topoctl plan --as-lab` plans it), so the new plan's prediction is of
+    what the lab runs."""
     if not args.job:
         raise StateError("--heal re-plans the job around a failed cable: give the job file "
                          "the plan was made from", source="--job")
@@ -36,7 +40,12 @@ def heal_inputs(args: argparse.Namespace, plan: dict) -> tuple[Cluster, Job]:
         if not lab_name or lab_name not in list_labs():
             raise StateError("--heal re-plans on the plan's cluster: give the cluster file "
                              "(or run on its lab)", source="--cluster")
-        cluster = Lab.load(lab_name).cluster
+        lab = Lab.load(lab_name)
+        cluster = lab.cluster
+        if not lab.netem:  # re-plan the cables as the lab has them: no latency, no loss
+            emulated, cleared = as_emulated(cluster.to_dict())
+            if cleared:
+                cluster = parse_cluster(emulated, str(lab.state_dir / "lab.json"))
     return cluster, job
 
 
