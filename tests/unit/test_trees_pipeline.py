@@ -155,6 +155,29 @@ def _up_height_depth(parents):
     return up, [depth[r] for r in range(len(parents))]
 
 
+def _program_loads(s: TreeSchedule, chunks: int, cap: dict, nbytes: float
+                   ) -> tuple[dict, dict]:
+    """From the program's rule (reduce r -> parent at step k + up(r), broadcast parent -> r at
+    k + h + depth(parent)): seconds each link is busy in each step ({step: {link: s}}) and each
+    link's share of the trees' rate."""
+    sh = shape_of(s)
+    busy: dict = {}
+    share: dict = {}
+    for t, frac in zip(s.trees, sh.fractions, strict=True):
+        up, depth = _up_height_depth(t.parents)
+        h = up[t.root]
+        chunk = nbytes * frac / chunks
+        for c, par in enumerate(t.parents):
+            if par is None:
+                continue
+            for (a, b), first in (((c, par), up[c]), ((par, c), h + depth[par])):
+                share[(a, b)] = share.get((a, b), 0.0) + frac
+                for k in range(chunks):
+                    per = busy.setdefault(first + k, {})
+                    per[(a, b)] = per.get((a, b), 0.0) + chunk / cap[(a, b)]
+    return busy, share
+
+
 @pytest.mark.parametrize("world,ntrees,chunks", [(3, 1, 2), (5, 3, 1), (5, 3, 4), (8, 16, 3),
                                                  (8, 16, 40), (7, 8, 30)])
 def test_fill_and_drain_steps_last_as_long_as_their_busiest_link(world, ntrees, chunks):
@@ -168,22 +191,8 @@ def test_fill_and_drain_steps_last_as_long_as_their_busiest_link(world, ntrees, 
            if a != b}
     nbytes = 8e6
     sh = shape_of(s)
-    busy: dict = {}  # (step, link) -> seconds
-    share: dict = {}
-    for t, frac in zip(s.trees, sh.fractions, strict=True):
-        up, depth = _up_height_depth(t.parents)
-        h = up[t.root]
-        chunk = nbytes * frac / chunks
-        for c, par in enumerate(t.parents):
-            if par is None:
-                continue
-            for (a, b), first in (((c, par), up[c]), ((par, c), h + depth[par])):
-                share[(a, b)] = share.get((a, b), 0.0) + frac
-                for k in range(chunks):
-                    key = (first + k, (a, b))
-                    busy[key] = busy.get(key, 0.0) + chunk / cap[(a, b)]
-    direct = sum(max(v for (st, _), v in busy.items() if st == step)
-                 for step in {st for st, _ in busy})
+    busy, share = _program_loads(s, chunks, cap, nbytes)
+    direct = sum(max(per.values()) for per in busy.values())
     rate = min(cap[e] / x for e, x in share.items())  # the busiest link full in a full step
     uses = {e: [(e, 1.0 / cap[e])] for e in cap}
     got = predict(sh, nbytes, rate, chunks, FREE, 1, links=link_steps(sh, uses))
@@ -207,20 +216,7 @@ def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit)
            if a != b}
     nbytes = 8e6
     sh = shape_of(s)
-    busy: dict = {}  # step -> link -> seconds
-    share: dict = {}
-    for t, frac in zip(s.trees, sh.fractions, strict=True):
-        up, depth = _up_height_depth(t.parents)
-        h = up[t.root]
-        chunk = nbytes * frac / chunks
-        for c, par in enumerate(t.parents):
-            if par is None:
-                continue
-            for (a, b), first in (((c, par), up[c]), ((par, c), h + depth[par])):
-                share[(a, b)] = share.get((a, b), 0.0) + frac
-                for k in range(chunks):
-                    per = busy.setdefault(first + k, {})
-                    per[(a, b)] = per.get((a, b), 0.0) + chunk / cap[(a, b)]
+    busy, share = _program_loads(s, chunks, cap, nbytes)
     tokens = dict.fromkeys(cap, credit)
     direct = 0.0
     for step in range(max(busy) + 1):
