@@ -152,7 +152,9 @@ def main() -> int:
         out = ddp(*inputs)
         out = out[0] if isinstance(out, (tuple, list)) else out
         loss = out.float().pow(2).mean()
-        loss.backward()
+        t1 = time.perf_counter()
+        loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
+        t2 = time.perf_counter()
         opt.step()
         # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
         # too, kernel time on its behalf included) during the iteration
@@ -162,8 +164,12 @@ def main() -> int:
         # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
         extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
                                 tree_hook.take_timings()]} if tree_hook is not None else {})
+        # phases: wall seconds of forward (with zero_grad and the loss), backward (with the
+        # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
+        phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),
+                  "step": round(t0 + seconds - t2, 6)}
         _emit(event="iter", rank=rank, iter=it, seconds=seconds, cpu_seconds=round(cpu, 6),
-              loss=float(loss.detach()), end=round(time.time(), 6), **extra)
+              loss=float(loss.detach()), end=round(time.time(), 6), phases=phases, **extra)
         done = it + 1
         if writer and done % every == 0 and done < iters:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over

@@ -41,6 +41,11 @@ def test_two_ranks_train_to_the_same_parameters(collective, tmp_path):
     # for the process's threads on this machine's cores
     assert all(0 < e["cpu_seconds"] <= e["seconds"] * (os.cpu_count() or 1) + 0.05
                for e in iters)
+    # and its own timeline: forward, backward (AllReduces inside), step, adding up to it
+    for e in iters:
+        ph = e["phases"]
+        assert set(ph) == {"forward", "backward", "step"} and min(ph.values()) >= 0
+        assert sum(ph.values()) == pytest.approx(e["seconds"], abs=1e-5)
     assert done[0]["checksum"] == done[1]["checksum"]
     start = next(e for e in events if e["event"] == "start")
     assert start["algorithm"] == (collective.get("algorithm") or "default")
