@@ -36,6 +36,7 @@ measures again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -48,15 +49,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TCP_CONGESTION", "calibration_path", "ensure_calibration", "load_calibration",
-           "machine_key", "measure"]
+from topoagent.target import Target
+
+__all__ = ["TCP_CONGESTION", "TCP_CONGESTION_SYSCTL", "calibration_path", "ensure_calibration",
+           "load_calibration", "machine_key", "measure"]
 
 VERSION = 4
 TCP_CONGESTION = "cubic"
 """The congestion control the runtime is calibrated under: the lab hosts' own
-(``topoctl.lab.lab.HOST_TCP_CONGESTION``; a unit test keeps the two equal)."""
-_CC_PATH = "/proc/sys/net/ipv4/tcp_congestion_control"
-_CLONE_NEWNET = 0x40000000
+(``topoctl.lab.lab.HOST_TCP_CONGESTION`` is this one)."""
+TCP_CONGESTION_SYSCTL = "net/ipv4/tcp_congestion_control"  # under /proc/sys, per namespace
 
 
 def _cpu_model() -> str:
@@ -131,29 +133,19 @@ def _scratch_netns() -> Iterator[str | None]:
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True,
                        check=True)
-        subprocess.run(["ip", "netns", "exec", name, "sh", "-c",
-                        f"echo {TCP_CONGESTION} > {_CC_PATH}"], capture_output=True, check=False)
+        with contextlib.suppress(OSError):  # a kernel without it: the machine's, recorded
+            Target(netns=name).write_sysctl(TCP_CONGESTION_SYSCTL, TCP_CONGESTION)
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-
-
-def _enter_netns(name: str) -> None:
-    """Move this (still single-threaded: before gloo starts its threads) process into ``name``."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(f"/run/netns/{name}") as f:
-        if libc.setns(f.fileno(), _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {name}")
 
 
 def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
             big_bytes: int, world: int = 2, netns: str | None = None) -> None:
     import statistics
 
-    if netns:
-        _enter_netns(netns)
+    # before gloo starts its threads, which then share the namespace
+    Target(netns=netns).enter()
 
     import torch
     import torch.distributed as dist
@@ -214,7 +206,7 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
             return (_cpu() - c0) / n
 
         res["per_piece_s"] = statistics.median(pieces() for _ in range(rounds))
-    res["tcp_congestion"] = Path(_CC_PATH).read_text().strip()
+    res["tcp_congestion"] = Target().read_sysctl(TCP_CONGESTION_SYSCTL) or "?"
     Path(out, f"{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topoagent.collectives.calibrate import TCP_CONGESTION
 from topoagent.state import parse_rate
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoctl.lab import cabling, commands, names, netops, ovs, ssh
@@ -34,8 +35,8 @@ DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 # message, so the message's tail waits for ACKs queued behind the reverse traffic. Measured on
 # hetero8 (15.9 MB, the same trees): 64 KiB chunks 1.116 s with BBR against 0.92-0.94 s for 48,
 # 56 and 80 KiB; with cubic 0.928 s. tworack8 at 16 KiB: 0.620 s (BBR), 0.464 s (cubic; the
-# cost model predicts 0.464 s). 2026-11-26.
-HOST_TCP_CONGESTION = "cubic"
+# cost model predicts 0.464 s). 2026-11-26. The runtime's CPU calibration runs under the same.
+HOST_TCP_CONGESTION = TCP_CONGESTION
 
 
 def state_root(root: str | Path | None = None) -> Path:

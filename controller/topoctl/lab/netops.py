@@ -6,6 +6,7 @@ the failing line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from topoagent.collectives.calibrate import TCP_CONGESTION_SYSCTL
 from topoagent.protocol import TopoError
+from topoagent.target import Target
 
 NETNS_DIR = Path("/run/netns")
 
@@ -132,9 +135,10 @@ def _alive(pid: int) -> bool:
 def set_tcp_congestion(ns: str, algorithm: str) -> str:
     """Make `algorithm` the TCP congestion control of namespace `ns` (a per-namespace sysctl);
     returns the one in effect afterwards (unchanged when this kernel lacks `algorithm`)."""
-    path = "/proc/sys/net/ipv4/tcp_congestion_control"
-    script = f"echo {algorithm} > {path} 2>/dev/null; cat {path}"
-    return run(["ip", "netns", "exec", ns, "sh", "-c", script], check=False).stdout.strip()
+    target = Target(netns=ns)
+    with contextlib.suppress(OSError):
+        target.write_sysctl(TCP_CONGESTION_SYSCTL, algorithm)
+    return target.read_sysctl(TCP_CONGESTION_SYSCTL) or ""
 
 
 def has_netem(ns: str) -> bool:
