@@ -1,10 +1,11 @@
 """Predicted vs measured iteration time in the lab (root): plan a job on a cluster, build the
 cluster as a lab, apply every rendered HostState with `topo-agent`, launch the plan's ranks with
 `topo-agent launch` (topoagent.train: DDP over gloo on the training addresses), and compare the
-median measured iteration (iterations >= 1, all ranks) with the plan's prediction.
+job's measured period as `topoctl run` reports it (after its warm-up iterations, the ranks'
+mean, median over iterations: `RunResult.iteration_time`) with the plan's prediction.
 
     python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
-        [--strategies baseline trees ...] [--plan plan.yaml] [--min-seconds 3]
+        [--strategies baseline trees ...] [--plan plan.yaml] [--min-seconds 3] [--keep DIR]
 
 With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
 planned, applied and measured in turn on the same lab, one line each; trees plans get the
@@ -12,7 +13,8 @@ runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, 
 ``--plan`` measures a given plan of the cluster (e.g. a split the planner did not choose)
 instead of planning. The lab is cabled as each plan's `fabric` says (`topoctl lab up --plan`),
 so a strategy that re-cables (topoopt) is measured on its own cables. Uses only the
-command-line tools; the lab gets its own name and is removed at the end."""
+command-line tools; the lab gets its own name and is removed at the end. ``--keep DIR`` saves
+each check's plan and every rank's output (its JSON events) in DIR/CLUSTER-STRATEGY/."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from topoagent.cliutil import ArgumentParser
+from topoctl.rollout.run import WARMUP, RankStats, RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -86,11 +89,11 @@ class CpuSampler:
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
          strategies: list[str] | None = None, plan_file: str | None = None,
-         min_seconds: float = 3.0) -> int:
+         min_seconds: float = 3.0, keep: Path | None = None) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
     if plan_file:  # measure this plan (made for this cluster) instead of planning
         return check(cluster_file, job, iterations, yaml.safe_load(Path(plan_file).read_text()),
-                     min_seconds)
+                     min_seconds, keep)
     strategies = strategies or list(job.get("strategies") or ["baseline"])
     if {"trees", "topoopt"} & set(strategies):  # both run the tree runtime
         r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
@@ -99,12 +102,12 @@ def main(cluster_file: str, job_file: str, iterations: int = 5,
             return 1
     rc = 0
     for s in strategies:
-        rc |= check(cluster_file, {**job, "strategies": [s]}, iterations, None, min_seconds)
+        rc |= check(cluster_file, {**job, "strategies": [s]}, iterations, None, min_seconds, keep)
     return rc
 
 
 def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None,
-          min_seconds: float = 3.0) -> int:
+          min_seconds: float = 3.0, keep: Path | None = None) -> int:
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
@@ -130,7 +133,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     # the timed iterations (all but the first) cover at least `min_seconds` of predicted time:
     # a fast strategy's median is not left to 5 samples
     fast = math.ceil(min_seconds / max(plan["metadata"]["prediction"]["iteration_time"], 1e-3))
-    plan["job"]["iterations"] = max(iterations, 1 + fast)
+    plan["job"]["iterations"] = max(iterations, WARMUP + fast)
     labs = tmp / "labs"
     # cabled as the plan says: a strategy that re-cables (topoopt) is measured on its own
     # cables, not on the cluster file's (for the others the two are the same)
@@ -153,13 +156,19 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                                       str(tmp / "job.json")], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
                  for h in plan["job"]["processes"]}
-        times = []
+        seconds: dict[str, list[float]] = {}  # host -> its rank's seconds per iteration
         window = [math.inf, -math.inf]  # wall clock of the measured iterations, all ranks
         cpu: dict[str, list[float]] = {}  # host -> its rank's CPU seconds per iteration
         phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
         buckets: dict[str, list] = {}  # tree plans: host -> per-iteration bucket timings
         with CpuSampler() as sampler:
             outs = {h: p.communicate()[0] for h, p in procs.items()}
+        if keep is not None:
+            kept = keep / f"{label}-{plan['metadata']['strategy']}"
+            kept.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tmp / "plan.yaml", kept / "plan.yaml")
+            for h, out in outs.items():
+                (kept / f"{h}.log").write_text(out)
         for h, p in procs.items():
             out = outs[h]
             for line in out.splitlines():
@@ -168,8 +177,9 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                     ev = json.loads(body)
                     if ev.get("event") == "iter" and "allreduce" in ev:
                         buckets.setdefault(h, []).append(ev["allreduce"])
+                    if ev.get("event") == "iter":
+                        seconds.setdefault(h, []).append(ev["seconds"])
                     if ev.get("event") == "iter" and ev["iter"] >= 1:
-                        times.append(ev["seconds"])
                         if "end" in ev:
                             window[0] = min(window[0], ev["end"] - ev["seconds"])
                             window[1] = max(window[1], ev["end"])
@@ -184,13 +194,16 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
         shutil.rmtree(tmp, ignore_errors=True)
     predicted = plan["metadata"]["prediction"]["iteration_time"]
-    measured = statistics.median(times)
+    # the job's period as `topoctl run` reports it (the ranks' mean, median over iterations)
+    measured = RunResult(0, {i: RankStats(h, iterations=s) for i, (h, s) in
+                             enumerate(sorted(seconds.items()))}, 0.0).iteration_time
+    timed = max(0, min(len(s) for s in seconds.values()) - WARMUP)
     print(f"{label}/{plan['metadata']['job']} [{plan['metadata']['strategy']}]: "
           f"predicted {predicted:.3f} s, "
-          f"measured {measured:.3f} s (median of {len(times)} rank-iterations), error "
+          f"measured {measured:.3f} s (ranks' mean, median of {timed} iterations), error "
           f"{100 * (predicted - measured) / measured:+.1f} %")
     if buckets:  # the tree runtime's own time per bucket, against its prediction
-        from topoctl.rollout.run import RankStats, RunResult, allreduce_summary, predicted_buckets
+        from topoctl.rollout.run import allreduce_summary, predicted_buckets
 
         ranks = {i: RankStats(h, allreduce=b) for i, (h, b) in enumerate(sorted(buckets.items()))}
         rows = RunResult(0, ranks, 0.0).allreduce_seconds
@@ -226,9 +239,10 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seconds", type=float, default=3.0,
                     help="more iterations when the timed ones would cover less predicted time "
                          "(3)")
+    ap.add_argument("--keep", type=Path, help="save each check's plan and rank outputs here")
     args = ap.parse_args(argv)
     return main(args.cluster, args.job, args.iterations, args.strategies, args.plan,
-                args.min_seconds)
+                args.min_seconds, args.keep)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ for every generated cluster file (`bench/own_clusters.py`, seeded, unlike the ex
     topoctl lab down --lab LAB                   (always, also on failure or interrupt)
 
 and report the predicted and measured iteration (`topoctl run`'s figure: median over the
-iterations after its warm-up of the slowest rank), the prediction error, the AllReduce
+iterations after its warm-up of the ranks' mean), the prediction error, the AllReduce
 optimum (the plan's packed-tree LP optimum, `job.collective.schedule.metadata.
 optimum_bytes_per_s`, applied to the gradient bytes, as `bench/demo.py` does) and optimum /
 measured iteration (target >= 80%), with the load average at each start. Root only.

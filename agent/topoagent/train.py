@@ -147,15 +147,16 @@ def main() -> int:
     for it in range(start, iters):
         gen.manual_seed(data_seed(job.seed, rank, it))
         inputs = random_inputs(specs, per_rank, gen)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         opt.zero_grad(set_to_none=True)
         out = ddp(*inputs)
         out = out[0] if isinstance(out, (tuple, list)) else out
         loss = out.float().pow(2).mean()
-        t1 = time.perf_counter()
+        t1, m1 = time.perf_counter(), time.thread_time()
         loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
-        t2 = time.perf_counter()
+        t2, m2 = time.perf_counter(), time.thread_time()
         opt.step()
+        m3 = time.thread_time()
         # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
         # too, kernel time on its behalf included) during the iteration
         # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
@@ -168,8 +169,12 @@ def main() -> int:
         # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
         phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),
                   "step": round(t0 + seconds - t2, 6)}
+        # the same phases in CPU seconds of this (the main) thread: the model's compute, which
+        # torch runs here with one thread; not the collectives' threads
+        phases_cpu = {"forward": round(m1 - m0, 6), "backward": round(m2 - m1, 6),
+                      "step": round(m3 - m2, 6)}
         _emit(event="iter", rank=rank, iter=it, seconds=seconds, cpu_seconds=round(cpu, 6),
-              loss=float(loss.detach()), end=round(time.time(), 6), phases=phases, **extra)
+              loss=float(loss.detach()), end=round(time.time(), 6), phases=phases, phases_cpu=phases_cpu, **extra)
         done = it + 1
         if writer and done % every == 0 and done < iters:
             ckpt.save(done, model, opt)  # outside the timed part: the iteration is over

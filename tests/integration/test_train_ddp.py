@@ -46,6 +46,11 @@ def test_two_ranks_train_to_the_same_parameters(collective, tmp_path):
         ph = e["phases"]
         assert set(ph) == {"forward", "backward", "step"} and min(ph.values()) >= 0
         assert sum(ph.values()) == pytest.approx(e["seconds"], abs=1e-5)
+        # and the main thread's CPU in each (the model's compute): some in the forward and
+        # backward, never more than the phase's wall time
+        cpu = e["phases_cpu"]
+        assert set(cpu) == set(ph) and cpu["forward"] > 0 and cpu["backward"] > 0
+        assert all(0 <= cpu[k] <= ph[k] + 2e-3 for k in ph)
     assert done[0]["checksum"] == done[1]["checksum"]
     start = next(e for e in events if e["event"] == "start")
     assert start["algorithm"] == (collective.get("algorithm") or "default")

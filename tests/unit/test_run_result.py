@@ -45,3 +45,18 @@ def test_summary_line_sets_each_bucket_beside_its_prediction():
     assert "4.2 MB 0.260 / 0.250 (0.040)" in line and "3.2 MB 0.200 / 0.200 (0.010)" in line
     assert predicted_buckets({"metadata": {}}) == []
     assert "/" not in allreduce_summary(rows[:1]).split(": ", 1)[1]
+
+
+def test_iteration_time_is_the_ranks_mean_not_the_slowest_rank_s():
+    # rank 0 leads by 0.02 s in odd iterations and waits for rank 1 in them (the leaves of a
+    # tree leave the AllReduce after its root): the job's period is 1.0 s, which the mean over
+    # ranks gives and the slowest rank's time (1.02 s) would not; warm-up iterations left out
+    warm = [9.0] * WARMUP
+    lead = warm + [1.02, 0.98] * 3
+    lag = warm + [0.98, 1.02] * 3
+    ranks = {0: RankStats("h0", iterations=lead), 1: RankStats("h1", iterations=lag)}
+    assert RunResult(0, ranks, 1.0).iteration_time == pytest.approx(1.0)
+    slow = {0: RankStats("h0", iterations=warm + [1.2] * 4),
+            1: RankStats("h1", iterations=warm + [1.0] * 4)}
+    assert RunResult(0, slow, 1.0).iteration_time == pytest.approx(1.1)
+    assert RunResult(0, {}, 1.0).iteration_time is None

@@ -47,7 +47,8 @@ def handle(req: dict) -> dict:
     try:
         costs = measure_train_costs(model, inputs, graph,
                                     runtime=str(req.get("runtime", "module")),
-                                    corun=int(req.get("corun", 0)))
+                                    corun=int(req.get("corun", 0)),
+                                    ddp_bucket_bytes=req.get("ddp_bucket_bytes"))
     except Exception:  # noqa: BLE001 - a model that does not train here: no lab timing
         return {"costs": None}
     return {"costs": {k: list(asdict(c).values()) for k, c in costs.items()}}

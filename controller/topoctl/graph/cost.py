@@ -145,7 +145,8 @@ def _tensors(v) -> list[torch.Tensor]:
 
 def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph,
                         warmup: int = 2, repeats: int = 5,
-                        runtime: str = "module", corun: int = 0) -> dict[str, TrainCost]:
+                        runtime: str = "module", corun: int = 0,
+                        ddp_bucket_bytes: int | None = None) -> dict[str, TrainCost]:
     """Time every fx node of `model` forward, backward (both variants of `TrainCost`) and its
     SGD step on this CPU at the batch of `inputs`, each op on its real input values, with
     gradients enabled as in training (median of `repeats` after `warmup` runs; CPU time of the
@@ -159,9 +160,11 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     way (`fit_to_whole_step`), as the runtime that will run it calls the model: `runtime`
     "module" (data-parallel ranks: `model(x)`, `whole_step_times`) or "stage" (pipeline ranks:
     fx nodes interpreted one by one in micro-batches, `stage_step_times`; 8-10% slower on the
-    demo's MLP). `corun`: that many copies of the training step run beside the whole step's
-    timing (`graph.corun`: lab ranks share this machine's cores, and a step takes 10-15% more
-    CPU beside 4-7 others than alone), so the fit carries what sharing costs. `graph` must come
+    demo's MLP; with `ddp_bucket_bytes`, "module" is timed through DDP with buckets of that
+    size, as the lab's trainer runs it: `graph.ddpstep`). `corun`: that many copies of the
+    training step run beside the whole step's timing (`graph.corun`: lab ranks share this
+    machine's cores, and a step takes 10-15% more CPU beside 4-7 others than alone), so the fit
+    carries what sharing costs. `graph` must come
     from capturing the same model (names match). Runs the model (and with `corun` child
     processes): not pure; cached by `graph.cache`."""
     gm = fx.symbolic_trace(model)
@@ -239,6 +242,11 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     with co_running(model, inputs, corun):
         if runtime == "stage":
             whole = stage_step_times(model, inputs, warmup=warmup, repeats=repeats)
+        elif ddp_bucket_bytes:
+            from topoctl.graph.ddpstep import ddp_step_times
+
+            whole = ddp_step_times(model, inputs, ddp_bucket_bytes, torch.get_num_threads(),
+                                   warmup, repeats)
         else:
             whole = whole_step_times(model, inputs, warmup, repeats)
     return fit_to_whole_step(costs, graph, whole)

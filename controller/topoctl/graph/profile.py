@@ -117,15 +117,19 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
     threads (`graph.cache`); `retime`: time again once per process and cache that (this VM's
     speed varied by up to 30% within an hour, 2026-11-25); `corun`: the whole step timed with
     that many copies running beside it (the lab's other ranks on this machine's cores,
-    `graph.corun`), cached apart. None when the model cannot run a training step on real
-    tensors here (the caller keeps its costs)."""
+    `graph.corun`), cached apart; "module" steps are timed through DDP with the job's
+    ``sync.bucket`` (`graph.ddpstep`: DDP's own copies are the rank's compute). None when the
+    model cannot run a training step on real tensors here (the caller keeps its costs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(job.launch.threads)
     try:
         m = job.model
-        # "-fitted": per-op times fitted to a whole step (older cached timings are not)
+        # "-fitted": per-op times fitted to a whole step (older cached timings are not);
+        # "-ddp": data-parallel steps timed through DDP (older ones were the bare model's)
+        ddp = int(job.sync.bucket) if runtime == "module" else None
         key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
                                 "train-float32-fitted" + ("-stage" if runtime == "stage" else "")
+                                + (f"-ddp{ddp}" if ddp else "")
                                 + (f"-corun{corun}" if corun > 0 else ""))
         graph = job_graph(job, batch)
         names = {o.name for o in graph.ops}
@@ -136,7 +140,7 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
         _RETIMED.add(key)
         torch.manual_seed(0)
         if not m.catalog:  # the job's code: timed in a child process, unprivileged
-            costs = sandbox.factory_train_costs(job, batch, runtime, corun)
+            costs = sandbox.factory_train_costs(job, batch, runtime, corun, ddp)
             if costs is None:
                 return None
         else:
@@ -144,7 +148,8 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
             inputs = example_inputs(m.catalog, m.params, batch)
             try:
                 costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph,
-                                            runtime=runtime, corun=corun)
+                                            runtime=runtime, corun=corun,
+                                            ddp_bucket_bytes=ddp)
             except Exception:  # noqa: BLE001 - a model that does not train here: no timing
                 return None
         if use_cache:

@@ -152,12 +152,14 @@ def factory_costs(job, batch: int) -> dict[str, OpCost]:
     return {str(k): OpCost(float(f), float(b)) for k, (f, b) in costs.items()}
 
 
-def factory_train_costs(job, batch: int, runtime: str = "module", corun: int = 0
-                        ) -> dict[str, TrainCost] | None:
+def factory_train_costs(job, batch: int, runtime: str = "module", corun: int = 0,
+                        ddp_bucket_bytes: int | None = None) -> dict[str, TrainCost] | None:
     """Per-op training costs of the factory model at `batch` (fitted as `runtime` runs it,
-    with `corun` copies beside it: `graph.cost.measure_train_costs`), or None when it cannot
+    with `corun` copies beside it, through DDP with `ddp_bucket_bytes` buckets:
+    `graph.cost.measure_train_costs`), or None when it cannot
     train on real tensors here."""
-    costs = run_worker(_request(job, "train", batch) | {"runtime": runtime, "corun": corun},
+    costs = run_worker(_request(job, "train", batch) | {"runtime": runtime, "corun": corun,
+                                                     "ddp_bucket_bytes": ddp_bucket_bytes},
                        capture_user())["costs"]
     if costs is None:
         return None

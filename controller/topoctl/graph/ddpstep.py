@@ -1,0 +1,85 @@
+"""A data-parallel rank's whole training step timed as the lab's trainer runs it: through DDP.
+
+DDP copies every gradient into its bucket during the backward and the reduced bucket back
+into the gradients at its end, from autograd hooks on the rank's own thread: compute the rank
+pays whatever the collective is. The bare model's step leaves that out. Measured 2026-11-26 on
+the 2-core VM (the demo's MLP at batch 48, 4 copies co-running, CPU of the thread): forward
+4.5, backward 13.7, step 2.3 ms through DDP against 3.8 / 8.6 / 2.3 ms for the bare model,
+and the lab's ranks (mesh5, 5 ranks, tree AllReduce) spent 5.0 / 14.2 / 2.5 ms on their main
+threads: the 5 ms of DDP were the half of the iteration's compute the simulator missed.
+
+    fwd, bwd, step = ddp_step_times(model, inputs, bucket_bytes=4_000_000, threads=1)
+
+The step runs in a child process (``python -m topoctl.graph.ddpstep FILE``): a process group
+of one (gloo over an in-memory store; the planner's own process never joins one) and a
+communication hook that hands each bucket back as it is, since the collective is costed on
+its own (strategies); `graph.cost.whole_step_times` times it.
+"""
+
+# no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["ddp_step_times"]
+
+TIMEOUT_S = 300.0  # torch's import, the group and a few steps, on a machine the copies load
+
+
+def ddp_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], bucket_bytes: int,
+                   threads: int = 1, warmup: int = 2, repeats: int = 5
+                   ) -> tuple[float, float, float]:
+    """(forward, backward, SGD step) seconds of one training step of `model` wrapped in DDP
+    (buckets of `bucket_bytes`, `threads` torch threads), timed in a child process as
+    `whole_step_times` times the bare model. RuntimeError with the child's error when it
+    fails."""
+    with tempfile.TemporaryDirectory(prefix="tp-ddpstep-") as tmp:
+        path = Path(tmp, "step.pt")
+        torch.save({"model": model, "inputs": tuple(inputs), "bucket_bytes": int(bucket_bytes),
+                    "threads": int(threads), "warmup": warmup, "repeats": repeats}, path)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        try:
+            r = subprocess.run([sys.executable, "-m", "topoctl.graph.ddpstep", str(path)],
+                               capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"timing the DDP step took over {TIMEOUT_S:.0f} s") from None
+    if r.returncode:
+        raise RuntimeError(f"timing the DDP step failed: {r.stderr.strip()[-500:] or r.returncode}")
+    fwd, bwd, step = json.loads(r.stdout.strip().splitlines()[-1])
+    return float(fwd), float(bwd), float(step)
+
+
+def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: the bucket unreduced (the collective is not what is timed)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _child(path: str) -> int:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from topoctl.graph.cost import whole_step_times
+
+    req = torch.load(path, weights_only=False)
+    torch.set_num_threads(req["threads"])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(req["model"], bucket_cap_mb=req["bucket_bytes"] / 2**20)
+        ddp.register_comm_hook(None, _bucket_as_is)
+        times = whole_step_times(ddp, req["inputs"], req["warmup"], req["repeats"])
+    finally:
+        dist.destroy_process_group()
+    print(json.dumps(list(times)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))
