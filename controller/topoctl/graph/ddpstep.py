@@ -13,7 +13,8 @@ threads: the 5 ms of DDP were the half of the iteration's compute the simulator 
 The step runs in a child process (``python -m topoctl.graph.ddpstep FILE``): a process group
 of one (gloo over an in-memory store; the planner's own process never joins one) and a
 communication hook that hands each bucket back as it is, since the collective is costed on
-its own (strategies); `graph.cost.whole_step_times` times it.
+its own (strategies); the model is wrapped as the trainer wraps it
+(`topoagent.train.data_parallel`) and `graph.cost.whole_step_times` times it.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
@@ -64,15 +65,14 @@ def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Futur
 
 
 def _child(path: str) -> int:
-    from torch.nn.parallel import DistributedDataParallel
-
+    from topoagent.train import data_parallel
     from topoctl.graph.cost import whole_step_times
 
     req = torch.load(path, weights_only=False)
     torch.set_num_threads(req["threads"])
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        ddp = DistributedDataParallel(req["model"], bucket_cap_mb=req["bucket_bytes"] / 2**20)
+        ddp = data_parallel(req["model"], req["bucket_bytes"] / 2**20)  # as the trainer does
         ddp.register_comm_hook(None, _bucket_as_is)
         times = whole_step_times(ddp, req["inputs"], req["warmup"], req["repeats"])
     finally:
