@@ -130,8 +130,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     else:
         (tmp / "plan.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
-    # the timed iterations (all but the first) cover at least `min_seconds` of predicted time:
-    # a fast strategy's median is not left to 5 samples
+    # the timed iterations (all but the `WARMUP` first) cover at least `min_seconds` of
+    # predicted time: a fast strategy's median is not left to 5 samples
     fast = math.ceil(min_seconds / max(plan["metadata"]["prediction"]["iteration_time"], 1e-3))
     plan["job"]["iterations"] = max(iterations, WARMUP + fast)
     labs = tmp / "labs"
@@ -173,20 +173,21 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
             out = outs[h]
             for line in out.splitlines():
                 _, _, body = line.partition("] ")
-                if body.startswith("{"):
-                    ev = json.loads(body)
-                    if ev.get("event") == "iter" and "allreduce" in ev:
-                        buckets.setdefault(h, []).append(ev["allreduce"])
-                    if ev.get("event") == "iter":
-                        seconds.setdefault(h, []).append(ev["seconds"])
-                    if ev.get("event") == "iter" and ev["iter"] >= 1:
-                        if "end" in ev:
-                            window[0] = min(window[0], ev["end"] - ev["seconds"])
-                            window[1] = max(window[1], ev["end"])
-                        if "cpu_seconds" in ev:
-                            cpu.setdefault(h, []).append(ev["cpu_seconds"])
-                        if ev.get("phases"):
-                            phases.setdefault(ev.get("stage"), []).append(ev["phases"])
+                ev = json.loads(body) if body.startswith("{") else {}
+                if ev.get("event") != "iter":
+                    continue
+                seconds.setdefault(h, []).append(ev["seconds"])
+                if "allreduce" in ev:
+                    buckets.setdefault(h, []).append(ev["allreduce"])
+                if ev["iter"] < 1:
+                    continue
+                if "end" in ev:
+                    window[0] = min(window[0], ev["end"] - ev["seconds"])
+                    window[1] = max(window[1], ev["end"])
+                if "cpu_seconds" in ev:
+                    cpu.setdefault(h, []).append(ev["cpu_seconds"])
+                if ev.get("phases"):
+                    phases.setdefault(ev.get("stage"), []).append(ev["phases"])
             if p.returncode:
                 print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
                 return 1
