@@ -6,9 +6,12 @@ in 10.231.0.0/16, which nothing else on the machine uses."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 PREFIX = "tpt-"
 
@@ -112,3 +115,22 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
         out[f"tc {dev}"] = [tc_json(ns, "qdisc", "show", "dev", dev), tc_classes(ns, dev),
                             tc_json(ns, "filter", "show", "dev", dev)]
     return _strip(out)
+
+
+CC = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+CC_ALLOWED = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+@contextlib.contextmanager
+def restricted_congestion() -> Iterator[None]:
+    """The machine set to reno, with only reno allowed to other namespaces (cubic available
+    but not allowed, as on a kernel whose default is BBR); both restored on exit."""
+    assert "cubic" in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text()
+    before, allowed = CC.read_text().strip(), CC_ALLOWED.read_text().strip()
+    try:
+        CC.write_text("reno\n")
+        CC_ALLOWED.write_text("reno\n")
+        yield
+    finally:
+        CC_ALLOWED.write_text(allowed + "\n")
+        CC.write_text(before + "\n")

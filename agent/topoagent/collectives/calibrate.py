@@ -25,7 +25,8 @@ Run as root, the processes run in a throwaway network namespace (``tpc-<pid>``, 
 whose congestion control is :data:`TCP_CONGESTION`, the one the lab's hosts use, whatever the
 machine's own is: the runtime's CPU cost depends on it (on the Intel Xeon VM, 2026-11-26,
 loopback moved 7.7-8.5 GB per CPU second with cubic and 4.8-5.3 with BBR, whose pacing without
-the fq qdisc runs on timers). Without root the machine's own is used, and recorded.
+the fq qdisc runs on timers), also on a kernel whose allowed list leaves it out
+(:mod:`topoagent.congestion`). Without root the machine's own is used, and recorded.
 
 Cached as JSON under ``$TOPOCTL_CACHE/runtime/`` (default ``~/.cache/topoctl/runtime``), one file
 per machine key (CPU model, core count, torch version), like the planner's op-time cache; the
@@ -36,7 +37,6 @@ measures again.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -49,16 +49,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from topoagent.congestion import CONGESTION_SYSCTL, set_congestion_control
 from topoagent.target import Target
 
 __all__ = ["TCP_CONGESTION", "TCP_CONGESTION_SYSCTL", "calibration_path", "ensure_calibration",
            "load_calibration", "machine_key", "measure"]
 
-VERSION = 4
+VERSION = 5  # 5: the pairs get cubic also where the kernel restricts namespaces' choice
 TCP_CONGESTION = "cubic"
 """The congestion control the runtime is calibrated under: the lab hosts' own
 (``topoctl.lab.lab.HOST_TCP_CONGESTION`` is this one)."""
-TCP_CONGESTION_SYSCTL = "net/ipv4/tcp_congestion_control"  # under /proc/sys, per namespace
+TCP_CONGESTION_SYSCTL = CONGESTION_SYSCTL  # under /proc/sys, per namespace
 
 
 def _cpu_model() -> str:
@@ -133,8 +134,8 @@ def _scratch_netns() -> Iterator[str | None]:
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True,
                        check=True)
-        with contextlib.suppress(OSError):  # a kernel without it: the machine's, recorded
-            Target(netns=name).write_sysctl(TCP_CONGESTION_SYSCTL, TCP_CONGESTION)
+        # a kernel without it: the machine's, recorded
+        set_congestion_control([name], TCP_CONGESTION)
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)

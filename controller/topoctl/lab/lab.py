@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.collectives.calibrate import TCP_CONGESTION
+from topoagent.congestion import set_congestion_control
 from topoagent.state import parse_rate
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoctl.lab import cabling, commands, names, netops, ovs, ssh
@@ -214,8 +215,8 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
         netops.batch("ip", commands.root_batch(layout))
         for h in layout.hosts:
             netops.batch("ip", commands.host_batch(layout, h.name), ns=h.ns)
-        in_effect = {netops.set_tcp_congestion(h.ns, HOST_TCP_CONGESTION) for h in layout.hosts}
-        lab.tcp_congestion = ",".join(sorted(in_effect))
+        in_effect = set_congestion_control([h.ns for h in layout.hosts], HOST_TCP_CONGESTION)
+        lab.tcp_congestion = ",".join(sorted(set(in_effect.values())))
         netops.batch("ip", commands.wire_ip_batch(layout), ns=layout.wire_ns)
         lab.netem = netops.has_netem(layout.wire_ns)
         netops.batch("tc", commands.wire_tc_batch(layout, lab.netem), ns=layout.wire_ns)

@@ -6,7 +6,6 @@ the failing line."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -14,9 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from topoagent.collectives.calibrate import TCP_CONGESTION_SYSCTL
 from topoagent.protocol import TopoError
-from topoagent.target import Target
 
 NETNS_DIR = Path("/run/netns")
 
@@ -130,15 +127,6 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def set_tcp_congestion(ns: str, algorithm: str) -> str:
-    """Make `algorithm` the TCP congestion control of namespace `ns` (a per-namespace sysctl);
-    returns the one in effect afterwards (unchanged when this kernel lacks `algorithm`)."""
-    target = Target(netns=ns)
-    with contextlib.suppress(OSError):
-        target.write_sysctl(TCP_CONGESTION_SYSCTL, algorithm)
-    return target.read_sysctl(TCP_CONGESTION_SYSCTL) or ""
 
 
 def has_netem(ns: str) -> bool:
