@@ -54,3 +54,24 @@ def test_profile_cache_roundtrip(tmp_path, monkeypatch):
     assert cache.load(k) is None
     cache.store(k, {"a": OpCost(1.0, 2.0)})
     assert cache.load(k) == {"a": OpCost(1.0, 2.0)}
+
+
+def test_timed_steps_runs_until_enough_time_is_timed():
+    """Short steps are repeated past `repeats` until MIN_TIMED_S of them are timed (a noisy
+    machine's median needs the time), long ones only `repeats` times; warm-up runs untimed."""
+    from topoctl.graph import cost
+
+    calls = []
+
+    def step(seconds):
+        def run():
+            calls.append(seconds)
+            return (seconds / 2, seconds / 2, 0.0)
+        return run
+
+    short = cost.MIN_TIMED_S / 20
+    assert cost.timed_steps(step(short), warmup=2, repeats=5) == (short / 2, short / 2, 0.0)
+    assert len(calls) - 2 == 20
+    calls.clear()
+    cost.timed_steps(step(cost.MIN_TIMED_S), warmup=1, repeats=3)
+    assert len(calls) == 4

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -252,6 +253,30 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     return fit_to_whole_step(costs, graph, whole)
 
 
+
+# A whole step is timed `repeats` times at least and until this many seconds of timed steps
+# (at most MAX_STEP_REPEATS): a shared VM's speed wanders by +-10% from one 150 ms stretch to the
+# next (the AMD EPYC VM, 2026-11-26: one matmul 2.4-4.0 ms, median 3.0, over a minute), so
+# five steps of an MLP (0.9 s) gave 0.149 to 0.185 s per step in three plans minutes apart,
+# against 0.164-0.170 s measured in the lab over 3 s.
+MIN_TIMED_S = 2.0
+MAX_STEP_REPEATS = 60
+
+
+def timed_steps(step: Callable[[], tuple[float, ...]], warmup: int, repeats: int
+                ) -> tuple[float, ...]:
+    """Per part, the median seconds of `step()` (which returns the seconds of each of its parts)
+    over at least `repeats` runs after `warmup`, run until :data:`MIN_TIMED_S` of timed steps
+    (at most :data:`MAX_STEP_REPEATS`)."""
+    for _ in range(warmup):
+        step()
+    times: list[tuple[float, ...]] = []
+    total = 0.0
+    while len(times) < repeats or (total < MIN_TIMED_S and len(times) < MAX_STEP_REPEATS):
+        times.append(step())
+        total += sum(times[-1])
+    return tuple(statistics.median(t[k] for t in times) for k in range(len(times[0])))
+
 def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup: int = 2,
                      repeats: int = 5) -> tuple[float, float, float]:
     """(forward, backward, SGD step) seconds of one whole training step of `model` on this CPU
@@ -262,8 +287,8 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
     saved = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=1e-3)
     clock = _clock()
-    times: list[tuple[float, float, float]] = []
-    for i in range(warmup + repeats):
+
+    def step() -> tuple[float, float, float]:
         model.zero_grad(set_to_none=True)
         t0 = clock()
         out = model(*inputs)
@@ -273,14 +298,14 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
         loss.backward()
         t2 = clock()
         opt.step()
-        t3 = clock()
-        if i >= warmup:
-            times.append((t1 - t0, t2 - t1, t3 - t2))
+        return t1 - t0, t2 - t1, clock() - t2
+
+    times = timed_steps(step, warmup, repeats)
     with torch.no_grad():
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)
             p.grad = None
-    return tuple(statistics.median(t[k] for t in times) for k in range(3))  # type: ignore[return-value]
+    return times
 
 
 def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 4,
@@ -299,20 +324,20 @@ def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microba
     opt = torch.optim.SGD(params, lr=1e-3)
     micro = [list(inputs)] * microbatches
     clock = _clock()
-    times: list[tuple[float, float, float]] = []
-    for i in range(warmup + repeats):
+
+    def step() -> tuple[float, float, float]:
         gm.zero_grad(set_to_none=True)
         _, fwd, bwd = gpipe_passes(stage, micro, None, None, microbatches, clock=clock)
         t0 = clock()
         opt.step()
-        step = clock() - t0
-        if i >= warmup:
-            times.append((fwd / microbatches, bwd / microbatches, step))
+        return fwd / microbatches, bwd / microbatches, clock() - t0
+
+    times = timed_steps(step, warmup, repeats)
     with torch.no_grad():
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)
             p.grad = None
-    return tuple(statistics.median(t[k] for t in times) for k in range(3))  # type: ignore[return-value]
+    return times
 
 
 def whole_step_backward(graph: OpGraph, costs: dict[str, TrainCost]) -> dict[str, float]:
