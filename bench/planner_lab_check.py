@@ -14,7 +14,11 @@ runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, 
 instead of planning. The lab is cabled as each plan's `fabric` says (`topoctl lab up --plan`),
 so a strategy that re-cables (topoopt) is measured on its own cables. Uses only the
 command-line tools; the lab gets its own name and is removed at the end. ``--keep DIR`` saves
-each check's plan and every rank's output (its JSON events) in DIR/CLUSTER-STRATEGY/."""
+each check's plan and every rank's output (its JSON events) in DIR/CLUSTER-STRATEGY/.
+
+Each check also prints the machine's speed before the plan and after the run (a one-thread
+matmul probe): on a shared VM the same one-rank plan measured 0.161 and 0.182 s per iteration
+minutes apart, so an error of that size is the machine's drift, not the model's."""
 
 from __future__ import annotations
 
@@ -37,6 +41,27 @@ from topoctl.rollout.run import WARMUP, RankStats, RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+
+def speed_probe(seconds: float = 2.0) -> float:
+    """Median thread-CPU seconds of one 96 x 1024 by 1024 x 1024 float32 matmul (the lab MLP's
+    layer at its micro-batch) over `seconds`: the machine's speed now."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, w = torch.randn(96, 1024), torch.randn(1024, 1024)
+    times: list[float] = []
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            t0 = time.thread_time()
+            for _ in range(10):
+                a @ w
+            times.append((time.thread_time() - t0) / 10)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
 
 
 def run(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -116,6 +141,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
+    speed_before = speed_probe()
     if given is None:
         # op times of now (this VM's speed drifts); predictions for the cables the lab
         # really has (`--as-lab`: no latency or loss without sch_netem)
@@ -194,6 +220,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     finally:
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)
         shutil.rmtree(tmp, ignore_errors=True)
+    speed_after = speed_probe()
     predicted = plan["metadata"]["prediction"]["iteration_time"]
     # the job's period as `topoctl run` reports it (the ranks' mean, median over iterations)
     measured = RunResult(0, {i: RankStats(h, iterations=s) for i, (h, s) in
@@ -222,6 +249,9 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         print(f"  machine during the measured iterations ({machine['seconds']:.1f} s): "
               f"{machine['busy']:.2f} of {os.cpu_count()} cores busy, softirq "
               f"{machine['softirq']:.2f}, system {machine['system']:.2f}")
+    print(f"  machine speed (one-thread matmul probe): {speed_before * 1e3:.2f} ms before the "
+          f"plan, {speed_after * 1e3:.2f} ms after the run (after / before "
+          f"{speed_after / speed_before:.2f})")
     for st, ph in sorted(phases.items()):
         med = {k: statistics.median(x[k] for x in ph) for k in ph[0]}
         print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))
