@@ -253,7 +253,6 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     return fit_to_whole_step(costs, graph, whole)
 
 
-
 # A whole step is timed `repeats` times at least and until this many seconds of timed steps
 # (at most MAX_STEP_REPEATS): a shared VM's speed wanders by +-10% from one 150 ms stretch to the
 # next (the AMD EPYC VM, 2026-11-26: one matmul 2.4-4.0 ms, median 3.0, over a minute), so
@@ -276,6 +275,7 @@ def timed_steps(step: Callable[[], tuple[float, ...]], warmup: int, repeats: int
         times.append(step())
         total += sum(times[-1])
     return tuple(statistics.median(t[k] for t in times) for k in range(len(times[0])))
+
 
 def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup: int = 2,
                      repeats: int = 5) -> tuple[float, float, float]:
