@@ -52,14 +52,13 @@ from typing import Any
 from topoagent.congestion import CONGESTION_SYSCTL, set_congestion_control
 from topoagent.target import Target
 
-__all__ = ["TCP_CONGESTION", "TCP_CONGESTION_SYSCTL", "calibration_path", "ensure_calibration",
-           "load_calibration", "machine_key", "measure"]
+__all__ = ["TCP_CONGESTION", "calibration_path", "ensure_calibration", "load_calibration",
+           "machine_key", "measure"]
 
 VERSION = 5  # 5: the pairs get cubic also where the kernel restricts namespaces' choice
 TCP_CONGESTION = "cubic"
 """The congestion control the runtime is calibrated under: the lab hosts' own
 (``topoctl.lab.lab.HOST_TCP_CONGESTION`` is this one)."""
-TCP_CONGESTION_SYSCTL = CONGESTION_SYSCTL  # under /proc/sys, per namespace
 
 
 def _cpu_model() -> str:
@@ -134,7 +133,7 @@ def _scratch_netns() -> Iterator[str | None]:
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True,
                        check=True)
-        # a kernel without it: the machine's, recorded
+        # on a kernel without it the namespace keeps the machine's, which the pairs record
         set_congestion_control([name], TCP_CONGESTION)
         yield name
     finally:
@@ -207,7 +206,7 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
             return (_cpu() - c0) / n
 
         res["per_piece_s"] = statistics.median(pieces() for _ in range(rounds))
-    res["tcp_congestion"] = Target().read_sysctl(TCP_CONGESTION_SYSCTL) or "?"
+    res["tcp_congestion"] = Target().read_sysctl(CONGESTION_SYSCTL) or "?"
     Path(out, f"{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()

@@ -280,9 +280,9 @@ def timed_steps(step: Callable[[], tuple[float, ...]], warmup: int, repeats: int
 def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup: int = 2,
                      repeats: int = 5) -> tuple[float, float, float]:
     """(forward, backward, SGD step) seconds of one whole training step of `model` on this CPU
-    at the batch of `inputs` (loss mean(out^2), as the runtimes compute it), medians of
-    `repeats` after `warmup`, timed as `measure_train_costs` times ops. The parameters are
-    restored afterwards."""
+    at the batch of `inputs` (loss mean(out^2), as the runtimes compute it), medians over
+    :func:`timed_steps` (at least `repeats` after `warmup`), timed as `measure_train_costs`
+    times ops. The parameters are restored afterwards."""
     params = list(model.parameters())
     saved = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=1e-3)
@@ -313,8 +313,8 @@ def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microba
     """(forward, backward, SGD step) seconds per micro-batch (step: per iteration) of `model` run
     as the pipeline runtime runs a stage (`topoagent.pipeline.gpipe_passes` on a one-stage
     pipeline: fx nodes interpreted one by one, `microbatches` micro-batches of `inputs`,
-    gradients accumulated), medians of `repeats` after `warmup`, timed as `measure_train_costs`
-    times ops. The parameters are restored afterwards."""
+    gradients accumulated), medians over :func:`timed_steps` (at least `repeats` after
+    `warmup`), timed as `measure_train_costs` times ops. The parameters are restored afterwards."""
     from topoagent.pipeline import Stage, gpipe_passes
 
     gm = fx.symbolic_trace(model)
