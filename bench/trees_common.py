@@ -12,6 +12,7 @@ from topoagent.collectives import TreeSchedule, load_calibration
 from topoctl.collective.trees.bounds import partition_bound
 from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import (
+    RuntimeCosts,
     TreePrediction,
     choose_chunks,
     link_steps,
@@ -78,13 +79,14 @@ def _one_hop_uses(hosts: list[str], links: list) -> dict:
 
 def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu: int,
                         nbytes: int, colocated: int | None = None, loopback: bool = False,
-                        rate: float | None = None, credit_s: float = BURST_S
-                        ) -> TreePrediction:
+                        rate: float | None = None, credit_s: float = BURST_S,
+                        costs: RuntimeCosts | None = None) -> TreePrediction:
     """The cost model's AllReduce of ``nbytes`` with any tree schedule (packed trees, a plan's
     TopoOpt path trees) whose tree edges are cables of ``links`` (bytes/s, one per host pair):
     the trees' total rate is the largest at which every directed cable carries its trees'
     shares (goodput; ``rate`` given: that one); the runtime's chunk count from the
-    schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (the lab's)."""
+    schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (the lab's); ``costs``:
+    the runtime's CPU costs (default: this machine's calibration)."""
     from topoagent.collectives.program import chunk_count
 
     at = {h: i for i, h in enumerate(hosts)}
@@ -104,7 +106,8 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
                 load[edge] = load.get(edge, 0.0) + t.rate / total
     if rate is None:
         rate = min(cap[e] / x for e, x in load.items()) * tcp_efficiency(mtu)
-    costs = runtime_costs(load_calibration())
+    if costs is None:
+        costs = runtime_costs(load_calibration())
     if loopback:
         costs = replace(costs, emulation_bytes_per_s=1e30)
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])

@@ -31,6 +31,7 @@ def test_calibration_measures_once_and_is_cached(tmp_path, monkeypatch):
     assert load_calibration() is None
     r = calibrate("--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "Warning" not in r.stderr, r.stderr[-2000:]  # e.g. runpy's "found in sys.modules"
     data = json.loads(r.stdout)
     path = calibration_path()
     assert path.parent == tmp_path / "runtime" and path.exists()

@@ -1,12 +1,13 @@
 """Runtime collectives used inside training processes: tree-schedule AllReduce and DDP hook.
 
 Imports torch lazily so that the rest of the agent never needs it (the calibration is read
-without torch; measuring it imports torch).
+without torch; measuring it imports torch). The calibration functions are imported on first
+use too: ``python -m topoagent.collectives.calibrate`` then runs a module the package has not
+imported yet (otherwise runpy warns that it is already in ``sys.modules``).
 """
 
 from __future__ import annotations
 
-from .calibrate import calibration_path, ensure_calibration, load_calibration
 from .schedule import (
     ScheduleError,
     ScheduleMismatch,
@@ -33,7 +34,14 @@ __all__ = [
 ]
 
 
+_CALIBRATE = ("calibration_path", "ensure_calibration", "load_calibration")
+
+
 def __getattr__(name: str):
+    if name in _CALIBRATE:
+        from . import calibrate
+
+        return getattr(calibrate, name)
     if name == "tree_allreduce":
         from .program import tree_allreduce
 
