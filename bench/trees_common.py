@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from topoagent.collectives import TreeSchedule, load_calibration
@@ -15,6 +16,7 @@ from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     TreePrediction,
     choose_chunks,
+    link_rows,
     link_steps,
     predict,
     runtime_costs,
@@ -22,7 +24,7 @@ from topoctl.collective.trees.pipeline import (
 )
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.fabric.capgraph import build_capgraph
-from topoctl.lab.commands import BURST_S
+from topoctl.lab.commands import cable_credit_s
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.spec.cluster_load import load_cluster
 
@@ -57,10 +59,11 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     shape = tree_shape([t.parents for t in plan.trees], [t.rate for t in plan.trees])
     rate = plan.rate * tcp_efficiency(mtu)
     ranks = colocated or len(hosts)
-    steps = link_steps(shape, _one_hop_uses(hosts, links))
+    uses = _one_hop_uses(hosts, links)
+    steps = link_steps(shape, uses)
     if chunk_bytes is None:
         pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps,
-                             credit_s=BURST_S)
+                             credit_s=lab_credit(shape, uses, mtu))
         chunk_bytes = max(1, pred.chunk_bytes)
     sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
     pred = schedule_prediction(sched, hosts, links, mtu, nbytes, colocated, loopback, rate)
@@ -77,15 +80,28 @@ def _one_hop_uses(hosts: list[str], links: list) -> dict:
     return uses
 
 
+def lab_credit(shape, uses: dict, mtu: int) -> np.ndarray:
+    """Per row of ``link_steps(shape, uses)`` (one-hop uses: a link is a directed host pair
+    with 1 / its rate in bytes/s): the token credit the lab gives a cable of that rate."""
+    return np.array([cable_credit_s(8.0 / uses_rate, mtu) for uses_rate in
+                     (_per_byte(uses, link) for link in link_rows(shape, uses))])
+
+
+def _per_byte(uses: dict, link) -> float:
+    """Seconds per byte of ``link`` in one-hop ``uses``."""
+    return next(pb for hops in uses.values() for lk, pb in hops if lk == link)
+
+
 def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu: int,
                         nbytes: int, colocated: int | None = None, loopback: bool = False,
-                        rate: float | None = None, credit_s: float = BURST_S,
+                        rate: float | None = None, credit_s: float | None = None,
                         costs: RuntimeCosts | None = None) -> TreePrediction:
     """The cost model's AllReduce of ``nbytes`` with any tree schedule (packed trees, a plan's
     TopoOpt path trees) whose tree edges are cables of ``links`` (bytes/s, one per host pair):
     the trees' total rate is the largest at which every directed cable carries its trees'
     shares (goodput; ``rate`` given: that one); the runtime's chunk count from the
-    schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (the lab's); ``costs``:
+    schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (default: the lab's,
+    per cable); ``costs``:
     the runtime's CPU costs (default: this machine's calibration)."""
     from topoagent.collectives.program import chunk_count
 
@@ -111,10 +127,12 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
     if loopback:
         costs = replace(costs, emulation_bytes_per_s=1e30)
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
-    steps = link_steps(shape, _one_hop_uses(hosts, links))
+    uses = _one_hop_uses(hosts, links)
+    steps = link_steps(shape, uses)
     c = chunk_count(sched, nbytes // 4, 4)
+    credit = lab_credit(shape, uses, mtu) if credit_s is None else credit_s
     return predict(shape, float(nbytes), rate, c, costs, colocated or len(hosts), links=steps,
-                   credit_s=credit_s)
+                   credit_s=credit)
 
 
 def write_schedule(sched: TreeSchedule, path: Path) -> Path:

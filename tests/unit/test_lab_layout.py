@@ -64,6 +64,10 @@ def test_every_cable_shaped_both_ways_and_redirected():
             assert any(ln.startswith(f"filter add dev {src} ingress") and
                        ln.endswith(f"redirect dev {dst}") for ln in tc)
     assert not any("netem" in ln for ln in tc)
+    # the same credit in seconds at the cable's rate (the tree runtime's cost model): BURST_S
+    # on a fast cable, two jumbo frames' worth on a slow one
+    assert commands.cable_credit_s(200e6, 9000) == pytest.approx(commands.BURST_S, rel=1e-6)
+    assert commands.cable_credit_s(5e6, 9000) == pytest.approx(2 * 9014 * 8 / 5e6)
     with_netem = commands.wire_tc_batch(lay, netem=True)
     assert sum("netem delay 1000us" in ln for ln in with_netem) == 4  # 2 cables x 2 directions
 

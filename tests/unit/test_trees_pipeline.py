@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from topoagent.collectives import TreeSchedule
@@ -13,6 +14,7 @@ from topoagent.collectives.program import compile_program
 from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     choose_chunks,
+    link_rows,
     link_steps,
     predict,
     runtime_costs,
@@ -205,11 +207,13 @@ def test_fill_and_drain_steps_last_as_long_as_their_busiest_link(world, ntrees, 
 @pytest.mark.parametrize("world,ntrees,chunks,credit", [(3, 1, 2, 0.3), (5, 3, 1, 0.5),
                                                         (5, 3, 4, 0.1), (8, 16, 3, 0.02),
                                                         (8, 16, 40, 0.05), (7, 8, 30, 1.0)])
-def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit):
+@pytest.mark.parametrize("per_link", [False, True])
+def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit, per_link):
     """With `credit_s` (the lab's HTB burst), step by step from the program's rule: each link
     starts with `credit_s` seconds of credit, sends from it first, earns it back while idle
     within a step (up to `credit_s`), and a step lasts as long as its slowest link's work
-    beyond its credit. Never longer than without credit."""
+    beyond its credit. Never longer than without credit. `per_link`: every link its own
+    credit (an array in `link_rows` order), as the lab's slow cables have more."""
     s = random_schedule(world, ntrees, seed=5 * world + ntrees)
     rng = random.Random(chunks + 7)
     cap = {(a, b): rng.choice([1e6, 2e6, 5e6]) for a in range(world) for b in range(world)
@@ -217,7 +221,8 @@ def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit)
     nbytes = 8e6
     sh = shape_of(s)
     busy, share = _program_loads(s, chunks, cap, nbytes)
-    tokens = dict.fromkeys(cap, credit)
+    own = {e: credit * (rng.choice([0.5, 1.0, 3.0]) if per_link else 1.0) for e in cap}
+    tokens = dict(own)
     direct = 0.0
     for step in range(max(busy) + 1):
         need = busy.get(step, {})
@@ -225,12 +230,15 @@ def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit)
         took = max(work.values())
         for e in cap:
             spent = min(tokens[e], need.get(e, 0.0))
-            tokens[e] = min(credit, tokens[e] - spent + took - work[e])
+            tokens[e] = min(own[e], tokens[e] - spent + took - work[e])
         direct += took
     rate = min(cap[e] / x for e, x in share.items())
     uses = {e: [(e, 1.0 / cap[e])] for e in cap}
     links = link_steps(sh, uses)
-    got = predict(sh, nbytes, rate, chunks, FREE, 1, links=links, credit_s=credit)
+    rows = link_rows(sh, uses)
+    assert len(rows) == links.shape[0] and set(rows) <= set(cap)
+    given = np.array([own[e] for e in rows]) if per_link else credit
+    got = predict(sh, nbytes, rate, chunks, FREE, 1, links=links, credit_s=given)
     assert got.network_s == pytest.approx(direct, rel=1e-9, abs=1e-12)
     without = predict(sh, nbytes, rate, chunks, FREE, 1, links=links)
     assert got.network_s <= without.network_s * (1 + 1e-12)

@@ -108,3 +108,28 @@ def test_lab_ranks_start_the_tree_runtime_when_their_backward_is_done():
     assert all(not done & set(t.deps) for t in parts.values())
     res = simulate(ev.strategy.tasks, ev.strategy.network, record=True)
     assert res.start["ar0/cpu"] < max(res.finish[d] for d in done)
+
+
+def test_fill_drain_gives_each_link_the_credit_of_a_lab_cable_of_its_rate():
+    """tworack8: the 20 Mbit/s cables between the racks get two jumbo frames of token credit
+    (7.2 ms at their rate, as `topoctl lab` shapes them), the 200 Mbit/s ones 4 ms."""
+    from topoctl.collective.trees.pack import plan_trees
+    from topoctl.collective.trees.schedule import plan_to_schedule
+    from topoctl.fabric.capgraph import build_capgraph
+    from topoctl.lab.commands import BURST_S
+    from topoctl.sim.fabric import network_from_fabric
+    from topoctl.sim.routing import shortest_next_hops
+    from topoctl.strategies.trees import tree_links
+
+    fabric = load_cluster(PLANS / "tworack8-cluster.yaml").graph()
+    hosts = list(fabric.hosts)
+    net = network_from_fabric(fabric, shortest_next_hops(fabric, required=hosts))
+    rate: dict[tuple[str, str], float] = {}
+    for ln in net.links.values():
+        rate[(ln.src, ln.dst)] = rate[(ln.dst, ln.src)] = ln.capacity
+    g = build_capgraph([(a, b, c) for (a, b), c in rate.items() if a < b], hosts)
+    sched = plan_to_schedule(plan_trees(g), chunk_bytes=1 << 16)
+    fd = tree_links(sched, hosts, net, fabric.mtu)
+    assert fd.credit_s.shape == (fd.steps.shape[0],)
+    slow = 2 * 9014 * 8 / 20e6
+    assert sorted({round(c, 6) for c in fd.credit_s}) == [round(BURST_S, 6), round(slow, 6)]

@@ -21,6 +21,20 @@ HTB_CLASS = "1:1"
 BURST_S = 0.004
 
 
+def cable_credit(rate: int, mtu: int) -> int:
+    """Bytes of token credit of a cable shaped to `rate` bit/s with frames of `mtu`: `BURST_S`
+    at the rate, at least two full frames (HTB must hold one GSO/jumbo frame, and a slow
+    cable's 4 ms are less than one: below 36 Mbit/s at MTU 9000 the frames set the credit)."""
+    quantum = max(mtu + 14, 1514)
+    return max(int(rate * BURST_S / 8), 2 * quantum)
+
+
+def cable_credit_s(rate: float, mtu: int) -> float:
+    """:func:`cable_credit` in seconds at the cable's rate (`rate` bit/s): the head start a
+    cable that idled gives the next message (the tree runtime's cost model, ``credit_s``)."""
+    return cable_credit(int(rate), mtu) * 8.0 / rate if rate > 0 else 0.0
+
+
 def root_batch(layout: Layout) -> list[str]:
     """Root namespace: namespaces, the management bridge, every veth (created in place)."""
     lab, mtu, w = layout.lab, layout.mtu, layout.wire_ns
@@ -93,7 +107,7 @@ def shape(dev: str, rate: int, mtu: int, latency: float = 0.0, loss: float = 0.0
     """Egress of `dev` limited to `rate` bit/s: an HTB class (handles GSO packets exactly) with
     `BURST_S` of token credit, with a netem leaf for delay/loss when the kernel has sch_netem."""
     quantum = max(mtu + 14, 1514)
-    burst = max(int(rate * BURST_S / 8), 2 * quantum)  # bytes (see BURST_S)
+    burst = cable_credit(rate, mtu)  # bytes (see BURST_S)
     out = [f"qdisc add dev {dev} root handle {HTB_HANDLE} htb default 1",
            f"class add dev {dev} parent {HTB_HANDLE} classid {HTB_CLASS} htb rate {rate}bit "
            f"ceil {rate}bit quantum {quantum} burst {burst} cburst {burst}"]

@@ -281,7 +281,7 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     best = None
     for name, sched in cands:
         rate, latency = tree_rate(sched, hosts, d.network)
-        links = tree_links(sched, hosts, d.network)
+        links = tree_links(sched, hosts, d.network, d.fabric.mtu)
 
         def score(c: PlanContext, sched=sched, rate=rate, latency=latency, links=links):
             _, sizes, _ = hybrid_tasks(c, d.mp, hosts, tree_algorithm(sched))

@@ -33,6 +33,7 @@ from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     TreePrediction,
     choose_chunks,
+    link_rows,
     link_steps,
     predict,
     runtime_costs,
@@ -42,7 +43,7 @@ from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_algorithm
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.fabric.graph import connection_links
-from topoctl.lab.commands import BURST_S
+from topoctl.lab.commands import cable_credit_s
 from topoctl.limits import SafetyClock
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
@@ -85,7 +86,7 @@ def plan(ctx: PlanContext) -> Strategy:
                               metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
                                         "optimum_bytes_per_s": bval, "bound": bname})
 
-    links = tree_links(sched0, hosts, network)  # the same for every bucket cap
+    links = tree_links(sched0, hosts, network, ctx.fabric.mtu)  # the same for every cap
 
     def score(c: PlanContext) -> tuple[list, list[int], RuntimeFit]:
         _, sizes = dp_tasks(c, hosts, tree_algorithm(sched0))
@@ -267,22 +268,37 @@ def tree_link_uses(sched: TreeSchedule, hosts: list[str], network: Network
     return uses
 
 
-def tree_links(sched: TreeSchedule, hosts: list[str], network: Network) -> np.ndarray:
-    """How full each link of `network` is in the fill and drain steps of `sched`
-    (:func:`~topoctl.collective.trees.pipeline.link_steps`): computed once per schedule, for
-    every :func:`fit_runtime` of it."""
+@dataclass(frozen=True)
+class FillDrain:
+    """What the fill and drain steps of a tree schedule's program cost on a network
+    (:func:`tree_links`): how full each link is in them
+    (:func:`~topoctl.collective.trees.pipeline.link_steps`) and, per link (same rows), the
+    token credit in seconds a lab cable of its rate has (``topoctl.lab.commands``)."""
+
+    steps: np.ndarray
+    credit_s: np.ndarray
+
+
+def tree_links(sched: TreeSchedule, hosts: list[str], network: Network, mtu: int) -> FillDrain:
+    """The fill and drain steps of `sched` on `network` (frames of `mtu` bytes): computed once
+    per schedule, for every :func:`fit_runtime` of it. A link's credit is the one the lab
+    shapes a cable of its line rate with (its capacity is goodput: ``tcp_efficiency``)."""
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
-    return link_steps(shape, tree_link_uses(sched, hosts, network))
+    uses = tree_link_uses(sched, hosts, network)
+    eff = tcp_efficiency(mtu)
+    credit = [cable_credit_s(network.links[lid].capacity * 8.0 / eff, mtu)
+              for lid in link_rows(shape, uses)]
+    return FillDrain(link_steps(shape, uses), np.array(credit, dtype=float))
 
 
 def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: float,
-                sizes: list[int], links: np.ndarray | None = None) -> RuntimeFit:
+                sizes: list[int], links: FillDrain | None = None) -> RuntimeFit:
     """Fit `sched` (any tree schedule over the hosts in rank order: packed trees, TopoOpt's
     path trees) to the runtime that will execute it, as the ``trees`` strategy plans it: the
     chunk count minimising network + CPU part of the largest bucket
     (:func:`~topoctl.collective.trees.pipeline.choose_chunks`, machine calibration when
     ``ctx.use_cache``; CPU hosts are taken to share this machine's cores and to be the lab's,
-    whose cables have ``BURST_S`` of token credit), the schedule's
+    whose cables have token credit: :class:`FillDrain`), the schedule's
     ``chunk_bytes`` set from it (per-tree overrides dropped), and what the runtime then does
     with every bucket size (its own chunk count from ``chunk_bytes``). `rate`: the trees'
     total goodput in bytes/s; `latency`: the largest path latency of a tree edge; `links`:
@@ -293,9 +309,11 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     colocated = len(hosts) if all(ctx.device[h].name == "CPU" for h in hosts) else 1
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
     # the lab's shaped cables send their token credit at once after idling (real links do not)
-    credit = BURST_S if colocated >= len(hosts) > 1 else 0.0
+    lab = colocated >= len(hosts) > 1
+    steps = links.steps if links is not None else None
+    credit = links.credit_s if links is not None and lab else 0.0
     best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency,
-                         links=links, credit_s=credit)
+                         links=steps, credit_s=credit)
     meta = dict(sched.metadata)
     meta["pipeline"] = {"chunks": best.chunks, "for_bytes": int(max(sizes, default=0)),
                         "cpu_costs": costs.source}
@@ -306,7 +324,7 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     preds = {}
     for size in sorted(set(sizes)):
         c = chunk_count(fitted, max(1, size // 4), 4)
-        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency, links,
+        preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency, steps,
                               credit)
     if sizes:
         fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks

@@ -52,6 +52,7 @@ __all__ = [
     "TreePrediction",
     "TreeShape",
     "choose_chunks",
+    "link_rows",
     "link_steps",
     "predict",
     "runtime_costs",
@@ -155,6 +156,26 @@ def tree_shape(parents: Sequence[Sequence[int | None]], rates: Sequence[float]) 
                      np.array(o, np.int64), np.array(t_of, np.int64), red)
 
 
+def _sends(shape: TreeShape) -> list[tuple[tuple[int, int], int, int]]:
+    """Every directed tree edge of `shape` as ((sender, receiver), first step, tree)."""
+    n = shape.world_size
+    send = shape.group % 2 == 0
+    pairs = (shape.group[send] // 2).tolist()
+    return [((p // n, p % n), start, t) for p, start, t in
+            zip(pairs, shape.offset[send].tolist(), shape.tree[send].tolist(), strict=True)]
+
+
+def link_rows(shape: TreeShape,
+              uses: Mapping[tuple[int, int], Sequence[tuple[Hashable, float]]]) -> list[Hashable]:
+    """The link of each row of :func:`link_steps` (same arguments), in order: to give each
+    link its own token credit (:func:`predict`'s ``credit_s`` as an array)."""
+    seen: dict[Hashable, None] = {}
+    for pair, _, _ in _sends(shape):
+        for link, _ in uses.get(pair, ()):
+            seen.setdefault(link, None)
+    return list(seen)
+
+
 def link_steps(shape: TreeShape,
                uses: Mapping[tuple[int, int], Sequence[tuple[Hashable, float]]]) -> np.ndarray:
     """How full each link is in the fill and drain steps of the lock-step program, for
@@ -165,18 +186,14 @@ def link_steps(shape: TreeShape,
     multipath weight / capacity (seconds per byte). A step in which only some of a link's
     tree edges are active (the pipeline filling or draining) is that much shorter than a full
     step. O(E P + L D) for E tree-edge directions over paths of P links."""
-    n = shape.world_size
-    send = shape.group % 2 == 0
-    pairs = shape.group[send] // 2
-    starts = shape.offset[send]
-    trees = shape.tree[send]
     frac = np.asarray(shape.fractions)
-    depth = int(starts.max()) if starts.size else 0
-    index: dict[Hashable, int] = {}
+    sends = _sends(shape)
+    depth = max((start for _, start, _ in sends), default=0)
+    index = {link: i for i, link in enumerate(link_rows(shape, uses))}
     rows, cols, vals = [], [], []
-    for pair, start, t in zip(pairs.tolist(), starts.tolist(), trees.tolist(), strict=True):
-        for link, per_byte in uses.get((pair // n, pair % n), ()):
-            rows.append(index.setdefault(link, len(index)))
+    for (a, b), start, t in sends:
+        for link, per_byte in uses.get((a, b), ()):
+            rows.append(index[link])
             cols.append(start)
             vals.append(frac[t] * per_byte)
     load = np.zeros((max(1, len(index)), depth + 1))
@@ -186,15 +203,16 @@ def link_steps(shape: TreeShape,
     return cum / full if full > 0 else cum
 
 
-def _step_units(links: np.ndarray | None, chunks: int, depth: int, credit: float = 0.0
-                ) -> float:
+def _step_units(links: np.ndarray | None, chunks: int, depth: int,
+                credit: float | np.ndarray = 0.0) -> float:
     """Sum over the program's steps of the busiest link's load in units of a full step (see
-    :func:`link_steps`); every step is a full one without `links`. `credit`: each link's token
-    credit in the same units (:func:`_credited_step_units`)."""
+    :func:`link_steps`); every step is a full one without `links`. `credit`: the links' token
+    credit in the same units, one for all or one per row of `links`
+    (:func:`_credited_step_units`)."""
     c = chunks
     if links is None or links.shape[1] != depth + 1:
         return float(c + depth)
-    if credit > 0:
+    if np.any(np.asarray(credit) > 0):
         return _credited_step_units(links, c, depth, credit)
     if c >= depth:  # every edge active together in the middle: fill, full steps, drain
         fill = links[:, :depth].max(axis=0).sum()
@@ -207,14 +225,16 @@ def _step_units(links: np.ndarray | None, chunks: int, depth: int, credit: float
     return float(active.max(axis=0).sum())
 
 
-def _credited_step_units(links: np.ndarray, chunks: int, depth: int, credit: float) -> float:
+def _credited_step_units(links: np.ndarray, chunks: int, depth: int,
+                         credit: float | np.ndarray) -> float:
     """:func:`_step_units` on links that may send ``credit`` (units of a full step) at once
     after idling: a token bucket per link, full at the start, that fills while the link has
     nothing to send and is spent before the link's rate applies (the lab's tc HTB classes:
     ``topoctl.lab.commands.BURST_S``). A step lasts as long as its slowest link's load beyond
     its tokens. O(L (D + k)) for ``k`` middle steps until the tokens settle (a few)."""
     c, d = chunks, depth
-    tok = np.full(links.shape[0], credit)
+    credit = np.broadcast_to(np.asarray(credit, dtype=float), links.shape[:1])
+    tok = credit.copy()
     total = 0.0
     s, last = 0, c + d
     while s < last:
@@ -287,21 +307,22 @@ def predict(
     ranks_per_machine: int = 1,
     latency_s: float = 0.0,
     links: np.ndarray | None = None,
-    credit_s: float = 0.0,
+    credit_s: float | np.ndarray = 0.0,
 ) -> TreePrediction:
     """Predicted time of one tree AllReduce of ``nbytes`` at total tree rate ``rate`` (bytes/s
     of goodput) with ``chunks`` chunks per tree. ``ranks_per_machine`` ranks share
     ``costs.cores`` cores (1: every rank has its own core). `links` (:func:`link_steps`):
     fill and drain steps as long as their busiest link's load; without it, full steps.
     ``credit_s``: seconds of token credit each link has at its rate (the lab's shaped cables;
-    0 for real links), spent in the steps after a link idled."""
+    0 for real links), spent in the steps after a link idled: one for all links, or one per
+    row of `links` (:func:`link_rows`; the lab's slow cables have more than ``BURST_S``)."""
     c = max(1, int(chunks))
     depth = max(2 * h - 1 for h in shape.heights) if shape.heights else 0
     steps = c + depth if shape.heights else 0
     if nbytes <= 0 or rate <= 0:
         return TreePrediction(c, 0, 0, 0.0, 0.0, 0, 1.0)
     full = nbytes / (rate * c)  # seconds of a full step
-    network = _step_units(links, c, depth, credit_s / full) * full + steps * latency_s
+    network = _step_units(links, c, depth, np.asarray(credit_s) / full) * full + steps * latency_s
     n = shape.world_size
     msgs = _messages_per_rank(shape, c)
     frac = np.asarray(shape.fractions)
@@ -345,7 +366,7 @@ def choose_chunks(
     latency_s: float = 0.0,
     max_chunks: int = 4096,
     links: np.ndarray | None = None,
-    credit_s: float = 0.0,
+    credit_s: float | np.ndarray = 0.0,
 ) -> TreePrediction:
     """The chunk count minimising network + CPU part of :func:`predict` over ``C`` in
     ``1..max_chunks`` (every count up to 64, then a geometric grid), first minimum kept;
