@@ -147,9 +147,9 @@ def main() -> int:
             print(f"{x['lab']} x{x['scale']:g}: iperf3 {em['received_bit_s'] / 1e9:.2f} of "
                   f"{em['offered_bit_s'] / 1e9:.2f} Gbit/s on {em['edges']} directed edges, "
                   f"machine {em['machine_busy']:.0%} busy: "
-                  f"{em['emulation_bytes_per_core_s'] / 1e9:.2f} GB per core-second (the cost "
-                  "model assumes 0.62; put a quiet figure in the calibration's "
-                  "emulation_bytes_per_s)")
+                  f"{em['emulation_bytes_per_core_s'] / 1e9:.2f} GB per core-second (iperf3's "
+                  "own pacing timers included: not the cost model's emulation_bytes_per_s, "
+                  "which bench/emulation_fit.py fits)")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "calibration": cal}, indent=1))
     return 0
