@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import allreduce_lab  # noqa: E402
-from trees_common import schedule_prediction  # noqa: E402
+from trees_common import busy_share, machine_cpu, schedule_prediction, stop_all  # noqa: E402
 
 from topoagent.collectives import load_calibration  # noqa: E402
 from topoctl.collective.trees.pipeline import runtime_costs  # noqa: E402
@@ -47,13 +47,6 @@ def core_seconds(pred, cores: int) -> float:
     """The model's CPU seconds over all ranks of a lab prediction (``cpu_s`` is their sum over
     the cores when that is the larger bound, as it is with 8 ranks on 2 cores)."""
     return pred.cpu_s * cores
-
-
-def machine_cpu() -> tuple[float, float]:
-    """Busy and total jiffies of the whole machine (/proc/stat)."""
-    with open("/proc/stat") as f:
-        vals = [float(v) for v in f.readline().split()[1:8]]
-    return sum(vals) - vals[3] - vals[4], sum(vals)
 
 
 def received_bytes(ctx: dict) -> int:
@@ -91,11 +84,8 @@ def bulk_streams(ctx: dict, seconds: float = 4.0) -> dict:
         for c in clients:
             c.wait(timeout=seconds + 30)
     finally:
-        for p in servers + clients:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    busy = (c1[0] - c0[0]) / max(c1[1] - c0[1], 1e-9)
+        stop_all(servers + clients)
+    busy = busy_share(c0, c1)
     cores = os.cpu_count() or 1
     return {"received_bit_s": (r1 - r0) * 8 / wall, "machine_busy": busy,
             "bytes_per_core_s": (r1 - r0) / max(busy * cores * wall, 1e-9)}

@@ -135,6 +135,26 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
                    credit_s=credit)
 
 
+def machine_cpu() -> tuple[float, float]:
+    """Busy and total jiffies of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        vals = [float(v) for v in f.readline().split()[1:]]
+    return sum(vals) - vals[3] - vals[4], sum(vals)
+
+
+def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Share of the machine's cores busy between two :func:`machine_cpu` readings."""
+    return (after[0] - before[0]) / max(after[1] - before[1], 1e-9)
+
+
+def stop_all(procs: list) -> None:
+    """Kill and reap every process of `procs` still running (benchmark clean-up)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def write_schedule(sched: TreeSchedule, path: Path) -> Path:
     path.write_text(yaml.safe_dump(sched.dump(), sort_keys=False))
     return path

@@ -30,17 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import allreduce_lab  # noqa: E402
+from trees_common import busy_share, machine_cpu, stop_all  # noqa: E402
 
 from topoagent.collectives import ensure_calibration  # noqa: E402
 
 GRAD = 16_672_800
-
-
-def _busy() -> tuple[float, float]:
-    with open("/proc/stat") as f:
-        vals = [float(v) for v in f.readline().split()[1:]]
-    idle = vals[3] + vals[4]
-    return sum(vals) - idle, sum(vals)
 
 
 def iperf_emulation(seconds: float):
@@ -62,7 +56,7 @@ def iperf_emulation(seconds: float):
                     ["ip", "netns", "exec", lab.netns(b), "iperf3", "-s", "-1", "-p", str(port),
                      "-B", addr[b]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(1.0)
-            b0, t0 = _busy(), time.perf_counter()
+            b0, t0 = machine_cpu(), time.perf_counter()
             for i, (a, b) in enumerate(sorted(rate)):
                 clients.append(subprocess.Popen(
                     ["ip", "netns", "exec", lab.netns(a), "iperf3", "-c", addr[b], "-p",
@@ -76,13 +70,10 @@ def iperf_emulation(seconds: float):
                     got += json.loads(out)["end"]["sum_received"]["bits_per_second"]
                 except (ValueError, KeyError):
                     pass
-            b1, wall = _busy(), time.perf_counter() - t0
+            b1, wall = machine_cpu(), time.perf_counter() - t0
         finally:
-            for p in servers + clients:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        busy = (b1[0] - b0[0]) / max(b1[1] - b0[1], 1e-9)
+            stop_all(servers + clients)
+        busy = busy_share(b0, b1)
         cores = os.cpu_count() or 1
         # wire bytes per core-second of emulation + TCP (the cost model's
         # emulation_bytes_per_s; includes other jobs' load when the machine is not quiet)
