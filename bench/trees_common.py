@@ -83,13 +83,9 @@ def _one_hop_uses(hosts: list[str], links: list) -> dict:
 def lab_credit(shape, uses: dict, mtu: int) -> np.ndarray:
     """Per row of ``link_steps(shape, uses)`` (one-hop uses: a link is a directed host pair
     with 1 / its rate in bytes/s): the token credit the lab gives a cable of that rate."""
-    return np.array([cable_credit_s(8.0 / uses_rate, mtu) for uses_rate in
-                     (_per_byte(uses, link) for link in link_rows(shape, uses))])
-
-
-def _per_byte(uses: dict, link) -> float:
-    """Seconds per byte of ``link`` in one-hop ``uses``."""
-    return next(pb for hops in uses.values() for lk, pb in hops if lk == link)
+    per_byte = {link: pb for hops in uses.values() for link, pb in hops}
+    return np.array([cable_credit_s(8.0 / per_byte[link], mtu)
+                     for link in link_rows(shape, uses)])
 
 
 def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu: int,

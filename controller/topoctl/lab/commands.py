@@ -21,12 +21,16 @@ HTB_CLASS = "1:1"
 BURST_S = 0.004
 
 
+def _quantum(mtu: int) -> int:
+    """Bytes of one full frame of `mtu` as HTB counts it (with the 14-byte Ethernet header)."""
+    return max(mtu + 14, 1514)
+
+
 def cable_credit(rate: int, mtu: int) -> int:
     """Bytes of token credit of a cable shaped to `rate` bit/s with frames of `mtu`: `BURST_S`
     at the rate, at least two full frames (HTB must hold one GSO/jumbo frame, and a slow
     cable's 4 ms are less than one: below 36 Mbit/s at MTU 9000 the frames set the credit)."""
-    quantum = max(mtu + 14, 1514)
-    return max(int(rate * BURST_S / 8), 2 * quantum)
+    return max(int(rate * BURST_S / 8), 2 * _quantum(mtu))
 
 
 def cable_credit_s(rate: float, mtu: int) -> float:
@@ -106,7 +110,7 @@ def shape(dev: str, rate: int, mtu: int, latency: float = 0.0, loss: float = 0.0
           netem: bool = False) -> list[str]:
     """Egress of `dev` limited to `rate` bit/s: an HTB class (handles GSO packets exactly) with
     `BURST_S` of token credit, with a netem leaf for delay/loss when the kernel has sch_netem."""
-    quantum = max(mtu + 14, 1514)
+    quantum = _quantum(mtu)
     burst = cable_credit(rate, mtu)  # bytes (see BURST_S)
     out = [f"qdisc add dev {dev} root handle {HTB_HANDLE} htb default 1",
            f"class add dev {dev} parent {HTB_HANDLE} classid {HTB_CLASS} htb rate {rate}bit "

@@ -165,15 +165,22 @@ def _sends(shape: TreeShape) -> list[tuple[tuple[int, int], int, int]]:
             zip(pairs, shape.offset[send].tolist(), shape.tree[send].tolist(), strict=True)]
 
 
+def _link_index(sends: list[tuple[tuple[int, int], int, int]],
+                uses: Mapping[tuple[int, int], Sequence[tuple[Hashable, float]]]
+                ) -> dict[Hashable, int]:
+    """Row of each link the `sends` cross, in order of first use."""
+    index: dict[Hashable, int] = {}
+    for pair, _, _ in sends:
+        for link, _ in uses.get(pair, ()):
+            index.setdefault(link, len(index))
+    return index
+
+
 def link_rows(shape: TreeShape,
               uses: Mapping[tuple[int, int], Sequence[tuple[Hashable, float]]]) -> list[Hashable]:
     """The link of each row of :func:`link_steps` (same arguments), in order: to give each
     link its own token credit (:func:`predict`'s ``credit_s`` as an array)."""
-    seen: dict[Hashable, None] = {}
-    for pair, _, _ in _sends(shape):
-        for link, _ in uses.get(pair, ()):
-            seen.setdefault(link, None)
-    return list(seen)
+    return list(_link_index(_sends(shape), uses))
 
 
 def link_steps(shape: TreeShape,
@@ -189,7 +196,7 @@ def link_steps(shape: TreeShape,
     frac = np.asarray(shape.fractions)
     sends = _sends(shape)
     depth = max((start for _, start, _ in sends), default=0)
-    index = {link: i for i, link in enumerate(link_rows(shape, uses))}
+    index = _link_index(sends, uses)
     rows, cols, vals = [], [], []
     for (a, b), start, t in sends:
         for link, per_byte in uses.get((a, b), ()):
