@@ -168,7 +168,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
           min_seconds: float = 3.0, keep: Path | None = None, run_label: str = ""
           ) -> dict | None:
     """Plan (or take `given`), build the lab, apply, train and print the comparison; the row
-    (strategy, predicted, measured, error_pct, load average at the start) or None on failure
+    (strategy, predicted, measured, error_pct) or None on failure
     (reported on stderr). `run_label` tells repeated runs' kept files apart."""
     name = f"pc{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
@@ -178,7 +178,6 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     job["launch"] = (job.get("launch") or {}) | {"iterations": iterations}
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster))
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
-    load = os.getloadavg()
     speed_before = speed_probe()
     if given is None:
         # op times of now (this VM's speed drifts); predictions for the cables the lab
@@ -265,10 +264,11 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     measured = RunResult(0, {i: RankStats(h, iterations=s) for i, (h, s) in
                              enumerate(sorted(seconds.items()))}, 0.0).iteration_time
     timed = max(0, min(len(s) for s in seconds.values()) - WARMUP)
+    error_pct = 100 * (predicted - measured) / measured
     print(f"{label}/{plan['metadata']['job']} [{plan['metadata']['strategy']}]: "
           f"predicted {predicted:.3f} s, "
           f"measured {measured:.3f} s (ranks' mean, median of {timed} iterations), error "
-          f"{100 * (predicted - measured) / measured:+.1f} %")
+          f"{error_pct:+.1f} %")
     if buckets:  # the tree runtime's own time per bucket, against its prediction
         from topoctl.rollout.run import allreduce_summary, predicted_buckets
 
@@ -296,8 +296,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))
     sys.stdout.flush()  # a long --repeats run shows each check as it ends
     return {"strategy": plan["metadata"]["strategy"], "predicted": predicted,
-            "measured": measured, "error_pct": 100 * (predicted - measured) / measured,
-            "loadavg": [round(x, 2) for x in load]}
+            "measured": measured, "error_pct": error_pct}
 
 
 def cli(argv: list[str] | None = None) -> int:

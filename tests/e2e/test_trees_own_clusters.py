@@ -46,9 +46,9 @@ def test_small_suite_through_the_users_path(tmp_path):
     # `--retime` measures the ops and the runtime calibration again and caches them: into a
     # cache of this test's own, never the machine's (benchmarks after CI would use figures
     # measured under the test suite's load)
-    cache = tmp_path / "cache"
+    cache, out = tmp_path / "cache", tmp_path / "out"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "trees_own_clusters.py"),
-                        "--suite", "small", "--iterations", "3", "--out", str(tmp_path / "out"),
+                        "--suite", "small", "--iterations", "3", "--out", str(out),
                         "--json"], capture_output=True, text=True, timeout=300,
                        env=os.environ | {"TOPOCTL_CACHE": str(cache)})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -62,11 +62,11 @@ def test_small_suite_through_the_users_path(tmp_path):
         100 * (row["predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert len(row["loadavg_start"]) == 3
     # a reader can redo it: the cluster, job and plan files are kept next to the results
-    kept = tmp_path / "out" / "ring4"
+    kept = out / "ring4"
     assert yaml.safe_load((kept / "job.yaml").read_text())["strategies"] == ["trees"]
     assert parse_cluster(yaml.safe_load((kept / "cluster.yaml").read_text()))
-    assert (kept / "plan.yaml").exists() and (tmp_path / "out" / "results.md").exists()
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert (kept / "plan.yaml").exists() and (out / "results.md").exists()
+    results = json.loads((out / "results.json").read_text())
     assert results["rows"][0]["lab"] == row["lab"]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"tp-{row['lab']}-" not in left

@@ -17,7 +17,7 @@ sys.path.remove(str(BENCH))
 
 def _row(strategy: str, predicted: float, measured: float) -> dict:
     return {"strategy": strategy, "predicted": predicted, "measured": measured,
-            "error_pct": 100 * (predicted - measured) / measured, "loadavg": [0.0, 0.0, 0.0]}
+            "error_pct": 100 * (predicted - measured) / measured}
 
 
 def test_medians_per_strategy_in_first_seen_order():
