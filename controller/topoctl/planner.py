@@ -31,6 +31,8 @@ from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
 from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.routing import RoutingError
+from topoctl.sim.steady import steady_period
+from topoctl.sim.tasks import Collective
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
 from topoctl.strategies import PlanContext, Strategy, StrategyError, available
@@ -172,14 +174,24 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
                    cpu_pool=(frozenset(ctx.hosts), cores))
 
 
+STEADY_ITERATIONS = 3  # iterations simulated back to back for a steady-state period
+
+
 def evaluate(ctx: PlanContext, name: str) -> Evaluated:
-    """Run strategy `name` and simulate its iteration. A strategy's errors become the file's
-    they are about: StrategyError -> JobError at `strategies[i]`; RoutingError, FabricError,
-    SimError -> ClusterError (the fabric cannot carry the job)."""
+    """Run strategy `name` and simulate its iteration (its steady-state period when ranks
+    leave a collective one by one: ``Collective.member_done``). A strategy's errors become
+    the file's they are about: StrategyError -> JobError at `strategies[i]`; RoutingError,
+    FabricError, SimError -> ClusterError (the fabric cannot carry the job)."""
     t0 = time.perf_counter()
     try:
         s = available()[name](ctx)
         res = simulate(s.tasks, s.network, record=False)
+        if any(isinstance(t, Collective) and t.member_done for t in s.tasks):
+            # ranks leave a collective one by one: the next iteration's compute starts under
+            # its tail, and the period is the prediction (`topoctl.sim.steady`)
+            period = steady_period(s.tasks, s.network, STEADY_ITERATIONS)
+            res = replace(res, iteration_time=period, exposed_comm=max(
+                0.0, period - res.compute_time), isolated_iteration=res.iteration_time)
     except StrategyError as e:
         i = ctx.job.strategies.index(name) if name in ctx.job.strategies else 0
         raise JobError([(f"strategies[{i}]", f"{name}: {m}") for _, m in e.problems]) from None

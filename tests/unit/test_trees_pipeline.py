@@ -14,6 +14,7 @@ from topoagent.collectives.program import compile_program
 from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     choose_chunks,
+    leave_fractions,
     link_rows,
     link_steps,
     predict,
@@ -244,3 +245,21 @@ def test_token_credit_is_spent_after_a_link_idled(world, ntrees, chunks, credit,
     assert got.network_s <= without.network_s * (1 + 1e-12)
     assert predict(sh, nbytes, rate, chunks, FREE, 1, links=links, credit_s=0.0).network_s == \
         without.network_s
+
+
+def test_ranks_leave_the_lock_step_program_after_their_last_message():
+    """A path 0 - 1 - 2 rooted at 0 (height 2, S = C + 3 steps): the root sends its last
+    broadcast at step C + 1, the middle rank and the leaf are busy to the last step."""
+    shape = tree_shape([[None, 0, 1]], [1.0])
+    assert leave_fractions(shape, 4) == pytest.approx((6 / 7, 1.0, 1.0))
+    # two trees rooted at either end: each end is a root once and a leaf once
+    both = tree_shape([[None, 0, 1], [1, 2, None]], [1.0, 1.0])
+    assert leave_fractions(both, 4) == pytest.approx((1.0, 1.0, 1.0))
+    # any trees: the deepest leaf of the tallest tree takes every step, nobody leaves before
+    # sending its last reduce chunk
+    for seed in range(5):
+        sched = random_schedule(7, 3, seed)
+        shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
+        got = leave_fractions(shape, 10)
+        total = 10 + max(2 * h - 1 for h in shape.heights)
+        assert max(got) == 1.0 and min(got) >= 10 / total

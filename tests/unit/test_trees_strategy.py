@@ -133,3 +133,50 @@ def test_fill_drain_gives_each_link_the_credit_of_a_lab_cable_of_its_rate():
     assert fd.credit_s.shape == (fd.steps.shape[0],)
     slow = 2 * 9014 * 8 / 20e6
     assert sorted({round(c, 6) for c in fd.credit_s}) == [round(BURST_S, 6), round(slow, 6)]
+
+
+def test_ranks_leave_the_last_tree_allreduce_one_by_one_and_the_period_is_predicted():
+    """tworack8: the trees' roots and shallow ranks leave the last bucket's AllReduce before
+    the deepest leaves; each host's optimizer step waits for its own part only, and the plan
+    predicts the steady-state period of back-to-back iterations (shorter than one alone)."""
+    from dataclasses import replace
+
+    from topoctl.planner import STEADY_ITERATIONS
+    from topoctl.sim.engine import simulate
+    from topoctl.sim.steady import steady_period
+    from topoctl.sim.tasks import Collective, member_done
+
+    # the roofline's CPU ranks (no op timing in a unit test) slowed to about the lab's compute
+    job = _demo_job() | {"strategies": ["baseline", "trees"],
+                         "cost": {"method": "roofline", "scale": 20}}
+    doc, ctx, evals = make_plan(load_cluster(PLANS / "tworack8-cluster.yaml"), parse_job(job),
+                                use_cache=False)
+    ev = {e.strategy.name: e for e in evals}
+    trees = ev["trees"].strategy
+    colls = [t for t in trees.tasks if isinstance(t, Collective)]
+    last = colls[-1]
+    assert last.member_done and not any(c.member_done for c in colls[:-1])
+    tasks = {t.id: t for t in trees.tasks}
+    parts = {h: tasks[f"{last.id}/cpu@{h}"].duration for h in ctx.hosts}
+    whole = tasks[f"{last.id}/cpu"].duration
+    assert max(parts.values()) == pytest.approx(whole) and min(parts.values()) < 0.95 * whole
+    for h in ctx.hosts:
+        assert set(tasks[f"step@{h}"].deps) >= {member_done(last.id, h), f"{last.id}/cpu@{h}"}
+        assert last.id not in tasks[f"step@{h}"].deps
+    res = ev["trees"].result
+    assert res.iteration_time == pytest.approx(
+        steady_period(trees.tasks, trees.network, STEADY_ITERATIONS))
+    assert doc["metadata"]["strategy"] == "trees"
+    assert doc["metadata"]["prediction"]["isolated_iteration"] == pytest.approx(
+        res.isolated_iteration)
+    from topoctl.render.explain import explain_text
+    assert "steady state: ranks leave the AllReduce one by one" in explain_text(doc)
+    # a ring's members leave together: its prediction stays the one iteration
+    assert ev["baseline"].result.isolated_iteration is None
+    # each rank on a core of its own, the last to leave still computes all of its next
+    # iteration after it: no gain. The lab's ranks share 2 cores: those that left early
+    # compute under the tail, and the last ones then have the cores to themselves.
+    assert res.iteration_time == pytest.approx(res.isolated_iteration)
+    lab = replace(trees.network, cpu_pool=(frozenset(ctx.hosts), 2))
+    alone = simulate(trees.tasks, lab).iteration_time
+    assert steady_period(trees.tasks, lab, STEADY_ITERATIONS) < 0.99 * alone

@@ -35,6 +35,10 @@ def headline(doc: dict) -> list[str]:
            f"{100 * p.get('max_link_utilisation', 0):.0f}%)",
            f"lower bound: {_ms(b.get('iteration_time'))} [{b.get('name')}], "
            f"plan/bound = {b.get('ratio')}"]
+    if p.get("isolated_iteration") is not None:  # a steady-state period (topoctl.sim.steady)
+        out.append(f"steady state: ranks leave the AllReduce one by one and start the next "
+                   f"iteration under its tail; one iteration alone "
+                   f"{_ms(p['isolated_iteration'])}")
     busy = p.get("busiest_links") or {}
     if busy:
         out.append("busiest links: " + ", ".join(f"{k} {100 * u:.0f}%" for k, u in busy.items()))

@@ -10,6 +10,8 @@
 - `tasks`: what a strategy hands the engine: `Compute` (a device busy for a duration),
   `Transfer` (bytes from a node to a node), `Collective` (a Schedule), each with dependencies.
 - `engine.simulate(tasks, network)` -> `SimResult` (iteration time, breakdown, link use).
+- `steady.steady_period(tasks, network)`: iterations back to back, each rank starting the next
+  when its own part is done (collectives with `member_done`): the training period.
 - `routing` (hop-count shortest paths over a cluster fabric, next-hop matrix) and `fabric`
   (a `Network` built from a cluster fabric and a routing).
 """

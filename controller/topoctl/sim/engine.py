@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from topoagent.protocol import TopoError
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Network
-from topoctl.sim.tasks import Collective, Compute, Task, Transfer
+from topoctl.sim.tasks import Collective, Compute, Task, Transfer, member_done
 
 _COMPUTE, _FLOW, _JOIN = 0, 1, 2
 
@@ -54,16 +54,21 @@ class SimResult:
     link_utilisation: dict[str, float] = field(default_factory=dict)
     finish: dict[str, float] = field(default_factory=dict)  # task id -> completion time
     start: dict[str, float] = field(default_factory=dict)  # task id -> time it became ready/ran
+    # set when `iteration_time` is a steady-state period (`topoctl.sim.steady`): the time of
+    # one iteration run alone, from idle devices to its last task
+    isolated_iteration: float | None = None
 
     def breakdown(self) -> dict[str, float]:
         """Iteration time split into compute, exposed and active communication (seconds)."""
         return {"iteration_time": self.iteration_time, "compute": self.compute_time,
                 "exposed_communication": self.exposed_comm, "communication_active":
                 self.comm_active,
-                "max_link_utilisation": max(self.link_utilisation.values(), default=0.0)}
+                "max_link_utilisation": max(self.link_utilisation.values(), default=0.0)} | (
+                    {"isolated_iteration": self.isolated_iteration}
+                    if self.isolated_iteration is not None else {})
 
 
-_SHAPES: dict[int, tuple] = {}  # steps tuple id -> its dependency structure (shared, read-only)
+_SHAPES: dict[tuple, tuple] = {}  # (steps tuple id, members) -> dependency structure (read-only)
 
 
 class _Graph:
@@ -82,10 +87,11 @@ class _Graph:
         self.ndeps: list[int] = []
         self.owner: list[int] = []  # join node of a collective step, -1 otherwise
         self.offset: list[int] = []  # added to succ entries (collective steps: the first step)
-        index: dict[str, int] = {}
+        self.index: dict[str, int] = {}  # task id (and members' parts) -> node
+        index = self.index
         pending: list[tuple[int, tuple[str, ...], str]] = []
         for t in tasks:
-            if t.id in index:
+            if t.id in index:  # (a member's part of a collective too)
                 raise SimError(f"task id {t.id!r} used twice")
             if isinstance(t, Compute):
                 n = self._add(_COMPUTE, t.id)
@@ -105,7 +111,6 @@ class _Graph:
                     raise SimError(f"task {tid!r} depends on unknown task {d!r}")
                 self.succ[index[d]].append(n)
                 self.ndeps[n] += 1
-        self.index = index
 
     def name(self, node: int) -> str:
         if self.owner[node] >= 0:
@@ -131,23 +136,8 @@ class _Graph:
         m = len(steps)
         base = len(self.kind)
         join = base + m
-        shape = _SHAPES.get(id(steps))
-        if shape is None or shape[0] is not steps:
-            succ_rel: list[list[int]] = [[] for _ in range(m)]
-            roots = []
-            for i, s in enumerate(steps):
-                for d in s.deps:
-                    if not 0 <= d < i:
-                        raise SimError(f"{t.id}: step {i} depends on step {d} (not earlier)")
-                    succ_rel[d].append(i)
-                if not s.deps:
-                    roots.append(i)
-            shape = (steps, succ_rel, roots, [len(s.deps) for s in steps],
-                     [s.src for s in steps], [s.dst for s in steps], [s.size for s in steps])
-            if len(_SHAPES) > 64:
-                _SHAPES.clear()
-            _SHAPES[id(steps)] = shape  # holds `steps`, so the id stays unique
-        _, succ_rel, roots, ndeps, srcs, dsts, sizes = shape
+        shape = _shape(steps, t.id, sch.members if t.member_done else None)
+        _, succ_rel, roots, ndeps, srcs, dsts, sizes, parts = shape
         for i in roots:
             pending.append((base + i, t.deps, t.id))
         self.kind.extend([_FLOW] * m)
@@ -164,7 +154,55 @@ class _Graph:
         self.ndeps[n] = m
         if not m:
             pending.append((n, t.deps, t.id))
+        # members' parts (join + 1 + k, as `_shape` numbered them): each waits for its steps
+        for member, count in parts:
+            part = member_done(t.id, member)
+            if part in self.index:
+                raise SimError(f"task id {part!r} used twice")
+            k = self._add(_JOIN, part)
+            self.ndeps[k] = count
+            if not count:
+                pending.append((k, t.deps, t.id))
+            self.index[part] = k
         return n
+
+
+def _shape(steps: tuple, cid: str, members: Sequence[str] | None) -> tuple:
+    """The dependency structure of `steps`, relative to the collective's first node (cached
+    per steps tuple: same-shaped collectives share it). With `members`, every step also counts
+    down the part of its sender and receiver: node ``len(steps) + 1 + k`` for ``members[k]``;
+    the last item lists (member, steps it takes part in)."""
+    key = (id(steps), tuple(members) if members is not None else None)
+    shape = _SHAPES.get(key)
+    if shape is not None and shape[0] is steps:
+        return shape
+    m = len(steps)
+    succ_rel: list[list[int]] = [[] for _ in range(m)]
+    roots = []
+    for i, s in enumerate(steps):
+        for d in s.deps:
+            if not 0 <= d < i:
+                raise SimError(f"{cid}: step {i} depends on step {d} (not earlier)")
+            succ_rel[d].append(i)
+        if not s.deps:
+            roots.append(i)
+    parts: list[tuple[str, int]] = []
+    if members is not None:
+        slot = {x: m + 1 + k for k, x in enumerate(members)}
+        count = dict.fromkeys(members, 0)
+        for i, s in enumerate(steps):
+            for x in dict.fromkeys((s.src, s.dst)):
+                if x not in slot:
+                    raise SimError(f"{cid}: step {i} {s.src}->{s.dst} leaves the members")
+                succ_rel[i].append(slot[x])
+                count[x] += 1
+        parts = list(count.items())
+    shape = (steps, succ_rel, roots, [len(s.deps) for s in steps], [s.src for s in steps],
+             [s.dst for s in steps], [s.size for s in steps], parts)
+    if len(_SHAPES) > 64:
+        _SHAPES.clear()
+    _SHAPES[key] = shape  # holds `steps`, so the id stays unique
+    return shape
 
 
 def simulate(tasks: Sequence[Task], network: Network, record: bool = True,

@@ -32,11 +32,20 @@ class Transfer:
 @dataclass(frozen=True)
 class Collective:
     """A collective schedule; its first steps wait for `deps`, it completes when all steps are
-    delivered."""
+    delivered. With `member_done`, each member's own part is a task too (:func:`member_done`
+    names it): done when every step the member sends or receives is delivered. A rank leaves
+    a collective when its part is done, not when the last member's is (a tree's root and
+    shallow members leave its broadcast steps before the deepest leaves do)."""
 
     id: str
     schedule: Schedule
     deps: tuple[str, ...] = ()
+    member_done: bool = False
+
+
+def member_done(collective_id: str, member: str) -> str:
+    """Id of `member`'s part of collective `collective_id` (one with ``member_done=True``)."""
+    return f"{collective_id}@{member}"
 
 
 Task = Compute | Transfer | Collective

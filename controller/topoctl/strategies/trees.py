@@ -33,6 +33,7 @@ from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     TreePrediction,
     choose_chunks,
+    leave_fractions,
     link_rows,
     link_steps,
     predict,
@@ -49,7 +50,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.tasks import Collective, Compute
+from topoctl.sim.tasks import Collective, Compute, member_done
 
 from . import PlanContext, Strategy, StrategyError
 from .baseline import backward_task, dp_tasks
@@ -206,6 +207,8 @@ class RuntimeFit:
     costs: RuntimeCosts
     # the hosts whose ranks outnumber this machine's cores (the lab), else empty
     shared: tuple[str, ...] = ()
+    # bucket bytes -> host -> the share of the AllReduce after which its rank leaves it
+    leave: dict[int, dict[str, float]] | None = None
 
     def with_cpu_part(self, tasks: list, sizes: list[int]) -> list:
         """`tasks` (one ``Collective`` per bucket of `sizes`, in order, as
@@ -219,9 +222,14 @@ class RuntimeFit:
         ranks' backward is done. Its lock-step steps each need every rank's thread on a core,
         and while the ranks compute, the cores are theirs: traced on hetero8 and mesh5
         (2026-11-26), the first bucket, handed over mid-backward, took 26-30 ms longer than
-        the next ones of its size, about as long as the backward it overlapped."""
+        the next ones of its size, about as long as the backward it overlapped.
+
+        The last bucket's ranks leave it one by one (`leave`): each host's optimizer step
+        waits for its own part of the collective and of the runtime's time, so that the next
+        iteration's compute can start under the AllReduce's tail (`topoctl.sim.steady`)."""
         hold = tuple(backward_task(len(sizes), h) for h in self.shared)
-        return _with_cpu_part(tasks, [self.preds[s].seconds for s in sizes], hold)
+        leave = self.leave[sizes[-1]] if self.leave and sizes else None
+        return _with_cpu_part(tasks, [self.preds[s].seconds for s in sizes], hold, leave)
 
     def note(self, sizes: list[int]) -> dict:
         """The plan's ``metadata.collective.runtime`` (``topoctl explain`` prints it)."""
@@ -330,27 +338,45 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
         fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
     # more ranks than cores: their compute holds the cores (`RuntimeFit.with_cpu_part`)
     shared = tuple(hosts) if colocated > costs.cores else ()
-    return RuntimeFit(fitted, preds, costs, shared)
+    leave = {size: dict(zip(hosts, leave_fractions(shape, p.chunks), strict=True))
+             for size, p in preds.items()}
+    return RuntimeFit(fitted, preds, costs, shared, leave)
 
 
-def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = ()) -> list:
+def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = (),
+                   leave: dict[str, float] | None = None) -> list:
     """Beside every bucket's collective ``ar{k}``, a task ``ar{k}/cpu`` of `cpu` seconds (the
     runtime's own time for the bucket) that starts with it (same dependencies, and the tasks
     `hold` names) on a pseudo-device of its own; whatever waited for ``ar{k}`` waits for both.
     The runtime overlaps its CPU work with the transfers, so the bucket takes the larger of
-    the two."""
-    renamed: dict[str, tuple[str, ...]] = {}
+    the two.
+
+    `leave` (host -> share of the runtime's time after which its rank leaves the last
+    bucket's AllReduce, :func:`~topoctl.collective.trees.pipeline.leave_fractions`): a host's
+    compute that waited for the last bucket waits for that host's part only: its part of the
+    collective (``member_done``) and a task ``ar{k}/cpu@host`` of that share of the time."""
+    coll = [t.id for t in tasks if isinstance(t, Collective)]
+    last = coll[-1] if coll and leave else None
+    renamed = {c: (c, f"{c}/cpu") for c in coll}
+    out = []
     k = 0
     for t in tasks:
+        if isinstance(t, Compute) and last in t.deps and t.device in leave:
+            part = (member_done(last, t.device), f"{last}/cpu@{t.device}")
+            deps = tuple(d2 for d in t.deps for d2 in (part if d == last else
+                                                       renamed.get(d, (d,))))
+        else:
+            deps = tuple(d2 for d in t.deps for d2 in renamed.get(d, (d,)))
+        changes = {"deps": deps}
+        if t.id == last:
+            changes["member_done"] = True
+        out.append(replace(t, **changes))
         if isinstance(t, Collective):
-            renamed[t.id] = (t.id, f"{t.id}/cpu")
-    out = []
-    for t in tasks:
-        deps = tuple(d2 for d in t.deps for d2 in renamed.get(d, (d,)))
-        out.append(type(t)(**{**t.__dict__, "deps": deps}))
-        if isinstance(t, Collective):
-            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k],
-                               tuple(dict.fromkeys(deps + hold))))
+            start = tuple(dict.fromkeys(deps + hold))
+            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], start))
+            if t.id == last:
+                out += [Compute(f"{t.id}/cpu@{h}", f"trees-cpu/{t.id}@{h}", cpu[k] * share,
+                                start) for h, share in leave.items()]
             k += 1
     return out
 

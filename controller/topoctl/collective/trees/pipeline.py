@@ -52,6 +52,7 @@ __all__ = [
     "TreePrediction",
     "TreeShape",
     "choose_chunks",
+    "leave_fractions",
     "link_rows",
     "link_steps",
     "predict",
@@ -285,6 +286,24 @@ class TreePrediction:
     def as_dict(self) -> dict:
         """The prediction as plain data (for plans and `explain`), with the total."""
         return asdict(self) | {"seconds": self.seconds, "exposed_cpu_s": self.exposed_cpu_s}
+
+
+def leave_fractions(shape: TreeShape, chunks: int) -> tuple[float, ...]:
+    """Per rank, the share of the lock-step program's ``S = C + D`` steps after which it has
+    sent and received its last message and leaves the AllReduce: ``(last_r + 1) / S`` with
+    ``last_r`` its last step, ``C - 1 +`` the largest step offset of its tree edges (a
+    leaf's last broadcast receive, an inner rank's last broadcast send). The roots and shallow
+    ranks of every tree leave first; the deepest leaves take the whole program. Steps are
+    counted as equal (fill and drain steps may be shorter: :func:`link_steps`). O(P) for P
+    tree-edge endpoints."""
+    n = shape.world_size
+    c = max(1, int(chunks))
+    if not shape.heights or not shape.offset.size:
+        return (1.0,) * n
+    steps = c + max(2 * h - 1 for h in shape.heights)
+    last = np.full(n, -1, np.int64)
+    np.maximum.at(last, shape.group // 2 // n, shape.offset + c - 1)
+    return tuple(float(min(steps, x + 1) / steps) if x >= 0 else 0.0 for x in last)
 
 
 def _messages_per_rank(shape: TreeShape, chunks: int) -> np.ndarray:
