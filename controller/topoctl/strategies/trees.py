@@ -207,7 +207,8 @@ class RuntimeFit:
     costs: RuntimeCosts
     # the hosts whose ranks outnumber this machine's cores (the lab), else empty
     shared: tuple[str, ...] = ()
-    # bucket bytes -> host -> the share of the AllReduce after which its rank leaves it
+    # bucket bytes -> host -> the share of the AllReduce after which its rank leaves it (in
+    # the lab: after which its next compute has the cores the runtime leaves free)
     leave: dict[int, dict[str, float]] | None = None
 
     def with_cpu_part(self, tasks: list, sizes: list[int]) -> list:
@@ -338,8 +339,15 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
         fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
     # more ranks than cores: their compute holds the cores (`RuntimeFit.with_cpu_part`)
     shared = tuple(hosts) if colocated > costs.cores else ()
-    leave = {size: dict(zip(hosts, leave_fractions(shape, p.chunks), strict=True))
-             for size, p in preds.items()}
+    leave = {}
+    for size, p in preds.items():
+        # ranks sharing the cores (the lab) compute under the tail only in what the runtime and
+        # the cable emulation leave of the cores: about 1 - cpu_s / seconds of them (tworack8,
+        # 2026-11-27: the early ranks' next compute stretched the AllReduce's tail; with the
+        # full tail credited the trees were predicted 4.5% and trees+bandwidth 10% short)
+        busy = min(1.0, p.cpu_s / p.seconds) if shared and p.seconds > 0 else 0.0
+        leave[size] = {h: 1.0 - (1.0 - f) * (1.0 - busy)
+                       for h, f in zip(hosts, leave_fractions(shape, p.chunks), strict=True)}
     return RuntimeFit(fitted, preds, costs, shared, leave)
 
 
