@@ -369,12 +369,10 @@ def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = (),
     out = []
     k = 0
     for t in tasks:
+        sub = renamed
         if isinstance(t, Compute) and last in t.deps and t.device in leave:
-            part = (member_done(last, t.device), f"{last}/cpu@{t.device}")
-            deps = tuple(d2 for d in t.deps for d2 in (part if d == last else
-                                                       renamed.get(d, (d,))))
-        else:
-            deps = tuple(d2 for d in t.deps for d2 in renamed.get(d, (d,)))
+            sub = renamed | {last: (member_done(last, t.device), f"{last}/cpu@{t.device}")}
+        deps = tuple(d2 for d in t.deps for d2 in sub.get(d, (d,)))
         changes = {"deps": deps}
         if t.id == last:
             changes["member_done"] = True
