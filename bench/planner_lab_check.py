@@ -5,7 +5,7 @@ job's measured period as `topoctl run` reports it (after its warm-up iterations,
 mean, median over iterations: `RunResult.iteration_time`) with the plan's prediction.
 
     python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
-        [--strategies baseline trees ...] [--plan plan.yaml] [--min-seconds 3] [--keep DIR]
+        [--strategies baseline trees ...] [--plan plan.yaml] [--min-seconds 6] [--keep DIR]
         [--repeats 3]
 
 With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
@@ -119,7 +119,7 @@ class CpuSampler:
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
          strategies: list[str] | None = None, plan_file: str | None = None,
-         min_seconds: float = 3.0, keep: Path | None = None, repeats: int = 1) -> int:
+         min_seconds: float = 6.0, keep: Path | None = None, repeats: int = 1) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
     given = yaml.safe_load(Path(plan_file).read_text()) if plan_file else None
     if given is not None:  # measure this plan (made for this cluster) instead of planning
@@ -165,7 +165,7 @@ def median_table(rows: list[dict]) -> list[str]:
 
 
 def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None,
-          min_seconds: float = 3.0, keep: Path | None = None, run_label: str = ""
+          min_seconds: float = 6.0, keep: Path | None = None, run_label: str = ""
           ) -> dict | None:
     """Plan (or take `given`), build the lab, apply, train and print the comparison; the row
     (strategy, predicted, measured, error_pct) or None on failure
@@ -194,7 +194,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         (tmp / "plan.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
     # the timed iterations (all but the `WARMUP` first) cover at least `min_seconds` of
-    # predicted time: a fast strategy's median is not left to 5 samples
+    # predicted time: a fast strategy's median is not left to 5 samples, nor half made of a
+    # tree plan's first, still settling iterations (bench/demo.py, `--min-seconds`)
     fast = math.ceil(min_seconds / max(plan["metadata"]["prediction"]["iteration_time"], 1e-3))
     plan["job"]["iterations"] = max(iterations, WARMUP + fast)
     labs = tmp / "labs"
@@ -308,9 +309,9 @@ def cli(argv: list[str] | None = None) -> int:
                     help="iterations, at least (5; see --min-seconds)")
     ap.add_argument("--strategies", nargs="+", help="strategies to check (default: all)")
     ap.add_argument("--plan", help="measure this plan of the cluster instead of planning")
-    ap.add_argument("--min-seconds", type=float, default=3.0,
+    ap.add_argument("--min-seconds", type=float, default=6.0,
                     help="more iterations when the timed ones would cover less predicted time "
-                         "(3)")
+                         "(6; 3 until 2026-11-27)")
     ap.add_argument("--keep", type=Path, help="save each check's plan and rank outputs here")
     ap.add_argument("--repeats", type=int, default=1,
                     help="check every strategy this many times, round by round, and end with "

@@ -150,6 +150,18 @@ def test_compute_stream_runs_one_task_at_a_time_in_list_order():
     assert r.device_busy == pytest.approx({"d": 3.0, "e": 0.5})
 
 
+def test_a_runtimes_own_time_is_not_counted_as_compute():
+    """`Compute.communication` (the tree runtime's CPU part on its pseudo-device) takes time
+    like any task, but the busiest device's compute is the model's: here "d"'s 1 s, not the
+    runtime's 3 s, so 3 s of the 4 s iteration are exposed communication."""
+    tasks = [Compute("fwd", "d", 1.0), Compute("ar/cpu", "rt", 3.0, ("fwd",), communication=True)]
+    r = simulate(tasks, star(["d"], 1.0))
+    assert r.iteration_time == pytest.approx(4.0)
+    assert r.device_busy == pytest.approx({"d": 1.0, "rt": 3.0})
+    assert r.compute_time == pytest.approx(1.0)
+    assert r.exposed_comm == pytest.approx(3.0)
+
+
 def test_overlap_hides_communication_behind_compute():
     hosts = ["a", "b"]
     net = star(hosts, 10.0)

@@ -173,6 +173,9 @@ def test_ranks_leave_the_last_tree_allreduce_one_by_one_and_the_period_is_predic
     res = ev["trees"].result
     assert res.iteration_time == pytest.approx(
         steady_period(trees.tasks, trees.network, STEADY_ITERATIONS))
+    # the prediction's compute is the hosts' (the runtime's pseudo-devices are communication)
+    assert res.compute_time == pytest.approx(max(res.device_busy[h] for h in ctx.hosts))
+    assert res.compute_time < res.device_busy[f"trees-cpu/{last.id}"]
     assert doc["metadata"]["strategy"] == "trees"
     assert doc["metadata"]["prediction"]["isolated_iteration"] == pytest.approx(
         res.isolated_iteration)

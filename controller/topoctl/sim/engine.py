@@ -14,7 +14,12 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   (processor sharing, as the kernel schedules single-threaded processes); its device still
   runs one task at a time;
 - a task starts when all its dependencies are done (a collective's steps when their own step
-  dependencies are delivered).
+  dependencies are delivered);
+- a collective with ``member_done`` also completes each member's part (`tasks.member_done`)
+  when every step that member sends or receives is delivered, so a rank's next task can wait
+  for its own part only;
+- `SimResult.compute_time` is the busiest device's compute, tasks marked
+  ``Compute.communication`` (a runtime's own CPU time) left out.
 The rates are recomputed whenever the set of flows changes, so the result is exact for the
 fluid model. Cost: O(E * (F + L)) with E events (completions at distinct times; a ring round in
 which every member finishes together is one event), F flows in flight and L links.
@@ -46,7 +51,7 @@ class SimResult:
     compute; `comm_active` = time during which at least one flow was in flight."""
 
     iteration_time: float
-    compute_time: float  # busiest device's total compute
+    compute_time: float  # busiest device's total compute (`Compute.communication` left out)
     exposed_comm: float
     comm_active: float
     device_busy: dict[str, float] = field(default_factory=dict)
@@ -80,6 +85,7 @@ class _Graph:
         self.label: list[str] = []  # task id (collective steps: their collective's id)
         self.device: dict[int, str] = {}
         self.duration: dict[int, float] = {}
+        self.communication: set[int] = set()  # compute nodes that are a runtime's own time
         self.src: list[str | None] = []
         self.dst: list[str | None] = []
         self.size: list[float] = []
@@ -96,6 +102,8 @@ class _Graph:
             if isinstance(t, Compute):
                 n = self._add(_COMPUTE, t.id)
                 self.device[n], self.duration[n] = t.device, t.duration
+                if t.communication:
+                    self.communication.add(n)
                 pending.append((n, t.deps, t.id))
             elif isinstance(t, Transfer):
                 n = self._add(_FLOW, t.id, t.src, t.dst, t.size)
@@ -230,6 +238,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
     cpu_flows = 0  # flows that are pooled compute, not bytes
     link_bytes = dict.fromkeys(links, 0.0)
     busy: dict[str, float] = {}
+    compute_busy: dict[str, float] = {}  # the model's compute only (not `communication`)
     dev_queue: dict[str, list[int]] = {}
     dev_running: dict[str, int | None] = {}
     events: list[tuple[float, int, int]] = []  # (time, seq, node) completion/delivery events
@@ -256,6 +265,8 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
             dev_running[dev] = node
             start[node] = now
             busy[dev] = busy.get(dev, 0.0) + g.duration[node]
+            if node not in g.communication:
+                compute_busy[dev] = compute_busy.get(dev, 0.0) + g.duration[node]
             if dev in pooled and g.duration[node] > 0:  # CPU-seconds on the shared cores
                 fid_counter += 1
                 d = g.duration[node]
@@ -419,7 +430,7 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
     if unfinished:
         raise SimError(f"tasks never ran (dependency cycle?): {', '.join(unfinished[:5])}")
     total = max(finish, default=0.0)
-    compute = max(busy.values(), default=0.0)
+    compute = max(compute_busy.values(), default=0.0)
     util = {k: (b / (links[k].capacity * total) if total > 0 else 0.0)
             for k, b in link_bytes.items()}
     top = {tid: finish[i] for tid, i in g.index.items()}

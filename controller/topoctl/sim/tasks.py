@@ -10,12 +10,15 @@ from topoctl.sim.schedules import Schedule
 @dataclass(frozen=True)
 class Compute:
     """`device` is busy for `duration` seconds. A device runs one task at a time; among ready
-    tasks it runs the one listed first (the strategy's priority order)."""
+    tasks it runs the one listed first (the strategy's priority order). `communication`: the
+    time is a collective runtime's own (the tree runtime's CPU part on its pseudo-device), not
+    the model's compute, so it does not count in ``SimResult.compute_time``."""
 
     id: str
     device: str
     duration: float
     deps: tuple[str, ...] = ()
+    communication: bool = False
 
 
 @dataclass(frozen=True)

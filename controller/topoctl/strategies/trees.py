@@ -8,7 +8,8 @@ links shared max-min fairly by the engine, pipelined in the chunk count the runt
 then the runtime's CPU part (:mod:`topoctl.collective.trees.pipeline`: messages x per-message
 cost + bytes reduced, copied and moved at the machine's calibrated rates, stretched by the ranks
 that share the machine's cores) on a pseudo-device ``trees-cpu/ar<k>`` of its own (so that
-it does not count as the hosts' compute). The chunk size is
+it does not hold the hosts' compute), marked ``communication`` (so that the prediction's
+``compute`` is the hosts' and the bucket's time counts as communication). The chunk size is
 the one :func:`~topoctl.collective.trees.pipeline.choose_chunks` picks for the largest bucket.
 
 The plan's ``job.collective`` carries the runtime schedule (``topoagent.collectives``): the
@@ -379,10 +380,11 @@ def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = (),
         out.append(replace(t, **changes))
         if isinstance(t, Collective):
             start = tuple(dict.fromkeys(deps + hold))
-            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], start))
+            out.append(Compute(f"{t.id}/cpu", f"trees-cpu/{t.id}", cpu[k], start,
+                               communication=True))
             if t.id == last:
                 out += [Compute(f"{t.id}/cpu@{h}", f"trees-cpu/{t.id}@{h}", cpu[k] * share,
-                                start) for h, share in leave.items()]
+                                start, communication=True) for h, share in leave.items()]
             k += 1
     return out
 
