@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = plans[s] = plan_for(cluster, job_doc, s)
         (out / f"plan-{s}.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
         # every strategy on a lab of its own, as bench/planner_lab_check.py measures: a row
-        # must not inherit the one before it (the same topoopt plan measured 0.656-0.663 s per
-        # iteration on a new lab, 0.680-0.709 s after other strategies on the same lab,
-        # predicted 0.648-0.656 s throughout; 2026-11-27)
+        # must not inherit the one before it (the same topoopt plan measured 0.656-0.672 s per
+        # iteration on a new lab, 0.680-0.709 s (once 0.662) after other strategies on the
+        # same lab, predicted 0.648-0.663 s throughout; 2026-11-27, README "The main job")
         name = f"demo{os.getpid() % 10**4}{k}"  # at most 9 characters (k < 10)
         log(f"lab {name}: building {len(cluster.hosts)} hosts from {CLUSTER.name}")
         lab = labmod.up(cluster, name=name)
