@@ -18,7 +18,6 @@ included), also when interrupted.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from topoagent.cliutil import ArgumentParser
+from topoctl.rollout.run import MIN_TIMED_SECONDS, iterations_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
@@ -57,15 +57,6 @@ def allreduce_optimum(plans: dict[str, dict]) -> float | None:
             grad = plan["metadata"]["model"]["parameters_bytes"]
             return grad / float(sched["metadata"]["optimum_bytes_per_s"])
     return None
-
-
-def iterations_for(plan: dict, args) -> int:
-    """Iterations to run `plan`: `--iterations`, or more when the timed ones (after the
-    runtime's warm-up) would cover less than `--min-seconds` of predicted time."""
-    from topoctl.rollout.run import WARMUP
-
-    predicted = plan["metadata"]["prediction"]["iteration_time"]
-    return max(args.iterations, WARMUP + math.ceil(args.min_seconds / max(predicted, 1e-3)))
 
 
 def measure(name: str, plan: dict, transport, iterations: int) -> dict:
@@ -128,12 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=8,
                     help="iterations per strategy, at least (8; see --min-seconds)")
-    # 6 s: a tree plan's first timed iterations can still be settling (topoopt on hetero8,
-    # 2026-11-27 11:52: 0.80, 0.79, 0.77, then 0.72, 0.70, 0.73 s), and with 6 timed
-    # iterations the median was half transient (-8.8% against the steady prediction)
-    ap.add_argument("--min-seconds", type=float, default=6.0,
+    ap.add_argument("--min-seconds", type=float, default=MIN_TIMED_SECONDS,
                     help="timed iterations per strategy cover at least this many predicted "
-                         "seconds (6): a fast strategy's median is not left to 6 samples")
+                         f"seconds ({MIN_TIMED_SECONDS:g}): a fast strategy's median is not left "
+                         "to 6 samples nor to a tree plan's first, still settling iterations")
     ap.add_argument("--out", default="demo-results")
     ap.add_argument("--strategies", nargs="+")
     ap.add_argument("--no-ovs", action="store_true",
@@ -202,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
             if changed["removed"] or changed["added"]:
                 log(f"{s}: re-cabled the lab ({len(changed['removed'])} cables out, "
                     f"{len(changed['added'])} in)")
-            m = measure(s, plan, transport, iterations_for(plan, args))
+            # `--iterations`, or more to cover `--min-seconds` of predicted time
+            m = measure(s, plan, transport, iterations_for(
+                plan["metadata"]["prediction"]["iteration_time"], args.iterations,
+                args.min_seconds))
             meta = plan["metadata"]
             rows.append({"strategy": s, "predicted": meta["prediction"]["iteration_time"],
                          **m})

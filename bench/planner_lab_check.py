@@ -42,7 +42,7 @@ from pathlib import Path
 import yaml
 
 from topoagent.cliutil import ArgumentParser
-from topoctl.rollout.run import WARMUP, RankStats, RunResult
+from topoctl.rollout.run import MIN_TIMED_SECONDS, WARMUP, RankStats, RunResult, iterations_for
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -119,7 +119,7 @@ class CpuSampler:
 
 def main(cluster_file: str, job_file: str, iterations: int = 5,
          strategies: list[str] | None = None, plan_file: str | None = None,
-         min_seconds: float = 6.0, keep: Path | None = None, repeats: int = 1) -> int:
+         min_seconds: float = MIN_TIMED_SECONDS, keep: Path | None = None, repeats: int = 1) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
     given = yaml.safe_load(Path(plan_file).read_text()) if plan_file else None
     if given is not None:  # measure this plan (made for this cluster) instead of planning
@@ -165,7 +165,7 @@ def median_table(rows: list[dict]) -> list[str]:
 
 
 def check(cluster_file: str, job: dict, iterations: int, given: dict | None = None,
-          min_seconds: float = 6.0, keep: Path | None = None, run_label: str = ""
+          min_seconds: float = MIN_TIMED_SECONDS, keep: Path | None = None, run_label: str = ""
           ) -> dict | None:
     """Plan (or take `given`), build the lab, apply, train and print the comparison; the row
     (strategy, predicted, measured, error_pct) or None on failure
@@ -193,11 +193,9 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     else:
         (tmp / "plan.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
     plan = yaml.safe_load((tmp / "plan.yaml").read_text())
-    # the timed iterations (all but the `WARMUP` first) cover at least `min_seconds` of
-    # predicted time: a fast strategy's median is not left to 5 samples, nor half made of a
-    # tree plan's first, still settling iterations (bench/demo.py, `--min-seconds`)
-    fast = math.ceil(min_seconds / max(plan["metadata"]["prediction"]["iteration_time"], 1e-3))
-    plan["job"]["iterations"] = max(iterations, WARMUP + fast)
+    # the timed iterations cover at least `min_seconds` of predicted time
+    plan["job"]["iterations"] = iterations_for(plan["metadata"]["prediction"]["iteration_time"],
+                                               iterations, min_seconds)
     labs = tmp / "labs"
     # cabled as the plan says: a strategy that re-cables (topoopt) is measured on its own
     # cables, not on the cluster file's (for the others the two are the same)
@@ -309,9 +307,9 @@ def cli(argv: list[str] | None = None) -> int:
                     help="iterations, at least (5; see --min-seconds)")
     ap.add_argument("--strategies", nargs="+", help="strategies to check (default: all)")
     ap.add_argument("--plan", help="measure this plan of the cluster instead of planning")
-    ap.add_argument("--min-seconds", type=float, default=6.0,
+    ap.add_argument("--min-seconds", type=float, default=MIN_TIMED_SECONDS,
                     help="more iterations when the timed ones would cover less predicted time "
-                         "(6; 3 until 2026-11-27)")
+                         f"({MIN_TIMED_SECONDS:g})")
     ap.add_argument("--keep", type=Path, help="save each check's plan and rank outputs here")
     ap.add_argument("--repeats", type=int, default=1,
                     help="check every strategy this many times, round by round, and end with "

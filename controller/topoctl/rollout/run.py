@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 import threading
 import time
@@ -28,6 +29,19 @@ from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
+# predicted seconds the timed iterations of a benchmark run cover at least (bench/demo.py,
+# bench/planner_lab_check.py): a fast strategy's median is not left to a few samples, nor half
+# made of a tree plan's first, still settling iterations (topoopt on hetero8, 2026-11-27 11:52:
+# 0.80, 0.79, 0.77, then 0.72, 0.70, 0.73 s: with 6 timed iterations, -8.8% against the steady
+# prediction); 3 until 2026-11-27
+MIN_TIMED_SECONDS = 6.0
+
+
+def iterations_for(predicted: float, at_least: int,
+                   min_seconds: float = MIN_TIMED_SECONDS) -> int:
+    """Iterations to run a plan predicted at `predicted` seconds each: `at_least`, or more
+    when the timed ones (all but the `WARMUP` first) would cover less than `min_seconds`."""
+    return max(at_least, WARMUP + math.ceil(min_seconds / max(predicted, 1e-3)))
 
 
 @dataclass
