@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from topoagent.apply import apply_state, plan
-from topoagent.state import parse_host_state
-from topoagent.store import Store
+from topoagent.apply.store import Store
+from topoagent.apply.transaction import apply_state, plan
+from topoagent.state.host import parse_host_state
 from topoagent.target import Target
 
 NS, PEER = f"tpb-{os.getpid()}-host", f"tpb-{os.getpid()}-peer"

@@ -184,7 +184,7 @@ def run(args: argparse.Namespace, during=None) -> int:
         plan, _, sched, pred = trees_for(hosts, links, lab.layout.mtu, args.bytes,
                                          chunk_bytes=args.chunk_bytes)
         if plan_doc is not None:  # the plan's own trees and chunk instead
-            from topoagent.collectives import TreeSchedule
+            from topotrain.collectives import TreeSchedule
 
             doc = plan_doc["job"]["collective"]["schedule"]
             if args.chunk_bytes:
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace, during=None) -> int:
         port = 29500 + os.getpid() % 1000
         for h in hosts:
             cmd = ["ip", "netns", "exec", lab.netns(h), "env", "GLOO_SOCKET_IFNAME=tp5d0",
-                   PY, "-m", "topoagent.collectives.benchworker", "--rank", str(idx[h]),
+                   PY, "-m", "topotrain.collectives.benchworker", "--rank", str(idx[h]),
                    "--world", str(len(hosts)), "--master", f"{addr[hosts[0]]}:{port}",
                    "--bytes", str(args.bytes), "--iters", str(args.iters),
                    "--ring-iters", str(args.ring_iters), "--schedule", str(spath),

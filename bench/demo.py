@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           for v in names.values())
     t_start = time.perf_counter()
     if {"trees", "topoopt"} & set(strategies):  # the tree runtime's CPU cost model: calibration
-        from topoagent.collectives import calibration_path, ensure_calibration
+        from topotrain.collectives import calibration_path, ensure_calibration
 
         log("runtime CPU calibration (cached): " + str(calibration_path()))
         ensure_calibration()

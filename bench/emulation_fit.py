@@ -35,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import allreduce_lab  # noqa: E402
+from topotrain.collectives import load_calibration  # noqa: E402
 from trees_common import busy_share, machine_cpu, schedule_prediction, stop_all  # noqa: E402
 
-from topoagent.collectives import load_calibration  # noqa: E402
 from topoctl.collective.trees.pipeline import runtime_costs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     job.write_text(yaml.safe_dump(job_doc))
     plan = tmp / "plan.yaml"
     if args.strategy in ("trees", "topoopt"):  # the tree runtime's CPU model (cached)
-        subprocess.run([sys.executable, "-m", "topoagent.collectives.calibrate"], check=True,
+        subprocess.run([sys.executable, "-m", "topotrain.collectives.calibrate"], check=True,
                        capture_output=True)
     # as the lab emulates the cables (no latency without sch_netem), like the re-plan on a lab
     topoctl("plan", args.cluster, job, "--as-lab", "-o", plan)

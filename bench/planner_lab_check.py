@@ -1,6 +1,6 @@
 """Predicted vs measured iteration time in the lab (root): plan a job on a cluster, build the
 cluster as a lab, apply every rendered HostState with `topo-agent`, launch the plan's ranks with
-`topo-agent launch` (topoagent.train: DDP over gloo on the training addresses), and compare the
+`topo-agent launch` (topotrain.train: DDP over gloo on the training addresses), and compare the
 job's measured period as `topoctl run` reports it (after its warm-up iterations, the ranks'
 mean, median over iterations: `RunResult.iteration_time`) with the plan's prediction.
 
@@ -10,7 +10,7 @@ mean, median over iterations: `RunResult.iteration_time`) with the plan's predic
 
 With ``--strategies`` (default: the job file's list, each planned alone) every strategy is
 planned, applied and measured in turn on the same lab, one line each; trees plans get the
-runtime's CPU calibration first (``python -m topoagent.collectives.calibrate``, cached).
+runtime's CPU calibration first (``python -m topotrain.collectives.calibrate``, cached).
 ``--plan`` measures a given plan of the cluster (e.g. a split the planner did not choose)
 instead of planning. The lab is cabled as each plan's `fabric` says (`topoctl lab up --plan`),
 so a strategy that re-cables (topoopt) is measured on its own cables. ``--repeats N`` checks
@@ -126,7 +126,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5,
         strategies = [given["metadata"]["strategy"]]
     strategies = strategies or list(job.get("strategies") or ["baseline"])
     if given is None and {"trees", "topoopt"} & set(strategies):  # both run the tree runtime
-        r = run(sys.executable, "-m", "topoagent.collectives.calibrate")
+        r = run(sys.executable, "-m", "topotrain.collectives.calibrate")
         if r.returncode:
             print(r.stderr, file=sys.stderr)
             return 1

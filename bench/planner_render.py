@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from planner_common import direct, switched  # noqa: E402
 
-from topoagent.state import parse_host_state  # noqa: E402
+from topoagent.state.host import parse_host_state  # noqa: E402
 from topoctl.cli.plan import dump_plan  # noqa: E402
 from topoctl.render.addressing import assign  # noqa: E402
 from topoctl.render.hoststate import render_hosts  # noqa: E402

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from topoagent.state import parse_host_state
+from topoagent.state.host import parse_host_state
 from topoctl.lab import lab as labmod
 from topoctl.rollout import twophase as rollout
 from topoctl.rollout.transports.local import lab_transport

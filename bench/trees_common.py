@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from topotrain.collectives import TreeSchedule, load_calibration
 
-from topoagent.collectives import TreeSchedule, load_calibration
 from topoctl.collective.trees.bounds import partition_bound
 from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import (
@@ -99,7 +99,7 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
     schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (default: the lab's,
     per cable); ``costs``:
     the runtime's CPU costs (default: this machine's calibration)."""
-    from topoagent.collectives.program import chunk_count
+    from topocontract.trees import chunk_count
 
     at = {h: i for i, h in enumerate(hosts)}
     cap = {}

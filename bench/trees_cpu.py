@@ -5,7 +5,7 @@
 
 8 ranks (one per host of the cluster file) on this machine, gloo over loopback (no shaping:
 the network is not the limit, so the figure is the runtime's own CPU cost), the trees the
-planner packs for the file's cables. New: ``topoagent.collectives.tree_allreduce`` with the
+planner packs for the file's cables. New: ``topotrain.collectives.tree_allreduce`` with the
 chunk the cost model picks (``topoctl.collective.trees.pipeline``); legacy:
 ``bench/trees_runtime_legacy.py`` (two threads per tree, one blocking op per 16 KiB chunk).
 Per method: warm-up, then ``--iters`` AllReduces between barriers; CPU = user + system time of
@@ -32,9 +32,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from topotrain.collectives import TreeSchedule, tree_allreduce  # noqa: E402
 from trees_common import LEGACY_CHUNK, cluster_cables, trees_for  # noqa: E402
-
-from topoagent.collectives import TreeSchedule, tree_allreduce  # noqa: E402
 
 GRAD = 16_672_800  # bytes: the MLP demo job's 15.9 MiB of gradients
 

@@ -11,7 +11,7 @@ Run it on a quiet machine (it says the load average). Per lab and scale: a throw
 8 ranks over gloo, gloo's all_reduce and the packed trees side by side in one run (medians of
 ``--iters`` / ``--gloo-iters``), the trees' chunk from the cost model
 (``topoctl.collective.trees.pipeline``, calibration from ``python -m
-topoagent.collectives.calibrate``, measured first if missing); then, in the same lab, iperf3 on
+topotrain.collectives.calibrate``, measured first if missing); then, in the same lab, iperf3 on
 every tree edge in both directions at the rate the trees put on it, for ``--iperf-seconds``:
 how busy the machine is from the emulation alone. The optimum is ``M / tau`` (partition bound
 of the cables' rates). Takes long at the file's rates x0.25: gloo's ring crosses the slow
@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import allreduce_lab  # noqa: E402
+from topotrain.collectives import ensure_calibration  # noqa: E402
 from trees_common import busy_share, machine_cpu, stop_all  # noqa: E402
-
-from topoagent.collectives import ensure_calibration  # noqa: E402
 
 GRAD = 16_672_800
 

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # SIGTERM unwinds like Ctrl-C, so the `finally` of the running cluster takes its lab down
     signal.signal(signal.SIGTERM, _interrupted)
-    r = subprocess.run([sys.executable, "-m", "topoagent.collectives.calibrate"],
+    r = subprocess.run([sys.executable, "-m", "topotrain.collectives.calibrate"],
                        capture_output=True, text=True)  # the README's once-per-machine step
     if r.returncode:
         print(f"calibration failed: {r.stderr}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """The previous tree-schedule executor (threaded, one blocking op per 16 KiB chunk), kept only as
-the baseline of ``bench/trees_cpu.py``; training uses ``topoagent.collectives.program``.
+the baseline of ``bench/trees_cpu.py``; training uses ``topotrain.collectives.program``.
 
 AllReduce (sum) that executes a tree schedule with torch.distributed point-to-point ops.
 
@@ -22,8 +22,7 @@ import threading
 
 import torch
 import torch.distributed as dist
-
-from topoagent.collectives.schedule import TreeSchedule, check_world_size, partition_sizes
+from topocontract.schedule import TreeSchedule, check_world_size, partition_sizes
 
 __all__ = ["TAG_BASE", "legacy_tree_allreduce"]
 
@@ -38,7 +37,7 @@ def legacy_tree_allreduce(
 ) -> torch.Tensor:
     """Sum ``tensor`` over all ranks of ``group`` in place, following ``schedule``.
 
-    Raises :class:`~topoagent.collectives.schedule.ScheduleMismatch` if the schedule was made
+    Raises :class:`~topocontract.schedule.ScheduleMismatch` if the schedule was made
     for another world size.
     """
     world = dist.get_world_size(group)

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import yaml
 
-from topoagent import confirm as confirming
-from topoagent import journal
-from topoagent.apply import Result, apply_state, plan
+from topoagent.apply import confirm as confirming
+from topoagent.apply import journal
+from topoagent.apply.journal import Recovery
+from topoagent.apply.mgmt import Mgmt, resolve
+from topoagent.apply.store import DEFAULT_KEEP, Store, StoreBusy
+from topoagent.apply.transaction import Result, apply_state, plan
 from topoagent.cliutil import ArgumentParser, run_guarded
-from topoagent.journal import Recovery
-from topoagent.mgmt import Mgmt, resolve
-from topoagent.observe import observe, to_host_state
+from topoagent.observe.host import observe, to_host_state
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
-from topoagent.state import HostState, StateError, load_yaml, parse_host_state, read_text
-from topoagent.store import DEFAULT_KEEP, Store, StoreBusy
+from topoagent.state.host import HostState, StateError, load_yaml, parse_host_state, read_text
 from topoagent.target import Target
 
 
@@ -98,7 +98,7 @@ def cmd_show(args, target: Target) -> int:
     """Print the observed state as HostState YAML (--ovs: only the agent's OVS state); exit 0."""
     obs = observe(target)
     if getattr(args, "ovs", False):  # the agent's Open vSwitch state alone
-        from topoagent.ovs import show_ovs
+        from topoagent.apply.ovs import show_ovs
 
         rep = show_ovs(obs.ovs) or {"db": target.ovs_db, "error": "no ovsdb-server answers"}
         print(json.dumps(rep) if args.json else yaml.safe_dump(rep, sort_keys=False), end="")
@@ -106,7 +106,7 @@ def cmd_show(args, target: Target) -> int:
     state = to_host_state(obs)
     print(json.dumps(state.to_dict()) if args.json else state.to_yaml(), end="\n" * args.json)
     if obs.ovs is not None and not args.json:  # as comments: the output stays a HostState
-        from topoagent.ovs import show_ovs
+        from topoagent.apply.ovs import show_ovs
 
         text = yaml.safe_dump({"ovs_observed": show_ovs(obs.ovs)}, sort_keys=False)
         print("".join(f"# {line}\n" for line in text.splitlines()), end="")
@@ -241,8 +241,8 @@ def cmd_rollback(args, target: Target) -> int:
 
 def cmd_launch(args, target: Target) -> int:
     """Run this host's ranks of the job spec, supervised; the launcher's exit code."""
-    from topoagent.launch import launch
-    from topoagent.wire import load_launch_spec
+    from topoagent.process.launch import launch
+    from topoagent.state.wire import load_launch_spec
 
     job = load_launch_spec(args.file)  # JSON is YAML too
     return launch(job, args.host, target, target.store_dir / "run", args.timeout)
@@ -250,7 +250,7 @@ def cmd_launch(args, target: Target) -> int:
 
 def cmd_stop(args, target: Target) -> int:
     """Stop the ranks of a running launch; exit 2 when some were stopped, 0 when none ran."""
-    from topoagent.launch import stop
+    from topoagent.process.launch import stop
 
     n = stop(target.store_dir / "run")
     print(json.dumps({"ok": True, "stopped": n}) if args.json else f"stopped {n} ranks")
@@ -260,7 +260,7 @@ def cmd_stop(args, target: Target) -> int:
 def cmd_watch(args, target: Target) -> int:
     """Run the reconcile loop (--once: one round); exit 0 in sync, 2 drifted or repaired, 1
     error."""
-    from topoagent.watch import watch
+    from topoagent.apply.watch import watch
 
     rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,
                 status_file=args.status_file, mgmt=_mgmt(args))
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
     args = build_parser().parse_args(argv)
 
-    only = os.environ.get("TOPO_AGENT_CRASH_TARGET")  # test-only (topoagent.journal)
+    only = os.environ.get("TOPO_AGENT_CRASH_TARGET")  # test-only (topoagent.apply.journal)
     if only is not None and only != (args.netns or ""):
         os.environ.pop("TOPO_AGENT_CRASH_AFTER", None)
 

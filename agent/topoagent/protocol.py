@@ -2,7 +2,7 @@
 
 Both programs (`topoctl`, `topo-agent`) and every verb use these; the agent never imports the
 controller, the controller imports this module. The typed documents that cross the wire (the
-job launch spec, a plan's per-host part) are in `topoagent.wire`.
+job launch spec, a plan's per-host part) are in `topoagent.state.wire`.
 
 Exit codes (README, "Exit codes"):
   0  EXIT_OK       success, nothing to do / nothing changed

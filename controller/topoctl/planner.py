@@ -11,7 +11,8 @@ import os
 import time
 from dataclasses import dataclass, replace
 
-from topoagent.collectives import load_calibration
+from topotrain.timing import load_calibration
+
 from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import roofline_costs, scale_costs, totals
@@ -142,7 +143,7 @@ def _lab_timing(job: Job, retime: bool, corun: int):
 
 def lab_corun(ranks: int) -> int:
     """Copies of the training step run beside a lab rank's timing (`graph.corun`): the other
-    ranks on this machine, at most 4 per core (as `topoagent.collectives.calibrate` shares
+    ranks on this machine, at most 4 per core (as `topotrain.collectives.calibrate` shares
     them): beyond that the cores only take turns more often."""
     return max(0, min(ranks, 4 * lab_cores()) - 1)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from topoagent.state import parse_rate
+from topoagent.state.values import parse_rate
 from topoctl.lab import lab as labmod
 from topoctl.lab import netops
 from topoctl.lab import ovs as labovs

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from topotrain.collectives import calibration_path, load_calibration
+from topotrain.collectives.calibrate import TCP_CONGESTION
 
 from tests import netns as nsutil
-from topoagent.collectives import calibration_path, load_calibration
-from topoagent.collectives.calibrate import TCP_CONGESTION
 from topoctl.collective.trees.pipeline import runtime_costs
 
 KEYS = ("per_message_s", "per_message_shared_s", "wire_bytes_per_s", "reduce_bytes_per_s",
@@ -20,7 +20,7 @@ KEYS = ("per_message_s", "per_message_shared_s", "wire_bytes_per_s", "reduce_byt
 
 
 def calibrate(*args: str, env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "topoagent.collectives.calibrate", *args],
+    return subprocess.run([sys.executable, "-m", "topotrain.collectives.calibrate", *args],
                           capture_output=True, text=True, env=env, timeout=600)
 
 

@@ -1,7 +1,7 @@
 """Crash safety: an apply killed (SIGKILL) or interrupted (exception) after every single
 operation of a mixed change leaves, after recovery, exactly the old host.
 
-The agent's test-only switch TOPO_AGENT_CRASH_AFTER=k (topoagent.journal) makes it die right
+The agent's test-only switch TOPO_AGENT_CRASH_AFTER=k (topoagent.apply.journal) makes it die right
 after operation k, so every point of the transaction is hit deterministically, not by luck of
 timing. The comparison reads the host with iproute2 and /proc (tests.netns.host_dump)."""
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
+from topotrain.train import load_factory
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from topoagent.train import load_factory
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job

@@ -40,7 +40,7 @@ def test_the_step_really_runs_through_ddp():
 
 _VIEWS = """
 import torch, torch.distributed as dist
-from topoagent.train import data_parallel
+from topotrain.train import data_parallel
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 4))
 ddp = data_parallel(model, 1.0)

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 
 from tests.integration.test_agent import Host, dump, full_state, host  # noqa: F401
 from tests.integration.test_crash import new_state
-from topoagent.diff import diff
+from topoagent.apply.diff import diff
 from topoagent.drivers.netlink import NetlinkDriver
-from topoagent.observe import observe
-from topoagent.state import parse_host_state
+from topoagent.observe.host import observe
+from topoagent.state.host import parse_host_state
 from topoagent.target import Target
 
 pytestmark = pytest.mark.netns

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import torch
+from topotrain.pipeline import batch_inputs
+from topotrain.train import load_factory
 
-from topoagent.pipeline import batch_inputs
-from topoagent.train import load_factory
 from topoctl.planner import make_plan
 from topoctl.rollout.run import job_payload
 from topoctl.spec.cluster_load import parse_cluster
@@ -77,7 +77,7 @@ def run_local(job: dict, tmp_path) -> list[dict]:
                 env = {**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "TOPOCTL_JOB": str(path),
                        "GLOO_SOCKET_IFNAME": "lo", "TOPOCTL_BIND_ADDRESS": "127.0.0.1"}
-                procs.append(subprocess.Popen([sys.executable, "-m", "topoagent.train"],
+                procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"],
                                               env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
         events = []

@@ -1,4 +1,4 @@
-"""`python -m topoagent.train`, DDP path, reads the plan's launch spec as the typed `LaunchSpec`:
+"""`python -m topotrain.train`, DDP path, reads the plan's launch spec as the typed `LaunchSpec`:
 two ranks over loopback train a small model with the gloo ring and with a tree schedule, end
 with the same parameters (the tree runtime reports its buckets' timings); a launch spec that
 is not valid is refused with the file and YAML path, exit 1, before any process group
@@ -16,7 +16,7 @@ import pytest
 from tests.integration.test_pipeline_runtime import run_local
 
 JOB = {
-    "name": "tiny", "command": [sys.executable, "-m", "topoagent.train"], "world_size": 2,
+    "name": "tiny", "command": [sys.executable, "-m", "topotrain.train"], "world_size": 2,
     "master": {"address": "127.0.0.1", "port": 29500}, "iterations": 3,
     "batch": {"global": 8, "per_rank": 4}, "bucket_cap_mb": 0.01,
     "model": {"factory": "topoctl.catalog.dense:MLP",
@@ -73,7 +73,7 @@ def test_a_bad_launch_spec_is_refused_naming_file_and_path(tmp_path):
     path.write_text(json.dumps(JOB | {"iterations": 0}))
     env = {**os.environ, "TOPOCTL_JOB": str(path), "RANK": "0", "WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    p = subprocess.run([sys.executable, "-m", "topoagent.train"], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "topotrain.train"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     assert str(path) in p.stderr and "iterations" in p.stderr

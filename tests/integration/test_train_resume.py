@@ -1,4 +1,4 @@
-"""Checkpoint and resume of `python -m topoagent.train` (what `topoctl run --heal` relies on):
+"""Checkpoint and resume of `python -m topotrain.train` (what `topoctl run --heal` relies on):
 two real ranks over loopback, each with its own run directory as two hosts would have. A run
 stopped after iteration 3 (the trainer's test switch) and resumed ends bit-identical to the
 run that was never stopped; the ranks agree on the newest checkpoint any of them has and
@@ -33,7 +33,7 @@ def run_ranks(job: dict, tmp_path, extra_env: dict | None = None,
                    "TOPOCTL_JOB": str(path), "TOPOCTL_RUN_DIR": str(run_dir),
                    "GLOO_SOCKET_IFNAME": "lo", "TOPOCTL_BIND_ADDRESS": "127.0.0.1",
                    **(extra_env or {})}
-            procs.append(subprocess.Popen([sys.executable, "-m", "topoagent.train"], env=env,
+            procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
         events = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from topoagent.state import parse_host_state
+from topoagent.state.host import parse_host_state
 from topoctl.planner import make_plan
 from topoctl.render.explain import explain_text
 from topoctl.spec.cluster_load import load_cluster

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from topoagent.collectives.schedule import TreeSchedule
+from topocontract.schedule import TreeSchedule
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from topoagent.diff import diff
-from topoagent.observe import (
+from topoagent.apply.diff import diff
+from topoagent.observe.host import (
     IP_FORWARD,
     Observed,
     ObsLink,
@@ -21,7 +21,7 @@ from topoagent.observe import (
     ObsRule,
     rp_filter_path,
 )
-from topoagent.state import RT_PROTO, HostState, QosClass, load_host_state
+from topoagent.state.host import RT_PROTO, HostState, QosClass, load_host_state
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())

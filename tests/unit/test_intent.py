@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from topoagent.state import StateError, load_host_state, load_yaml
+from topoagent.state.host import StateError, load_host_state, load_yaml
 
 BAD = {
     "duplicate key": ("routes: []\nroutes: []\n", "duplicate key 'routes'"),

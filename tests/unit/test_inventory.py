@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from topoagent.state import StateError
+from topoagent.state.host import StateError
 from topoctl.cli.apply import add_transport_args, pick_transport
 from topoctl.planner import make_plan
 from topoctl.rollout.transports.ssh import SshTransport

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from topoagent.apply.journal import op_from_json, op_to_json
+from topoagent.apply.kernel_ops import SetSysctl
+from topoagent.apply.ovs import OvsDbWrite, OvsFilters, OvsFlows
 from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
-from topoagent.journal import op_from_json, op_to_json
-from topoagent.kernel_ops import SetSysctl
-from topoagent.ovs import OvsDbWrite, OvsFilters, OvsFlows
 
 
 def same(a, b) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from topoagent.state import parse_host_state
+from topoagent.state.host import parse_host_state
 from topoctl.cli import main
 from topoctl.cli.plan import dump_plan
 from topoctl.graph.cost import totals

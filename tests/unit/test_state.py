@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from topoagent.state import (
-    HostState,
-    StateError,
-    format_rate,
-    load_host_state,
-    parse_host_state,
-    parse_rate,
-)
+from topoagent.state.host import HostState, StateError, load_host_state, parse_host_state
+from topoagent.state.values import format_rate, parse_rate
 
 
 def problems(text: str) -> list[tuple[str, str]]:

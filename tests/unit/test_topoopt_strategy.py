@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from topoagent.state import parse_host_state
+from topoagent.state.host import parse_host_state
 from topoctl.planner import make_plan
 from topoctl.spec.cluster import ClusterError
 from topoctl.spec.cluster_load import parse_cluster
@@ -130,9 +130,9 @@ def test_tc_offload_rules_are_rendered_and_valid():
 
 
 def test_tc_offload_needs_macs_and_is_refused_without_flower():
-    from topoagent.diff import check_host, tc_offload_available
-    from topoagent.observe import Observed
-    from topoagent.state import StateError
+    from topoagent.apply.diff import check_host, tc_offload_available
+    from topoagent.observe.host import Observed
+    from topoagent.state.host import StateError
 
     with pytest.raises(ClusterError, match="needs its mac"):
         make_plan(parse_cluster(_cluster(6, 2)), parse_job(JOB | {"forwarding": "tc-offload"}),

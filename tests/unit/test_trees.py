@@ -186,7 +186,7 @@ def test_sync_cli_json(tmp_path, capsys):
     assert doc["bound"] == "partition"
     for t in doc["trees"]:
         assert set(t) == {"root", "edges", "paths", "rate"} and len(t["edges"]) == 7
-    from topoagent.collectives import load_schedule
+    from topotrain.collectives import load_schedule
 
     s = load_schedule(sched)
     assert s.world_size == 8 and sum(t.rate for t in s.trees) == pytest.approx(16.0)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from topotrain.collectives import TreeSchedule
+from topotrain.collectives.program import compile_program
 
-from topoagent.collectives import TreeSchedule
-from topoagent.collectives.program import compile_program
 from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     choose_chunks,

@@ -1,4 +1,4 @@
-"""The lock-step program compiler (topoagent.collectives.program), executed in one process.
+"""The lock-step program compiler (topotrain.collectives.program), executed in one process.
 
 Every rank's program is compiled separately; the messages are then delivered step by step
 between their in-memory tensors exactly as the gloo executor would (a message's pieces in
@@ -13,8 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from topoagent.collectives import TreeSchedule, partition_sizes  # noqa: E402
-from topoagent.collectives.program import chunk_count, compile_program  # noqa: E402
+from topocontract.trees import chunk_count  # noqa: E402
+from topotrain.collectives import TreeSchedule, partition_sizes  # noqa: E402
+from topotrain.collectives.program import compile_program  # noqa: E402
 
 
 def random_schedule(world: int, ntrees: int, seed: int, chunk_bytes: int = 64) -> TreeSchedule:

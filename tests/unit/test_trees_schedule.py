@@ -1,4 +1,4 @@
-"""The tree schedule file (topoagent.collectives.schedule): validation with clear errors."""
+"""The tree schedule file (topocontract.schedule): validation with clear errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import json
 
 import pytest
 import yaml
-
-from topoagent.collectives import (
+from topotrain.collectives import (
     ScheduleError,
     ScheduleMismatch,
     TreeSchedule,

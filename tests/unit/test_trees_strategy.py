@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from topotrain.collectives import load_schedule
 
-from topoagent.collectives import load_schedule
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job

@@ -1,3 +1,3 @@
 """Drivers execute typed operations on a host. `netlink` is the kernel (pyroute2); the OVS
-driver (QoS queues, select groups) plugs in behind the same `topoagent.kernel_ops.Driver`
+driver (QoS queues, select groups) plugs in behind the same `topoagent.apply.kernel_ops.Driver`
 interface."""

@@ -10,8 +10,8 @@ import socket
 
 from pyroute2 import IPRoute
 
-from topoagent.observe import U32_PRIO
-from topoagent.state import TC_MAJOR, QosClass, Route, Rule, htb_credit
+from topoagent.observe.host import U32_PRIO
+from topoagent.state.host import TC_MAJOR, QosClass, Route, Rule, htb_credit
 from topoagent.target import Target
 
 ETH_P_IP = 0x0800
@@ -155,7 +155,7 @@ class NetlinkDriver:
 
     def _htb_rates(self, dev: str, rate: int, ceil: int) -> dict[str, int]:
         """pyroute2 HTB class arguments for `rate`/`ceil` bit/s: bytes/s, and the agent's token
-        credit at each (`topoagent.state.htb_credit`, bytes)."""
+        credit at each (`topoagent.state.host.htb_credit`, bytes)."""
         if dev not in self._mtu:  # one request per device, not per class (256 classes: 0.8 s)
             link = self.ipr.link("get", index=self.index(dev))[0]
             self._mtu[dev] = link.get_attr("IFLA_MTU") or 1500

@@ -10,8 +10,8 @@ from __future__ import annotations
 import subprocess
 import tempfile
 
-from topoagent.ovs_state import OVS_COOKIE, OVS_GROUP_BASE
 from topoagent.protocol import TopoError
+from topoagent.state.ovs import OVS_COOKIE, OVS_GROUP_BASE
 
 GROUP_SPAN = 0x10000
 

@@ -19,8 +19,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from topoagent.ovs_state import OVS_OWNER
 from topoagent.protocol import TopoError
+from topoagent.state.ovs import OVS_OWNER
 
 OWNER_KEY = "topoctl-owner"
 TABLES = ("Open_vSwitch", "Bridge", "Port", "Interface", "QoS", "Queue")

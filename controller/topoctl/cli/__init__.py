@@ -16,7 +16,7 @@ from pathlib import Path
 
 from topoagent.cliutil import ArgumentParser, run_guarded
 from topoagent.protocol import EXIT_ERROR
-from topoagent.state import StateError
+from topoagent.state.host import StateError
 
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from topoagent.state import StateError
+from topoagent.state.host import StateError
 from topoctl.lab.lab import Lab, list_labs
 from topoctl.rollout import twophase as rollout
 from topoctl.rollout.transports import Transport

@@ -16,7 +16,8 @@ import sys
 import time
 
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
-from topoagent.state import format_rate, load_yaml_file
+from topoagent.state.host import load_yaml_file
+from topoagent.state.values import format_rate
 from topoctl.lab import lab as labmod
 from topoctl.lab import names
 from topoctl.lab.layout import find_cable

@@ -11,7 +11,7 @@ import time
 
 from topoagent.cliutil import positive_int
 from topoagent.protocol import EXIT_OK
-from topoagent.state import StateError
+from topoagent.state.host import StateError
 from topoctl.cli import write_output
 from topoctl.limits import MAX_PLAN_HOSTS
 from topoctl.render.validate import validate_plan
@@ -55,7 +55,7 @@ def _lab_cluster(path: str):
     them out too and says which it left out (`topoctl.lab.emulated`)."""
     import os
 
-    from topoagent.state import load_yaml_file
+    from topoagent.state.host import load_yaml_file
     from topoctl.lab.emulated import lab_emulation
     from topoctl.lab.netops import LabError
     from topoctl.spec.cluster_load import parse_cluster

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from topoagent.state import StateError
+from topoagent.state.host import StateError
 from topoctl.cli import write_output
 from topoctl.cli.apply import confirm_window
 from topoctl.lab.emulated import as_emulated

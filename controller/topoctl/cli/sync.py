@@ -15,7 +15,7 @@ import time
 
 import yaml
 
-from topoagent.state import StateError, read_text
+from topoagent.state.host import StateError, read_text
 from topoctl.cli import write_output
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import plan_trees

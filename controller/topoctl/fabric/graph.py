@@ -1,19 +1,15 @@
 """The fabric as plain data: hosts, switches, ports and full-duplex links with capacities.
 
-`fabric_graph(cluster)` resolves a cluster file's fabric (direct cables or switches, defaults
-filled in) into a `FabricGraph`, the one shape every planner algorithm, the simulator and the
-renderer read; code here never cares how the file spelled it."""
+`FabricGraph` is the one shape every planner algorithm, the simulator and the renderer read;
+code here never cares how a cluster file spelled it. `Cluster.graph()` (`spec.cluster`)
+resolves a cluster file's fabric (direct cables or switches, defaults filled in) into one; this
+module imports nothing from the schema, so the schema can import it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal
-
-from topoctl.spec.cluster import DirectFabric, parse_port_ref
-
-if TYPE_CHECKING:
-    from topoctl.spec.cluster import Cluster
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -84,44 +80,6 @@ class FabricGraph:
                     seen.add(nb)
                     todo.append(nb)
         return all(h in seen for h in self.hosts)
-
-
-def fabric_graph(c: Cluster) -> FabricGraph:
-    """The cluster's fabric as plain data: ports with their speeds, links with capacity, latency
-    and loss (defaults filled in); switched fabrics with their uplinks' capacities resolved."""
-    d = c.defaults
-    ports = tuple(Port(h.name, n.name, n.speed or d.nic_speed, n.mac)  # type: ignore[arg-type]
-                  for h in c.hosts for n in h.nics)
-    speed = {p.ref: p.speed for p in ports}
-    hosts = tuple(h.name for h in c.hosts)
-    f = c.fabric
-    if isinstance(f, DirectFabric):
-        links = []
-        for ln in f.links:
-            (ah, an), (bh, bn) = parse_port_ref(ln.a), parse_port_ref(ln.b)
-            cap = ln.bandwidth or min(speed[ln.a], speed[ln.b])
-            links.append(FabricLink(ah, bh, cap, pick(ln.latency, d.latency),
-                                    pick(ln.loss, d.loss), an, bn, "cable"))
-        return FabricGraph("direct", hosts, (), ports, tuple(links), f.mtu)
-    links, down = [], {s.name: 0 for s in f.switches}
-    for ref, at in c.attachments():
-        h, n = parse_port_ref(ref)
-        cap = at.bandwidth or speed[ref]
-        down[at.switch] += cap
-        links.append(FabricLink(h, at.switch, cap, pick(at.latency, d.latency),
-                                pick(at.loss, d.loss), n, None, "access"))
-    for s in f.switches:
-        if s.uplink:
-            cap = s.uplink_bandwidth or max(1, int(down[s.name] / (s.oversubscription or 1)))
-            links.append(FabricLink(s.name, s.uplink, cap, pick(s.latency, d.latency), 0.0,
-                                    None, None, "uplink"))
-    return FabricGraph("switched", hosts, tuple(s.name for s in f.switches), ports, tuple(links),
-                       f.mtu)
-
-
-def pick(v: float | None, default: float) -> float:
-    """`v`, or `default` when `v` is None."""
-    return default if v is None else v
 
 
 def lead_cable(links: Sequence[FabricLink]) -> FabricLink:

@@ -311,11 +311,11 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
 def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 4,
                      warmup: int = 2, repeats: int = 5) -> tuple[float, float, float]:
     """(forward, backward, SGD step) seconds per micro-batch (step: per iteration) of `model` run
-    as the pipeline runtime runs a stage (`topoagent.pipeline.gpipe_passes` on a one-stage
+    as the pipeline runtime runs a stage (`topotrain.pipeline.gpipe_passes` on a one-stage
     pipeline: fx nodes interpreted one by one, `microbatches` micro-batches of `inputs`,
     gradients accumulated), medians over :func:`timed_steps` (at least `repeats` after
     `warmup`), timed as `measure_train_costs` times ops. The parameters are restored afterwards."""
-    from topoagent.pipeline import Stage, gpipe_passes
+    from topotrain.timing import Stage, gpipe_passes
 
     gm = fx.symbolic_trace(model)
     stage = Stage(gm, [[n.name for n in gm.graph.nodes]], 0, {})

@@ -15,7 +15,7 @@ The step runs in a child process (``python -m topoctl.graph.ddpstep FILE``): a p
 of one (gloo over an in-memory store; the planner's own process never joins one) and a
 communication hook that hands each bucket back as it is, since the collective is costed on
 its own (strategies); the model is wrapped as the trainer wraps it
-(`topoagent.train.data_parallel`) and `graph.cost.whole_step_times` times it.
+(`topotrain.train.data_parallel`) and `graph.cost.whole_step_times` times it.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
@@ -66,7 +66,8 @@ def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Futur
 
 
 def _child(path: str) -> int:
-    from topoagent.train import data_parallel
+    from topotrain.timing import data_parallel
+
     from topoctl.graph.cost import whole_step_times
 
     req = torch.load(path, weights_only=False)

@@ -88,10 +88,10 @@ _RUNTIME = "runtime-calibration"  # `_RETIMED`'s entry for `retime_runtime_calib
 
 def retime_runtime_calibration() -> None:
     """Measure the tree runtime's CPU costs on this machine again (``python -m
-    topoagent.collectives.calibrate --force``: a few seconds) and cache them, once per process
+    topotrain.collectives.calibrate --force``: a few seconds) and cache them, once per process
     (again after `forget_retimed`), as `retime` does for the ops: this VM's per-message cost
     moved from 34 to 44 us within a day (2026-11-26), with the op times within 2%."""
-    from topoagent.collectives import ensure_calibration
+    from topotrain.timing import ensure_calibration
 
     if _RUNTIME in _RETIMED:
         return

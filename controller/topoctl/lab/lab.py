@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topoagent.collectives.calibrate import TCP_CONGESTION
+from topotrain.timing import TCP_CONGESTION
+
 from topoagent.congestion import set_congestion_control
-from topoagent.state import parse_rate
+from topoagent.state.values import parse_rate
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoctl.lab import cabling, commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size

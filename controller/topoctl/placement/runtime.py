@@ -1,4 +1,4 @@
-"""Cost model of the pipeline runtime (``topoagent.pipeline``) on CPU hosts: what a stage's
+"""Cost model of the pipeline runtime (``topotrain.pipeline``) on CPU hosts: what a stage's
 micro-batch costs when its ops are timed on this CPU, and what a point-to-point message costs
 the CPU. Pure functions over plain data; no I/O.
 
@@ -12,7 +12,7 @@ and it is floating point (the runtime makes received floats leaves that require 
 their gradient can be sent back). The optimiser step is the sum of the ops' measured steps.
 
 A message (one tensor sent or received with gloo) costs its rank ``per_message_s +
-bytes / wire_bytes_per_s`` of CPU (``topoagent.collectives.calibrate``: the same figures the
+bytes / wire_bytes_per_s`` of CPU (``topotrain.collectives.calibrate``: the same figures the
 tree runtime's model uses). In the lab a byte also costs the cables' emulation (veth, tc
 shaping, TCP at both ends, ``emulation_bytes_per_s``), and every rank runs on this machine's
 ``cores`` cores: the simulator shares them among the ranks' compute (``Network.cpu_pool``,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from topoagent.state import parse_rate
+from topoagent.state.values import parse_rate
 
 STRIDE_COLOURS = ("tab:green", "tab:purple", "tab:orange", "tab:cyan", "tab:brown", "tab:pink",
                   "tab:olive", "gold", "navy", "teal")

@@ -9,14 +9,14 @@ destination's address in the shared L2 domain. Hosts that forward for others get
 `ip_forward`; on direct fabrics the NICs get loose reverse-path filtering (rp_filter 2: paths
 may be asymmetric). Per-destination bandwidth allocations become one HTB class per destination
 on the egress NIC. The output is plain dicts (fast for 1,024 hosts); tests validate it with
-`topoagent.state.parse_host_state`. O(hosts^2) for all hosts.
+`topoagent.state.host.parse_host_state`. O(hosts^2) for all hosts.
 """
 
 from __future__ import annotations
 
 import gc
 
-from topoagent.state import format_rate
+from topoagent.state.values import format_rate
 from topoctl.fabric.graph import FabricGraph, FabricLink, lead_cable
 from topoctl.render.addressing import Addressing, AddressingError
 from topoctl.sim.routing import NextHops

@@ -21,7 +21,7 @@ class OffloadError(TopoError):
 def offload_rules(graph: FabricGraph, hops: NextHops, training: dict[str, str],
                   routes: dict[tuple[str, str], list[tuple[str, float]]] | None = None,
                   hosts: list[str] | None = None) -> dict[str, list[dict]]:
-    """host -> forwarding rules (`topoagent.state.OffloadRule` as plain data)."""
+    """host -> forwarding rules (`topoagent.state.host.OffloadRule` as plain data)."""
     routes = routes or {}
     hosts = list(hosts or graph.hosts)
     mac = {(p.host, p.nic): p.mac for p in graph.ports}

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import topoctl
 from topoagent.protocol import API_VERSION
-from topoagent.state import format_rate
-from topoagent.wire import LaunchSpec
+from topoagent.state.values import format_rate
+from topoagent.state.wire import LaunchSpec
 from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.fabric.graph import FabricGraph
 from topoctl.render.addressing import Addressing

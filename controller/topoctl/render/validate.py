@@ -1,12 +1,13 @@
 """Plan validation without the planner: what `topoctl apply/status/run` check before touching
 any host. Kept apart from topoctl.render.plan, whose catalog import pulls in torch (1.2 s).
-The checks themselves are the agent's (`topoagent.wire.plan_problems`): one schema, two users."""
+The checks themselves are the agent's (`topoagent.state.wire.plan_problems`): one schema, two
+users."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from topoagent.wire import plan_problems
+from topoagent.state.wire import plan_problems
 
 
 def validate_plan(doc: Any) -> list[tuple[str, str]]:

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from topoagent.state import StateError
-from topoagent.wire import parse_launch_spec
+from topoagent.state.host import StateError
+from topoagent.state.wire import parse_launch_spec
 from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 

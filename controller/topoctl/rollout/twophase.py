@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
-from topoagent.state import StateError, load_yaml_file
+from topoagent.state.host import StateError, load_yaml_file
 from topoctl.render.validate import validate_plan
 from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
 

@@ -4,7 +4,7 @@
 - `network`: `Network` = directed links with capacity (bytes/s) and latency, a router giving
   weighted paths between two nodes, per-(src, dst) rate caps (QoS ceilings).
 - `schedules`: the collective interface (simulated schedules; the runtime collectives are
-  `topoagent.collectives`). A collective is a `Schedule`: point-to-point `Step`s
+  `topotrain.collectives`). A collective is a `Schedule`: point-to-point `Step`s
   (src, dst, bytes) with dependencies between steps. Ring AllReduce is one implementation; tree
   schedules plug in by returning a `Schedule` too.
 - `tasks`: what a strategy hands the engine: `Compute` (a device busy for a duration),

@@ -220,13 +220,16 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
     `record=False` skips per-task start/finish times (saves memory on large runs; collectives'
     and top-level tasks' finish times are always kept). `memo=False` recomputes every rate
     allocation (for testing the memo)."""
-    g = _Graph(tasks)
-    n = len(g.kind)
-    waiting = list(g.ndeps)
-    finish = [math.nan] * n
-    start = [math.nan] * n
-    links = network.links
-    capacity: dict = {k: ln.capacity for k, ln in links.items()}
+    run = _Run(_Graph(tasks), network, memo)
+    run.run()
+    return run.result(record)
+
+
+def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
+    """The capacity of everything flows share: the links, the (src, dst) rate caps (pseudo
+    links ``("cap", src, dst)``) and, with a CPU pool, its cores (``("cores",)``) and each
+    pooled device's one core (``("core", dev)``); and the pooled devices."""
+    capacity: dict = {k: ln.capacity for k, ln in network.links.items()}
     for k, v in network.rate_caps.items():
         capacity[("cap",) + k] = v
     pooled: frozenset[str] = frozenset()
@@ -235,210 +238,286 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
         capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
         for dev in pooled:
             capacity[("core", dev)] = 1.0
-    cpu_flows = 0  # flows that are pooled compute, not bytes
-    link_bytes = dict.fromkeys(links, 0.0)
-    busy: dict[str, float] = {}
-    compute_busy: dict[str, float] = {}  # the model's compute only (not `communication`)
-    dev_queue: dict[str, list[int]] = {}
-    dev_running: dict[str, int | None] = {}
-    events: list[tuple[float, int, int]] = []  # (time, seq, node) completion/delivery events
-    seq = 0
-    # flows in flight: fid -> [remaining, rate, path_key, node, latency]
-    flows: dict[int, list] = {}
-    flow_links: dict[int, tuple] = {}
-    subflows_left = [0] * n
-    fid_counter = 0
-    now = 0.0
-    comm_active = 0.0
-    dirty = False
+    return capacity, pooled
 
-    def push(t: float, node: int) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, node))
-        seq += 1
 
-    def start_device(dev: str) -> None:
-        nonlocal fid_counter, dirty, cpu_flows
-        q = dev_queue.get(dev)
-        if dev_running.get(dev) is None and q:
-            node = heapq.heappop(q)
-            dev_running[dev] = node
-            start[node] = now
-            busy[dev] = busy.get(dev, 0.0) + g.duration[node]
-            if node not in g.communication:
-                compute_busy[dev] = compute_busy.get(dev, 0.0) + g.duration[node]
-            if dev in pooled and g.duration[node] > 0:  # CPU-seconds on the shared cores
-                fid_counter += 1
-                d = g.duration[node]
-                flows[fid_counter] = [d, 0.0, d, node, 0.0]
-                flow_links[fid_counter] = (("core", dev), ("cores",))
-                subflows_left[node] = 1
-                cpu_flows += 1
-                dirty = True
-            else:
-                push(now + g.duration[node], node)
+class _Run:
+    """One simulation in progress: the nodes' progress, the devices, the flows in flight and the
+    pending events. `run` is the event loop; the other methods are its steps.
 
-    done_stack: list[int] = []
-    plans: dict[tuple, list] = {}
-    rate_memo: dict = {}
-    conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
+    The order of every operation and of every iteration (dicts, heaps, stacks) is part of the
+    result: floating-point sums depend on it, and so do ties between simultaneous events."""
 
-    def ready(node: int) -> None:
-        nonlocal fid_counter, dirty
+    def __init__(self, g: _Graph, network: Network, memo: bool):
+        n = len(g.kind)
+        self.g = g
+        self.network = network
+        self.memo = memo
+        self.waiting = list(g.ndeps)  # dependencies not done yet, per node
+        self.finish = [math.nan] * n  # NaN: not done yet
+        self.start = [math.nan] * n
+        self.capacity, self.pooled = _capacities(network)
+        self.link_bytes = dict.fromkeys(network.links, 0.0)
+        self.busy: dict[str, float] = {}
+        self.compute_busy: dict[str, float] = {}  # the model's compute only (not `communication`)
+        self.dev_queue: dict[str, list[int]] = {}  # ready compute nodes per device (a heap)
+        self.dev_running: dict[str, int | None] = {}
+        self.events: list[tuple[float, int, int]] = []  # (time, seq, node): completion/delivery
+        self.seq = 0  # ties between events at the same time go in push order
+        # flows in flight: fid -> [remaining, rate, size, node, latency]; and fid -> the links
+        # (and pseudo links) it crosses
+        self.flows: dict[int, list] = {}
+        self.flow_links: dict[int, tuple] = {}
+        self.fid_counter = 0
+        self.cpu_flows = 0  # flows that are pooled compute, not bytes
+        self.subflows_left = [0] * n  # flows of a node still in flight
+        self.now = 0.0
+        self.comm_active = 0.0
+        self.dirty = False  # the set of flows changed since the rates were computed
+        self.done_stack: list[int] = []  # nodes done now whose successors are not yet released
+        self.plans: dict[tuple, list] = {}  # (src, dst) -> `_route_plan`
+        self.rate_memo: dict = {}  # multiset of paths in flight -> (rate per path, paths)
+        self.conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
+
+    # --- the event loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        """Release the nodes without dependencies, then advance from event to event (a flow's
+        last byte, a timed completion or delivery) until nothing is in flight."""
+        waiting = self.waiting
+        for node in range(len(waiting)):
+            if waiting[node] == 0:
+                self.ready(node)
+        while self.done_stack:
+            self.complete(self.done_stack.pop())
+        while self.flows or self.events:
+            if self.dirty:
+                self._update_rates()
+            dt = self._next_step()
+            finished = self._drain(dt)
+            self.now += dt
+            self._end_flows(finished)
+            self._deliver_events()
+
+    def _update_rates(self) -> None:
+        """Give every flow in flight its max-min fair rate."""
+        # rates depend only on the set of paths in flight (max-min gives flows on the same path
+        # the same rate), which repeats round after round in a collective: memoise
+        paths = list(self.flow_links.values())
+        key = tuple(sorted(paths, key=hash))  # the multiset of paths
+        got = self.rate_memo.get(key) if self.memo else None
+        if got is None:
+            rates = maxmin_rates(self.flow_links, self.capacity)
+            got = ({p: rates[fid] for fid, p in self.flow_links.items()}, paths)
+            if len(self.rate_memo) > 4096:
+                self.rate_memo.clear()
+            self.rate_memo[key] = got
+        by_path = got[0]
+        for f, p in zip(self.flows.values(), paths, strict=True):
+            f[1] = by_path[p]
+        self.dirty = False
+
+    def _next_step(self) -> float:
+        """Seconds to the next event: the first flow to finish at its rate, or the first
+        pending event."""
+        t_flow = math.inf
+        for f in self.flows.values():
+            if f[1] > 0:
+                t_flow = min(t_flow, f[0] / f[1])
+        t_event = self.events[0][0] - self.now if self.events else math.inf
+        dt = min(t_flow, t_event)
+        if dt == math.inf:
+            raise SimError("deadlock: flows with zero rate and nothing else to do")
+        return dt
+
+    def _drain(self, dt: float) -> list[int]:
+        """Move every flow on by `dt` seconds at its rate; the flows that are done by then."""
+        if not self.flows:
+            return []
+        if len(self.flows) > self.cpu_flows:  # bytes in flight, not only pooled compute
+            self.comm_active += dt
+        finished = []
+        for fid, f in self.flows.items():
+            f[0] -= f[1] * dt
+            if f[0] <= 1e-9 * f[2] + 1e-6:  # relative and absolute slack for rounding
+                finished.append(fid)
+        return finished
+
+    def _end_flows(self, finished: list[int]) -> None:
+        """Retire `finished` flows; a node whose last flow ended is delivered after its path's
+        latency (at once without one)."""
+        for fid in finished:
+            f = self.flows.pop(fid)
+            if self.flow_links.pop(fid)[-1] == ("cores",):
+                self.cpu_flows -= 1
+            self.dirty = True
+            node = f[3]
+            self.subflows_left[node] -= 1
+            if self.subflows_left[node] == 0:
+                self.release(node)
+                if f[4] > 0:
+                    self.push(self.now + f[4], node)
+                else:
+                    self.complete(node)
+
+    def _deliver_events(self) -> None:
+        """Complete the nodes whose events are due (a tolerance for rounding in `now`)."""
+        events = self.events
+        while events and events[0][0] <= self.now + 1e-12:
+            _, _, node = heapq.heappop(events)
+            self.complete(node)
+
+    # --- nodes -----------------------------------------------------------------------------------
+    def push(self, t: float, node: int) -> None:
+        """Schedule `node` to complete at time `t`."""
+        heapq.heappush(self.events, (t, self.seq, node))
+        self.seq += 1
+
+    def ready(self, node: int) -> None:
+        """All of `node`'s dependencies are done: queue it on its device, send it, or (a join)
+        complete it."""
+        g = self.g
         k = g.kind[node]
-        start[node] = now
+        self.start[node] = self.now
         if k == _COMPUTE:
             dev = g.device[node]
-            heapq.heappush(dev_queue.setdefault(dev, []), node)
-            start_device(dev)
+            heapq.heappush(self.dev_queue.setdefault(dev, []), node)
+            self.start_device(dev)
         elif k == _JOIN:
-            done_stack.append(node)
-        else:
-            j = g.owner[node]
-            if j >= 0:  # a collective's steps between two members share one connection: FIFO
-                ck = (j, g.src[node], g.dst[node])
-                q = conn_queue.get(ck)
-                if q is not None:
-                    q.append(node)
-                    return
-                conn_queue[ck] = deque()
-            send(node)
+            self.done_stack.append(node)
+        elif self._take_connection(node):
+            self.send(node)
 
-    def send(node: int) -> None:
-        nonlocal fid_counter, dirty
+    def _take_connection(self, node: int) -> bool:
+        """Whether flow node `node` may send now. A collective's steps between two members
+        share one connection and go in order (FIFO): a step that finds it busy waits in its
+        queue until `release`."""
+        g = self.g
+        j = g.owner[node]
+        if j < 0:
+            return True
+        ck = (j, g.src[node], g.dst[node])
+        q = self.conn_queue.get(ck)
+        if q is not None:
+            q.append(node)
+            return False
+        self.conn_queue[ck] = deque()
+        return True
+
+    def start_device(self, dev: str) -> None:
+        """Run `dev`'s next ready task if it is idle: a timed event, or on a CPU pool a flow of
+        CPU-seconds over its core and the shared cores."""
+        q = self.dev_queue.get(dev)
+        if self.dev_running.get(dev) is not None or not q:
+            return
+        g = self.g
+        node = heapq.heappop(q)
+        self.dev_running[dev] = node
+        self.start[node] = self.now
+        self.busy[dev] = self.busy.get(dev, 0.0) + g.duration[node]
+        if node not in g.communication:
+            self.compute_busy[dev] = self.compute_busy.get(dev, 0.0) + g.duration[node]
+        if dev in self.pooled and g.duration[node] > 0:  # CPU-seconds on the shared cores
+            d = g.duration[node]
+            self._add_flow(node, d, (("core", dev), ("cores",)), 0.0)
+            self.subflows_left[node] = 1
+            self.cpu_flows += 1
+            self.dirty = True
+        else:
+            self.push(self.now + g.duration[node], node)
+
+    def send(self, node: int) -> None:
+        """Start flow node `node`'s bytes: one flow per path of its route with bytes to carry.
+        With none (no bytes, or all paths empty) it is only delayed by the shortest latency."""
+        g = self.g
         src, dst, size = g.src[node], g.dst[node], g.size[node]
-        plan = plans.get((src, dst))
+        plan = self.plans.get((src, dst))
         if plan is None:
-            plan = plans[(src, dst)] = _route_plan(network, src, dst, g.name(node))
+            plan = self.plans[(src, dst)] = _route_plan(self.network, src, dst, g.name(node))
         started = 0
         for frac, path, key, lat in plan:
             part = size * frac
             if part <= 0 or not path:
                 continue
             for ln in path:
-                link_bytes[ln] += part
-            fid_counter += 1
-            flows[fid_counter] = [part, 0.0, part, node, lat]
-            flow_links[fid_counter] = key
+                self.link_bytes[ln] += part
+            self._add_flow(node, part, key, lat)
             started += 1
         if started:
-            subflows_left[node] = started
-            dirty = True
+            self.subflows_left[node] = started
+            self.dirty = True
+            return
+        self.release(node)
+        lat = min((p[3] for p in plan), default=0.0)
+        if lat > 0:
+            self.push(self.now + lat, node)
         else:
-            release(node)
-            lat = min((p[3] for p in plan), default=0.0)
-            if lat > 0:
-                push(now + lat, node)
-            else:
-                done_stack.append(node)
+            self.done_stack.append(node)
 
-    def release(node: int) -> None:
+    def _add_flow(self, node: int, size: float, links: tuple, latency: float) -> None:
+        """A new flow in flight for `node`: `size` to carry over `links`, delivered `latency`
+        after its last byte."""
+        self.fid_counter += 1
+        self.flows[self.fid_counter] = [size, 0.0, size, node, latency]
+        self.flow_links[self.fid_counter] = links
+
+    def release(self, node: int) -> None:
         """The node's last byte left: its connection takes the next queued step."""
+        g = self.g
         j = g.owner[node]
         if j >= 0:
             ck = (j, g.src[node], g.dst[node])
-            q = conn_queue[ck]
+            q = self.conn_queue[ck]
             if q:
-                send(q.popleft())
+                self.send(q.popleft())
             else:
-                del conn_queue[ck]
+                del self.conn_queue[ck]
 
-    succ, owner, kind, offset = g.succ, g.owner, g.kind, g.offset
-
-    def complete(node: int) -> None:
+    def complete(self, node: int) -> None:
+        """`node` is done now: finish it and everything that completes with it (joins, nodes
+        without time of their own), releasing the successors that no longer wait."""
+        g, finish, waiting, done_stack = self.g, self.finish, self.waiting, self.done_stack
+        succ, owner, kind, offset = g.succ, g.owner, g.kind, g.offset
         done_stack.append(node)
         while done_stack:
             x = done_stack.pop()
             if finish[x] == finish[x]:  # not NaN: already done
                 continue
-            finish[x] = now
+            finish[x] = self.now
             if kind[x] == _COMPUTE:
                 dev = g.device[x]
-                dev_running[dev] = None
-                start_device(dev)
+                self.dev_running[dev] = None
+                self.start_device(dev)
             b = offset[x]
             for s in succ[x]:
                 s += b
                 waiting[s] -= 1
                 if waiting[s] == 0:
-                    ready(s)
+                    self.ready(s)
             j = owner[x]
-            if j >= 0:
+            if j >= 0:  # a collective step counts down its collective's join
                 waiting[j] -= 1
                 if waiting[j] == 0:
-                    ready(j)
+                    self.ready(j)
 
-    for node in range(n):
-        if waiting[node] == 0:
-            ready(node)
-    while done_stack:
-        complete(done_stack.pop())
-
-    while flows or events:
-        if dirty:
-            # rates depend only on the set of paths in flight (max-min gives flows on the same
-            # path the same rate), which repeats round after round in a collective: memoise
-            paths = list(flow_links.values())
-            key = tuple(sorted(paths, key=hash))  # the multiset of paths
-            got = rate_memo.get(key) if memo else None
-            if got is None:
-                rates = maxmin_rates(flow_links, capacity)
-                got = ({p: rates[fid] for fid, p in flow_links.items()}, paths)
-                if len(rate_memo) > 4096:
-                    rate_memo.clear()
-                rate_memo[key] = got
-            by_path = got[0]
-            for f, p in zip(flows.values(), paths, strict=True):
-                f[1] = by_path[p]
-            dirty = False
-        t_flow = math.inf
-        for f in flows.values():
-            if f[1] > 0:
-                t_flow = min(t_flow, f[0] / f[1])
-        t_event = events[0][0] - now if events else math.inf
-        dt = min(t_flow, t_event)
-        if dt == math.inf:
-            raise SimError("deadlock: flows with zero rate and nothing else to do")
-        if flows:
-            if len(flows) > cpu_flows:  # bytes in flight, not only pooled compute
-                comm_active += dt
-            finished = []
-            for fid, f in flows.items():
-                f[0] -= f[1] * dt
-                if f[0] <= 1e-9 * f[2] + 1e-6:
-                    finished.append(fid)
-        else:
-            finished = []
-        now += dt
-        for fid in finished:
-            f = flows.pop(fid)
-            if flow_links.pop(fid)[-1] == ("cores",):
-                cpu_flows -= 1
-            dirty = True
-            node = f[3]
-            subflows_left[node] -= 1
-            if subflows_left[node] == 0:
-                release(node)
-                if f[4] > 0:
-                    push(now + f[4], node)
-                else:
-                    complete(node)
-        while events and events[0][0] <= now + 1e-12:
-            _, _, node = heapq.heappop(events)
-            complete(node)
-    unfinished = [g.name(i) for i in range(n) if math.isnan(finish[i])]
-    if unfinished:
-        raise SimError(f"tasks never ran (dependency cycle?): {', '.join(unfinished[:5])}")
-    total = max(finish, default=0.0)
-    compute = max(compute_busy.values(), default=0.0)
-    util = {k: (b / (links[k].capacity * total) if total > 0 else 0.0)
-            for k, b in link_bytes.items()}
-    top = {tid: finish[i] for tid, i in g.index.items()}
-    res = SimResult(total, compute, max(0.0, total - compute), comm_active, busy, link_bytes,
-                    util, top, {tid: start[i] for tid, i in g.index.items()})
-    if record:
-        res.finish = {g.name(i): finish[i] for i in range(n)} | top
-    return res
+    # --- the result ------------------------------------------------------------------------------
+    def result(self, record: bool) -> SimResult:
+        """The `SimResult` of a finished run; SimError if some node never ran."""
+        g, finish, n = self.g, self.finish, len(self.finish)
+        unfinished = [g.name(i) for i in range(n) if math.isnan(finish[i])]
+        if unfinished:
+            raise SimError(f"tasks never ran (dependency cycle?): {', '.join(unfinished[:5])}")
+        total = max(finish, default=0.0)
+        compute = max(self.compute_busy.values(), default=0.0)
+        links = self.network.links
+        util = {k: (b / (links[k].capacity * total) if total > 0 else 0.0)
+                for k, b in self.link_bytes.items()}
+        top = {tid: finish[i] for tid, i in g.index.items()}
+        started = {tid: self.start[i] for tid, i in g.index.items()}
+        res = SimResult(total, compute, max(0.0, total - compute), self.comm_active, self.busy,
+                        self.link_bytes, util, top, started)
+        if record:
+            res.finish = {g.name(i): finish[i] for i in range(n)} | top
+        return res
 
 
 def _route_plan(network: Network, src: str, dst: str, what: str) -> list:

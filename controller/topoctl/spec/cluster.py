@@ -35,251 +35,56 @@ care how the file spelled it.
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, ValidationError
+from pydantic import Field, ValidationError
 from pydantic import model_validator as _model_validator
 
 from topoagent.protocol import API_VERSION
-from topoagent.schema import Model
-from topoagent.state import (
-    IfName,
-    IPv4,
-    IPv4Net,
-    Mac,
-    Rate,
-    StateError,
+from topoagent.state.schema import Model, validation_problems
+from topoagent.state.values import Rate
+from topoctl.fabric.graph import FabricGraph, FabricLink, Port
+from topoctl.spec.cluster_checks import check_cluster
+from topoctl.spec.cluster_parts import (
+    DEFAULT_FABRIC_SUBNETS,
+    DEFAULT_TRAINING_SUBNET,
+    LAB_MANAGEMENT,
+    OVSDB_REMOTE,
+    Addressing,
+    Attach,
+    ClusterError,
+    Defaults,
+    DirectFabric,
+    Duration,
+    Gpus,
+    GpuType,
+    Host,
+    Inventory,
+    Link,
+    Loss,
+    Name,
+    Nic,
+    NicName,
+    OvsdbRemote,
+    PortRef,
+    Switch,
+    SwitchedFabric,
+    format_duration,
+    parse_duration,
+    parse_loss,
+    parse_port_ref,
 )
 
+# the pieces of the file live in `spec.cluster_parts`; importers find them here too
+__all__ = [
+    "API_VERSION", "DEFAULT_FABRIC_SUBNETS", "DEFAULT_TRAINING_SUBNET", "KIND", "LAB_MANAGEMENT",
+    "OVSDB_REMOTE", "Addressing", "Attach", "Cluster", "ClusterError", "Defaults", "DirectFabric",
+    "Duration", "GpuType", "Gpus", "Host", "Inventory", "Link", "Loss", "Name", "Nic", "NicName",
+    "OvsdbRemote", "PortRef", "Switch", "SwitchedFabric", "cluster_problems", "fabric_graph",
+    "format_duration", "parse_duration", "parse_loss", "parse_port_ref",
+]
+
 KIND = "Cluster"
-if TYPE_CHECKING:
-    from topoctl.fabric.graph import FabricGraph
-
-LAB_MANAGEMENT = "10.232.0.0/16"  # README address table
-DEFAULT_FABRIC_SUBNETS = "10.234.0.0/15"
-DEFAULT_TRAINING_SUBNET = "10.236.0.0/16"
-
-
-class ClusterError(StateError):
-    """An invalid cluster file; `problems` is a list of (yaml_path, message)."""
-
-
-# --- scalars -------------------------------------------------------------------------------------
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|ms|us|ns)?\s*$")
-_DURATION_SCALE = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-
-
-def _name(v: str) -> str:
-    if not isinstance(v, str) or not _NAME.match(v):
-        raise ValueError(f"not a name (lowercase letters, digits and inner '-', 1-32): {v!r}")
-    return v
-
-
-def _nic_name(v: str) -> str:
-    if v == "lo" or v.startswith("tp"):
-        raise ValueError(f"{v!r} is reserved (lo, and names starting with tp are topoctl's own)")
-    return v
-
-
-def parse_duration(v: Any) -> float:
-    """`1ms`, `250us`, `0.5s`, `0` or a number of seconds -> seconds (float, 0 .. 10 s)."""
-    if isinstance(v, bool):
-        raise ValueError(f"not a duration: {v!r}")
-    if isinstance(v, int | float):
-        secs = float(v)
-    else:
-        m = _DURATION.match(str(v))
-        if not m:
-            raise ValueError(f"not a duration (e.g. 1ms, 250us): {v!r}")
-        secs = float(m.group(1)) * _DURATION_SCALE[m.group(2) or "s"]
-    if not 0 <= secs <= 10:
-        raise ValueError(f"duration out of range (0 .. 10s): {v!r}")
-    return secs
-
-
-def format_duration(secs: float) -> str:
-    """Seconds as the shortest cluster-file duration (`1.5ms`, `20us`)."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if secs >= scale or unit == "us":
-            return f"{secs / scale:g}{unit}"
-    return "0s"  # pragma: no cover
-
-
-def parse_loss(v: Any) -> float:
-    """A fraction 0..1, or a percentage string `0.5%`."""
-    if isinstance(v, bool):
-        raise ValueError(f"not a loss rate: {v!r}")
-    s = str(v).strip()
-    try:
-        frac = float(s[:-1]) / 100 if s.endswith("%") else float(s)
-    except ValueError:
-        raise ValueError(f"not a loss rate (a fraction 0..1 or a percentage like 0.5%): {v!r}") \
-            from None
-    if not 0 <= frac < 1:
-        raise ValueError(f"loss out of range (0 <= loss < 1): {v!r}")
-    return frac
-
-
-def parse_port_ref(v: Any) -> tuple[str, str]:
-    """`host:nic` -> (host, nic)."""
-    s = str(v)
-    host, sep, nic = s.partition(":")
-    if not sep or not host or not nic or ":" in nic:
-        raise ValueError(f"not a port (HOST:NIC, e.g. h0:eth0): {v!r}")
-    return host, nic
-
-
-def _port_ref(v: Any) -> str:
-    parse_port_ref(v)
-    return str(v)
-
-
-Name = Annotated[str, AfterValidator(_name)]
-OVSDB_REMOTE = re.compile(r"^(unix:/[^\s]+|(tcp|ssl):[^\s:]+:\d{1,5})$")
-
-
-def _ovsdb_remote(v: str) -> str:
-    if not OVSDB_REMOTE.match(v):
-        raise ValueError(f"not an OVSDB remote (unix:/PATH, tcp:HOST:PORT or ssl:HOST:PORT): "
-                         f"{v!r}")
-    return v
-
-
-OvsdbRemote = Annotated[str, AfterValidator(_ovsdb_remote)]
-NicName = Annotated[IfName, AfterValidator(_nic_name)]
-Duration = Annotated[float, BeforeValidator(parse_duration),
-                     PlainSerializer(format_duration, return_type=str)]
-Loss = Annotated[float, BeforeValidator(parse_loss)]
-PortRef = Annotated[str, BeforeValidator(_port_ref)]
-
-
-# --- the schema ----------------------------------------------------------------------------------
-class Gpus(Model):
-    """A host's accelerators: how many (ranks) and of which device type."""
-
-    count: Annotated[int, Field(ge=0, le=1024)] = 1
-    type: str = "cpu"  # `cpu`: cost measured on this CPU; other types look up gpu_types
-
-
-class GpuType(Model):
-    """Roofline numbers for one device type (planner cost model)."""
-
-    peak_flops: Annotated[float, Field(gt=0)]  # FLOP/s
-    memory_bandwidth: Annotated[float, Field(gt=0)]  # bytes/s
-    memory: Annotated[float, Field(gt=0)] | None = None  # bytes per device (placement limit)
-
-
-class Nic(Model):
-    """One NIC of a host: name, MAC and speed (default: defaults.nic_speed)."""
-
-    name: NicName
-    mac: Mac | None = None
-    speed: Rate | None = None  # default: defaults.nic_speed
-
-
-class Host(Model):
-    """One machine: its NICs, GPUs, rack label, management address and whether it runs Open
-    vSwitch."""
-
-    name: Name
-    gpus: Gpus | None = None  # default: defaults.gpus
-    rack: Name | None = None  # a label for planners and reports
-    address: IPv4 | None = None  # bare metal: the SSH/management address (the lab assigns its own)
-    ovs: bool | None = None  # runs its own Open vSwitch (default: defaults.ovs)
-    # bare metal: this host's ovsdb-server, passed to its agent as --ovsdb (default:
-    # inventory.ovsdb, else the agent's own default); only for hosts that run OVS
-    ovsdb: OvsdbRemote | None = None
-    nics: Annotated[list[Nic], Field(min_length=1)]
-
-
-class Inventory(Model):
-    """How `topoctl apply/run` reach the hosts of a bare-metal cluster (hosts[].address).
-
-    Plans carry it (metadata.inventory), so `topoctl apply plan.yaml` needs no flags. A lab
-    named after the cluster, when it is up, still wins: it is the embedded default target."""
-
-    transport: Literal["ssh"] = "ssh"  # (the lab and --local need no inventory)
-    user: str = "root"
-    port: Annotated[int, Field(ge=1, le=65535)] = 22
-    key: str = "~/.ssh/id_ed25519"  # private key (key auth only)
-    known_hosts: str = "~/.ssh/known_hosts"  # strict host-key checking against this file
-    agent: list[str] = Field(default_factory=lambda: ["topo-agent"])  # the remote command
-    # the ovsdb-server of every host that runs OVS (`--ovsdb`; hosts[].ovsdb overrides it);
-    # default: the agent's own ($TOPO_OVSDB, else unix:/run/openvswitch/db.sock)
-    ovsdb: OvsdbRemote | None = None
-
-
-class Defaults(Model):
-    """Values hosts, NICs and cables take when they do not say: GPUs, NIC speed, latency, loss,
-    OVS."""
-
-    gpus: Gpus = Field(default_factory=Gpus)
-    nic_speed: Rate | None = None
-    latency: Duration = 0.0
-    loss: Loss = 0.0
-    ovs: bool = False
-
-
-class Link(Model):
-    """One cable between two host ports; bandwidth defaults to the slower NIC's speed."""
-
-    a: PortRef
-    b: PortRef
-    bandwidth: Rate | None = None
-    latency: Duration | None = None
-    loss: Loss | None = None
-
-
-class DirectFabric(Model):
-    """Each host port is patched to at most one other host port (patch panel, OCS).
-
-    `links` may be empty: a topology strategy then chooses the cabling per job."""
-
-    kind: Literal["direct"]
-    mtu: Annotated[int, Field(ge=576, le=9000)] = 1500
-    links: list[Link] = Field(default_factory=list)
-
-
-class Switch(Model):
-    """A switch; with `uplink` it is a leaf whose uplink to the named switch has
-    `uplink_bandwidth`, or the sum of its attached ports divided by `oversubscription`."""
-
-    name: Name
-    uplink: Name | None = None
-    uplink_bandwidth: Rate | None = None
-    oversubscription: Annotated[float, Field(ge=1, le=1024)] | None = None
-    latency: Duration | None = None  # of the uplink
-
-
-class Attach(Model):
-    """`port` (HOST:NIC, or a bare HOST for all its NICs) is cabled to `switch`."""
-
-    port: str
-    switch: Name
-    bandwidth: Rate | None = None
-    latency: Duration | None = None
-    loss: Loss | None = None
-
-
-class SwitchedFabric(Model):
-    """Hosts' NICs attach to switches: a star, or two levels (leaves with an uplink to a spine).
-
-    With one switch and no `attach`, every NIC attaches to it."""
-
-    kind: Literal["switched"]
-    mtu: Annotated[int, Field(ge=576, le=9000)] = 1500
-    switches: Annotated[list[Switch], Field(min_length=1)]
-    attach: list[Attach] = Field(default_factory=list)
-
-
-class Addressing(Model):
-    """Address pools: the lab's management subnet, the fabric subnets and the training /32s."""
-
-    management: IPv4Net | None = None  # the lab's management subnet (inside 10.232.0.0/16)
-    fabric: IPv4Net = DEFAULT_FABRIC_SUBNETS  # planner: one subnet per cable / switch
-    training: IPv4Net = DEFAULT_TRAINING_SUBNET  # planner: one /32 per host
 
 
 class Cluster(Model):
@@ -301,8 +106,6 @@ class Cluster(Model):
 
     @_model_validator(mode="after")
     def _cross_checks(self) -> Cluster:
-        from topoctl.spec.cluster_checks import check_cluster  # checks read this schema
-
         problems = check_cluster(self)
         if problems:
             raise ClusterError(problems)
@@ -353,8 +156,6 @@ class Cluster(Model):
 
     def graph(self) -> FabricGraph:
         """The fabric as plain data; see `topoctl.fabric.graph.FabricGraph`."""
-        from topoctl.fabric.graph import fabric_graph  # the view is built from this schema
-
         return fabric_graph(self)
 
     def attachments(self) -> list[tuple[str, Attach]]:
@@ -370,8 +171,6 @@ class Cluster(Model):
         try:
             return Cluster.model_validate(data)
         except ValidationError as e:
-            from topoctl.spec.cluster_load import cluster_problems
-
             probs = cluster_problems(e)
             raise ClusterError([(prefix + p.removeprefix("fabric"), m) if p.startswith("fabric")
                                 else (p, m) for p, m in probs]) from None
@@ -396,3 +195,52 @@ def _attachments_of(c: Cluster) -> list[tuple[str, Attach]]:
         else:
             out += [(f"{at.port}:{n}", at) for n in nics.get(at.port, [])]
     return out
+
+
+def cluster_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """The agent's error paths, minus pydantic's discriminator tag (`fabric.direct.links`)."""
+    out = []
+    for path, msg in validation_problems(err, ""):
+        for tag in ("direct", "switched"):
+            if path == f"fabric.{tag}" or path.startswith(f"fabric.{tag}."):
+                path = "fabric" + path[len(f"fabric.{tag}"):]
+        out.append((path, msg))
+    return out
+
+
+def fabric_graph(c: Cluster) -> FabricGraph:
+    """The cluster's fabric as plain data: ports with their speeds, links with capacity, latency
+    and loss (defaults filled in); switched fabrics with their uplinks' capacities resolved."""
+    d = c.defaults
+    ports = tuple(Port(h.name, n.name, n.speed or d.nic_speed, n.mac)  # type: ignore[arg-type]
+                  for h in c.hosts for n in h.nics)
+    speed = {p.ref: p.speed for p in ports}
+    hosts = tuple(h.name for h in c.hosts)
+    f = c.fabric
+    if isinstance(f, DirectFabric):
+        links = []
+        for ln in f.links:
+            (ah, an), (bh, bn) = parse_port_ref(ln.a), parse_port_ref(ln.b)
+            cap = ln.bandwidth or min(speed[ln.a], speed[ln.b])
+            links.append(FabricLink(ah, bh, cap, _pick(ln.latency, d.latency),
+                                    _pick(ln.loss, d.loss), an, bn, "cable"))
+        return FabricGraph("direct", hosts, (), ports, tuple(links), f.mtu)
+    links, down = [], {s.name: 0 for s in f.switches}
+    for ref, at in c.attachments():
+        h, n = parse_port_ref(ref)
+        cap = at.bandwidth or speed[ref]
+        down[at.switch] += cap
+        links.append(FabricLink(h, at.switch, cap, _pick(at.latency, d.latency),
+                                _pick(at.loss, d.loss), n, None, "access"))
+    for s in f.switches:
+        if s.uplink:
+            cap = s.uplink_bandwidth or max(1, int(down[s.name] / (s.oversubscription or 1)))
+            links.append(FabricLink(s.name, s.uplink, cap, _pick(s.latency, d.latency), 0.0,
+                                    None, None, "uplink"))
+    return FabricGraph("switched", hosts, tuple(s.name for s in f.switches), ports, tuple(links),
+                       f.mtu)
+
+
+def _pick(v: float | None, default: float) -> float:
+    """`v`, or `default` when `v` is None."""
+    return default if v is None else v

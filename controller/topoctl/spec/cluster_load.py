@@ -7,9 +7,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from topoagent.schema import validation_problems
-from topoagent.state import StateError, load_yaml_file
-from topoctl.spec.cluster import API_VERSION, KIND, Cluster, ClusterError
+from topoagent.state.host import StateError, load_yaml_file
+from topoctl.spec.cluster import API_VERSION, KIND, Cluster, ClusterError, cluster_problems
+
+# `cluster_problems` lives in spec.cluster (Cluster.with_fabric needs it); found here too
+__all__ = ["cluster_problems", "load_cluster", "parse_cluster"]
 
 
 def parse_cluster(data: Any, source: str = "<input>") -> Cluster:
@@ -21,17 +23,6 @@ def parse_cluster(data: Any, source: str = "<input>") -> Cluster:
         return Cluster.model_validate(data)
     except ValidationError as e:
         raise ClusterError(cluster_problems(e), source=source) from None
-
-
-def cluster_problems(err: ValidationError) -> list[tuple[str, str]]:
-    """The agent's error paths, minus pydantic's discriminator tag (`fabric.direct.links`)."""
-    out = []
-    for path, msg in validation_problems(err, ""):
-        for tag in ("direct", "switched"):
-            if path == f"fabric.{tag}" or path.startswith(f"fabric.{tag}."):
-                path = "fabric" + path[len(f"fabric.{tag}"):]
-        out.append((path, msg))
-    return out
 
 
 def load_cluster(path: str | Path) -> Cluster:

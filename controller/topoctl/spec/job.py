@@ -22,7 +22,7 @@
     bandwidth: {objective: minmax, multipath: false}   # the +bandwidth post-pass (strategies
                                          # `bandwidth`, `trees+bandwidth`; docs/bandwidth.md)
     launch: {backend: gloo, port: 29500, threads: 1, iterations: 10,
-             command: [python3, -m, topoagent.train]}
+             command: [python3, -m, topotrain.train]}
 
 Unknown keys are rejected; errors name the YAML path (`model.params.layer: unknown parameter`).
 """
@@ -36,8 +36,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, StrictBool, ValidationError, model_validator
 
 from topoagent.protocol import API_VERSION
-from topoagent.schema import Model, validation_problems
-from topoagent.state import StateError, load_yaml_file
+from topoagent.state.host import StateError, load_yaml_file
+from topoagent.state.schema import Model, validation_problems
 from topoctl.catalog.registry import ENTRIES, resolve_params
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -190,7 +190,7 @@ class LaunchSpec(Model):
     port: Annotated[int, Field(ge=1024, le=65535)] = 29500
     threads: Annotated[int, Field(ge=1, le=256)] = 1
     iterations: Annotated[int, Field(ge=1)] = 10
-    command: list[str] = Field(default_factory=lambda: ["python3", "-m", "topoagent.train"])
+    command: list[str] = Field(default_factory=lambda: ["python3", "-m", "topotrain.train"])
 
 
 class Job(Model):

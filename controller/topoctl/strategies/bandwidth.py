@@ -46,7 +46,7 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
                    multipath: bool | None = None) -> Strategy:
     """`base` with per-destination rates (and, with `multipath`, weighted multipath) from the
     bandwidth LP; `objective` and `multipath` default to the job's `bandwidth` section."""
-    from topoagent.state import format_rate  # the agent's rate spelling
+    from topoagent.state.values import format_rate
 
     spec = ctx.job.bandwidth
     objective = spec.objective if objective is None else objective

@@ -18,7 +18,7 @@ activations and their gradients crossing consecutive stages as flows on the fabr
 ring AllReduce of the stage's gradients over its group and the optimiser step. The fastest
 candidate is returned. Stages are the placement's devices in the order of the acyclic graph
 between them; values produced before a boundary and read after it cross it (the runtime,
-`topoagent.pipeline`, forwards them stage by stage), which is what the simulator charges.
+`topotrain.pipeline`, forwards them stage by stage), which is what the simulator charges.
 
 Bad input: a model that fits on no device, fewer hosts than the memory needs, a batch that
 does not split into micro-batches: `JobError` naming the cause; nothing is written.
@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import networkx as nx
+from topotrain.timing import load_calibration
 
-from topoagent.collectives import load_calibration
 from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.cost import TrainCost
@@ -356,7 +356,7 @@ def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
     the context, scaled)."""
     if ctx.train_costs is None:
         return None
-    ops = ctx.train_costs(micro_batch, runtime="stage")  # as topoagent.pipeline runs a stage
+    ops = ctx.train_costs(micro_batch, runtime="stage")  # as topotrain.pipeline runs a stage
     if ops is None:  # the model does not train on real tensors here: the context's costs
         return None
     cal = load_calibration()

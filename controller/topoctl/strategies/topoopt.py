@@ -34,8 +34,8 @@ import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+from topocontract.schedule import TreeSchedule
 
-from topoagent.collectives.schedule import TreeSchedule
 from topoctl.fabric.graph import FabricGraph, connection_links
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
 from topoctl.fabric.topology import ArGroup, Topology, distances, find_topology

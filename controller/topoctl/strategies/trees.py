@@ -12,7 +12,7 @@ it does not hold the hosts' compute), marked ``communication`` (so that the pred
 ``compute`` is the hosts' and the bucket's time counts as communication). The chunk size is
 the one :func:`~topoctl.collective.trees.pipeline.choose_chunks` picks for the largest bucket.
 
-The plan's ``job.collective`` carries the runtime schedule (``topoagent.collectives``): the
+The plan's ``job.collective`` carries the runtime schedule (``topotrain.collectives``): the
 launcher writes it to a file and points ``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the
 trees are over hosts). Hosts whose device is the CPU are taken to be lab hosts, all ranks on
 this machine sharing its cores (the calibration's ``cores``).
@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+from topocontract.schedule import TreeSchedule
+from topocontract.trees import chunk_count
+from topotrain.timing import load_calibration
 
-from topoagent.collectives import load_calibration
-from topoagent.collectives.program import chunk_count
-from topoagent.collectives.schedule import TreeSchedule
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import (

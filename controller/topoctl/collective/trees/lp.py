@@ -13,6 +13,7 @@ optimum is the partition bound ``tau`` (Nash-Williams/Tutte).
   (scipy ``linprog``), priced by the oracle under the LP duals, until no tree has negative
   reduced cost (exact optimum) or the dual certificate closes the gap.
 * :func:`solve_restricted` -- the master LP over a fixed set of columns.
+* :func:`usage_matrix` -- the LP's constraint matrix (rows used by each column).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from topoctl.limits import SafetyClock
 
 from .oracle import Column, Oracle
 
-__all__ = ["ColumnPool", "column_generation", "mw_pack", "solve_restricted"]
+__all__ = ["ColumnPool", "column_generation", "mw_pack", "solve_restricted", "usage_matrix"]
 
 
 @dataclass
@@ -50,7 +51,9 @@ class ColumnPool:
         return True
 
 
-def _usage(cols: list[Column], rows: int) -> csc_matrix:
+def usage_matrix(cols: list[Column], rows: int) -> csc_matrix:
+    """The constraint matrix ``A`` of the packing LP: ``A[r, j]`` is how many times column
+    (tree) ``cols[j]`` uses resource row ``r``; ``rows`` rows in all, one column per tree."""
     data = np.concatenate([c.counts for c in cols])
     ridx = np.concatenate([c.rows for c in cols])
     ptr = np.cumsum([0] + [len(c.rows) for c in cols])
@@ -65,7 +68,7 @@ def solve_restricted(
     Returns ``(x, value, y)`` with ``y`` the (non-negative) row duals over all rows.
     Rows no column uses are dropped from the LP (their dual is 0).
     """
-    a = _usage(cols, capacity.shape[0]).tocsr()
+    a = usage_matrix(cols, capacity.shape[0]).tocsr()
     used = np.flatnonzero(np.diff(a.indptr))
     res = linprog(
         -np.ones(len(cols)),

@@ -37,7 +37,7 @@ from topoctl.limits import SafetyClock
 
 from .bounds import ingress_bound, partition_bound
 from .disjoint import disjoint_spanning_trees
-from .lp import ColumnPool, _usage, column_generation, mw_pack, solve_restricted
+from .lp import ColumnPool, column_generation, mw_pack, solve_restricted, usage_matrix
 from .oracle import Column, Oracle
 
 __all__ = [
@@ -420,7 +420,7 @@ def _milp_pick(cols: list[Column], cap: np.ndarray, k: int, nodes: int,
     branch-and-bound nodes (deterministic; HiGHS runs single-threaded here), with the safety
     clock's remaining seconds as HiGHS's time limit."""
     n = len(cols)
-    a = _usage(cols, cap.shape[0]).tocsr()
+    a = usage_matrix(cols, cap.shape[0]).tocsr()
     used = np.flatnonzero(np.diff(a.indptr))
     a = a[used]
     ubound = np.array([float(np.min(cap[c.rows] / c.counts)) for c in cols])

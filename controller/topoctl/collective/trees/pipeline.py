@@ -1,4 +1,4 @@
-"""Cost model of the lock-step tree AllReduce runtime (``topoagent.collectives.program``) and
+"""Cost model of the lock-step tree AllReduce runtime (``topotrain.collectives.program``) and
 the choice of its pipeline depth. Pure functions over plain data; no I/O.
 
 The runtime cuts every tree's partition into the same number ``C`` of chunks and runs
@@ -17,7 +17,7 @@ AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
   union of each (peer, direction)'s step ranges), ``p_r`` the pieces it packs, adds or copies
   (one per tree edge, direction and chunk), ``B^red`` the bytes it adds, ``B^copy`` the bytes
   packed or unpacked, ``B^wire`` the bytes it sends and receives; the CPU costs ``c_*``,
-  ``rho_*`` come from the machine's calibration (``python -m topoagent.collectives.calibrate``).
+  ``rho_*`` come from the machine's calibration (``python -m topotrain.collectives.calibrate``).
   Ranks that share ``cores`` cores (the lab: every rank on one machine) stretch it by
   ``max(1, ranks / cores)``: the part is ``max(max_r cpu_r, sum_r cpu_r / cores)`` then, and
   a wire byte costs the lab's cable emulation too (``rho_wire`` becomes at most twice
@@ -25,7 +25,7 @@ AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
   ends, as iperf3 measured it: the bytes are counted at both ends).
 
 The two parts overlap: the runtime posts the receives of the next steps ahead
-(``topoagent.collectives.program.LOOKAHEAD``), so a rank's CPU work (posting, packing,
+(``topotrain.collectives.program.LOOKAHEAD``), so a rank's CPU work (posting, packing,
 adding, and in the lab the cable emulation's kernel work) runs while other messages are in
 flight, and the AllReduce takes ``max(network, CPU)``: whichever of the links and the cores is
 the bottleneck. Measured 2026-11-25 on the quiet 2-core machine (hetero8, 8 ranks): a 15.9 MB
@@ -46,6 +46,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from topocontract.trees import up_depth
 
 __all__ = [
     "RuntimeCosts",
@@ -83,7 +84,7 @@ class RuntimeCosts:
 
 
 def runtime_costs(calibration: dict | None) -> RuntimeCosts:
-    """Costs from a calibration document (``topoagent.collectives.load_calibration()``), or the
+    """Costs from a calibration document (``topotrain.collectives.load_calibration()``), or the
     defaults when there is none."""
     if not calibration:
         return RuntimeCosts()
@@ -114,32 +115,16 @@ class TreeShape:
     reduce_in: np.ndarray  # per tree, per rank: children (pieces added per chunk)
 
 
-def _up_depth(parents: Sequence[int | None]) -> tuple[list[int], list[int]]:
-    n = len(parents)
-    depth = [0] * n
-    for r in range(n):
-        d, cur = 0, r
-        while parents[cur] is not None:
-            cur, d = parents[cur], d + 1
-        depth[r] = d
-    up = [0] * n
-    for r in sorted(range(n), key=lambda x: -depth[x]):
-        p = parents[r]
-        if p is not None:
-            up[p] = max(up[p], up[r] + 1)
-    return up, depth
-
-
 def tree_shape(parents: Sequence[Sequence[int | None]], rates: Sequence[float]) -> TreeShape:
     """The message structure of the lock-step program (same step rule as
-    ``topoagent.collectives.program.compile_program``): reduce ``r -> parent`` at ``k + up(r)``,
+    ``topotrain.collectives.program.compile_program``): reduce ``r -> parent`` at ``k + up(r)``,
     broadcast ``parent -> r`` at ``k + h + depth(r) - 1``. O(T N)."""
     n = len(parents[0])
     total = float(sum(rates))
     g, o, t_of, heights = [], [], [], []
     red = np.zeros((len(parents), n))
     for t, par in enumerate(parents):
-        up, depth = _up_depth(par)
+        up, depth = up_depth(par)
         h = up[next(r for r in range(n) if par[r] is None)]
         heights.append(h)
         for r, p in enumerate(par):

@@ -1,12 +1,13 @@
 """Turn a :class:`~topoctl.collective.trees.pack.TreePlan` into what others read: the runtime's
-tree schedule (``topoagent.collectives.schedule``) and the ``topoctl sync --json`` document.
+tree schedule (``topocontract.schedule``) and the ``topoctl sync --json`` document.
 Pure functions; no I/O."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from topoagent.collectives.schedule import TreeSchedule
+from topocontract.schedule import TreeSchedule
+
 from topoctl.fabric.capgraph import CapGraph
 
 from .pack import TreePlan, chunk_bytes

@@ -1,7 +1,7 @@
 """Tree schedules as simulator collectives (``topoctl.sim.schedules.Schedule``).
 
 Each tree's partition is cut into the runtime's chunk count (the same on every tree,
-``topoagent.collectives.program.chunk_count``; at most ``max_chunks`` here); the reduce step
+``topotrain.collectives.program.chunk_count``; at most ``max_chunks`` here); the reduce step
 of chunk ``k`` on arc ``child -> parent`` waits for chunk ``k`` from all of the child's
 children and for chunk ``k - 1`` on the same arc (FIFO); the broadcast step
 ``parent -> child`` waits for chunk ``k`` to have reached the parent (at the root: all of its
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topoagent.collectives.program import chunk_count
-from topoagent.collectives.schedule import TreeSchedule, partition_sizes
+from topocontract.schedule import TreeSchedule, partition_sizes
+from topocontract.trees import chunk_count
+
 from topoctl.sim.schedules import CollectiveAlgorithm, Schedule, Step
 
 __all__ = ["tree_algorithm", "tree_allreduce_schedule"]

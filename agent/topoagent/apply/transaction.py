@@ -1,0 +1,269 @@
+"""The transaction: validate -> observe -> check -> diff -> probe -> apply -> verify -> revert.
+
+A host ends either fully in the desired state or exactly as it was: on any failure (an operation
+the kernel rejects, a verify that does not converge, a next hop that answered before and not
+after) the inverses of the operations already done run newest first, and routes the kernel
+dropped as a side effect (an address removed takes its routes along) are put back."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from topoagent.apply.diff import check_host, diff
+from topoagent.apply.journal import Journal, crash_point, recover, restore
+from topoagent.apply.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
+from topoagent.apply.mgmt import Mgmt, guard, route_get
+from topoagent.apply.probe import ping_many
+from topoagent.apply.store import Store, sysctl_with_baseline
+from topoagent.observe.host import (
+    IP_FORWARD,
+    MULTIPATH_HASH,
+    Observed,
+    observe,
+    rp_filter_path,
+    to_host_state,
+)
+from topoagent.protocol import TopoError
+from topoagent.state.host import HostState, Interface, Sysctl
+from topoagent.target import Target
+
+VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (rarely)
+COMPOSITE = (AddQdisc, RestoreQdisc)  # several kernel requests: may fail half-done
+
+
+class Interrupted(TopoError):
+    """The apply was stopped by a signal (SIGTERM) and reverted."""
+
+
+class ApplyError(TopoError, RuntimeError):
+    """An apply failed on the host; `done` the operations that ran, `reverted` whether they
+    were undone (the host is back where it was)."""
+
+    def __init__(self, message: str, done: list[Op], reverted: bool):
+        super().__init__(message)
+        self.done = done
+        self.reverted = reverted
+
+
+@dataclass
+class Result:
+    """What an apply did (or would do): its operations, seconds, whether a dry run, and the probed
+    addresses."""
+
+    ops: list[Op]
+    seconds: float
+    dry_run: bool = False
+    probes: list[str] = field(default_factory=list)
+    confirm: dict | None = None  # with --confirm-within: deadline, seconds, token
+
+    @property
+    def changed(self) -> bool:
+        """Whether there were operations."""
+        return bool(self.ops)
+
+
+def plan(target: Target, desired: HostState, mgmt: Mgmt | None = None
+         ) -> tuple[Observed, list[Op]]:
+    """Observe, check and diff without touching anything; with `mgmt`, refuse operations on
+    the management connection."""
+    obs = observe(target)
+    check_host(desired, obs)
+    ops = diff(desired, obs)
+    if mgmt is not None:
+        guard(ops, obs, mgmt)
+    return obs, ops
+
+
+def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
+                probe: bool = True, store: Store | None = None,
+                mgmt: Mgmt | None = None, journal_dir: Path | None = None,
+                watch: list[tuple[str, str | None]] = ()) -> Result:
+    """Take the host to `desired` or leave it as it was. With `store`, the applied state joins
+    the history; with `store` or `journal_dir`, every change is journaled first (crash safety:
+    topoagent.apply.journal). `watch`: (address, source) pairs whose path (`ip route get`) must be
+    the same after the apply as before (the management connection and configured probes)."""
+    t0 = time.perf_counter()
+    if store is not None:
+        desired = with_original_sysctls(desired, store.baseline())
+    before, ops = plan(target, desired, mgmt)
+    if dry_run:
+        return Result(ops, time.perf_counter() - t0, dry_run=True)
+    probes = _choose_probes(target, desired, before) if probe and ops else []
+    if store is not None and ops:
+        # the original values go to disk before anything changes: a crash or a failed apply
+        # can no longer lose them (rollback to the baseline restores them)
+        store.save_baseline(_baseline(ops))
+    root = store.root if store is not None else journal_dir
+    journal = Journal(root) if root is not None and ops else None
+    if journal is not None:
+        journal.begin(before, store.history_len() if store is not None else None)
+    if ops:
+        _transact(target, desired, before, ops, probes, journal, list(watch))
+    try:
+        if store is not None:
+            store.push(desired)
+        crash_point(len(ops) + 1)
+    except BaseException:
+        if journal is not None:  # the history could not be written: back to the old state
+            recover(target, journal.root)
+        raise
+    if journal is not None:
+        journal.finish()
+    return Result(ops, time.perf_counter() - t0, probes=probes)
+
+
+def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],
+              probes: list[str], journal: Journal | None = None,
+              watch: list[tuple[str, str | None]] | None = None) -> None:
+    from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
+
+    done: list[Op] = []
+    with contextlib.closing(target.iproute()) as ipr, _term_as_exception():
+        drv = NetlinkDriver(target, ipr)
+        paths = {(ip, src): route_get(ipr, ip, src) for ip, src in watch or ()}
+        try:
+            _run(drv, desired, before, ops, probes, done, journal, paths)
+        except ApplyError:
+            if journal is not None:
+                journal.finish()  # reverted in process
+            raise
+        except BaseException as e:  # interrupted (SIGTERM, a bug): revert, then report it
+            problems = revert(drv, before, done)
+            if journal is not None and not problems:
+                journal.finish()  # else the next start retries from the journal
+            state = ("REVERT INCOMPLETE: " + "; ".join(problems) if problems
+                     else f"reverted {len(done)} operations; host is as before")
+            if isinstance(e, TopoError):
+                raise ApplyError(f"{e} ({state})", done, reverted=not problems) from None
+            raise
+
+
+@contextlib.contextmanager
+def _term_as_exception() -> Iterator[None]:
+    """SIGTERM during the kernel changes becomes an exception, so the apply reverts itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Interrupted(f"interrupted by signal {signum} during apply")
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
+         probes: list[str], done: list[Op], journal: Journal | None = None,
+         paths: dict | None = None) -> None:
+    target = drv.target
+    crash_point(0)
+    for op in ops:
+        if journal is not None:
+            journal.record(op)
+        try:
+            op.apply(drv)
+        except Exception as e:  # the kernel said no: undo everything done so far
+            if isinstance(op, COMPOSITE):
+                done.append(op)
+            _fail(f"{op.describe()}: {_reason(e)}", drv, before, done)
+        done.append(op)
+        crash_point(len(done))
+
+    left: list[Op] = []
+    for delay in VERIFY_DELAYS:
+        time.sleep(delay)
+        left = diff(desired, observe(target))
+        if not left:
+            break
+    if left:
+        _fail("verify: the host does not match after apply: "
+              + "; ".join(op.describe() for op in left[:5]), drv, before, done)
+    changed = [f"{ip}: {was} -> {now}" for (ip, src), was in (paths or {}).items()
+               if (now := route_get(drv.ipr, ip, src)) != was]
+    if changed:
+        _fail("management path changed (ip route get): " + "; ".join(changed)
+              + "; use --force-mgmt to allow it", drv, before, done)
+    if probes:
+        lost = sorted(set(probes) - ping_many(target, probes))
+        if lost:
+            _fail(f"probe: next hops answered before the change and not after: "
+                  f"{', '.join(lost)}", drv, before, done)
+
+
+def _fail(message: str, drv: Driver, before: Observed, done: list[Op]) -> None:
+    problems = revert(drv, before, done)
+    if problems:
+        message += "; REVERT INCOMPLETE: " + "; ".join(problems)
+    else:
+        message += f" (reverted {len(done)} operations; host is as before)"
+    raise ApplyError(message, done, reverted=not problems)
+
+
+def revert(drv: Driver, before: Observed, done: list[Op]) -> list[str]:
+    """Undo `done` newest first, re-add any route of `before` the kernel dropped, and settle
+    what is left against `before` (topoagent.apply.journal.restore); returns what still differs."""
+    routes = [(o.route, o.proto) for o in before.routes.values()]
+    return restore(drv, [op.inverse() for op in reversed(done)], to_host_state(before), routes)
+
+
+def _reason(e: Exception) -> str:
+    # NetlinkError carries (code, message); the message alone reads best
+    args = getattr(e, "args", ())
+    if len(args) >= 2 and isinstance(args[0], int):
+        return f"{args[1]} (errno {args[0]})"
+    return str(e) or type(e).__name__
+
+
+def _choose_probes(target: Target, desired: HostState, obs: Observed) -> list[str]:
+    """Planned next hops that answer now: the ones a change must not break. Only gateways in
+    a subnet the host is on now can answer, so only those are pinged (no timeout wasted on a
+    fresh host)."""
+    nets = [ipaddress.IPv4Interface(a).network for addrs in obs.addresses.values()
+            for a in addrs]
+    gateways = sorted({h.via for r in desired.routes for h in r.hops()
+                       if h.via and any(ipaddress.IPv4Address(h.via) in n for n in nets)})
+    return sorted(ping_many(target, gateways)) if gateways else []
+
+
+def with_original_sysctls(desired: HostState, base: HostState | None) -> HostState:
+    """`desired`, with the host's original value (the store's baseline) for each global sysctl
+    (`ip_forward`, `multipath_hash_policy`) an earlier apply changed and `desired` no longer
+    sets: what the agent changed and is no longer asked for goes back, as a rollback does.
+    Why: the next plan on the same hosts said nothing of the L4 hash a +bandwidth plan had set,
+    so its connections kept hashing by port over parallel cables (the demo's plain trees, one
+    run of three, 1.83 s instead of 1.04 s). Per-interface `rp_filter` is left alone (its
+    interface may be gone)."""
+    if base is None:
+        return desired
+    sysctl = sysctl_with_baseline(desired.sysctl, base.sysctl, rp_filter=False)
+    return desired if sysctl == desired.sysctl else desired.model_copy(update={"sysctl": sysctl})
+
+
+def _baseline(ops: list[Op]) -> HostState:
+    """The original values of sysctls and link attributes these operations overwrite."""
+    links: dict[str, Interface] = {}
+    rp: dict[str, int] = {}
+    forward = mp_hash = None
+    for op in ops:
+        if isinstance(op, SetLink):
+            links[op.dev] = Interface(name=op.dev, mtu=op.old_mtu, up=op.old_up)
+        elif isinstance(op, SetSysctl) and not op.late:  # late: a link the apply creates
+            if op.path.endswith("/rp_filter"):
+                dev = op.path.split("/")[3]
+                if rp_filter_path(dev) == op.path:
+                    rp[dev] = int(op.old)
+            elif op.path == MULTIPATH_HASH:
+                mp_hash = int(op.old)
+            elif op.path == IP_FORWARD:
+                forward = op.old == "1"
+    return HostState(interfaces=list(links.values()), sysctl=Sysctl(
+        ip_forward=forward, rp_filter=rp, multipath_hash_policy=mp_hash))

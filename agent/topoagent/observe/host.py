@@ -1,0 +1,292 @@
+"""Observe: read a host's network state with pyroute2 (netlink) and /proc/sys.
+
+The result is an `Observed` snapshot in the schema's canonical values, with each object's
+ownership mark (route/rule/address protocol, tc handle), so the diff can tell the agent's objects
+from foreign ones. `to_host_state` turns the representable part back into a HostState for
+`topo-agent show`; feeding that to `diff` reports nothing to do."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from topoagent.observe.nldump import (
+    RTM_GETQDISC,
+    RTM_GETTCLASS,
+    RTM_GETTFILTER,
+    RawLink,
+    RawRoute,
+    RawRule,
+    RawTc,
+    dump_addrs,
+    dump_links,
+    dump_routes,
+    dump_rules,
+    dump_tc,
+    htb_credit_bytes,
+    htb_rates,
+    open_in,
+    u32_single_key,
+)
+from topoagent.state.host import (
+    RT_PROTO,
+    RULE_PRIORITY_MAX,
+    RULE_PRIORITY_MIN,
+    TC_MAJOR,
+    HostState,
+    Interface,
+    Nexthop,
+    Qos,
+    QosClass,
+    Route,
+    Rule,
+    Sysctl,
+)
+from topoagent.state.values import LOCAL_TABLE
+from topoagent.target import Target
+
+RTN_UNICAST = 1
+FR_ACT_TO_TBL = 1
+IFF_UP = 0x1
+TC_H_ROOT = 0xFFFFFFFF
+UNSET = 0xFFFFFFFF
+U32_PRIO = 10  # every agent u32 filter lives at this preference
+IP_FORWARD = "net/ipv4/ip_forward"
+MULTIPATH_HASH = "net/ipv4/fib_multipath_hash_policy"
+
+
+def rp_filter_path(dev: str) -> str:
+    """The sysctl path (under /proc/sys) of `dev`'s rp_filter."""
+    return f"net/ipv4/conf/{dev}/rp_filter"
+
+
+@dataclass
+class ObsLink:
+    """An observed link: index, name, MAC, MTU and state."""
+
+    index: int
+    name: str
+    mac: str | None
+    mtu: int
+    up: bool
+
+
+@dataclass
+class ObsRoute:
+    """An observed route with its protocol (the agent's mark or another owner's)."""
+
+    route: Route
+    proto: int
+
+
+@dataclass
+class ObsRule:
+    """A rule as the kernel has it. `rule` is set when the schema can express it."""
+
+    rule: Rule | None
+    proto: int
+    priority: int = 0
+
+
+@dataclass
+class ObsQos:
+    """The agent's HTB tree on one interface (root handle TC_MAJOR:)."""
+
+    dev: str
+    rate: int | None  # root class 1 rate, bit/s
+    classes: dict[int, QosClass] = field(default_factory=dict)  # minor -> class (dst unset)
+    credit: dict[int, int] = field(default_factory=dict)  # minor -> burst bytes (1: the root)
+    filters: dict[int, tuple[str, int]] = field(default_factory=dict)  # node -> (dst, class minor)
+
+    def classified(self) -> dict[int, QosClass]:
+        """Classes with the destination their filter matches (minor -> class); classes no
+        filter points at are left out."""
+        return {minor: self.classes[minor].model_copy(update={"dst": dst})
+                for dst, minor in sorted(self.filters.values(), key=lambda f: f[1])
+                if minor in self.classes}
+
+    def recreatable(self) -> dict[int, QosClass]:
+        """Every class, with its filter's destination where one points at it (0.0.0.0/0
+        otherwise): what an inverse needs to put the class back."""
+        return {**self.classes, **self.classified()}
+
+
+@dataclass
+class Observed:
+    """A snapshot of the host: links, addresses, routes, rules, sysctls, QoS trees and OVS, with
+    ownership marks."""
+
+    links: dict[str, ObsLink] = field(default_factory=dict)
+    addresses: dict[str, dict[str, int]] = field(default_factory=dict)  # dev -> {a/len: proto}
+    routes: dict[tuple, ObsRoute] = field(default_factory=dict)  # (table, dst, metric) -> route
+    rules: list[ObsRule] = field(default_factory=list)
+    qos: dict[str, ObsQos] = field(default_factory=dict)
+    foreign_qdiscs: dict[str, str] = field(default_factory=dict)  # dev -> "kind handle"
+    sysctl: dict[str, str] = field(default_factory=dict)  # /proc/sys path -> value
+    ovs: Any = None  # topoagent.apply.ovs.ObsOvs when an ovsdb-server answers, else None
+
+    def owned_rules(self) -> list[ObsRule]:
+        """The policy rules carrying the agent's protocol mark."""
+        return [r for r in self.rules if r.proto == RT_PROTO and r.rule is not None]
+
+
+def observe(target: Target) -> Observed:
+    """Read the target's network state (rtnetlink dumps, /proc/sys, OVS when configured)."""
+    obs = Observed()
+    sock = open_in(target.inside)
+    try:
+        names = _links(dump_links(sock), obs)
+        for index, addr, proto in dump_addrs(sock):
+            dev = names.get(index)
+            if dev is not None:
+                obs.addresses.setdefault(dev, {})[addr] = proto
+        _routes(dump_routes(sock), obs, names)
+        _rules(dump_rules(sock), obs)
+        _qos(sock, obs, names)
+    finally:
+        sock.close()
+    paths = [IP_FORWARD, MULTIPATH_HASH] + [rp_filter_path(n)
+                                            for n in ("all", "default", *obs.links)]
+    with target.inside():
+        for p in paths:
+            try:
+                with open(f"/proc/sys/{p}") as f:
+                    obs.sysctl[p] = f.read().strip()
+            except FileNotFoundError:
+                pass
+    from topoagent.apply.ovs import observe_ovs  # OVS only where an ovsdb-server answers
+
+    obs.ovs = observe_ovs(target)
+    return obs
+
+
+def _links(raw: list[RawLink], obs: Observed) -> dict[int, str]:
+    for link in raw:
+        obs.links[link.name] = ObsLink(index=link.index, name=link.name, mac=link.mac,
+                                       mtu=link.mtu, up=bool(link.flags & IFF_UP))
+    return {link.index: link.name for link in raw}
+
+
+def _routes(raw: list[RawRoute], obs: Observed, names: dict[int, str]) -> None:
+    for r in raw:
+        if r.table == LOCAL_TABLE or r.type != RTN_UNICAST:
+            continue
+        fields: dict = dict(dst=r.dst, table=r.table, metric=r.metric, src=r.prefsrc)
+        if r.multipath:
+            fields["nexthops"] = [Nexthop(via=gw, dev=names.get(oif), weight=w)
+                                  for gw, oif, w in r.multipath]
+        else:
+            fields["via"] = r.gateway
+            fields["dev"] = names.get(r.oif) if r.oif is not None else None
+        try:
+            route = Route(**fields)
+        except ValueError:  # not expressible in the schema (e.g. one-hop multipath): skip it
+            continue
+        obs.routes[route.key] = ObsRoute(route=route, proto=r.proto)
+
+
+def _rules(raw: list[RawRule], obs: Observed) -> None:
+    for r in raw:
+        plain = (r.action == FR_ACT_TO_TBL and r.tos == 0 and not r.exotic
+                 and RULE_PRIORITY_MIN <= r.priority <= RULE_PRIORITY_MAX
+                 and r.fwmask in (None, UNSET)
+                 # the kernel reports these two on every rule; all ones means unused
+                 and r.suppress_prefixlen in (None, UNSET)
+                 and r.suppress_ifgroup in (None, UNSET)
+                 and r.table not in (0, LOCAL_TABLE))
+        rule = None
+        if plain:
+            try:
+                rule = Rule(priority=r.priority, table=r.table, fwmark=r.fwmark, iif=r.iif,
+                            oif=r.oif, to=r.dst, **{"from": r.src})
+            except ValueError:
+                rule = None
+        obs.rules.append(ObsRule(rule=rule, proto=r.proto, priority=r.priority))
+
+
+def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
+    roots = {q.ifindex: q for q in dump_tc(sock, RTM_GETQDISC) if q.parent == TC_H_ROOT}
+    for ifindex, root in roots.items():
+        dev = names.get(ifindex)
+        if dev is None or root.handle == 0:
+            continue  # the kernel's default qdisc: free for the agent to replace
+        if root.handle >> 16 != TC_MAJOR or root.kind != "htb":
+            obs.foreign_qdiscs[dev] = f"{root.kind} {root.handle >> 16:x}:"
+            continue
+        tree = ObsQos(dev=dev, rate=None)
+        for c in dump_tc(sock, RTM_GETTCLASS, ifindex):
+            if c.handle >> 16 != TC_MAJOR or c.kind != "htb":
+                continue
+            rate, ceil = htb_rates(c)
+            minor = c.handle & 0xFFFF
+            tree.credit[minor] = htb_credit_bytes(c)[0]
+            if minor == 1:
+                tree.rate = rate
+            else:
+                tree.classes[minor] = QosClass(id=minor, dst="0.0.0.0/0", rate=rate, ceil=ceil)
+        for f in dump_tc(sock, RTM_GETTFILTER, ifindex, TC_MAJOR << 16):
+            parsed = _u32_dst_filter(f)
+            if parsed is not None:
+                node, dst, minor = parsed
+                tree.filters[node] = (dst, minor)
+        obs.qos[dev] = tree
+
+
+def _u32_dst_filter(f: RawTc) -> tuple[int, str, int] | None:
+    """(node id, dst network, class minor) of an agent u32 filter matching one IPv4
+    destination; None for hash-table entries and anything else."""
+    if f.handle & 0xFFF == 0 or f.kind != "u32":
+        return None
+    key = u32_single_key(f)
+    if key is None:
+        return None
+    classid, mask, val, off = key
+    if classid >> 16 != TC_MAJOR or off != 16:  # 16: the IPv4 destination address
+        return None
+    dst = ipaddress.IPv4Network((val & mask, bin(mask).count("1")))
+    return f.handle & 0xFFF, str(dst), classid & 0xFFFF
+
+
+def to_host_state(obs: Observed) -> HostState:
+    """The representable part of what is on the host, as a HostState (for `show`)."""
+    interfaces = [
+        Interface(name=n, mac=link.mac if link.mac and link.mac != "00:00:00:00:00:00" else None,
+                  addresses=sorted(obs.addresses.get(n, {})), mtu=link.mtu, up=link.up)
+        for n, link in obs.links.items()
+    ]
+    rp = {}
+    for name in ("all", "default", *obs.links):
+        v = obs.sysctl.get(rp_filter_path(name))
+        if v is not None:
+            rp[name] = int(v)
+    ip_forward = obs.sysctl.get(IP_FORWARD)
+    mp_hash = obs.sysctl.get(MULTIPATH_HASH)
+    qos = []
+    for dev, tree in obs.qos.items():
+        classes = list(tree.classified().values())
+        if tree.rate is not None:
+            qos.append(Qos(dev=dev, rate=tree.rate, classes=classes))
+    base = dict(
+        interfaces=interfaces,
+        sysctl=Sysctl(ip_forward=None if ip_forward is None else ip_forward == "1", rp_filter=rp,
+                      multipath_hash_policy=None if mp_hash is None else int(mp_hash)),
+        routes=[r.route for r in obs.routes.values()],
+        rules=[r.rule for r in obs.rules if r.rule is not None],
+    )
+    if obs.ovs is not None:  # the agent's bridges and their queues (topoagent.apply.ovs)
+        from pydantic import ValidationError
+
+        from topoagent.apply.ovs import observed_sections
+        from topoagent.state.ovs import OvsState
+
+        section, ovs_qos = observed_sections(obs.ovs)
+        on_ovs = {q["dev"] for q in ovs_qos}
+        try:
+            return HostState(**base, qos=[q for q in qos if q.dev not in on_ovs]
+                             + [Qos.model_validate(q) for q in ovs_qos],
+                             ovs=OvsState.model_validate(section) if section and
+                             section["bridges"] else None)
+        except (ValidationError, ValueError):  # changed behind the agent's back into
+            pass  # something no HostState can say (e.g. queues above the link): left out
+    return HostState(**base, qos=qos)

@@ -1,0 +1,399 @@
+"""HostState: the complete desired network state of one host (the agent's half of the plan).
+
+Typed pydantic models that reject unknown keys. Every value is parsed and range-checked here, so
+the rest of the agent works on canonical values: addresses as `a.b.c.d/len` strings, networks
+with host bits clear, rates as integer bit/s, tables and priorities as integers. Errors come out
+of `load_host_state` as `StateError`, one line per problem, each naming its YAML path
+(`routes[3].nexthops[0].via: not an IPv4 address`).
+
+The controller imports this module to render plans: one schema, two users.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from topoagent.protocol import TopoError
+from topoagent.state.ovs import OvsState, ovs_problems
+from topoagent.state.schema import Model, validation_problems
+from topoagent.state.values import (
+    IfName,
+    IPv4,
+    IPv4Iface,
+    IPv4Net,
+    Mac,
+    Rate,
+    Table,
+    format_rate,
+)
+
+# --- ownership marks: everything the agent creates carries one of these -------------------------
+# route/rule/address protocol number: the kernel's own are < 20, routing daemons >= 42
+RT_PROTO = 76
+RULE_PRIORITY_MIN, RULE_PRIORITY_MAX = 1000, 32765  # 0, 32766, 32767 are the kernel's defaults
+TC_MAJOR = 0x7470  # HTB root handle "7470:" ("tp"), only on interfaces listed under qos
+
+
+# libyaml when present: a 1,000-route state loads 10x faster
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class StateError(TopoError, ValueError):
+    """Invalid desired state; `problems` is a list of (yaml_path, message)."""
+
+
+# Token credit of the agent's HTB classes: this long at the class's rate, at least two frames
+# of the device, at most 30 s of the rate (the kernel keeps it as a 32-bit transmit time).
+# pyroute2's default (one 1600-byte frame) is less than one jumbo frame or GSO packet, so a
+# class sending at its rate waited for tokens after every packet: tworack8's trees+bandwidth
+# plan (one class per destination) trained at 0.741 s per iteration against 0.554 s with this
+# credit (2026-11-26). The lab's cables had the same cause (topoctl lab, BURST_S).
+HTB_BURST_S = 0.004
+
+
+def htb_credit(rate: int, mtu: int) -> int:
+    """Bytes of token credit of an agent HTB class at `rate` bit/s on a device of `mtu`."""
+    return min(max(int(rate / 8 * HTB_BURST_S), 2 * (mtu + 14)), rate // 8 * 30)
+
+
+_Model = Model  # the public schema base, short name inside this module
+
+
+# --- the schema ----------------------------------------------------------------------------------
+class Interface(_Model):
+    """An existing link the agent configures (it never creates or renames links)."""
+
+    name: IfName
+    mac: Mac | None = None  # asserted: the link called `name` must have this MAC
+    addresses: list[IPv4Iface] = Field(default_factory=list)
+    mtu: Annotated[int, Field(ge=68, le=65536)] | None = None  # lo has 65536
+    up: bool | None = None
+
+    @model_validator(mode="after")
+    def _unique_addresses(self) -> Interface:
+        if len(set(self.addresses)) != len(self.addresses):
+            raise ValueError("addresses: listed twice")
+        return self
+
+
+class Sysctl(_Model):
+    """The sysctls the agent manages: ip_forward, rp_filter per interface, and the hash that
+    spreads flows over a multipath route's next hops (`net.ipv4.fib_multipath_hash_policy`:
+    0 source and destination address, the kernel's default, which puts every connection
+    between two hosts on one next hop; 1 also the ports (L4), so several connections split by
+    the weights; 2 and 3 the inner headers / a custom field set)."""
+
+    ip_forward: bool | None = None
+    rp_filter: dict[IfName, Annotated[int, Field(ge=0, le=2)]] = Field(default_factory=dict)
+    multipath_hash_policy: Annotated[int, Field(ge=0, le=3)] | None = None
+
+
+class Nexthop(_Model):
+    """One next hop of a multipath route: gateway, device and weight."""
+
+    via: IPv4 | None = None
+    dev: IfName | None = None
+    weight: Annotated[int, Field(ge=1, le=256)] = 1
+
+    @model_validator(mode="after")
+    def _some_target(self) -> Nexthop:
+        if self.via is None and self.dev is None:
+            raise ValueError("a next hop needs via, dev or both")
+        return self
+
+
+class Route(_Model):
+    """One route: a single next hop (`via`/`dev`) or weighted multipath (`nexthops`)."""
+
+    dst: IPv4Net
+    table: Table = 254
+    metric: Annotated[int, Field(ge=0, lt=2**32)] = 0
+    via: IPv4 | None = None
+    dev: IfName | None = None
+    nexthops: list[Nexthop] = Field(default_factory=list)
+    src: IPv4 | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Route:
+        if self.nexthops:
+            if self.via is not None or self.dev is not None:
+                raise ValueError("give either via/dev or nexthops, not both")
+            if len(self.nexthops) < 2:
+                raise ValueError("nexthops: needs two or more; a single next hop is via/dev")
+            if len({(n.via, n.dev) for n in self.nexthops}) != len(self.nexthops):
+                raise ValueError("nexthops: the same next hop is listed twice")
+        elif self.via is None and self.dev is None:
+            raise ValueError("a route needs via, dev or nexthops")
+        return self
+
+    @property
+    def key(self) -> tuple[int, str, int]:
+        """(table, dst, metric): what identifies a route in the kernel."""
+        return (self.table, self.dst, self.metric)
+
+    def hops(self) -> list[Nexthop]:
+        """Next hops in one canonical form (single-hop routes as a one-element list)."""
+        if self.nexthops:
+            return sorted(self.nexthops, key=lambda n: (n.via or "", n.dev or ""))
+        return [Nexthop(via=self.via, dev=self.dev)]
+
+
+class Rule(_Model):
+    """A policy rule that looks up `table`; `from`/`to` absent means all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    priority: Annotated[int, Field(ge=RULE_PRIORITY_MIN, le=RULE_PRIORITY_MAX)]
+    from_: IPv4Net | None = Field(default=None, alias="from")
+    to: IPv4Net | None = None
+    fwmark: Annotated[int, Field(ge=1, lt=2**32)] | None = None
+    iif: IfName | None = None
+    oif: IfName | None = None
+    table: Table
+
+
+class QosClass(_Model):
+    """Egress traffic of the interface towards `dst` gets `rate`, borrowing up to `ceil`."""
+
+    # HTB minor and u32 node id (12 bits), so at most 4094 classes per interface
+    id: Annotated[int, Field(ge=2, le=0xFFF)] | None = None  # default: position + 2
+    dst: IPv4Net
+    rate: Rate
+    ceil: Rate | None = None  # default: the link rate
+
+
+class Qos(_Model):
+    """Per-destination egress QoS: an HTB tree, one class per destination, u32 dst filters."""
+
+    dev: IfName
+    driver: Literal["tc", "ovs"] = "tc"  # ovs: queues of an OVS port (see ovs_state)
+    rate: Rate  # the link rate: root class; classes borrow up to their ceil below it
+    classes: list[QosClass] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _fits_link(self) -> Qos:
+        problems = []
+        ids = [c.id for c in self.classes if c.id is not None]
+        if len(set(ids)) != len(ids):
+            problems.append("classes: two classes share an id")
+        dsts = [c.dst for c in self.classes]
+        if len(set(dsts)) != len(dsts):
+            problems.append("classes: two classes share a dst")
+        for i, c in enumerate(self.classes):
+            if c.rate > self.rate:
+                problems.append(f"classes[{i}].rate: {format_rate(c.rate)} is above the link rate "
+                                f"{format_rate(self.rate)}")
+            if c.ceil is not None and c.ceil > self.rate:
+                problems.append(f"classes[{i}].ceil: {format_rate(c.ceil)} is above the link rate "
+                                f"{format_rate(self.rate)}")
+            if c.ceil is not None and c.ceil < c.rate:
+                problems.append(f"classes[{i}].ceil: below its rate")
+        total = sum(c.rate for c in self.classes)
+        if total > self.rate:
+            problems.append(f"classes: rates sum to {format_rate(total)}, above the link rate "
+                            f"{format_rate(self.rate)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def resolved_classes(self) -> list[QosClass]:
+        """Classes with their id and ceil filled in (ids default to position + 2)."""
+        used = {c.id for c in self.classes if c.id is not None}
+        out, nxt = [], 2
+        for c in self.classes:
+            cid = c.id
+            if cid is None:
+                while nxt in used:
+                    nxt += 1
+                cid, nxt = nxt, nxt + 1
+            out.append(QosClass(id=cid, dst=c.dst, rate=c.rate, ceil=c.ceil or self.rate))
+        return out
+
+
+class OffloadRule(_Model):
+    """One TopoOpt-testbed forwarding rule: packets arriving on `dev` for `dst` get destination
+    MAC `dst_mac` (tc pedit) and leave by `redirect` (tc mirred), i.e.
+    `tc filter add dev DEV ingress protocol ip flower dst_ip DST action pedit ex munge eth dst
+    set DST_MAC pipe action mirred egress redirect dev REDIRECT`."""
+
+    dev: IfName
+    dst: IPv4Net
+    dst_mac: Mac
+    redirect: IfName
+
+
+class Forwarding(_Model):
+    """How this host forwards traffic for others (TopoOpt's host-based forwarding).
+
+    `kernel`: IP forwarding in the kernel. `tc-offload`: RoCE NICs forward in hardware through tc
+    flower rules with pedit (`rules`); rendered and validated here, applied only where the
+    kernel has them."""
+
+    mode: Literal["kernel", "tc-offload"] = "kernel"
+    rules: list[OffloadRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rules_need_offload(self) -> Forwarding:
+        if self.rules and self.mode != "tc-offload":
+            raise StateError([("rules", "offload rules need mode: tc-offload")])
+        return self
+
+
+class HostState(_Model):
+    """The whole desired network state of one host: interfaces, sysctls, routes, rules, QoS,
+    forwarding, OVS."""
+
+    interfaces: list[Interface] = Field(default_factory=list)
+    sysctl: Sysctl = Field(default_factory=Sysctl)
+    routes: list[Route] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=list)
+    qos: list[Qos] = Field(default_factory=list)
+    forwarding: Forwarding | None = None
+    ovs: OvsState | None = None
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> HostState:
+        problems = _duplicates("interfaces", [i.name for i in self.interfaces], "name")
+        problems += ovs_problems(self)
+        problems += _duplicates("routes", [r.key for r in self.routes], "table/dst/metric")
+        problems += _duplicates("rules", [r.priority for r in self.rules], "priority")
+        problems += _duplicates("qos", [q.dev for q in self.qos], "dev")
+        if problems:
+            raise StateError(problems)
+        return self
+
+    def to_dict(self) -> dict:
+        """The state as plain data (aliases, no unset values)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+
+    def to_yaml(self) -> str:
+        """The state as HostState YAML text."""
+        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False,
+                         default_flow_style=False)
+
+
+def _shared_ips(interfaces: list[Interface]) -> list[tuple[str, str]]:
+    """One IP on two links (or twice on one, with two prefixes) is ambiguous: an error."""
+    seen: dict[str, str] = {}
+    out = []
+    for i, iface in enumerate(interfaces):
+        for j, a in enumerate(iface.addresses):
+            ip = a.split("/")[0]
+            where = f"interfaces[{i}].addresses[{j}]"
+            if ip in seen:
+                out.append((where, f"{ip} is already at {seen[ip]}"))
+            else:
+                seen[ip] = where
+    return out
+
+
+def _duplicates(section: str, keys: list, what: str) -> list[tuple[str, str]]:
+    seen: dict = {}
+    out = []
+    for i, k in enumerate(keys):
+        if k in seen:
+            out.append((f"{section}[{i}]", f"same {what} as {section}[{seen[k]}]"))
+        else:
+            seen[k] = i
+    return out
+
+
+# --- loading -------------------------------------------------------------------------------------
+def parse_host_state(data: Any, prefix: str = "") -> HostState:
+    """Validate plain data (as loaded from YAML) into a HostState; `prefix` is prepended to
+    every error path (the controller passes `hosts.h3`)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise StateError([(prefix, f"expected a mapping of HostState keys, got {kind}")])
+    try:
+        state = HostState.model_validate(data)
+    except ValidationError as e:
+        raise StateError(validation_problems(e, prefix)) from None
+    # a host may have one IP on two links (someone else put it there): `show` and the journal
+    # must describe that, so this is a check of desired documents, not of the model
+    shared = _shared_ips(state.interfaces)
+    if shared:
+        raise StateError([(".".join(filter(None, [prefix, p])), m) for p, m in shared])
+    return state
+
+
+class _UniqueKeyLoader(_Loader):  # type: ignore[misc, valid-type]
+    """A duplicate key in a mapping is an error, not a silent last-wins."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # unhashable key: the base constructor says so
+                    continue
+                if dup:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str, source: str = "<input>") -> Any:
+    """Parse YAML (or JSON); StateError naming `source`, line and column when malformed or when
+    a mapping repeats a key."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(e, "problem", None) or str(e)
+        raise StateError([("", f"malformed YAML at {where}: {problem}")], source=source) from None
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """UTF-8 bytes -> text; StateError naming `source` and the offending byte otherwise."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StateError([("", f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                               f"{e.start}")], source=source) from None
+
+
+def read_text(path: str | Path) -> str:
+    """The UTF-8 text of a file, or of stdin when `path` is "-"; StateError naming the file
+    when it cannot be read or is not UTF-8."""
+    if str(path) == "-":
+        return decode_text(sys.stdin.buffer.read(), "<stdin>")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise StateError([("", e.strerror or str(e))], source=str(path)) from None
+    return decode_text(data, str(path))
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """Read and parse a YAML (or JSON) file ("-": stdin); StateError naming the file when it
+    cannot be read, is not UTF-8 or is malformed."""
+    source = "<stdin>" if str(path) == "-" else str(path)
+    return load_yaml(read_text(path), source)
+
+
+def load_host_state(text: str, source: str = "<input>") -> HostState:
+    """Parse and validate HostState YAML text; StateError (naming `source`) when invalid."""
+    try:
+        return parse_host_state(load_yaml(text, source))
+    except StateError as e:
+        raise e.at(source) from None

@@ -1,0 +1,170 @@
+"""A training program for plans: DDP over gloo with the plan's collective, synthetic data.
+
+Started by `topo-agent launch` with the plan's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, TOPOCTL_BIND_ADDRESS) and TOPOCTL_JOB naming the job spec. The model is whatever
+`job.model.factory` ("package.module:callable", called with `job.model.kwargs`) builds, fed
+synthetic inputs shaped as `job.model.inputs`; the controller fills both in for catalog models,
+so this module imports nothing of the controller.
+
+Gloo binds the host's training address (a /32 routed over the fabric), not the first address
+of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hostname is that
+address, and gloo's default device binds what the hostname resolves to.
+With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
+
+One JSON line per event on stdout: `start`, `resume` (rank 0, when continuing from a
+checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss; tree
+plans: `allreduce`, per gradient bucket [bytes, seconds waiting for the tree runtime's thread,
+seconds of its AllReduce]) and
+`done` (checksum of the final parameters, identical on every rank when training was synchronous).
+
+With `checkpoint.every` the run checkpoints (`topotrain.checkpoint`) and with `checkpoint.resume`
+it continues from the newest checkpoint: the iteration count goes on, and since each rank's
+synthetic batch is a function of (seed, rank, iteration), a resumed run computes what the
+uninterrupted one would have.
+
+Test-only switch (never set in production): TOPO_TRAIN_EXIT_AFTER=k makes every rank exit with
+code 75 right after iteration k (k iterations done, after that iteration's checkpoint), the
+deterministic stand-in for a run stopped by a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from topoagent.state.host import StateError
+from topoagent.state.wire import load_launch_spec
+from topotrain import checkpoint
+from topotrain.collectives import load_schedule, register_tree_hook
+from topotrain.pipeline import main as pipeline_main
+from topotrain.workload import checksum, data_parallel, data_seed, load_factory, random_inputs
+
+EXIT_TEST_STOP = 75  # TOPO_TRAIN_EXIT_AFTER
+
+
+def _emit(**event) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def main() -> int:
+    """Train under the plan's job spec (DDP over gloo, or the pipeline runtime); the exit code.
+    A job spec that is not a valid ``LaunchSpec`` is reported (file and YAML path), exit 1."""
+    try:
+        job = load_launch_spec(os.environ["TOPOCTL_JOB"])
+        if not job.model.factory:
+            raise StateError([("job.model.factory", "missing: the trainer builds the model "
+                                                    "from it")]).at(os.environ["TOPOCTL_JOB"])
+    except StateError as e:
+        print(f"topotrain.train: {e}", file=sys.stderr)
+        return 1
+    if job.collective.get("algorithm") == "pipeline":  # a placed model: stages
+        return pipeline_main(job)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
+    torch.set_num_threads(job.threads)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          rank == 0, timeout=timedelta(seconds=120))
+    # gloo binds the address the hostname resolves to: the launcher set it to `bind`
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    torch.manual_seed(job.seed)  # the same initial weights on every rank
+    model = load_factory(job.model.factory)(**job.model.kwargs)
+    ckpt = _checkpoints(job, model, world)
+    start, src, state = 0, 0, None
+    if job.checkpoint.resume and ckpt is not None:
+        start, src = checkpoint.agree(ckpt.latest())
+        if start:
+            state = ckpt.load(start) if rank == src else None
+            checkpoint.restore_model(model, state, src)
+    ddp = data_parallel(model, job.bucket_cap_mb)
+    coll = job.collective
+    tree_hook = None
+    if coll.get("algorithm") == "trees":
+        tree_hook = register_tree_hook(ddp, load_schedule(coll["schedule"]))
+    opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
+    if start:
+        checkpoint.restore_optimizer(opt, state, src)
+        if rank == 0:
+            _emit(event="resume", rank=rank, iteration=start, source=src)
+    per_rank = job.batch.per_rank
+    specs = [i.model_dump() for i in job.model.inputs]
+    gen = torch.Generator()
+    iters = job.iterations
+    every = job.checkpoint.every
+    local0 = os.environ.get("LOCAL_RANK", "0") == "0"  # one writer per host's directory
+    writer = ckpt is not None and every > 0 and local0
+    stop_after = int(os.environ.get("TOPO_TRAIN_EXIT_AFTER", "0") or 0)
+    _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
+          algorithm=coll.get("algorithm", "default"), first=start)
+    for it in range(start, iters):
+        gen.manual_seed(data_seed(job.seed, rank, it))
+        inputs = random_inputs(specs, per_rank, gen)
+        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+        opt.zero_grad(set_to_none=True)
+        out = ddp(*inputs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        loss = out.float().pow(2).mean()
+        t1, m1 = time.perf_counter(), time.thread_time()
+        loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
+        t2, m2 = time.perf_counter(), time.thread_time()
+        opt.step()
+        m3 = time.thread_time()
+        # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
+        # too, kernel time on its behalf included) during the iteration
+        # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
+        # CPU samples (bench/planner_lab_check.py)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
+        extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
+                                tree_hook.take_timings()]} if tree_hook is not None else {})
+        # phases: wall seconds of forward (with zero_grad and the loss), backward (with the
+        # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
+        phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),
+                  "step": round(t0 + seconds - t2, 6)}
+        # the same phases in CPU seconds of this (the main) thread: the model's compute, which
+        # torch runs here with one thread; not the collectives' threads
+        phases_cpu = {"forward": round(m1 - m0, 6), "backward": round(m2 - m1, 6),
+                      "step": round(m3 - m2, 6)}
+        _emit(event="iter", rank=rank, iter=it, seconds=seconds, cpu_seconds=round(cpu, 6),
+              loss=float(loss.detach()), end=round(time.time(), 6), phases=phases,
+              phases_cpu=phases_cpu, **extra)
+        done = it + 1
+        if writer and done % every == 0 and done < iters:
+            ckpt.save(done, model, opt)  # outside the timed part: the iteration is over
+        if stop_after and done == stop_after:
+            # an abrupt stop, as a failure would: leaving through the interpreter's exit with
+            # the process group alive lets gloo's threads abort the process (SIGABRT)
+            sys.stdout.flush()
+            os._exit(EXIT_TEST_STOP)
+    if ckpt is not None:
+        dist.barrier()  # every rank is past its last iteration: nothing can resume any more
+        if local0:
+            ckpt.remove()
+    _emit(event="done", rank=rank, checksum=checksum(model))
+    dist.destroy_process_group()
+    return 0
+
+
+def _checkpoints(job, model, world: int):
+    """This host's checkpoint directory when the job checkpoints or resumes, else None."""
+    if not (job.checkpoint.every or job.checkpoint.resume):
+        return None
+    run_dir = os.environ.get("TOPOCTL_RUN_DIR") or str(Path(os.environ["TOPOCTL_JOB"]).parent)
+    return checkpoint.CheckpointDir(Path(run_dir) / "checkpoints",
+                                    checkpoint.identity(job.name, model, world))
+
+
+if __name__ == "__main__":
+    code = main()
+    # leave without the interpreter's teardown: gloo's threads can outlive
+    # destroy_process_group and abort a rank that has finished cleanly ("terminate called
+    # without an active exception", SIGABRT after `done`)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
