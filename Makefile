@@ -26,14 +26,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) bench/demo.py
+	$(PY) -m bench.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check controller agent tests bench
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/agent_apply.py
+	$(PY) -m bench.agent_apply
 
 clean:
 	rm -rf $(VENV) build *.egg-info

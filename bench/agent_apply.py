@@ -7,7 +7,7 @@ namespaces: the first apply, a no-op re-apply, and a diff, through the library (
 long-lived agent pays) and through the `topo-agent` CLI (adds interpreter start-up). Prints
 medians. Targets at scale 1 (issue 2): first apply <= 2 s, no-op re-apply and diff <= 0.3 s.
 
-    python bench/agent_apply.py [--scales 1 10] [--repeat 3]
+    python -m bench.agent_apply [--scales 1 10] [--repeat 3]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Measured AllReduce on a lab (real namespaces, tc-shaped cables, real gloo traffic).
 
-    python bench/allreduce_lab.py --lab plans/tworack8-cluster.yaml [--scale 0.25]
+    python -m bench.allreduce_lab --lab plans/tworack8-cluster.yaml [--scale 0.25]
         [--bytes 33554432] [--chunk-bytes N] [--iters 3] [--no-ring] [--json OUT]
         [--plan PLAN]
 
@@ -17,7 +17,7 @@ algbw (M / t) and measured/optimal (optimum = M / tau, the partition bound). Alw
 the lab. Direct-connect clusters only. ``--plan``: the lab cabled as the plan's fabric says and
 the plan's own tree schedule and chunk run instead of freshly packed trees (e.g. a TopoOpt plan's
 path trees, one gradient bucket at a time: ``--bytes`` the plan's largest bucket), predicted by
-the same cost model (``trees_common.schedule_prediction``).
+the same cost model (``bench.trees_common.schedule_prediction``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from pathlib import Path
 
 import yaml
 
+from bench.trees_common import schedule_prediction, trees_for
 from topoagent.cliutil import ArgumentParser
 from topoctl.collective.trees.bounds import partition_bound
 from topoctl.fabric.capgraph import build_capgraph
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trees_common import schedule_prediction, trees_for  # noqa: E402
 
 PY = sys.executable
 TOPOCTL = str(Path(sys.executable).with_name("topoctl"))
@@ -184,7 +182,7 @@ def run(args: argparse.Namespace, during=None) -> int:
         plan, _, sched, pred = trees_for(hosts, links, lab.layout.mtu, args.bytes,
                                          chunk_bytes=args.chunk_bytes)
         if plan_doc is not None:  # the plan's own trees and chunk instead
-            from topotrain.collectives import TreeSchedule
+            from topocontract.schedule import TreeSchedule
 
             doc = plan_doc["job"]["collective"]["schedule"]
             if args.chunk_bytes:

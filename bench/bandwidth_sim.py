@@ -13,7 +13,7 @@ fabric, trees with several ranks per host, ...) and post-passes that cannot be r
 communication time T* (minmax with multipath) and the iteration's bottleneck, to explain
 where the post-pass has no room.
 
-    python3 bench/bandwidth_sim.py [--clusters hetero8,mesh4] [--job plans/mlp-job.yaml]
+    python -m bench.bandwidth_sim [--clusters hetero8,mesh4] [--job plans/mlp-job.yaml]
         [--strategies baseline,trees,placement,pipeline,topoopt] [--json]
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.common import ROOT
 from topoagent.cliutil import ArgumentParser
 
-ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("baseline", "trees", "placement", "pipeline", "topoopt")
 VARIANTS = (("proportional", "proportional", False), ("minmax", "minmax", False),
             ("minmax+mp", "minmax", True))
@@ -125,7 +125,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit 0, 1 on a usage error or bad input."""
-    ap = ArgumentParser(prog="bandwidth_sim.py", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m bench.bandwidth_sim", description=__doc__.split("\n")[0])
     ap.add_argument("--clusters", default=",".join(clusters()),
                     help="comma-separated names of plans/NAME-cluster.yaml")
     ap.add_argument("--job", type=Path, default=ROOT / "plans" / "mlp-job.yaml")
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.extend(run_case(ROOT / "plans" / f"{c}-cluster.yaml", job_doc, strategies))
         return 0
 
-    rc = run_guarded("bandwidth_sim.py", go)
+    rc = run_guarded("bench.bandwidth_sim", go)
     if rc:
         return rc
     load = Path("/proc/loadavg").read_text().split()[:3]

@@ -11,7 +11,7 @@ the cluster (bench/demo_ovs.py; row `baseline+bandwidth (ovs)`, skipped with --n
 one table, saves it as JSON and a PNG plot next to it, and tears each lab down (OVS daemons
 included), also when interrupted.
 
-    python bench/demo.py [--iterations 8] [--min-seconds 6] [--out demo-results]
+    python -m bench.demo [--iterations 8] [--min-seconds 6] [--out demo-results]
                          [--strategies baseline trees] [--no-ovs]
 """
 
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import yaml
 
+from bench.common import MIN_TIMED_SECONDS, ROOT
 from topoagent.cliutil import ArgumentParser
-from topoctl.rollout.run import MIN_TIMED_SECONDS, iterations_for
+from topoctl.rollout.run import iterations_for
 
-ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
 JOB = ROOT / "plans" / "mlp-job.yaml"
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           for v in names.values())
     t_start = time.perf_counter()
     if {"trees", "topoopt"} & set(strategies):  # the tree runtime's CPU cost model: calibration
-        from topotrain.collectives import calibration_path, ensure_calibration
+        from topotrain.timing import calibration_path, ensure_calibration
 
         log("runtime CPU calibration (cached): " + str(calibration_path()))
         ensure_calibration()
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             labmod.down(name)
             log(f"lab {name} removed")
     if not args.no_ovs:
-        from demo_ovs import ovs_row
+        from bench.demo_ovs import ovs_row
 
         rows.append(ovs_row(CLUSTER, job_doc, args.iterations, out,
                             f"dovs{os.getpid() % 10**5}", measure, log))

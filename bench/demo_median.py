@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Median of several demo runs, as the README's demo table.
 
-Each run of ``bench/demo.py --out DIR`` writes ``DIR/results.json``; run it three times on a
+Each run of ``python -m bench.demo --out DIR`` writes ``DIR/results.json``; run it three times on a
 quiet machine and pass the three files here::
 
-    python bench/demo_median.py /tmp/r1/results.json /tmp/r2/results.json /tmp/r3/results.json
+    python -m bench.demo_median /tmp/r1/results.json /tmp/r2/results.json /tmp/r3/results.json
 
 The table shows, per strategy, the median prediction (lab ranks' ops are timed again at each
 run's start), the median measured iteration with the range over the runs, the median of the

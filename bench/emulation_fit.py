@@ -1,23 +1,23 @@
 """Fit the lab's cable emulation cost per wire byte on this machine (``emulation_bytes_per_s``).
 
-    python bench/emulation_fit.py [--lab plans/tworack8-cluster.yaml ...] [--chunk-bytes N ...]
+    python -m bench.emulation_fit [--lab plans/tworack8-cluster.yaml ...] [--chunk-bytes N ...]
         [--bytes 15936000] [--iters 3] [--json OUT]
 
-What the cost model's ``RuntimeCosts.emulation_bytes_per_s`` stands for: bytes moved per
+What the cost model's ``LabProfile.emulation_bytes_per_s`` stands for: bytes moved per
 core-second of the whole path a lab byte takes (veth pairs, the tc HTB shaping and mirred
 redirects of the cables, both ends' TCP and gloo). For every (cluster, chunk) it runs the
 lock-step tree AllReduce of ``--bytes`` on the lab at the file's own rates, 8 ranks on this
-machine (``bench/allreduce_lab.py --scale 1 --trees-only``), and reads the whole machine's CPU
-during it (/proc/stat: median seconds x machine busy x cores). The model's CPU part over all
-ranks is ``A + B / e`` in the emulation cost ``e`` (two predictions with different ``e`` give
-``A`` and ``B``); the ``e`` at which the model's core-seconds equal the machine's is the fit.
-Printed per run with the prediction at the current value, and the median over the runs.
-The same method fitted the default 0.62e9 on the Intel Xeon VM
+machine (``python -m bench.allreduce_lab --scale 1 --trees-only``), and reads the whole
+machine's CPU during it (/proc/stat: median seconds x machine busy x cores). The model's CPU
+part over all ranks is ``A + B / e`` in the emulation cost ``e`` (two predictions with
+different ``e`` give ``A`` and ``B``); the ``e`` at which the model's core-seconds equal the
+machine's is the fit. Printed per run with the prediction at the current value, and the median
+over the runs. The same method fitted the default 0.62e9 on the Intel Xeon VM
 (bench/results/emulation-cost-2026-11-26.md).
 
 For comparison, in the same lab right after the AllReduce: unpaced iperf3 (cubic, ``--bidir``)
 on every cable at once, the machine's CPU per wire byte of bulk streams (the cheapest the
-emulation gets: full-size segments, no pacing); ``bench/trees_figures.py`` measures the paced
+emulation gets: full-size segments, no pacing); ``python -m bench.trees_figures`` measures the paced
 kind (iperf3 ``-b`` at the trees' rates).
 """
 
@@ -33,14 +33,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import allreduce_lab  # noqa: E402
-from topotrain.collectives import load_calibration  # noqa: E402
-from trees_common import busy_share, machine_cpu, schedule_prediction, stop_all  # noqa: E402
-
-from topoctl.collective.trees.pipeline import runtime_costs  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench import allreduce_lab
+from bench.common import ROOT, busy_share, machine_cpu, stop_all
+from bench.trees_common import schedule_prediction
+from topoctl.collective.trees.pipeline import runtime_costs
+from topoctl.labprofile import machine_profile
+from topotrain.timing import load_calibration
 
 
 def core_seconds(pred, cores: int) -> float:
@@ -107,27 +105,29 @@ def fit_one(lab: str, chunk: int, nbytes: int, iters: int) -> dict:
     res = ns.result
     (name, r), = res["results"].items()
     costs = runtime_costs(load_calibration())
+    profile = machine_profile()
     links = [(a, b, rate / 8.0) for (a, b), (rate, _, _) in got["cables"].items()]
     mtu = got["lab"].layout.mtu
 
     def model(e: float) -> float:
         p = schedule_prediction(got["sched"], got["hosts"], links, mtu, nbytes,
-                                costs=replace(costs, emulation_bytes_per_s=e))
-        return core_seconds(p, costs.cores)
+                                costs=costs, lab=replace(profile, emulation_bytes_per_s=e))
+        return core_seconds(p, profile.cores)
 
     e1, e2 = 1e9, 0.25e9
     m1, m2 = model(e1), model(e2)
     b = (m2 - m1) / (1 / e2 - 1 / e1)
     a = m1 - b / e1
-    measured = r["median"] * r["machine_busy"] * costs.cores
+    measured = r["median"] * r["machine_busy"] * profile.cores
     fitted = b / (measured - a) if measured > a and b > 0 else float("nan")
-    now = schedule_prediction(got["sched"], got["hosts"], links, mtu, nbytes, costs=costs)
+    now = schedule_prediction(got["sched"], got["hosts"], links, mtu, nbytes, costs=costs,
+                              lab=profile)
     return {"lab": lab, "chunk_bytes": got["sched"].chunk_bytes, "seconds": r["median"],
             "machine_busy": r["machine_busy"], "machine_core_s": measured,
             "model_core_s_without_emulation": a, "fitted_emulation_bytes_per_s": fitted,
             "predicted_s": now.seconds, "predicted_network_s": now.network_s,
             "predicted_cpu_s": now.cpu_s, "costs": costs.source,
-            "emulation_bytes_per_s": costs.emulation_bytes_per_s,
+            "emulation_bytes_per_s": profile.emulation_bytes_per_s,
             "bulk_streams": got["streams"]}
 
 

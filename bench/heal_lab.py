@@ -1,7 +1,7 @@
 """Heal time in the lab: a cable cut during `topoctl run --heal`, and how long until training
 runs again (root; issue 11's figure for the README's reliability section).
 
-    python3 bench/heal_lab.py [--cluster plans/hetero8-cluster.yaml] [--job plans/mlp-job.yaml]
+    python -m bench.heal_lab [--cluster plans/hetero8-cluster.yaml] [--job plans/mlp-job.yaml]
         [--strategy trees] [--cut h0:eth0] [--runs 3] [--iterations 30] [--every 5]
         [--cut-after 10] [--json out.json]
 
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.common import ROOT
 from topoagent.cliutil import ArgumentParser
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("detect", "stop", "replan", "apply", "relaunch", "total")
 
 

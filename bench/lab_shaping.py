@@ -1,7 +1,7 @@
 """Benchmark: shaping accuracy of lab cables. iperf3 (TCP goodput) through cables shaped at
 50, 100 and 200 Mbit/s, with jumbo (9000) and standard (1500) frames; target: within 5%.
 
-Usage (root): .venv/bin/python bench/lab_shaping.py [--runs 3] [--time 3]
+Usage (root): .venv/bin/python -m bench.lab_shaping [--runs 3] [--time 3]
 One lab per MTU (6 hosts, 3 cables); cables are measured one at a time so they never share the
 CPU; medians of achieved/configured per rate and MTU, with the sender's CPU use.
 """

@@ -1,7 +1,7 @@
 """Benchmark: `lab up` / `lab down` of a 32-host, degree-4 direct-connect lab (64 shaped cables,
 32 sshd), the budget being <= 30 s up and <= 10 s down on 2 cores.
 
-Usage (root): .venv/bin/python bench/lab_updown.py [--hosts 32] [--runs 3] [--no-ssh]
+Usage (root): .venv/bin/python -m bench.lab_updown [--hosts 32] [--runs 3] [--no-ssh]
 Prints one line per run and the medians; each run is verified (every namespace present, every
 sshd answering) before it is timed as done, and always torn down.
 """

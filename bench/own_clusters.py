@@ -1,5 +1,5 @@
 """Cluster files unlike the examples in plans/, generated deterministically from a seed, for
-`bench/trees_own_clusters.py` (issue 16: the tree AllReduce's targets hold for any cluster a
+`python -m bench.trees_own_clusters` (issue 16: the tree AllReduce's targets hold for any cluster a
 user writes).
 
 - ``ring6``: 6 hosts in a ring, 100 Mbit/s cables;

@@ -15,7 +15,7 @@ as flows on the fabric; data parallel: compute then ring AllReduce). Targets: co
 faster than the un-coarsened one at <= 5 % worse makespan; 12-layer BERT on 8 devices planned
 in <= 30 s. Prints a table; `--json` writes the rows.
 
-    python bench/placement_search.py [--node-limit 10] [--time-limit 300] [--json out.json]
+    python -m bench.placement_search [--node-limit 10] [--time-limit 300] [--json out.json]
         [--baseline earlier.json]   # reuse an earlier run's un-coarsened MILP rows
 """
 

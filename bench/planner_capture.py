@@ -4,11 +4,14 @@ BERT-base sizes (12 layers, hidden 768, 12 heads, seq 128, vocab 30522; 132 M pa
 the untied output head). Times torch.fx capture with shape propagation on the meta device, the
 roofline cost model (A100), and per-op measurement on this CPU as `topoctl plan` does it (timed
 fx interpreter, 1 warm-up + median of 3 at the profile batch, scaled to the rank's batch, no
-cache)."""
+cache).
+
+    python -m bench.planner_capture [BATCH [LAYERS]]
+"""
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import torch
@@ -43,4 +46,8 @@ def main(batch: int = 8, layers: int = 12) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("batch", nargs="?", type=int, default=8, help="the rank's batch (8)")
+    ap.add_argument("layers", nargs="?", type=int, default=12, help="encoder layers (12)")
+    args = ap.parse_args()
+    main(args.batch, args.layers)

@@ -4,7 +4,7 @@ cluster as a lab, apply every rendered HostState with `topo-agent`, launch the p
 job's measured period as `topoctl run` reports it (after its warm-up iterations, the ranks'
 mean, median over iterations: `RunResult.iteration_time`) with the plan's prediction.
 
-    python3 bench/planner_lab_check.py plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
+    python -m bench.planner_lab_check plans/hetero8-cluster.yaml plans/mlp-job.yaml [iters]
         [--strategies baseline trees ...] [--plan plan.yaml] [--min-seconds 6] [--keep DIR]
         [--repeats 3]
 
@@ -41,11 +41,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.common import BIN, MIN_TIMED_SECONDS
 from topoagent.cliutil import ArgumentParser
-from topoctl.rollout.run import MIN_TIMED_SECONDS, WARMUP, RankStats, RunResult, iterations_for
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from topoctl.rollout.run import WARMUP, RankStats, RunResult, iterations_for
 
 
 def speed_probe(seconds: float = 2.0) -> float:

@@ -1,25 +1,24 @@
 """Benchmark: render a plan for 1,024 hosts (target <= 10 s): shortest-path routing, addresses,
 one HostState per host (1,023 routes each), the launch spec, and the YAML text; then, timed
 separately, validating every host against the agent's schema. Degree-4 direct fabric (host
-forwarding, the heavier case) and one switch."""
+forwarding, the heavier case) and one switch.
+
+    python -m bench.planner_render [HOSTS]
+"""
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from planner_common import direct, switched  # noqa: E402
-
-from topoagent.state.host import parse_host_state  # noqa: E402
-from topoctl.cli.plan import dump_plan  # noqa: E402
-from topoctl.render.addressing import assign  # noqa: E402
-from topoctl.render.hoststate import render_hosts  # noqa: E402
-from topoctl.render.plan import fabric_wiring, plan_document  # noqa: E402
-from topoctl.sim.routing import shortest_next_hops  # noqa: E402
-from topoctl.spec.cluster_load import parse_cluster  # noqa: E402
+from bench.common import direct, switched
+from topoagent.state.host import parse_host_state
+from topoctl.cli.plan import dump_plan
+from topoctl.render.addressing import assign
+from topoctl.render.hoststate import render_hosts
+from topoctl.render.plan import fabric_wiring, plan_document
+from topoctl.sim.routing import shortest_next_hops
+from topoctl.spec.cluster_load import parse_cluster
 
 
 def main(n: int = 1024, validate: bool = True) -> None:
@@ -47,4 +46,6 @@ def main(n: int = 1024, validate: bool = True) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1024)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("hosts", nargs="?", type=int, default=1024, help="hosts (1024)")
+    main(ap.parse_args().hosts)

@@ -2,23 +2,22 @@
 
 ResNet-50 (fp16, 51 MB of gradients in 25 MB buckets: 3 ring AllReduces of 128 members, 2*127
 rounds each) and BERT-base (264 MB, 11 buckets), on a 128-port switch and on a degree-4 direct
-fabric. Times the baseline strategy's task construction and the simulation separately."""
+fabric. Times the baseline strategy's task construction and the simulation separately.
+
+    python -m bench.planner_sim [HOSTS]
+"""
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from planner_common import direct, job, switched  # noqa: E402
-
-from topoctl.planner import prepare  # noqa: E402
-from topoctl.sim.engine import simulate  # noqa: E402
-from topoctl.spec.cluster_load import parse_cluster  # noqa: E402
-from topoctl.spec.job import parse_job  # noqa: E402
-from topoctl.strategies.baseline import plan  # noqa: E402
+from bench.common import direct, job, switched
+from topoctl.planner import prepare
+from topoctl.sim.engine import simulate
+from topoctl.spec.cluster_load import parse_cluster
+from topoctl.spec.job import parse_job
+from topoctl.strategies.baseline import plan
 
 
 def main(n: int = 128) -> None:
@@ -38,4 +37,6 @@ def main(n: int = 128) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 128)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("hosts", nargs="?", type=int, default=128, help="hosts (128)")
+    main(ap.parse_args().hosts)

@@ -7,7 +7,7 @@ Both phases of the rollout run (prepare on every host, then apply), through the 
 (one agent process per host and phase, as over SSH). Targets (issue 6, 32 hosts): first apply
 <= 30 s, no-op re-apply <= 10 s.
 
-    python bench/rollout_apply.py [--hosts 8 16 32] [--repeat 3]
+    python -m bench.rollout_apply [--hosts 8 16 32] [--repeat 3]
 """
 
 from __future__ import annotations

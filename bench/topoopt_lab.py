@@ -5,7 +5,7 @@ built, applied and trained on for real; predicted vs measured iteration time sid
 - ring:     the same 24 cables as a plain double ring (h_i -- h_i+1 twice), `baseline` strategy;
 - expander: the same 24 cables as a random 4-regular graph (seeded), `baseline` strategy.
 
-    python3 bench/topoopt_lab.py [--job plans/mlp-job.yaml] [--iterations 5] [--json]
+    python -m bench.topoopt_lab [--job plans/mlp-job.yaml] [--iterations 5] [--json]
 
 Each variant gets its own lab (named tpoNNN), removed at the end even on failure. Ratios are
 iteration-time ratios against topoopt in the same run."""
@@ -24,7 +24,7 @@ from pathlib import Path
 import networkx as nx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT
 
 
 def ring_fabric(n: int, mtu: int) -> dict:

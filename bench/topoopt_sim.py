@@ -13,7 +13,7 @@ baseline fabric runs the faster of data parallelism and that same hybrid (`hybri
 Also times the planner (`topoopt` strategy, prepare excluded) at n = 128 and n = 1024
 (targets 5 s and 60 s).
 
-    python3 bench/topoopt_sim.py [--hosts 128] [--degrees 4,8] [--speeds 25gbit,100gbit]
+    python -m bench.topoopt_sim [--hosts 128] [--degrees 4,8] [--speeds 25gbit,100gbit]
         [--workloads dlrm,bert,candle_uno,vgg,resnet] [--planner-time 128,1024] [--json]
 """
 
@@ -29,7 +29,8 @@ from pathlib import Path
 import networkx as nx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT
+
 JOBS = {"dlrm": "dlrm-job.yaml", "bert": "bert-job.yaml", "candle_uno": "candle-uno-job.yaml",
         "vgg": "vgg16-job.yaml", "resnet": "resnet50-job.yaml"}
 RACK = 16

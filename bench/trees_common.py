@@ -1,5 +1,7 @@
-"""Shared by the tree-runtime benchmarks: packed trees and the runtime's chunk choice for a
-cluster file's cables, as the lab benches route them (one cable per host pair, the fastest)."""
+"""Shared by the tree-runtime benchmarks (`bench.allreduce_lab`, `bench.trees_cpu`,
+`bench.emulation_fit`): packed trees and the runtime's chunk choice for a cluster file's cables,
+as the lab benches route them (one cable per host pair, the fastest), and the cost model's
+prediction of any tree schedule on them. Helpers of every benchmark: `bench.common`."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from topotrain.collectives import TreeSchedule, load_calibration
 
+from topocontract.schedule import TreeSchedule
+from topocontract.trees import chunk_count
 from topoctl.collective.trees.bounds import partition_bound
 from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import (
@@ -25,8 +28,10 @@ from topoctl.collective.trees.pipeline import (
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.lab.commands import cable_credit_s
+from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.spec.cluster_load import load_cluster
+from topotrain.timing import load_calibration
 
 LEGACY_CHUNK = 16384  # what the threaded executor used
 
@@ -45,13 +50,15 @@ def cluster_cables(path: str | Path, scale: float = 1.0) -> tuple[list[str], lis
 
 def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
               chunk_bytes: int | None = None, colocated: int | None = None,
-              loopback: bool = False
+              loopback: bool = False, lab: LabProfile | None = None
               ) -> tuple[TreePlan, float, TreeSchedule, TreePrediction]:
     """Plan trees on ``links`` (bytes/s), the optimum rate tau (partition bound), the runtime
     schedule (chunk from the cost model unless ``chunk_bytes``) and the predicted AllReduce of
     ``nbytes`` with all ranks on this machine (``colocated``, default every rank). The chunk is
     chosen for the lab; ``loopback``: predict without the cable emulation's cost (ranks over
-    loopback, as in ``trees_cpu.py``)."""
+    loopback, as in ``bench.trees_cpu``); ``lab``: the machine's profile (default: this
+    machine's, `machine_profile()`)."""
+    lab = lab or machine_profile()
     g = build_capgraph(links, hosts)
     plan = plan_trees(g)
     tau = partition_bound(g)[0]
@@ -63,10 +70,11 @@ def trees_for(hosts: list[str], links: list, mtu: int, nbytes: int,
     steps = link_steps(shape, uses)
     if chunk_bytes is None:
         pred = choose_chunks(shape, float(nbytes), rate, costs, ranks, links=steps,
-                             credit_s=lab_credit(shape, uses, mtu))
+                             credit_s=lab_credit(shape, uses, mtu), lab=lab)
         chunk_bytes = max(1, pred.chunk_bytes)
     sched = plan_to_schedule(plan, chunk_bytes=chunk_bytes)
-    pred = schedule_prediction(sched, hosts, links, mtu, nbytes, colocated, loopback, rate)
+    pred = schedule_prediction(sched, hosts, links, mtu, nbytes, colocated, loopback, rate,
+                               lab=lab)
     return plan, tau, sched, pred
 
 
@@ -91,16 +99,16 @@ def lab_credit(shape, uses: dict, mtu: int) -> np.ndarray:
 def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu: int,
                         nbytes: int, colocated: int | None = None, loopback: bool = False,
                         rate: float | None = None, credit_s: float | None = None,
-                        costs: RuntimeCosts | None = None) -> TreePrediction:
+                        costs: RuntimeCosts | None = None, lab: LabProfile | None = None
+                        ) -> TreePrediction:
     """The cost model's AllReduce of ``nbytes`` with any tree schedule (packed trees, a plan's
     TopoOpt path trees) whose tree edges are cables of ``links`` (bytes/s, one per host pair):
     the trees' total rate is the largest at which every directed cable carries its trees'
     shares (goodput; ``rate`` given: that one); the runtime's chunk count from the
     schedule's ``chunk_bytes``; ``credit_s``: the cables' token credit (default: the lab's,
     per cable); ``costs``:
-    the runtime's CPU costs (default: this machine's calibration)."""
-    from topocontract.trees import chunk_count
-
+    the runtime's CPU costs (default: this machine's calibration); ``lab``: the machine's
+    profile (default: `machine_profile()`)."""
     at = {h: i for i, h in enumerate(hosts)}
     cap = {}
     for a, b, c in links:
@@ -120,35 +128,16 @@ def schedule_prediction(sched: TreeSchedule, hosts: list[str], links: list, mtu:
         rate = min(cap[e] / x for e, x in load.items()) * tcp_efficiency(mtu)
     if costs is None:
         costs = runtime_costs(load_calibration())
+    lab = lab or machine_profile()
     if loopback:
-        costs = replace(costs, emulation_bytes_per_s=1e30)
+        lab = replace(lab, emulation_bytes_per_s=1e30)
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
     uses = _one_hop_uses(hosts, links)
     steps = link_steps(shape, uses)
     c = chunk_count(sched, nbytes // 4, 4)
     credit = lab_credit(shape, uses, mtu) if credit_s is None else credit_s
     return predict(shape, float(nbytes), rate, c, costs, colocated or len(hosts), links=steps,
-                   credit_s=credit)
-
-
-def machine_cpu() -> tuple[float, float]:
-    """Busy and total jiffies of the whole machine so far (/proc/stat)."""
-    with open("/proc/stat") as f:
-        vals = [float(v) for v in f.readline().split()[1:]]
-    return sum(vals) - vals[3] - vals[4], sum(vals)
-
-
-def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
-    """Share of the machine's cores busy between two :func:`machine_cpu` readings."""
-    return (after[0] - before[0]) / max(after[1] - before[1], 1e-9)
-
-
-def stop_all(procs: list) -> None:
-    """Kill and reap every process of `procs` still running (benchmark clean-up)."""
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+                   credit_s=credit, lab=lab)
 
 
 def write_schedule(sched: TreeSchedule, path: Path) -> Path:

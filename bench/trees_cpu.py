@@ -1,13 +1,13 @@
 """CPU seconds per tree AllReduce per rank: the lock-step executor vs the legacy threaded one.
 
-    .venv/bin/python bench/trees_cpu.py [--bytes 16672800] [--iters 3] [--json OUT]
+    .venv/bin/python -m bench.trees_cpu [--bytes 16672800] [--iters 3] [--json OUT]
         [--labs plans/hetero8-cluster.yaml plans/tworack8-cluster.yaml]
 
 8 ranks (one per host of the cluster file) on this machine, gloo over loopback (no shaping:
 the network is not the limit, so the figure is the runtime's own CPU cost), the trees the
 planner packs for the file's cables. New: ``topotrain.collectives.tree_allreduce`` with the
 chunk the cost model picks (``topoctl.collective.trees.pipeline``); legacy:
-``bench/trees_runtime_legacy.py`` (two threads per tree, one blocking op per 16 KiB chunk).
+``bench.trees_runtime_legacy`` (two threads per tree, one blocking op per 16 KiB chunk).
 Per method: warm-up, then ``--iters`` AllReduces between barriers; CPU = user + system time of
 the rank's process (all its threads) per AllReduce, mean over ranks, median over iterations;
 wall time likewise. Checks both against ``dist.all_reduce``. Reports the load average: the
@@ -31,9 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from topotrain.collectives import TreeSchedule, tree_allreduce  # noqa: E402
-from trees_common import LEGACY_CHUNK, cluster_cables, trees_for  # noqa: E402
+from bench.trees_common import LEGACY_CHUNK, cluster_cables, trees_for
+from topotrain.collectives import TreeSchedule, tree_allreduce
 
 GRAD = 16_672_800  # bytes: the MLP demo job's 15.9 MiB of gradients
 
@@ -45,7 +44,7 @@ def _cpu() -> float:
 
 def _worker(rank: int, world: int, port: int, out: str, jobs: list, nbytes: int,
             iters: int) -> None:
-    from trees_runtime_legacy import legacy_tree_allreduce
+    from bench.trees_runtime_legacy import legacy_tree_allreduce
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)

@@ -2,12 +2,12 @@
 all_reduce, and the cost model's prediction error, on the hetero8 and tworack8 labs at the
 file's own rates and x0.25; plus what the cable emulation itself costs (iperf3).
 
-    .venv/bin/python bench/trees_figures.py [--iters 3] [--gloo-iters 3] [--bytes 16672800]
+    .venv/bin/python -m bench.trees_figures [--iters 3] [--gloo-iters 3] [--bytes 16672800]
         [--labs plans/hetero8-cluster.yaml plans/tworack8-cluster.yaml] [--scales 1 0.25]
         [--json OUT]
 
 Run it on a quiet machine (it says the load average). Per lab and scale: a throwaway lab
-(``bench/allreduce_lab.py``: ``topoctl lab up``, training addresses, routes over the cables),
+(``bench.allreduce_lab``: ``topoctl lab up``, training addresses, routes over the cables),
 8 ranks over gloo, gloo's all_reduce and the packed trees side by side in one run (medians of
 ``--iters`` / ``--gloo-iters``), the trees' chunk from the cost model
 (``topoctl.collective.trees.pipeline``, calibration from ``python -m
@@ -28,10 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import allreduce_lab  # noqa: E402
-from topotrain.collectives import ensure_calibration  # noqa: E402
-from trees_common import busy_share, machine_cpu, stop_all  # noqa: E402
+from bench import allreduce_lab
+from bench.common import busy_share, machine_cpu, stop_all
+from topotrain.timing import ensure_calibration
 
 GRAD = 16_672_800
 

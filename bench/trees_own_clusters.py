@@ -1,5 +1,5 @@
 """Tree AllReduce on clusters of our own (issue 16), through the user's command-line path only:
-for every generated cluster file (`bench/own_clusters.py`, seeded, unlike the examples)
+for every generated cluster file (`bench.own_clusters`, seeded, unlike the examples)
 
     topoctl plan CLUSTER JOB -o plan.yaml --as-lab --retime
                                                  (`strategies: [trees]`, batch B x hosts)
@@ -17,7 +17,7 @@ measured iteration (target >= 80%), with the load average at each start. Root on
 sch_netem), ``--retime`` times the ranks' ops now: both are what a user comparing a lab run
 with its prediction should pass.
 
-    .venv/bin/python bench/trees_own_clusters.py [--suite full|small] [--only ring6 ...]
+    .venv/bin/python -m bench.trees_own_clusters [--suite full|small] [--only ring6 ...]
         [--iterations 8] [--seed 16] [--job plans/mlp-job.yaml] [--batch 48] [--out DIR]
         [--json]
 
@@ -40,13 +40,10 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import own_clusters  # noqa: E402
+from bench import own_clusters
+from bench.common import BIN, ROOT
+from topoagent.cliutil import ArgumentParser
 
-from topoagent.cliutil import ArgumentParser  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 TARGET = 0.80  # whole iteration / AllReduce optimum
 
 

@@ -1,5 +1,5 @@
 """The previous tree-schedule executor (threaded, one blocking op per 16 KiB chunk), kept only as
-the baseline of ``bench/trees_cpu.py``; training uses ``topotrain.collectives.program``.
+the baseline of ``python -m bench.trees_cpu``; training uses ``topotrain.collectives.program``.
 
 AllReduce (sum) that executes a tree schedule with torch.distributed point-to-point ops.
 
@@ -22,6 +22,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+
 from topocontract.schedule import TreeSchedule, check_world_size, partition_sizes
 
 __all__ = ["TAG_BASE", "legacy_tree_allreduce"]

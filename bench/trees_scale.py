@@ -1,6 +1,6 @@
 """Planner benchmark: packed trees vs the optimum, and planning time, up to 1,024 workers.
 
-    .venv/bin/python bench/trees_scale.py [--quick] [--max-trees K] [--json OUT]
+    .venv/bin/python -m bench.trees_scale [--quick] [--max-trees K] [--json OUT]
 
 For each fabric: the kept trees' rate (<= K trees), the column-generation LP optimum over all
 trees, the best independent upper bound (partition bound tau on direct-connect fabrics, cut and

@@ -23,10 +23,14 @@ from topoagent.apply.journal import Recovery
 from topoagent.apply.mgmt import Mgmt, resolve
 from topoagent.apply.store import DEFAULT_KEEP, Store, StoreBusy
 from topoagent.apply.transaction import Result, apply_state, plan
+from topoagent.apply.watch import watch
 from topoagent.cliutil import ArgumentParser, run_guarded
 from topoagent.observe.host import observe, to_host_state
+from topoagent.observe.ovs import show_ovs
+from topoagent.process.launch import launch, stop
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state.host import HostState, StateError, load_yaml, parse_host_state, read_text
+from topoagent.state.wire import load_launch_spec
 from topoagent.target import Target
 
 
@@ -98,16 +102,12 @@ def cmd_show(args, target: Target) -> int:
     """Print the observed state as HostState YAML (--ovs: only the agent's OVS state); exit 0."""
     obs = observe(target)
     if getattr(args, "ovs", False):  # the agent's Open vSwitch state alone
-        from topoagent.apply.ovs import show_ovs
-
         rep = show_ovs(obs.ovs) or {"db": target.ovs_db, "error": "no ovsdb-server answers"}
         print(json.dumps(rep) if args.json else yaml.safe_dump(rep, sort_keys=False), end="")
         return EXIT_OK
     state = to_host_state(obs)
     print(json.dumps(state.to_dict()) if args.json else state.to_yaml(), end="\n" * args.json)
     if obs.ovs is not None and not args.json:  # as comments: the output stays a HostState
-        from topoagent.apply.ovs import show_ovs
-
         text = yaml.safe_dump({"ovs_observed": show_ovs(obs.ovs)}, sort_keys=False)
         print("".join(f"# {line}\n" for line in text.splitlines()), end="")
     return EXIT_OK
@@ -241,17 +241,12 @@ def cmd_rollback(args, target: Target) -> int:
 
 def cmd_launch(args, target: Target) -> int:
     """Run this host's ranks of the job spec, supervised; the launcher's exit code."""
-    from topoagent.process.launch import launch
-    from topoagent.state.wire import load_launch_spec
-
     job = load_launch_spec(args.file)  # JSON is YAML too
     return launch(job, args.host, target, target.store_dir / "run", args.timeout)
 
 
 def cmd_stop(args, target: Target) -> int:
     """Stop the ranks of a running launch; exit 2 when some were stopped, 0 when none ran."""
-    from topoagent.process.launch import stop
-
     n = stop(target.store_dir / "run")
     print(json.dumps({"ok": True, "stopped": n}) if args.json else f"stopped {n} ranks")
     return EXIT_CHANGES if n else EXIT_OK
@@ -260,8 +255,6 @@ def cmd_stop(args, target: Target) -> int:
 def cmd_watch(args, target: Target) -> int:
     """Run the reconcile loop (--once: one round); exit 0 in sync, 2 drifted or repaired, 1
     error."""
-    from topoagent.apply.watch import watch
-
     rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,
                 status_file=args.status_file, mgmt=_mgmt(args))
     if args.json:

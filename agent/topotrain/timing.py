@@ -33,11 +33,11 @@ def __getattr__(name: str):
     """The torch-backed entries, imported on first use: the controller's lab, apply and status
     verbs import this module for the calibration and must not pay torch's import (1-2 s)."""
     if name == "data_parallel":
-        from topotrain.workload import data_parallel
+        from topotrain.workload import data_parallel  # torch: see above
 
         return data_parallel
     if name in ("Stage", "gpipe_passes"):
-        from topotrain import pipeline
+        from topotrain import pipeline  # torch: see above
 
         return getattr(pipeline, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,14 +32,16 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from topoagent.state.host import StateError
-from topoagent.state.wire import load_launch_spec
+from topoagent.state.wire import LaunchSpec, load_launch_spec
 from topotrain import checkpoint
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.pipeline import main as pipeline_main
@@ -55,6 +57,25 @@ def _emit(**event) -> None:
 def main() -> int:
     """Train under the plan's job spec (DDP over gloo, or the pipeline runtime); the exit code.
     A job spec that is not a valid ``LaunchSpec`` is reported (file and YAML path), exit 1."""
+    job = _load_job()
+    if job is None:
+        return 1
+    if job.collective.get("algorithm") == "pipeline":  # a placed model: stages
+        return pipeline_main(job)
+    rank, world = _join_process_group(job)
+    run = _prepare(job, rank, world)
+    _train(run)
+    if run.ckpt is not None:
+        dist.barrier()  # every rank is past its last iteration: nothing can resume any more
+        if run.local0:
+            run.ckpt.remove()
+    _emit(event="done", rank=rank, checksum=checksum(run.model))
+    dist.destroy_process_group()
+    return 0
+
+
+def _load_job() -> LaunchSpec | None:
+    """The launch spec $TOPOCTL_JOB names, or None after printing why it is not valid."""
     try:
         job = load_launch_spec(os.environ["TOPOCTL_JOB"])
         if not job.model.factory:
@@ -62,17 +83,42 @@ def main() -> int:
                                                     "from it")]).at(os.environ["TOPOCTL_JOB"])
     except StateError as e:
         print(f"topotrain.train: {e}", file=sys.stderr)
-        return 1
-    if job.collective.get("algorithm") == "pipeline":  # a placed model: stages
-        return pipeline_main(job)
+        return None
+    return job
+
+
+def _join_process_group(job: LaunchSpec) -> tuple[int, int]:
+    """(rank, world size) after joining the job's gloo process group."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
     torch.set_num_threads(job.threads)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           rank == 0, timeout=timedelta(seconds=120))
     # gloo binds the address the hostname resolves to: the launcher set it to `bind`
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
+    return rank, world
+
+
+@dataclass
+class _Run:
+    """One rank's training: the model wrapped for the plan's collective, its optimizer, where
+    it checkpoints and the first iteration (after a resume: the iterations already done)."""
+
+    job: LaunchSpec
+    rank: int
+    world: int
+    model: torch.nn.Module
+    ddp: torch.nn.Module
+    opt: torch.optim.Optimizer
+    tree_hook: Any  # the tree AllReduce hook (its per-bucket timings), None for DDP's own
+    ckpt: checkpoint.CheckpointDir | None
+    start: int
+    local0: bool = field(default_factory=lambda: os.environ.get("LOCAL_RANK", "0") == "0")
+
+
+def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
+    """The model (the same initial weights on every rank, or the newest checkpoint's), wrapped
+    in DDP with the plan's collective, and its optimizer."""
     torch.manual_seed(job.seed)  # the same initial weights on every rank
     model = load_factory(job.model.factory)(**job.model.kwargs)
     ckpt = _checkpoints(job, model, world)
@@ -83,75 +129,78 @@ def main() -> int:
             state = ckpt.load(start) if rank == src else None
             checkpoint.restore_model(model, state, src)
     ddp = data_parallel(model, job.bucket_cap_mb)
-    coll = job.collective
     tree_hook = None
-    if coll.get("algorithm") == "trees":
-        tree_hook = register_tree_hook(ddp, load_schedule(coll["schedule"]))
+    if job.collective.get("algorithm") == "trees":
+        tree_hook = register_tree_hook(ddp, load_schedule(job.collective["schedule"]))
     opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
     if start:
         checkpoint.restore_optimizer(opt, state, src)
         if rank == 0:
             _emit(event="resume", rank=rank, iteration=start, source=src)
-    per_rank = job.batch.per_rank
+    return _Run(job, rank, world, model, ddp, opt, tree_hook, ckpt, start)
+
+
+def _train(run: _Run) -> None:
+    """The iterations from `run.start` on, one `iter` event each, checkpointing every
+    `checkpoint.every` (one writer per host's directory)."""
+    job, rank = run.job, run.rank
     specs = [i.model_dump() for i in job.model.inputs]
     gen = torch.Generator()
-    iters = job.iterations
     every = job.checkpoint.every
-    local0 = os.environ.get("LOCAL_RANK", "0") == "0"  # one writer per host's directory
-    writer = ckpt is not None and every > 0 and local0
+    writer = run.ckpt is not None and every > 0 and run.local0
     stop_after = int(os.environ.get("TOPO_TRAIN_EXIT_AFTER", "0") or 0)
-    _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
-          algorithm=coll.get("algorithm", "default"), first=start)
-    for it in range(start, iters):
+    _emit(event="start", rank=rank, world=run.world,
+          bind=os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1"), iterations=job.iterations,
+          algorithm=job.collective.get("algorithm", "default"), first=run.start)
+    for it in range(run.start, job.iterations):
         gen.manual_seed(data_seed(job.seed, rank, it))
-        inputs = random_inputs(specs, per_rank, gen)
-        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-        opt.zero_grad(set_to_none=True)
-        out = ddp(*inputs)
-        out = out[0] if isinstance(out, (tuple, list)) else out
-        loss = out.float().pow(2).mean()
-        t1, m1 = time.perf_counter(), time.thread_time()
-        loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
-        t2, m2 = time.perf_counter(), time.thread_time()
-        opt.step()
-        m3 = time.thread_time()
-        # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
-        # too, kernel time on its behalf included) during the iteration
-        # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
-        # CPU samples (bench/planner_lab_check.py)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
-        extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
-                                tree_hook.take_timings()]} if tree_hook is not None else {})
-        # phases: wall seconds of forward (with zero_grad and the loss), backward (with the
-        # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
-        phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),
-                  "step": round(t0 + seconds - t2, 6)}
-        # the same phases in CPU seconds of this (the main) thread: the model's compute, which
-        # torch runs here with one thread; not the collectives' threads
-        phases_cpu = {"forward": round(m1 - m0, 6), "backward": round(m2 - m1, 6),
-                      "step": round(m3 - m2, 6)}
-        _emit(event="iter", rank=rank, iter=it, seconds=seconds, cpu_seconds=round(cpu, 6),
-              loss=float(loss.detach()), end=round(time.time(), 6), phases=phases,
-              phases_cpu=phases_cpu, **extra)
+        inputs = random_inputs(specs, job.batch.per_rank, gen)
+        _emit(event="iter", rank=rank, iter=it, **_timed_iteration(run, inputs))
         done = it + 1
-        if writer and done % every == 0 and done < iters:
-            ckpt.save(done, model, opt)  # outside the timed part: the iteration is over
+        if writer and done % every == 0 and done < job.iterations:
+            run.ckpt.save(done, run.model, run.opt)  # outside the timed part: it is over
         if stop_after and done == stop_after:
             # an abrupt stop, as a failure would: leaving through the interpreter's exit with
             # the process group alive lets gloo's threads abort the process (SIGABRT)
             sys.stdout.flush()
             os._exit(EXIT_TEST_STOP)
-    if ckpt is not None:
-        dist.barrier()  # every rank is past its last iteration: nothing can resume any more
-        if local0:
-            ckpt.remove()
-    _emit(event="done", rank=rank, checksum=checksum(model))
-    dist.destroy_process_group()
-    return 0
 
 
-def _checkpoints(job, model, world: int):
+def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
+    """One forward, backward (with DDP's AllReduces) and optimizer step; the `iter` event's
+    timings."""
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+    run.opt.zero_grad(set_to_none=True)
+    out = run.ddp(*inputs)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    loss = out.float().pow(2).mean()
+    t1, m1 = time.perf_counter(), time.thread_time()
+    loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
+    t2, m2 = time.perf_counter(), time.thread_time()
+    run.opt.step()
+    m3 = time.thread_time()
+    # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
+    # too, kernel time on its behalf included) during the iteration
+    # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
+    # CPU samples (bench/planner_lab_check.py)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
+    extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
+                            run.tree_hook.take_timings()]} if run.tree_hook is not None else {})
+    # phases: wall seconds of forward (with zero_grad and the loss), backward (with the
+    # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
+    phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),
+              "step": round(t0 + seconds - t2, 6)}
+    # the same phases in CPU seconds of this (the main) thread: the model's compute, which
+    # torch runs here with one thread; not the collectives' threads
+    phases_cpu = {"forward": round(m1 - m0, 6), "backward": round(m2 - m1, 6),
+                  "step": round(m3 - m2, 6)}
+    return {"seconds": seconds, "cpu_seconds": round(cpu, 6), "loss": float(loss.detach()),
+            "end": round(time.time(), 6), "phases": phases, "phases_cpu": phases_cpu, **extra}
+
+
+def _checkpoints(job: LaunchSpec, model: torch.nn.Module, world: int
+                 ) -> checkpoint.CheckpointDir | None:
     """This host's checkpoint directory when the job checkpoints or resumes, else None."""
     if not (job.checkpoint.every or job.checkpoint.resume):
         return None

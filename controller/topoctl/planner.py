@@ -7,11 +7,8 @@ file it is about; nothing is written by the caller when one is raised."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, replace
-
-from topotrain.timing import load_calibration
 
 from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
@@ -24,6 +21,7 @@ from topoctl.graph.profile import (
     measure_train_job,
     retime_runtime_calibration,
 )
+from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.placement.runtime import rank_op_costs
 from topoctl.render.addressing import AddressingError, assign
 from topoctl.render.hoststate import render_hosts
@@ -52,10 +50,12 @@ class Evaluated:
 
 
 def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
-            retime: bool = False) -> PlanContext:
+            retime: bool = False, lab: LabProfile | None = None) -> PlanContext:
     """Check the job against the cluster and capture + cost the model (`retime`: lab ranks'
     op times and the tree runtime's CPU costs measured again once per process,
-    `graph.profile.measure_train_job`, `graph.profile.retime_runtime_calibration`)."""
+    `graph.profile.measure_train_job`, `graph.profile.retime_runtime_calibration`). `lab`:
+    the lab machine's facts the strategies use (`PlanContext.lab`); None: this machine's,
+    read once here (`labprofile.machine_profile`, after any retiming)."""
     names = {h.name: i for i, h in enumerate(cluster.hosts)}
     if job.hosts is not None:
         probs = []
@@ -119,12 +119,15 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
                              meas, use_cache) for name, meas in measured.items()}
     if job.cost.scale != 1.0:
         costs = {k: scale_costs(v, job.cost.scale) for k, v in costs.items()}
-    lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
-    train = _lab_timing(job, retime, lab_corun(r)) if use_cache and lab else None
-    if train is not None and retime:
+    on_lab = job.cost.device is None and all(cluster.gpus(h).type == "cpu" for h in hosts)
+    timed = use_cache and on_lab  # lab ranks are timed on this CPU
+    if timed and retime:  # before the profile is read: it comes from the calibration
         retime_runtime_calibration()
+    if lab is None:
+        lab = machine_profile(use_cache)
+    train = _lab_timing(job, retime, lab_corun(r, lab.cores)) if timed else None
     ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
-                      use_cache, train)
+                      use_cache, train, lab=lab)
     return _on_lab_cpu(ctx) if train is not None else ctx
 
 
@@ -141,25 +144,21 @@ def _lab_timing(job: Job, retime: bool, corun: int):
     return train_costs
 
 
-def lab_corun(ranks: int) -> int:
+def lab_corun(ranks: int, cores: int) -> int:
     """Copies of the training step run beside a lab rank's timing (`graph.corun`): the other
-    ranks on this machine, at most 4 per core (as `topotrain.collectives.calibrate` shares
-    them): beyond that the cores only take turns more often."""
-    return max(0, min(ranks, 4 * lab_cores()) - 1)
-
-
-def lab_cores() -> int:
-    """The cores the lab's ranks share: the runtime calibration's, else `os.cpu_count()`."""
-    return int((load_calibration() or {}).get("cores") or os.cpu_count() or 1)
+    ranks on the lab machine of `cores` cores (`LabProfile.cores`), at most 4 per core (as
+    `topotrain.collectives.calibrate` shares them): beyond that the cores only take turns more
+    often."""
+    return max(0, min(ranks, 4 * cores) - 1)
 
 
 def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     """`ctx` with the ranks costed as the lab runs them: every training host a `cpu` on this
-    machine, one single-threaded rank each, all sharing its cores. A rank's ops are timed on
-    this CPU at its batch (whatever `cost.method` says: the roofline's generic CPU is not this
-    one) and the simulator shares the cores among the ranks' compute (`Network.cpu_pool`).
-    Models whose roofline step exceeds `LAB_TIMED_MAX_S` keep the context's costs (the lab
-    does not train them, and timing them would take minutes)."""
+    machine, one single-threaded rank each, all sharing its `ctx.lab.cores` cores. A rank's
+    ops are timed on this CPU at its batch (whatever `cost.method` says: the roofline's
+    generic CPU is not this one) and the simulator shares the cores among the ranks' compute
+    (`Network.cpu_pool`). Models whose roofline step exceeds `LAB_TIMED_MAX_S` keep the
+    context's costs (the lab does not train them, and timing them would take minutes)."""
     if ctx.world_size != len(ctx.hosts):
         return ctx
     dev = ctx.device[ctx.hosts[0]]
@@ -170,9 +169,8 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     if measured is None:  # the model does not train on real tensors here
         return ctx
     ops, step = rank_op_costs(ctx.graph, measured, ctx.job.cost.scale)
-    cores = lab_cores()
     return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
-                   cpu_pool=(frozenset(ctx.hosts), cores))
+                   cpu_pool=(frozenset(ctx.hosts), ctx.lab.cores))
 
 
 STEADY_ITERATIONS = 3  # iterations simulated back to back for a steady-state period
@@ -223,10 +221,11 @@ def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
                                 "max(compute, 2(n-1)/n*S/B_host): bandwidth-bound")
 
 
-def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool = False
-              ) -> tuple[dict, PlanContext, list[Evaluated]]:
-    """The full pipeline; returns (plan document, context, all evaluated strategies)."""
-    ctx = prepare(cluster, job, use_cache, retime)
+def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool = False,
+              lab: LabProfile | None = None) -> tuple[dict, PlanContext, list[Evaluated]]:
+    """The full pipeline; returns (plan document, context, all evaluated strategies). `lab`:
+    as `prepare`."""
+    ctx = prepare(cluster, job, use_cache, retime, lab)
     evals = [evaluate(ctx, s) for s in job.strategies]
     best = min(evals, key=lambda e: e.result.iteration_time)
     return render(ctx, best, evals), ctx, evals

@@ -9,10 +9,8 @@ when the run fails."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -25,7 +23,6 @@ from topoctl.lab.names import prefix
 
 pytestmark = pytest.mark.netns
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 HOSTS = ("h0", "h1", "h2")
 CLUSTER = {
     "apiVersion": "topoctl/v1", "kind": "Cluster", "name": "ring3",
@@ -46,9 +43,10 @@ ITERATIONS = 3
 
 
 @pytest.fixture
-def demo_modules(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    return importlib.import_module("demo"), importlib.import_module("demo_ovs")
+def demo_modules():
+    from bench import demo, demo_ovs
+
+    return demo, demo_ovs
 
 
 def _sent(lab, host: str, dev: str, handle: str) -> int:

@@ -1,4 +1,4 @@
-"""`bench/trees_own_clusters.py` end to end: its cluster generator is deterministic and every
+"""`python -m bench.trees_own_clusters` end to end: its cluster generator is deterministic and every
 file it makes is a valid cluster unlike the examples; the bench's small suite (a 4-host ring)
 goes through `topoctl plan`, `lab up`, `apply`, `run` and `lab down` for real and reports sane
 figures, leaving no namespace behind."""
@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import own_clusters
 from topoctl.spec.cluster_load import parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import own_clusters  # noqa: E402
 
 
 def test_generator_is_deterministic_and_unlike_the_examples():
@@ -47,10 +46,10 @@ def test_small_suite_through_the_users_path(tmp_path):
     # cache of this test's own, never the machine's (benchmarks after CI would use figures
     # measured under the test suite's load)
     cache, out = tmp_path / "cache", tmp_path / "out"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "trees_own_clusters.py"),
+    r = subprocess.run([sys.executable, "-m", "bench.trees_own_clusters",
                         "--suite", "small", "--iterations", "3", "--out", str(out),
                         "--json"], capture_output=True, text=True, timeout=300,
-                       env=os.environ | {"TOPOCTL_CACHE": str(cache)})
+                       cwd=ROOT, env=os.environ | {"TOPOCTL_CACHE": str(cache)})
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     (row,) = doc["rows"]

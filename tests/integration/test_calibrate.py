@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from topotrain.collectives import calibration_path, load_calibration
-from topotrain.collectives.calibrate import TCP_CONGESTION
 
 from tests import netns as nsutil
 from topoctl.collective.trees.pipeline import runtime_costs
+from topotrain.collectives import calibration_path, load_calibration
+from topotrain.collectives.calibrate import TCP_CONGESTION
 
 KEYS = ("per_message_s", "per_message_shared_s", "wire_bytes_per_s", "reduce_bytes_per_s",
         "copy_bytes_per_s", "per_piece_s", "cores")

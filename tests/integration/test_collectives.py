@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+
 from topotrain.collectives import (  # noqa: E402
     ScheduleMismatch,
     TreeSchedule,

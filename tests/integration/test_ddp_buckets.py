@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
-from topotrain.train import load_factory
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job
+from topotrain.train import load_factory
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from topoctl.graph.cost import whole_step_times
 from topoctl.graph.ddpstep import ddp_step_times
+from topoctl.graph.steptime import whole_step_times
 
 
 class _Unused(nn.Module):

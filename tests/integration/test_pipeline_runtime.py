@@ -13,13 +13,13 @@ import sys
 
 import pytest
 import torch
-from topotrain.pipeline import batch_inputs
-from topotrain.train import load_factory
 
 from topoctl.planner import make_plan
 from topoctl.rollout.run import job_payload
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
+from topotrain.pipeline import batch_inputs
+from topotrain.train import load_factory
 
 ITERS = 3
 

@@ -1,18 +1,12 @@
-"""bench/planner_lab_check.py's `--repeats` summary: one line per strategy with the medians of
-its runs, their ranges and the error of the two medians (not the median of the errors)."""
+"""`python -m bench.planner_lab_check`'s `--repeats` summary: one line per strategy with the
+medians of its runs, their ranges and the error of the two medians (not the median of the
+errors)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-from planner_lab_check import cli, median_table  # noqa: E402
-
-sys.path.remove(str(BENCH))
+from bench.planner_lab_check import cli, median_table
 
 
 def _row(strategy: str, predicted: float, measured: float) -> dict:

@@ -1,20 +1,14 @@
 """bench/trees_common.py: the cost model's prediction for any tree schedule on a cluster's
-cables (`allreduce_lab.py --plan` runs a plan's own trees with it)."""
+cables (`python -m bench.allreduce_lab --plan` runs a plan's own trees with it)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+
+from bench.common import PLANS
+from bench.trees_common import cluster_cables, schedule_prediction, trees_for
 from topocontract.schedule import TreeSchedule
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-from trees_common import cluster_cables, schedule_prediction, trees_for  # noqa: E402
-
-sys.path.remove(str(BENCH))
-PLANS = Path(__file__).resolve().parents[2] / "plans"
 NBYTES = 16672800
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from topoctl.catalog import build_model, example_inputs
-from topoctl.graph import cache
+from topoctl.graph import cache, steptime
 from topoctl.graph.capture import capture_catalog
 from topoctl.graph.cost import OpCost, measure_costs, roofline_costs, scale_costs, totals
 from topoctl.graph.devices import DEVICES, Device
@@ -59,8 +59,6 @@ def test_profile_cache_roundtrip(tmp_path, monkeypatch):
 def test_timed_steps_runs_until_enough_time_is_timed():
     """Short steps are repeated past `repeats` until MIN_TIMED_S of them are timed (a noisy
     machine's median needs the time), long ones only `repeats` times; warm-up runs untimed."""
-    from topoctl.graph import cost
-
     calls = []
 
     def step(seconds):
@@ -69,9 +67,9 @@ def test_timed_steps_runs_until_enough_time_is_timed():
             return (seconds / 2, seconds / 2, 0.0)
         return run
 
-    short = cost.MIN_TIMED_S / 20
-    assert cost.timed_steps(step(short), warmup=2, repeats=5) == (short / 2, short / 2, 0.0)
+    short = steptime.MIN_TIMED_S / 20
+    assert steptime.timed_steps(step(short), warmup=2, repeats=5) == (short / 2, short / 2, 0.0)
     assert len(calls) - 2 == 20
     calls.clear()
-    cost.timed_steps(step(cost.MIN_TIMED_S), warmup=1, repeats=3)
+    steptime.timed_steps(step(steptime.MIN_TIMED_S), warmup=1, repeats=3)
     assert len(calls) == 4

@@ -1,20 +1,12 @@
-"""bench/demo_median.py merges demo runs, the OVS row included (present in some runs only when
-others ran with --no-ovs)."""
+"""`python -m bench.demo_median` merges demo runs, the OVS row included (present in some runs
+only when others ran with --no-ovs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _median():
-    spec = importlib.util.spec_from_file_location("demo_median", BENCH / "demo_median.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench.demo_median import median_table
 
 
 def _run(path: Path, rows: dict[str, float], ovs: float | None = None) -> Path:
@@ -31,7 +23,7 @@ def test_median_table_keeps_the_ovs_row_and_counts_its_runs(tmp_path):
     runs = [_run(tmp_path / "r1.json", {"baseline": 4.0, "baseline+bandwidth": 4.2}, 4.4),
             _run(tmp_path / "r2.json", {"baseline": 4.2, "baseline+bandwidth": 4.0}, 4.6),
             _run(tmp_path / "r3.json", {"baseline": 4.1, "baseline+bandwidth": 4.1})]
-    lines = _median().median_table(runs).splitlines()
+    lines = median_table(runs).splitlines()
     (ovs,) = [ln for ln in lines if ln.startswith("baseline+bandwidth (ovs) |")]
     assert "4.500 (4.400-4.600; 2 of 3 runs)" in ovs
     (base,) = [ln for ln in lines if ln.startswith("baseline |")]

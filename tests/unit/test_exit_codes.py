@@ -212,12 +212,31 @@ def test_topoctl_rollback_exit_codes():
 
 
 def test_bench_passes_the_program_exit_code_on(tmp_path, monkeypatch, capsys):
+    """`topoctl bench NAME` runs `python -m bench.MODULE` in the checkout, its exit code on."""
     import topoctl.cli.bench as bench
 
-    (tmp_path / "five.py").write_text("import sys\nprint(sys.argv[1:])\nsys.exit(5)\n")
-    monkeypatch.setattr(bench, "bench_dir", lambda: tmp_path)
-    monkeypatch.setitem(bench.BENCHES, "demo", ("five.py", "exits 5"))
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__init__.py").write_text("")
+    (tmp_path / "bench" / "five.py").write_text(
+        "import sys\nprint(sys.argv[1:])\nsys.exit(5 if __name__ == '__main__' else 9)\n")
+    monkeypatch.setattr(bench, "source_checkout", lambda: tmp_path)
+    monkeypatch.setitem(bench.BENCHES, "demo", ("five", "exits 5"))
     assert topoctl_cli.main(["bench", "demo", "--any", "x"]) == 5
+
+
+def test_bench_outside_a_source_checkout_is_an_error(tmp_path, monkeypatch, capsys):
+    """Installed without its checkout (no bench/ package beside it): exit 1 and say why."""
+    import topoctl
+    import topoctl.cli.bench as bench
+
+    fake = tmp_path / "site" / "topoctl" / "__init__.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("")
+    monkeypatch.setattr(topoctl, "__file__", str(fake))
+    with pytest.raises(bench.NoCheckoutError, match="source checkout"):
+        bench.source_checkout()
+    assert topoctl_cli.main(["bench", "demo"]) == EXIT_ERROR
+    assert "source checkout" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["demo", "allreduce", "lab-check", "bandwidth", "trees-own"])
@@ -229,10 +248,6 @@ def test_bench_usage_errors_exit_1(name, capfd):
 
 
 def test_demo_finds_its_cluster_and_job():
-    import importlib.util
+    from bench import demo
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "demo.py"
-    spec = importlib.util.spec_from_file_location("bench_demo", path)
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
     assert demo.CLUSTER.is_file() and demo.JOB.is_file()

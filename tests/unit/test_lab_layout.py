@@ -132,8 +132,7 @@ def test_as_emulated_clears_latency_and_loss_and_names_them():
 
 
 def test_runtime_is_calibrated_under_the_lab_hosts_congestion_control():
-    from topotrain.collectives.calibrate import TCP_CONGESTION
-
     from topoctl.lab.lab import HOST_TCP_CONGESTION
+    from topotrain.collectives.calibrate import TCP_CONGESTION
 
     assert TCP_CONGESTION == HOST_TCP_CONGESTION

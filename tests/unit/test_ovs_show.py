@@ -1,5 +1,5 @@
 """`topo-agent show` reads the agent's OVS state back as HostState sections
-(`topoagent.apply.ovs.observed_sections`): for states the driver writes, desired -> what OVSDB and
+(`topoagent.observe.ovs.observed_sections`): for states the driver writes, desired -> what OVSDB and
 OpenFlow hold -> shown -> desired again is the identity (the real-OVS test is
 tests/integration/test_ovs_agent.py::test_show_round_trips_the_ovs_section)."""
 
@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from topoagent.apply.ovs import (
-    ObsOvs,
-    desired_db,
-    desired_filters,
-    desired_openflow,
-    observed_sections,
-)
+from topoagent.apply.ovs import desired_db, desired_filters, desired_openflow
 from topoagent.drivers.ovsdb import DbSnapshot
+from topoagent.observe.ovs import ObsOvs, observed_sections
 from topoagent.state.host import HostState, parse_host_state
 
 NH = [{"port": "eth0", "weight": 3, "mac": "0c:42:a1:00:00:01"}, {"port": "eth1"}]

@@ -17,6 +17,7 @@ from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph import cache
 from topoctl.graph.capture import capture_catalog
 from topoctl.graph.cost import TrainCost, fit_to_whole_step, measure_train_costs
+from topoctl.labprofile import LabProfile
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, needs_grad, stage_costs
 from topoctl.planner import prepare
 from topoctl.sim.engine import simulate
@@ -59,28 +60,27 @@ def test_integer_inputs_received_need_no_gradient():
 
 
 def test_message_cpu_closed_forms():
-    rc = RuntimeCosts(per_message_s=50e-6, wire_bytes_per_s=5e9, emulation_bytes_per_s=0.5e9,
-                      cores=2)
+    rc = RuntimeCosts(per_message_s=50e-6, wire_bytes_per_s=5e9)
+    lab = LabProfile(cores=2, emulation_bytes_per_s=0.5e9)
     assert message_cpu(1e6, rc) == pytest.approx(50e-6 + 1e6 / 5e9)
     # the lab: the shared per-message figure, and a byte costs the emulation (half per end)
-    assert message_cpu(1e6, rc, lab=True, per_message_shared_s=100e-6) == pytest.approx(
+    assert message_cpu(1e6, rc, lab=lab, per_message_shared_s=100e-6) == pytest.approx(
         100e-6 + 1e6 / 1e9)
-    assert message_cpu(1e6, rc, lab=True) == pytest.approx(50e-6 + 1e6 / 1e9)
+    assert message_cpu(1e6, rc, lab=lab) == pytest.approx(50e-6 + 1e6 / 1e9)
 
 
 def test_allreduce_cpu_closed_form():
     """A ring over m replicas: 2(m-1) chunks of S/m sent and as many received, (m-1)/m of S
     added, S flattened and copied back."""
     rc = RuntimeCosts(per_message_s=1e-4, wire_bytes_per_s=1e9, reduce_bytes_per_s=2e9,
-                      copy_bytes_per_s=4e9, emulation_bytes_per_s=1e12)
+                      copy_bytes_per_s=4e9)
     s = 8e6
     per = 1e-4 + (s / 4) / 1e9
     assert allreduce_cpu(s, 4, rc) == pytest.approx(2 * 6 * per + 0.75 * s / 2e9 + 2 * s / 4e9)
     assert allreduce_cpu(s, 1, rc) == 0.0 and allreduce_cpu(0.0, 4, rc) == 0.0
     # in the lab a byte costs the emulation as well (the slower of the two rates)
-    slow = RuntimeCosts(per_message_s=1e-4, wire_bytes_per_s=1e9, reduce_bytes_per_s=2e9,
-                        copy_bytes_per_s=4e9, emulation_bytes_per_s=0.1e9)
-    assert allreduce_cpu(s, 2, slow, lab=True) > 3 * allreduce_cpu(s, 2, slow)
+    slow = LabProfile(emulation_bytes_per_s=0.1e9)
+    assert allreduce_cpu(s, 2, rc, lab=slow) > 3 * allreduce_cpu(s, 2, rc)
 
 
 def _ctx(n: int = 2, mbit: int = 200, global_batch: int = 32):
@@ -108,8 +108,8 @@ def test_two_stage_gpipe_matches_its_closed_form():
     names = [o.name for o in ctx.graph.ops]
     st = [names[:3], names[3:]]
     costs = {n: TrainCost(1e-3, 2e-3, 3e-3, 1e-4) for n in names}
-    rc = RuntimeCosts(per_message_s=1e-3, wire_bytes_per_s=1e12, cores=64)
-    meas = Measured(costs, rc, None, lab=False)
+    rc = RuntimeCosts(per_message_s=1e-3, wire_bytes_per_s=1e12)
+    meas = Measured(costs, rc, None, lab=None)
     micro = 8
     tasks, _ = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, micro / ctx.local_batch, meas)
     res = simulate(tasks, ctx_network(ctx), record=False)
@@ -186,9 +186,8 @@ def test_lab_ranks_share_the_cores():
     net = ctx_network(ctx)
     times = {}
     for cores in (1, 64):
-        rc = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e15,
-                          emulation_bytes_per_s=1e15, cores=cores)
-        meas = Measured(costs, rc, None, True)
+        rc = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e15)
+        meas = Measured(costs, rc, None, LabProfile(cores=cores, emulation_bytes_per_s=1e15))
         tasks, _ = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, meas)
         times[cores] = simulate(tasks, lab_network(net, ctx.hosts, meas),
                                 record=False).iteration_time

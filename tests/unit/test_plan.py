@@ -324,6 +324,8 @@ def test_lab_data_parallel_ranks_are_timed_beside_the_others_pipeline_stages_alo
     ctx.train_costs(8)
     ctx.train_costs(8, runtime="stage")
     # prepare's own timing (module), then ours: module, stage
-    assert [c["corun"] for c in calls] == [planner.lab_corun(8)] * 2 + [0]
+    cores = ctx.lab.cores
+    assert [c["corun"] for c in calls] == [planner.lab_corun(8, cores)] * 2 + [0]
     assert [c["runtime"] for c in calls] == ["module", "module", "stage"]
-    assert 0 < planner.lab_corun(8) <= 7 and planner.lab_corun(1) == 0
+    assert 0 < planner.lab_corun(8, cores) <= 7 and planner.lab_corun(1, cores) == 0
+    assert planner.lab_corun(8, 1) == 3 and planner.lab_corun(8, 2) == 7  # 4 per core

@@ -37,9 +37,8 @@ def test_retime_times_once_per_process_and_again_after_forget(tmp_path, monkeypa
 def test_retime_measures_the_runtime_calibration_once_per_process(tmp_path, monkeypatch):
     """The tree runtime's CPU calibration is re-measured with the ops (`--retime`): once per
     process, again after `forget_retimed`; read back through the cache file it writes."""
-    from topotrain.collectives import calibration_path, load_calibration
-
     from topoctl.graph.profile import retime_runtime_calibration
+    from topotrain.collectives import calibration_path, load_calibration
 
     monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
     forget_retimed()

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from topotrain.collectives import TreeSchedule
-from topotrain.collectives.program import compile_program
 
 from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
@@ -21,6 +19,9 @@ from topoctl.collective.trees.pipeline import (
     runtime_costs,
     tree_shape,
 )
+from topoctl.labprofile import LabProfile, machine_profile, profile_from_calibration
+from topotrain.collectives import TreeSchedule
+from topotrain.collectives.program import compile_program
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 FREE = RuntimeCosts(per_message_s=0.0, per_piece_s=0.0, wire_bytes_per_s=1e30,
@@ -82,20 +83,52 @@ def test_parts_move_in_opposite_directions_and_the_choice_is_the_minimum():
 
 def test_cores_shared_by_colocated_ranks_stretch_the_cpu_part():
     sh = shape_of(random_schedule(8, 4, seed=2))
-    alone = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=2), 1).cpu_s
-    lab = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=2), 8).cpu_s
-    big = predict(sh, 8e6, 1e7, 10, RuntimeCosts(cores=64), 8).cpu_s
+    rc = RuntimeCosts()
+    alone = predict(sh, 8e6, 1e7, 10, rc, 1, lab=LabProfile(cores=2)).cpu_s
+    lab = predict(sh, 8e6, 1e7, 10, rc, 8, lab=LabProfile(cores=2)).cpu_s
+    big = predict(sh, 8e6, 1e7, 10, rc, 8, lab=LabProfile(cores=64)).cpu_s
     # many cores: no stretching, but a lab's wire bytes still cost the cable emulation
     assert lab > 2 * alone and alone < big < lab
-    free_emulation = RuntimeCosts(cores=64, emulation_bytes_per_s=1e30)
-    assert predict(sh, 8e6, 1e7, 10, free_emulation, 8).cpu_s == pytest.approx(alone)
+    free_emulation = LabProfile(cores=64, emulation_bytes_per_s=1e30)
+    assert predict(sh, 8e6, 1e7, 10, rc, 8, lab=free_emulation).cpu_s == pytest.approx(alone)
+    # the default profile is today's lab: 2 cores, 0.62 GB per core-second of emulation
+    assert predict(sh, 8e6, 1e7, 10, rc, 8) == predict(sh, 8e6, 1e7, 10, rc, 8,
+                                                      lab=LabProfile(2, 0.62e9))
 
 
 def test_runtime_costs_from_a_calibration_document():
     assert runtime_costs(None).source == "default"
-    c = runtime_costs({"per_message_s": 1e-4, "wire_bytes_per_s": 1e9, "reduce_bytes_per_s": 2e9,
-                       "copy_bytes_per_s": 3e9, "cores": 4, "key": "abc"})
-    assert (c.per_message_s, c.cores, c.source) == (1e-4, 4, "calibrated:abc")
+    doc = {"per_message_s": 1e-4, "wire_bytes_per_s": 1e9, "reduce_bytes_per_s": 2e9,
+           "copy_bytes_per_s": 3e9, "cores": 4, "key": "abc"}
+    c = runtime_costs(doc)
+    assert (c.per_message_s, c.source) == (1e-4, "calibrated:abc")
+
+
+def test_lab_profile_from_a_calibration_document_or_the_defaults():
+    """The lab's cores and emulation cost come from the calibration (the emulation cost only
+    when it has one); without one, the defaults, and `--no-cache` never reads the machine."""
+    doc = {"per_message_s": 1e-4, "wire_bytes_per_s": 1e9, "reduce_bytes_per_s": 2e9,
+           "copy_bytes_per_s": 3e9, "cores": 4, "key": "abc"}
+    p = profile_from_calibration(doc)
+    assert (p.cores, p.emulation_bytes_per_s, p.source) == (4, 0.62e9, "calibrated:abc")
+    assert profile_from_calibration(doc | {"emulation_bytes_per_s": 0.3e9}) \
+        .emulation_bytes_per_s == 0.3e9
+    assert profile_from_calibration(None, 16).cores == 16
+    assert profile_from_calibration(None) == LabProfile() == machine_profile(use_cache=False)
+    assert LabProfile().wire_rate(5.5e9) == 1.24e9 and LabProfile().wire_rate(1e9) == 1e9
+
+
+def test_lab_profile_credit_is_the_labs_cable_credit():
+    """The profile's cable credit is what the lab shapes its cables with."""
+    from topoctl.lab.commands import BURST_S, cable_credit_s
+
+    p = LabProfile()
+    assert p.burst_s == BURST_S
+    for rate in (1e5, 5e6, 36e6, 200e6, 1e9, 12345678.9, 2.1e9):
+        for mtu in (1500, 4000, 9000):
+            assert p.cable_credit_s(rate, mtu) == cable_credit_s(rate, mtu)
+    assert p.cable_credit_s(0.0, 9000) == 0.0
+    assert LabProfile(burst_s=0.008).cable_credit_s(1e9, 9000) == pytest.approx(0.008)
 
 
 def test_strategy_adds_the_cpu_part_on_a_cpu_lab(monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+
 from topotrain.collectives import (
     ScheduleError,
     ScheduleMismatch,

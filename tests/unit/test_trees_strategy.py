@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from topotrain.collectives import load_schedule
 
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job
 from topoctl.strategies.trees import fusion_caps, with_bucket
+from topotrain.collectives import load_schedule
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "tiny",

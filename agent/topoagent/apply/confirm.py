@@ -6,14 +6,14 @@ confirmation in `<state dir>/confirm.json` (fsynced, 0600) and starts a watchdog
 `topo-agent confirm` arrives before the deadline, the watchdog takes the store lock and rolls the
 host back to the state before that apply (as `topo-agent rollback` would, the management guard
 off: the revert restores the path the apply may have broken), like `netplan try` and nmstate's
-checkpoint timeout. A controller that can still reach the host after the apply confirms it; a
+timed rollback. A controller that can still reach the host after the apply confirms it; a
 host the apply cut off reverts by itself.
 
 What is guaranteed:
 - `confirm` succeeds only before the deadline, under the store lock; after it the host stays.
 - A confirmation that comes too late reverts at once (if the watchdog has not yet) and says so.
-- While a confirmation is pending another apply is refused (one checkpoint at a time, as in
-  nmstate); `rollback` reverts it now and ends the pending confirmation.
+- While a confirmation is pending another apply is refused (one pending confirmation at a
+  time, as nmstate allows one); `rollback` reverts it now and ends the pending confirmation.
 - If the watchdog itself dies (kill -9, reboot), the next agent start after the deadline (any
   verb, or `topo-agent recover`) reverts, so an unconfirmed apply never becomes permanent.
 """
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from topoagent.apply.store import Store, StoreBusy
+from topoagent.apply.transaction import apply_state
 from topoagent.protocol import TopoError
 
 CONFIRM = "confirm.json"
@@ -137,8 +138,6 @@ def _alive(pid: int | None) -> bool:
 def revert(target, store: Store, doc: dict, why: str) -> dict:
     """Roll back the unconfirmed apply (the caller holds the store lock); the record says
     what happened. Raises ConfirmError if the history no longer matches the record."""
-    from topoagent.apply.transaction import apply_state
-
     if store.history_len() != doc["history_len"]:
         write(store.root, doc | {"state": "abandoned", "ended": time.time(),
                                  "reason": "the history changed since the apply"})

@@ -34,6 +34,8 @@ from topoagent.apply.kernel_ops import (
     SetRoute,
     SetSysctl,
     ordered,
+    route_text,
+    rule_text,
 )
 from topoagent.apply.ovs import check_ovs, diff_ovs, internal_ports
 from topoagent.observe.host import IP_FORWARD, MULTIPATH_HASH, Observed, ObsQos, rp_filter_path
@@ -129,8 +131,6 @@ def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str
     the same table/dst/metric, a rule at the same priority, the same IP): the agent would have
     to replace or shadow someone else's object, and could not give it back. An identical
     foreign object is no conflict: it already is what is desired."""
-    from topoagent.apply.kernel_ops import route_text, rule_text
-
     problems = []
     for i, route in enumerate(desired.routes):
         have = obs.routes.get(route.key)

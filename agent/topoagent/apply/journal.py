@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.apply import kernel_ops, ovs
+from topoagent.apply.diff import diff
 from topoagent.apply.kernel_ops import Driver, Op
 from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
 from topoagent.observe.host import Observed, observe, to_host_state
@@ -209,6 +210,7 @@ def _read(path: Path) -> tuple[dict | None, list[Op]]:
 
 def recover(target, root: Path) -> Recovery | None:
     """Replay an unfinished journal under `root` (the caller holds the store lock)."""
+    # pyroute2's request builders (~0.2 s) load only when a journal is there to replay
     from topoagent.drivers.netlink import NetlinkDriver
 
     path = Path(root) / JOURNAL
@@ -240,8 +242,6 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
     Each step tolerates errors: after a crash the newest inverse may undo a change that never
     reached the kernel, and an inverse may need a later one first (a route's preferred source
     address comes back after the route); the final diff settles both, and decides."""
-    from topoagent.apply.diff import diff
-
     failed = []
     for op in undo:
         try:

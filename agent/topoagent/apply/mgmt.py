@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 
 from topoagent.apply.kernel_ops import DelAddress, DelRoute, Op, SetLink, SetRoute
@@ -98,7 +99,7 @@ def guard(ops: list[Op], obs: Observed, mgmt: Mgmt) -> None:
 def route_get(ipr, ip: str, src: str | None = None) -> str:
     """What `ip route get IP [from SRC]` says, with the MTU and state of the outgoing link: the
     path a packet to `ip` takes (rules, tables, blackhole/unreachable routes all included)."""
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # pyroute2: only when a path is checked
 
     kw = {"dst": ip, **({"src": src} if src else {})}
     try:
@@ -129,8 +130,6 @@ def route_get(ipr, ip: str, src: str | None = None) -> str:
 def resolve(names: list[str]) -> list[str]:
     """Probe addresses: IPv4 literals as they are, DNS names resolved now (before any change,
     while the resolver is reachable)."""
-    import socket
-
     out = []
     for name in names:
         try:

@@ -103,6 +103,7 @@ class OvsDb:
     """One IDL connection, synchronised with the server before use."""
 
     def __init__(self, db: str = DEFAULT_DB, timeout: float = TIMEOUT_S):
+        # the ovs package (its IDL, ~0.1 s) loads only where a host's OVS is read or written
         import ovs.db.idl
         import ovs.jsonrpc
         import ovs.poller
@@ -121,7 +122,7 @@ class OvsDb:
         rpc.close()
         if err or reply.error:
             raise OvsDbError(f"{db}: get_schema failed: {err or reply.error}")
-        import ovs.db.schema
+        import ovs.db.schema  # as above
         helper = ovs.db.idl.SchemaHelper(schema_json=reply.result)
         for t in TABLES:
             helper.register_table(t)

@@ -11,6 +11,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from topoagent.observe.nldump import (
     RTM_GETQDISC,
     RTM_GETTCLASS,
@@ -29,6 +31,7 @@ from topoagent.observe.nldump import (
     open_in,
     u32_single_key,
 )
+from topoagent.observe.ovs import observe_ovs, observed_sections
 from topoagent.state.host import (
     RT_PROTO,
     RULE_PRIORITY_MAX,
@@ -43,6 +46,7 @@ from topoagent.state.host import (
     Rule,
     Sysctl,
 )
+from topoagent.state.ovs import OvsState
 from topoagent.state.values import LOCAL_TABLE
 from topoagent.target import Target
 
@@ -124,7 +128,7 @@ class Observed:
     qos: dict[str, ObsQos] = field(default_factory=dict)
     foreign_qdiscs: dict[str, str] = field(default_factory=dict)  # dev -> "kind handle"
     sysctl: dict[str, str] = field(default_factory=dict)  # /proc/sys path -> value
-    ovs: Any = None  # topoagent.apply.ovs.ObsOvs when an ovsdb-server answers, else None
+    ovs: Any = None  # topoagent.observe.ovs.ObsOvs when an ovsdb-server answers, else None
 
     def owned_rules(self) -> list[ObsRule]:
         """The policy rules carrying the agent's protocol mark."""
@@ -155,7 +159,6 @@ def observe(target: Target) -> Observed:
                     obs.sysctl[p] = f.read().strip()
             except FileNotFoundError:
                 pass
-    from topoagent.apply.ovs import observe_ovs  # OVS only where an ovsdb-server answers
 
     obs.ovs = observe_ovs(target)
     return obs
@@ -275,11 +278,6 @@ def to_host_state(obs: Observed) -> HostState:
         rules=[r.rule for r in obs.rules if r.rule is not None],
     )
     if obs.ovs is not None:  # the agent's bridges and their queues (topoagent.apply.ovs)
-        from pydantic import ValidationError
-
-        from topoagent.apply.ovs import observed_sections
-        from topoagent.state.ovs import OvsState
-
         section, ovs_qos = observed_sections(obs.ovs)
         on_ovs = {q["dev"] for q in ovs_qos}
         try:

@@ -34,6 +34,8 @@ from topoagent.state.values import IfName, IPv4Net, Mac
 OVS_OWNER = "topo-agent"  # external_ids:topoctl-owner on every OVSDB row the agent creates
 OVS_COOKIE = 0x7470  # OpenFlow cookie of every flow the agent adds
 OVS_GROUP_BASE = 0x74700000  # select group ids: base + flow position + 1
+OVS_FILTER_PRIO = 0x7470  # tc filter preference of the agent's u32 filters on OVS's HTB
+OVS_HTB = "1:"  # the root handle OVS gives its linux-htb qdisc
 
 
 

@@ -39,15 +39,15 @@ _CALIBRATE = ("calibration_path", "ensure_calibration", "load_calibration")
 
 def __getattr__(name: str):
     if name in _CALIBRATE:
-        from . import calibrate
+        from . import calibrate  # no torch: the controller's fast paths read the calibration
 
         return getattr(calibrate, name)
     if name == "tree_allreduce":
-        from .program import tree_allreduce
+        from .program import tree_allreduce  # torch: only when a rank runs AllReduce
 
         return tree_allreduce
     if name == "register_tree_hook":
-        from .ddp_hook import register_tree_hook
+        from .ddp_hook import register_tree_hook  # torch: as above
 
         return register_tree_hook
     raise AttributeError(name)

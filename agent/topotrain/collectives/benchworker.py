@@ -16,8 +16,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from topocontract.trees import LOOKAHEAD
 
+from topocontract.trees import LOOKAHEAD
 from topotrain.collectives import load_schedule, tree_allreduce
 
 

@@ -41,11 +41,15 @@ import hashlib
 import json
 import os
 import platform
+import resource
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +84,6 @@ def _cores() -> int:
 
 def _torch_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("torch")
     except Exception:  # noqa: BLE001 - no torch: the key still identifies the machine
         return "none"
@@ -115,8 +117,6 @@ def load_calibration() -> dict[str, Any] | None:
 
 
 def _cpu() -> float:
-    import resource
-
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
 
@@ -142,12 +142,10 @@ def _scratch_netns() -> Iterator[str | None]:
 
 def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
             big_bytes: int, world: int = 2, netns: str | None = None) -> None:
-    import statistics
-
     # before gloo starts its threads, which then share the namespace
     Target(netns=netns).enter()
 
-    import torch
+    import torch  # torch only in the measuring processes: load_calibration stays import-light
     import torch.distributed as dist
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -222,7 +220,7 @@ def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 
 
 def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | None
              ) -> dict[str, Any]:
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # as in _worker: only when measuring
 
     # the rendezvous port is free in a fresh namespace; in the current one, ask the kernel
     port = 29517 if netns else _free_port()
@@ -239,8 +237,6 @@ def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | Non
         mp.spawn(_worker, args=(port, tmp, rounds, small // 4, big, big_bytes, shared, netns),
                  nprocs=shared, join=True)
         rs = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(shared)]
-    import statistics
-
     per_shared = statistics.median(r["per_message_s"] for r in rs)
     wire_shared = statistics.median(r["wire_bytes_per_s"] for r in rs)
     return {
@@ -262,8 +258,6 @@ def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | Non
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

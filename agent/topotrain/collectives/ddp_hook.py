@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from topocontract.schedule import ScheduleError, TreeSchedule, check_world_size, load_schedule
 
+from topocontract.schedule import ScheduleError, TreeSchedule, check_world_size, load_schedule
 from topotrain.collectives.program import tree_allreduce
 
 __all__ = ["ENV_SCHEDULE", "TreeHookState", "register_tree_hook", "tree_allreduce_hook"]

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
 from topocontract.schedule import TreeSchedule, check_world_size, partition_sizes
 from topocontract.trees import LOOKAHEAD, chunk_count, up_depth
 

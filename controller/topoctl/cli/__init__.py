@@ -4,19 +4,17 @@ here through `COMMANDS`: a module with `register(subparsers)` that sets `func` o
 Errors: a verb raises a `TopoError` (topoagent.protocol) for anything expected (bad input, an
 unreachable host); `main` is the one place that maps it to `topoctl: FILE: yaml.path: message`
 and exit 1; any other exception is a bug (traceback, a line asking to report it, exit 70).
-Exit codes are the protocol's for every verb (README "Exit codes")."""
+Exit codes are the protocol's for every verb (README "Exit codes"). Helpers the verb modules
+share live in `topoctl.cli.output`: verb modules never import this package's `__init__`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-from pathlib import Path
 
 from topoagent.cliutil import ArgumentParser, run_guarded
 from topoagent.protocol import EXIT_ERROR
-from topoagent.state.host import StateError
 
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [
@@ -30,19 +28,6 @@ COMMANDS: list[str] = [
     "topoctl.cli.topology",
     "topoctl.cli.vagrant",
 ]
-
-
-def write_output(path: str, text: str, flag: str = "-o") -> None:
-    """Write `text` to `path` atomically (a temporary file renamed over it: a reader never sees
-    half a file); StateError naming `flag` when the directory is missing or not writable."""
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(out)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise StateError(f"cannot write {path}: {e.strerror or e}", source=flag) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from topoagent.state.host import StateError
+from topoctl.cli.apply_ansible import run_via_ansible
 from topoctl.lab.lab import Lab, list_labs
 from topoctl.rollout import twophase as rollout
 from topoctl.rollout.transports import Transport
@@ -126,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
     """apply, diff, status or rollback every host of the plan; the report's exit code."""
     console = Console(stderr=False, highlight=False, soft_wrap=True)
     if getattr(args, "via", "agent") == "ansible":
-        from topoctl.cli.apply_ansible import run_via_ansible
-
         got = run_via_ansible(args, _printer(console, args.json))
         if isinstance(got, int):
             return got

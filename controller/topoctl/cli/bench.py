@@ -1,9 +1,10 @@
 """`topoctl bench NAME [ARGS...]`: run one of the source checkout's benchmark programs (`bench/`).
 
-Benchmarks are programs, not library: they live in `bench/` beside the package (the project is
-installed editable from its checkout) and print their own tables. This verb only finds the
-program, runs it with this interpreter and passes its exit code on (128 + N when signal N killed
-it); the programs follow the README's exit codes, usage errors included (1, not argparse's 2)."""
+Benchmarks are programs, not library: they live in the package `bench/` at the root of the
+checkout (the project is installed editable from it) and print their own tables. This verb only
+finds the checkout, runs `python -m bench.NAME` there with this interpreter and passes the exit
+code on (128 + N when signal N killed it); the programs follow the README's exit codes, usage
+errors included (1, not argparse's 2)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,35 @@ import sys
 from pathlib import Path
 
 import topoctl
+from topoagent.protocol import TopoError
 
-# verb name -> program in bench/
+# verb name -> module in bench/ (run as `python -m bench.MODULE`)
 BENCHES = {
-    "allreduce": ("allreduce_lab.py", "measured AllReduce on a lab: gloo vs ring vs packed trees"),
-    "lab-check": ("planner_lab_check.py", "predicted vs measured iteration time in the lab"),
-    "demo": ("demo.py", "the main job: every strategy planned, applied and trained in a lab"),
-    "bandwidth": ("bandwidth_sim.py", "simulated iteration time with and without +bandwidth, "
+    "allreduce": ("allreduce_lab", "measured AllReduce on a lab: gloo vs ring vs packed trees"),
+    "lab-check": ("planner_lab_check", "predicted vs measured iteration time in the lab"),
+    "demo": ("demo", "the main job: every strategy planned, applied and trained in a lab"),
+    "bandwidth": ("bandwidth_sim", "simulated iteration time with and without +bandwidth, "
                   "every example cluster and strategy"),
-    "heal": ("heal_lab.py", "a cable cut during `run --heal` in a lab: time until training "
+    "heal": ("heal_lab", "a cable cut during `run --heal` in a lab: time until training "
              "runs again, predicted vs measured iteration time before and after"),
-    "trees-own": ("trees_own_clusters.py", "the tree AllReduce on generated clusters unlike "
+    "trees-own": ("trees_own_clusters", "the tree AllReduce on generated clusters unlike "
                   "the examples (plan, lab up, apply, run): iteration vs the optimum"),
 }
 
 
-def bench_dir() -> Path:
-    """The checkout's `bench/` directory (the package is installed editable from it)."""
-    return Path(topoctl.__file__).resolve().parents[2] / "bench"
+class NoCheckoutError(TopoError):
+    """topoctl is not installed from a source checkout: there is no `bench/` beside it."""
+
+
+def source_checkout() -> Path:
+    """The source checkout topoctl runs from: the directory holding the `bench` package
+    (`bench/__init__.py`) beside `controller/topoctl/`. Raises `NoCheckoutError` when topoctl
+    is installed some other way (a wheel in site-packages has no benchmarks)."""
+    root = Path(topoctl.__file__).resolve().parents[2]
+    if not (root / "bench" / "__init__.py").is_file():
+        raise NoCheckoutError(f"no bench/ package in {root}: `topoctl bench` runs only from a "
+                              "source checkout (pip install -e . in a clone of the project)")
+    return root
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,11 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark program with this interpreter; returns its exit code (1 when not found)."""
-    program = bench_dir() / BENCHES[args.bench][0]
-    if not program.is_file():
-        print(f"topoctl bench: {program} not found: benchmarks run from a source checkout",
-              file=sys.stderr)
-        return 1
-    rc = subprocess.call([sys.executable, str(program), *args.args])
+    """Run `python -m bench.MODULE ARGS...` in the checkout with this interpreter; returns its
+    exit code (raises `NoCheckoutError`, exit 1, when there is no checkout or no such module
+    in it)."""
+    module = BENCHES[args.bench][0]
+    root = source_checkout()
+    if not (root / "bench" / f"{module}.py").is_file():
+        raise NoCheckoutError(f"{root / 'bench' / module}.py not found in the checkout")
+    rc = subprocess.call([sys.executable, "-m", f"bench.{module}", *args.args], cwd=root)
     return 128 - rc if rc < 0 else rc  # killed by signal N: the shell's 128 + N

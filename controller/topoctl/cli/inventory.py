@@ -17,6 +17,8 @@ import sys
 import yaml
 
 from topoagent.protocol import EXIT_OK, TopoError
+from topoctl.cli.output import write_output
+from topoctl.lab.lab import Lab
 from topoctl.spec.cluster import Cluster
 from topoctl.spec.cluster_load import load_cluster
 
@@ -45,7 +47,7 @@ def cluster_inventory(cluster: Cluster) -> dict:
     return _document(cluster, hosts, common)
 
 
-def lab_inventory(lab, agent: list[str] | None = None) -> dict:
+def lab_inventory(lab: Lab, agent: list[str] | None = None) -> dict:
     """Inventory for a running lab: its sshd per host, the agent of this installation."""
     agent = agent or [sys.executable, "-m", "topoagent.cli"]
     common = {
@@ -94,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     """Write the inventory of a cluster file or a lab; exit 0, or a TopoError for bad input
     (printed as `topoctl: FILE: yaml.path: message` by the CLI, like every verb)."""
     if args.lab:
-        from topoctl.lab.lab import Lab
-
         doc = lab_inventory(Lab.load(args.lab))
     elif args.cluster:
         try:
@@ -108,8 +108,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output in (None, "-"):
         print(text, end="")
     else:
-        from topoctl.cli import write_output  # the package imports this module
-
         write_output(args.output, text)
     return EXIT_OK
 

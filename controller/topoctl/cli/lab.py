@@ -21,6 +21,7 @@ from topoagent.state.values import format_rate
 from topoctl.lab import lab as labmod
 from topoctl.lab import names
 from topoctl.lab.layout import find_cable
+from topoctl.lab.measure import measure
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import ClusterError
 from topoctl.spec.cluster_load import load_cluster
@@ -236,8 +237,6 @@ def _heal(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from topoctl.lab.measure import measure
-
     if not math.isfinite(args.time) or not 0 < args.time <= MAX_MEASURE_S:
         raise LabError(f"expected seconds per cable, 0 < s <= {MAX_MEASURE_S:g}, got "
                        f"{args.time:g}", source="--time")

@@ -6,19 +6,27 @@ the CLI's one error handler; nothing written)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from topoagent.cliutil import positive_int
 from topoagent.protocol import EXIT_OK
-from topoagent.state.host import StateError
-from topoctl.cli import write_output
+from topoagent.state.host import StateError, load_yaml_file
+from topoctl.cli.output import write_output
+from topoctl.lab.emulated import lab_emulation
+from topoctl.lab.netops import LabError
 from topoctl.limits import MAX_PLAN_HOSTS
+from topoctl.render.drawing import draw_png  # matplotlib itself loads only when drawing
+from topoctl.render.explain import explain_text
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
 from topoctl.rollout.twophase import load_plan
-from topoctl.spec.cluster import ClusterError
-from topoctl.spec.cluster_load import load_cluster
+from topoctl.spec.cluster import ClusterError, DirectFabric, SwitchedFabric
+from topoctl.spec.cluster_load import cluster_problems, load_cluster, parse_cluster
 
 VALIDATE_ALL_UP_TO = 256  # hosts; larger plans validate an evenly spread sample of 64 hosts
 
@@ -53,13 +61,6 @@ def _lab_cluster(path: str):
     """The cluster file as this machine's namespace lab emulates it (`--as-lab`): without
     sch_netem in the kernel the lab's cables have no latency and no loss, so the plan leaves
     them out too and says which it left out (`topoctl.lab.emulated`)."""
-    import os
-
-    from topoagent.state.host import load_yaml_file
-    from topoctl.lab.emulated import lab_emulation
-    from topoctl.lab.netops import LabError
-    from topoctl.spec.cluster_load import parse_cluster
-
     if os.geteuid() != 0:
         raise LabError("topoctl plan --as-lab needs root (it asks the kernel what the lab can "
                        "emulate, in a throwaway network namespace)")
@@ -74,9 +75,11 @@ def _lab_cluster(path: str):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """`topoctl plan`: load and check the cluster and job, plan, validate, write the plan."""
-    # torch and the catalog: imported only when planning, so every other command starts fast
-    from topoctl.planner import make_plan
-    from topoctl.spec.job import JobError, load_job
+    # imported only when planning, so every other command starts fast (this module is
+    # imported by every topoctl start-up): the planner (strategies, solvers, simulator) and
+    # the job schema with the model catalog (torch, 1-2 s)
+    from topoctl.planner import make_plan  # the planner, ~0.1 s beyond start-up
+    from topoctl.spec.job import JobError, load_job  # the catalog: torch
 
     t0 = time.perf_counter()
     cluster = _lab_cluster(args.cluster) if args.as_lab else load_cluster(args.cluster)
@@ -109,13 +112,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def check_fabric(fabric, source: str) -> None:
     """A plan's `fabric` (the cabling explain draws) against the cluster file's fabric
     schema; ClusterError with YAML paths under `fabric`."""
-    from typing import Annotated
-
-    from pydantic import Field, TypeAdapter, ValidationError
-
-    from topoctl.spec.cluster import DirectFabric, SwitchedFabric
-    from topoctl.spec.cluster_load import cluster_problems
-
     adapter = TypeAdapter(Annotated[DirectFabric | SwitchedFabric, Field(discriminator="kind")])
     try:
         adapter.validate_python(fabric)
@@ -131,8 +127,6 @@ def check_fabric(fabric, source: str) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """`topoctl explain`: per-host tables (and a PNG drawing) of a validated plan."""
-    from topoctl.render.explain import explain_text
-
     doc = load_plan(args.plan)  # read + validate, as apply does
     wanted = args.hosts.split(",") if args.hosts else None
     missing = [h for h in wanted or [] if h not in doc["hosts"]]
@@ -150,8 +144,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
                          "metadata", source=args.plan) from None
     print(text)
     if args.png:
-        from topoctl.render.drawing import draw_png
-
         draw_png(doc, args.png)
         print(f"topology drawing: {args.png}", file=sys.stderr)
     return EXIT_OK

@@ -8,6 +8,7 @@ import json
 from topoagent.cliutil import positive_int, positive_seconds
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
+from topoctl.cli.run_heal import cmd_run_heal
 from topoctl.rollout.heal import CHECKPOINT_EVERY, MAX_HEALS
 from topoctl.rollout.run import allreduce_summary, predicted_buckets, run_job, stop_job
 
@@ -17,8 +18,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     around failed cables)."""
     plan, transport = open_plan(args)
     if args.heal:
-        from topoctl.cli.run_heal import cmd_run_heal
-
         return cmd_run_heal(args, plan, transport)
     quiet = args.json
     try:

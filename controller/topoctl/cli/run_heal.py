@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from topoagent.state.host import StateError
-from topoctl.cli import write_output
 from topoctl.cli.apply import confirm_window
+from topoctl.cli.output import write_output
 from topoctl.lab.emulated import as_emulated
 from topoctl.lab.lab import Lab, list_labs
 from topoctl.render.yamlout import dump

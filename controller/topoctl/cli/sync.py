@@ -16,7 +16,7 @@ import time
 import yaml
 
 from topoagent.state.host import StateError, read_text
-from topoctl.cli import write_output
+from topoctl.cli.output import write_output
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import plan_trees
 from topoctl.collective.trees.schedule import plan_to_json, plan_to_schedule

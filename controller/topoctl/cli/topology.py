@@ -11,6 +11,7 @@ import json
 import sys
 
 from topoagent.protocol import EXIT_ERROR, EXIT_OK, TopoError
+from topoctl.fabric.totient import geometric_strides, score
 
 
 def _sizes(text: str) -> list[int]:
@@ -37,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_topology(args: argparse.Namespace) -> int:
     """Print (or with --json, dump) the TopologyFinder's cabling for --hosts and --degree; exit 0,
     or 1 on bad input."""
+    # networkx (~0.4 s) loads only for this verb: every topoctl start-up imports this module
     from topoctl.fabric.topology import ArGroup, find_topology
-    from topoctl.fabric.totient import geometric_strides, score
 
     try:
         sizes = args.group_sizes or ([args.hosts] if args.hosts >= 2 else [])

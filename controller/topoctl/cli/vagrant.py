@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 
 from topoagent.protocol import EXIT_OK, TopoError
+from topoctl.cli.output import write_output
 from topoctl.render.vagrant import vagrantfile
+from topoctl.rollout.twophase import load_plan
 from topoctl.spec.cluster_load import load_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,8 +24,6 @@ def run(args: argparse.Namespace) -> int:
                         f"{args.memory}", source="--cpus/--memory")
     cluster = load_cluster(args.cluster)
     if args.plan:
-        from topoctl.rollout.twophase import load_plan
-
         plan = load_plan(args.plan)
         if plan.get("fabric"):
             try:
@@ -41,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output in (None, "-"):
         print(text, end="")
     else:
-        from topoctl.cli import write_output  # the package imports this module
-
         write_output(args.output, text)
     return EXIT_OK
 

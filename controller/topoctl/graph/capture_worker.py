@@ -5,7 +5,11 @@ Reads one JSON request on stdin: {"op": "graph" | "measure" | "train", "factory"
 "inputs": [[shape, dtype, high]], "batch", "dtype", "threads"}; writes one JSON document on
 its original stdout: {"ok": true, ...result} or {"ok": false, "problems": [[path, message]]}.
 The factory's own prints go to stderr (stdout is the result channel). Only plain JSON crosses
-back: the parent never unpickles what this process produced."""
+back: the parent never unpickles what this process produced.
+
+Everything this process imports (torch, the catalog, capture and cost) is imported at the top,
+while it still runs as root: the interpreter's libraries may live where the unprivileged user
+cannot read (`drop_privileges`)."""
 
 from __future__ import annotations
 
@@ -14,21 +18,21 @@ import os
 import sys
 from dataclasses import asdict
 
+import torch
 
-def _request_inputs(req: dict):
-    from topoctl.catalog.registry import InputSpec
+from topoagent.protocol import TopoError
+from topoctl.catalog.registry import InputSpec, make_inputs
+from topoctl.graph.capture import DTYPES, capture, capture_factory, load_factory
+from topoctl.graph.cost import measure_costs, measure_train_costs
 
+
+def _request_inputs(req: dict) -> list[InputSpec]:
+    """The request's input specs."""
     return [InputSpec(tuple(s), d, h) for s, d, h in req["inputs"]]
 
 
 def handle(req: dict) -> dict:
     """Run one request (in this process, as whoever runs it); the result document."""
-    import torch
-
-    from topoctl.catalog.registry import make_inputs
-    from topoctl.graph.capture import DTYPES, capture, capture_factory, load_factory
-    from topoctl.graph.cost import measure_costs, measure_train_costs
-
     torch.set_num_threads(int(req.get("threads", 1)))
     specs, batch = _request_inputs(req), int(req["batch"])
     graph = capture_factory(req["factory"], specs, batch, req.get("dtype", "float32"),
@@ -56,13 +60,9 @@ def handle(req: dict) -> dict:
 
 def drop_privileges(uid: int, gid: int) -> None:
     """Become `uid`:`gid` with no supplementary groups, for good (real, effective and saved
-    ids). Called after the imports: the interpreter and its libraries may live where that
-    user cannot read (a pyenv under /root); the factory's code runs only after this."""
-    import torch  # noqa: F401 - loaded while still privileged (see above)
-
-    import topoctl.graph.capture  # noqa: F401
-    import topoctl.graph.cost  # noqa: F401
-
+    ids). Called after the imports (this module's, at its top): the interpreter and its
+    libraries may live where that user cannot read (a pyenv under /root); the factory's code
+    runs only after this."""
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
@@ -75,8 +75,6 @@ def main() -> int:
     stdout; exit 0 (errors are in the answer)."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever the factory prints must not corrupt the answer
-    from topoagent.protocol import TopoError
-
     if len(sys.argv) > 1:
         uid, gid = (int(x) for x in sys.argv[1].split(":"))
         drop_privileges(uid, gid)

@@ -15,12 +15,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
 
+from topoctl.graph.corun import co_running
+from topoctl.graph.ddpstep import ddp_step_times
 from topoctl.graph.devices import Device
-from topoctl.graph.ops import OpGraph
+from topoctl.graph.ops import Op, OpGraph
+from topoctl.graph.steptime import stage_step_times, step_clock, whole_step_times
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,9 @@ class TrainCost:
     step: float = 0.0
 
 
-def _clock():
-    """CPU time of this thread when torch computes on it alone (one thread: what a busy
-    machine's other processes do not inflate), else wall time."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-
-def _median_time(fn, warmup: int, repeats: int) -> float:
-    clock = _clock()
+def _median_time(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Median seconds of `fn()` over `repeats` runs after `warmup` (`steptime.step_clock`)."""
+    clock = step_clock()
     for _ in range(warmup):
         fn()
     ts = []
@@ -136,7 +135,8 @@ def _median_time(fn, warmup: int, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def _tensors(v) -> list[torch.Tensor]:
+def _tensors(v: object) -> list[torch.Tensor]:
+    """The tensors in `v` (a tensor, or nested tuples and lists), in order."""
     if isinstance(v, torch.Tensor):
         return [v]
     if isinstance(v, (tuple, list)):
@@ -167,7 +167,23 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     machine's cores, and a step takes 10-15% more CPU beside 4-7 others than alone), so the fit
     carries what sharing costs. `graph` must come
     from capturing the same model (names match). Runs the model (and with `corun` child
-    processes): not pure; cached by `graph.cache`."""
+    processes): not pure; cached by `graph.cache`.
+
+    Steps: `_op_train_costs` (every op alone), `_runtime_step_times` (the whole step, beside
+    the co-running copies), `fit_to_whole_step`."""
+    costs = _op_train_costs(model, inputs, graph, warmup, repeats)
+    if runtime not in ("module", "stage"):
+        raise ValueError(f"runtime {runtime!r}: module or stage")
+    whole = _runtime_step_times(model, inputs, runtime, corun, ddp_bucket_bytes, warmup,
+                                repeats)
+    return fit_to_whole_step(costs, graph, whole)
+
+
+def _op_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph,
+                    warmup: int, repeats: int) -> dict[str, TrainCost]:
+    """Per op of `graph`, its `TrainCost` timed alone (`_node_train_cost`) on the values one
+    no-grad run of the traced `model` on `inputs` gave every node; placeholders, views (but
+    the output node) and nodes `graph` does not have cost 0."""
     gm = fx.symbolic_trace(model)
     interp = fx.Interpreter(gm, garbage_collect_values=False)
     with torch.no_grad():
@@ -183,161 +199,103 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
             continue
         params = (list(modules[n.target].parameters()) if n.op == "call_module"
                   else [])
+        out[n.name] = _node_train_cost(_node_runner(interp, env, n), op, params, warmup,
+                                       repeats)
+    return {o.name: out.get(o.name, TrainCost(0.0, 0.0, 0.0)) for o in graph.ops}
 
-        def run(grad_inputs: bool, n=n):
-            for a in n.all_input_nodes:
-                v = env[a]
-                if isinstance(v, torch.Tensor):
-                    v = v.detach()
-                    if grad_inputs and v.is_floating_point():
-                        v.requires_grad_(True)
-                interp.env[a] = v
-            with torch.enable_grad():
-                if n.op == "output":
-                    r = interp.run_node(n)
-                    r = r[0] if isinstance(r, (tuple, list)) else r
-                    return [r.float().pow(2).mean()]
-                return _tensors(interp.run_node(n))
 
-        fwd = _median_time(lambda: run(True), warmup, repeats)
+def _node_runner(interp: fx.Interpreter, env: dict[fx.Node, Any], n: fx.Node
+                 ) -> Callable[[bool], list[torch.Tensor]]:
+    """`run(grad_inputs)`: node `n` run alone by `interp`, with gradients enabled, on fresh
+    detached copies of its input values from `env` (floating-point ones requiring a gradient
+    when `grad_inputs`); the tensors it outputs (the output node: the loss mean(out^2))."""
 
-        def bwd_time(grad_inputs: bool, params=params, run=run) -> float:
-            for p in params:
-                p.grad = None
+    def run(grad_inputs: bool) -> list[torch.Tensor]:
+        for a in n.all_input_nodes:
+            v = env[a]
+            if isinstance(v, torch.Tensor):
+                v = v.detach()
+                if grad_inputs and v.is_floating_point():
+                    v.requires_grad_(True)
+            interp.env[a] = v
+        with torch.enable_grad():
+            if n.op == "output":
+                r = interp.run_node(n)
+                r = r[0] if isinstance(r, (tuple, list)) else r
+                return [r.float().pow(2).mean()]
+            return _tensors(interp.run_node(n))
 
-            def once() -> float:  # after the first: accumulating into .grad, as micro-batches do
-                outs = [t for t in run(grad_inputs) if t.requires_grad]
-                if not outs:
-                    return 0.0
-                grads = [torch.randn_like(t) for t in outs]
-                clock = _clock()
-                t0 = clock()
-                torch.autograd.backward(outs, grads)
-                return clock() - t0
-            for _ in range(warmup):
-                once()
-            return statistics.median(once() for _ in range(repeats))
+    return run
 
-        try:
-            bwd_p, bwd_i = bwd_time(False), bwd_time(True)
-        except RuntimeError:  # e.g. an in-place op on an input leaf: the FLOP ratio instead
-            ratio = op.bwd_flops / op.flops if op.flops else 1.0
-            bwd_p = bwd_i = fwd * ratio
-        step = 0.0
-        if params:
-            for p in params:
-                p.grad = torch.zeros_like(p)
-            opt = torch.optim.SGD(params, lr=1e-3)
-            with torch.no_grad():
-                saved = [p.detach().clone() for p in params]
-                step = _median_time(opt.step, warmup, repeats)
-                for p, s in zip(params, saved, strict=True):
-                    p.copy_(s)
-                    p.grad = None
-        out[n.name] = TrainCost(fwd, bwd_p, bwd_i, step)
-    costs = {o.name: out.get(o.name, TrainCost(0.0, 0.0, 0.0)) for o in graph.ops}
-    if runtime not in ("module", "stage"):
-        raise ValueError(f"runtime {runtime!r}: module or stage")
-    from topoctl.graph.corun import co_running
 
+def _node_train_cost(run: Callable[[bool], list[torch.Tensor]], op: Op,
+                     params: list[nn.Parameter], warmup: int, repeats: int) -> TrainCost:
+    """One op's forward (`run(True)`), its backward without and with input gradients (the
+    forward scaled by its FLOP ratio when autograd refuses, e.g. an in-place op on an input
+    leaf) and the SGD step over its `params`."""
+    fwd = _median_time(lambda: run(True), warmup, repeats)
+    try:
+        bwd_p, bwd_i = (_backward_time(run, params, False, warmup, repeats),
+                        _backward_time(run, params, True, warmup, repeats))
+    except RuntimeError:  # e.g. an in-place op on an input leaf: the FLOP ratio instead
+        ratio = op.bwd_flops / op.flops if op.flops else 1.0
+        bwd_p = bwd_i = fwd * ratio
+    step = _sgd_step_time(params, warmup, repeats) if params else 0.0
+    return TrainCost(fwd, bwd_p, bwd_i, step)
+
+
+def _backward_time(run: Callable[[bool], list[torch.Tensor]], params: list[nn.Parameter],
+                   grad_inputs: bool, warmup: int, repeats: int) -> float:
+    """Median seconds of the backward of `run(grad_inputs)`'s outputs that need a gradient
+    (random output gradients; 0 when none does), `repeats` after `warmup`; `params`' gradients
+    cleared first, then accumulated into, as micro-batches do."""
+    for p in params:
+        p.grad = None
+
+    def once() -> float:  # after the first: accumulating into .grad, as micro-batches do
+        outs = [t for t in run(grad_inputs) if t.requires_grad]
+        if not outs:
+            return 0.0
+        grads = [torch.randn_like(t) for t in outs]
+        clock = step_clock()
+        t0 = clock()
+        torch.autograd.backward(outs, grads)
+        return clock() - t0
+
+    for _ in range(warmup):
+        once()
+    return statistics.median(once() for _ in range(repeats))
+
+
+def _sgd_step_time(params: list[nn.Parameter], warmup: int, repeats: int) -> float:
+    """Median seconds of an SGD step over `params` (zero gradients); their values are restored
+    and their gradients cleared afterwards."""
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.SGD(params, lr=1e-3)
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+        step = _median_time(opt.step, warmup, repeats)
+        for p, s in zip(params, saved, strict=True):
+            p.copy_(s)
+            p.grad = None
+    return step
+
+
+def _runtime_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], runtime: str,
+                        corun: int, ddp_bucket_bytes: int | None, warmup: int, repeats: int
+                        ) -> tuple[float, float, float]:
+    """(forward, backward, SGD step) seconds of a whole step as `runtime` runs the model
+    ("stage": `stage_step_times`; "module": through DDP with `ddp_bucket_bytes`,
+    `ddpstep.ddp_step_times`, else `whole_step_times`), with `corun` copies of the step running
+    beside it (`corun.co_running`)."""
     with co_running(model, inputs, corun):
         if runtime == "stage":
-            whole = stage_step_times(model, inputs, warmup=warmup, repeats=repeats)
-        elif ddp_bucket_bytes:
-            from topoctl.graph.ddpstep import ddp_step_times
-
-            whole = ddp_step_times(model, inputs, ddp_bucket_bytes, torch.get_num_threads(),
-                                   warmup, repeats)
-        else:
-            whole = whole_step_times(model, inputs, warmup, repeats)
-    return fit_to_whole_step(costs, graph, whole)
-
-
-# A whole step is timed `repeats` times at least and until this many seconds of timed steps
-# (at most MAX_STEP_REPEATS): a shared VM's speed wanders by +-10% from one 150 ms stretch to the
-# next (the AMD EPYC VM, 2026-11-26: one matmul 2.4-4.0 ms, median 3.0, over a minute), so
-# five steps of an MLP (0.9 s) gave 0.149 to 0.185 s per step in three plans minutes apart,
-# against 0.164-0.170 s measured in the lab over 3 s.
-MIN_TIMED_S = 2.0
-MAX_STEP_REPEATS = 60
-
-
-def timed_steps(step: Callable[[], tuple[float, ...]], warmup: int, repeats: int
-                ) -> tuple[float, ...]:
-    """Per part, the median seconds of `step()` (which returns the seconds of each of its parts)
-    over at least `repeats` runs after `warmup`, run until :data:`MIN_TIMED_S` of timed steps
-    (at most :data:`MAX_STEP_REPEATS`)."""
-    for _ in range(warmup):
-        step()
-    times: list[tuple[float, ...]] = []
-    total = 0.0
-    while len(times) < repeats or (total < MIN_TIMED_S and len(times) < MAX_STEP_REPEATS):
-        times.append(step())
-        total += sum(times[-1])
-    return tuple(statistics.median(t[k] for t in times) for k in range(len(times[0])))
-
-
-def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup: int = 2,
-                     repeats: int = 5) -> tuple[float, float, float]:
-    """(forward, backward, SGD step) seconds of one whole training step of `model` on this CPU
-    at the batch of `inputs` (loss mean(out^2), as the runtimes compute it), medians over
-    :func:`timed_steps` (at least `repeats` after `warmup`), timed as `measure_train_costs`
-    times ops. The parameters are restored afterwards."""
-    params = list(model.parameters())
-    saved = [p.detach().clone() for p in params]
-    opt = torch.optim.SGD(params, lr=1e-3)
-    clock = _clock()
-
-    def step() -> tuple[float, float, float]:
-        model.zero_grad(set_to_none=True)
-        t0 = clock()
-        out = model(*inputs)
-        out = out[0] if isinstance(out, (tuple, list)) else out
-        loss = out.float().pow(2).mean()
-        t1 = clock()
-        loss.backward()
-        t2 = clock()
-        opt.step()
-        return t1 - t0, t2 - t1, clock() - t2
-
-    times = timed_steps(step, warmup, repeats)
-    with torch.no_grad():
-        for p, v in zip(params, saved, strict=True):
-            p.copy_(v)
-            p.grad = None
-    return times
-
-
-def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 4,
-                     warmup: int = 2, repeats: int = 5) -> tuple[float, float, float]:
-    """(forward, backward, SGD step) seconds per micro-batch (step: per iteration) of `model` run
-    as the pipeline runtime runs a stage (`topotrain.pipeline.gpipe_passes` on a one-stage
-    pipeline: fx nodes interpreted one by one, `microbatches` micro-batches of `inputs`,
-    gradients accumulated), medians over :func:`timed_steps` (at least `repeats` after
-    `warmup`), timed as `measure_train_costs` times ops. The parameters are restored afterwards."""
-    from topotrain.timing import Stage, gpipe_passes
-
-    gm = fx.symbolic_trace(model)
-    stage = Stage(gm, [[n.name for n in gm.graph.nodes]], 0, {})
-    params = list(gm.parameters())
-    saved = [p.detach().clone() for p in params]
-    opt = torch.optim.SGD(params, lr=1e-3)
-    micro = [list(inputs)] * microbatches
-    clock = _clock()
-
-    def step() -> tuple[float, float, float]:
-        gm.zero_grad(set_to_none=True)
-        _, fwd, bwd = gpipe_passes(stage, micro, None, None, microbatches, clock=clock)
-        t0 = clock()
-        opt.step()
-        return fwd / microbatches, bwd / microbatches, clock() - t0
-
-    times = timed_steps(step, warmup, repeats)
-    with torch.no_grad():
-        for p, v in zip(params, saved, strict=True):
-            p.copy_(v)
-            p.grad = None
-    return times
+            return stage_step_times(model, inputs, warmup=warmup, repeats=repeats)
+        if ddp_bucket_bytes:
+            return ddp_step_times(model, inputs, ddp_bucket_bytes, torch.get_num_threads(),
+                                  warmup, repeats)
+        return whole_step_times(model, inputs, warmup, repeats)
 
 
 def whole_step_backward(graph: OpGraph, costs: dict[str, TrainCost]) -> dict[str, float]:

@@ -15,7 +15,7 @@ The step runs in a child process (``python -m topoctl.graph.ddpstep FILE``): a p
 of one (gloo over an in-memory store; the planner's own process never joins one) and a
 communication hook that hands each bucket back as it is, since the collective is costed on
 its own (strategies); the model is wrapped as the trainer wraps it
-(`topotrain.train.data_parallel`) and `graph.cost.whole_step_times` times it.
+(`topotrain.train.data_parallel`) and `graph.steptime.whole_step_times` times it.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from topoctl.graph.steptime import whole_step_times
+from topotrain.timing import data_parallel
 
 __all__ = ["ddp_step_times"]
 
@@ -66,10 +69,7 @@ def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Futur
 
 
 def _child(path: str) -> int:
-    from topotrain.timing import data_parallel
-
-    from topoctl.graph.cost import whole_step_times
-
+    """The child: time the step of the request in file `path`, print its times as JSON."""
     req = torch.load(path, weights_only=False)
     torch.set_num_threads(req["threads"])
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

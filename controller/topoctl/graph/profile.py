@@ -23,6 +23,7 @@ from topoctl.graph.cost import (
 )
 from topoctl.graph.devices import DEVICES, Device
 from topoctl.graph.ops import OpGraph
+from topotrain.timing import ensure_calibration
 
 PROFILE_BATCH = 4  # default batch timed on this CPU; costs scale linearly to the rank's batch
 
@@ -91,8 +92,6 @@ def retime_runtime_calibration() -> None:
     topotrain.collectives.calibrate --force``: a few seconds) and cache them, once per process
     (again after `forget_retimed`), as `retime` does for the ops: this VM's per-message cost
     moved from 34 to 44 us within a day (2026-11-26), with the op times within 2%."""
-    from topotrain.timing import ensure_calibration
-
     if _RUNTIME in _RETIMED:
         return
     ensure_calibration(force=True)

@@ -8,13 +8,15 @@ egress (`tc class show`), up or cut by the ends' link state. So a rewire that we
 hand-made `tc` change or a cut shows up as it is.
 
 `compare` is pure: planned and observed cables in, missing / extra / mismatched out.
+`kernel_rates` reads the HTB rate each wire end is shaped at (also for `lab.status`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from topoctl.lab import names, netops
+from topoagent.state.values import parse_rate
+from topoctl.lab import commands, names, netops
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,6 @@ def observe(lab_name: str, hosts: list[str]) -> list[SeenCable]:
     """The direct cables of lab `lab_name` as the kernel has them (its `hosts` by name; the
     namespaces are found by the lab's naming rule). Ports whose wire end redirects nowhere are
     not cabled."""
-    from topoctl.lab.lab import kernel_rates
-
     wire = names.wire_ns(lab_name)
     # which namespace each nsid of a host namespace is
     port_of: dict[int, str] = {}  # wire ifindex -> host:nic
@@ -153,6 +153,33 @@ def observe(lab_name: str, hosts: list[str]) -> list[SeenCable]:
         out.append(SeenCable(a, b, rates.get(dst), rates.get(src), up,
                              one_way=target.get(dst) != src))
     return out
+
+
+def kernel_rates(ns: str, devs: list[str]) -> dict[str, int]:
+    """dev -> HTB rate (bit/s) of class 1:1, read back from the kernel with `tc class show`
+    (text: this iproute2 prints no JSON for HTB classes)."""
+    lines = [f"class show dev {d}" for d in devs]
+    p = netops.run(["tc", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n", check=False)
+    it = iter(p.stdout.splitlines())
+    out = {}
+    # one output line per HTB class, in batch order; devices without a class print nothing,
+    # so match each line's device by asking per device only when counts differ
+    rows = [ln for ln in it if ln.startswith(f"class htb {commands.HTB_CLASS} ")]
+    if len(rows) == len(devs):
+        for d, ln in zip(devs, rows, strict=True):
+            out[d] = _rate_of(ln)
+        return out
+    for d in devs:
+        q = netops.run(["tc", "-n", ns, "class", "show", "dev", d], check=False).stdout
+        for ln in q.splitlines():
+            if ln.startswith(f"class htb {commands.HTB_CLASS} "):
+                out[d] = _rate_of(ln)
+    return out
+
+
+def _rate_of(line: str) -> int:
+    words = line.split()
+    return parse_rate(words[words.index("rate") + 1])
 
 
 def _nsids(ns: str) -> dict[int, str]:

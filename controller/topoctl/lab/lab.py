@@ -18,16 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topotrain.timing import TCP_CONGESTION
-
 from topoagent.congestion import set_congestion_control
-from topoagent.state.values import parse_rate
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoctl.lab import cabling, commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster
 from topoctl.spec.cluster_load import parse_cluster
+from topotrain.timing import TCP_CONGESTION
 
 DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 # TCP congestion control of every lab host: Linux's default, the loss-based fair sharing the
@@ -317,7 +315,7 @@ def status(lab: Lab) -> dict:
     sshd = ssh.sshd_pids(lab.state_dir)
     wire_links = {ln["ifname"]: ln for ln in netops.ip_json("link", "show", ns=lay.wire_ns)} \
         if lay.wire_ns in namespaces else {}
-    rates = kernel_rates(lay.wire_ns, list(wire_links)) if wire_links else {}
+    rates = cabling.kernel_rates(lay.wire_ns, list(wire_links)) if wire_links else {}
     measured = load_measurements(lab)
 
     def state(ends: list[str]) -> str:
@@ -355,33 +353,6 @@ def check_cabling(lab: Lab, fabric: Any) -> cabling.CablingReport:
         raise LabError("only direct-connect labs have a cabling to check against a plan")
     planned = cabling.planned_cables(lab.cluster.with_fabric(fabric).graph())
     return cabling.compare(planned, cabling.observe(lab.name, [h.name for h in lab.layout.hosts]))
-
-
-def kernel_rates(ns: str, devs: list[str]) -> dict[str, int]:
-    """dev -> HTB rate (bit/s) of class 1:1, read back from the kernel with `tc class show`
-    (text: this iproute2 prints no JSON for HTB classes)."""
-    lines = [f"class show dev {d}" for d in devs]
-    p = netops.run(["tc", "-n", ns, "-batch", "-"], input="\n".join(lines) + "\n", check=False)
-    it = iter(p.stdout.splitlines())
-    out = {}
-    # one output line per HTB class, in batch order; devices without a class print nothing,
-    # so match each line's device by asking per device only when counts differ
-    rows = [ln for ln in it if ln.startswith(f"class htb {commands.HTB_CLASS} ")]
-    if len(rows) == len(devs):
-        for d, ln in zip(devs, rows, strict=True):
-            out[d] = _rate_of(ln)
-        return out
-    for d in devs:
-        q = netops.run(["tc", "-n", ns, "class", "show", "dev", d], check=False).stdout
-        for ln in q.splitlines():
-            if ln.startswith(f"class htb {commands.HTB_CLASS} "):
-                out[d] = _rate_of(ln)
-    return out
-
-
-def _rate_of(line: str) -> int:
-    words = line.split()
-    return parse_rate(words[words.index("rate") + 1])
 
 
 def _alive(pid: int) -> bool:

@@ -14,7 +14,8 @@ their gradient can be sent back). The optimiser step is the sum of the ops' meas
 A message (one tensor sent or received with gloo) costs its rank ``per_message_s +
 bytes / wire_bytes_per_s`` of CPU (``topotrain.collectives.calibrate``: the same figures the
 tree runtime's model uses). In the lab a byte also costs the cables' emulation (veth, tc
-shaping, TCP at both ends, ``emulation_bytes_per_s``), and every rank runs on this machine's
+shaping, TCP at both ends: the ``emulation_bytes_per_s`` of the
+``topoctl.labprofile.LabProfile`` passed in), and every rank runs on the lab machine's
 ``cores`` cores: the simulator shares them among the ranks' compute (``Network.cpu_pool``,
 processor sharing). A hybrid's replicas all-reduce their stage's gradients with gloo:
 ``allreduce_cpu`` is what that costs each of them on top of the ring's network time.
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph.cost import OpCost, TrainCost, whole_step_backward
 from topoctl.graph.ops import OpGraph
+from topoctl.labprofile import LabProfile
 
 __all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "rank_op_costs", "stage_costs"]
 
@@ -84,20 +86,22 @@ def rank_op_costs(graph: OpGraph, measured: Mapping[str, TrainCost],
     return out, scale * sum(measured[o.name].step for o in graph.ops)
 
 
-def message_cpu(nbytes: float, costs: RuntimeCosts, lab: bool = False,
+def message_cpu(nbytes: float, costs: RuntimeCosts, lab: LabProfile | None = None,
                 per_message_shared_s: float | None = None) -> float:
     """CPU seconds one rank spends sending or receiving one tensor of ``nbytes`` with gloo.
-    ``lab``: every rank on this machine, oversubscribing its cores: the calibration's shared
-    per-message figure when it has one (it includes the context switch of every blocking wait),
-    and a byte also costs the cable emulation, counted half at each end as the tree runtime's
-    model does (``min(wire_bytes_per_s, 2 * emulation_bytes_per_s)``)."""
-    per = per_message_shared_s if lab and per_message_shared_s else costs.per_message_s
-    rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
-            else costs.wire_bytes_per_s)
+    ``lab``: every rank on that lab machine, oversubscribing its cores: the calibration's
+    shared per-message figure when it has one (it includes the context switch of every
+    blocking wait), and a byte also costs the cable emulation, counted half at each end as the
+    tree runtime's model does (``LabProfile.wire_rate``); None: a rank with a machine of its
+    own."""
+    per = (per_message_shared_s if lab is not None and per_message_shared_s
+           else costs.per_message_s)
+    rate = lab.wire_rate(costs.wire_bytes_per_s) if lab is not None else costs.wire_bytes_per_s
     return per + nbytes / rate
 
 
-def allreduce_cpu(nbytes: float, members: int, costs: RuntimeCosts, lab: bool = False,
+def allreduce_cpu(nbytes: float, members: int, costs: RuntimeCosts,
+                  lab: LabProfile | None = None,
                   per_message_shared_s: float | None = None) -> float:
     """CPU seconds one replica spends in its stage's gradient AllReduce (the runtime flattens
     the gradients into one buffer, gloo all-reduces it in a ring, the result is copied back):

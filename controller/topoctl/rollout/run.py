@@ -29,18 +29,12 @@ from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
-# predicted seconds the timed iterations of a benchmark run cover at least (bench/demo.py,
-# bench/planner_lab_check.py): a fast strategy's median is not left to a few samples, nor half
-# made of a tree plan's first, still settling iterations (topoopt on hetero8, 2026-11-27 11:52:
-# 0.80, 0.79, 0.77, then 0.72, 0.70, 0.73 s: with 6 timed iterations, -8.8% against the steady
-# prediction); 3 until 2026-11-27
-MIN_TIMED_SECONDS = 6.0
 
 
-def iterations_for(predicted: float, at_least: int,
-                   min_seconds: float = MIN_TIMED_SECONDS) -> int:
+def iterations_for(predicted: float, at_least: int, min_seconds: float) -> int:
     """Iterations to run a plan predicted at `predicted` seconds each: `at_least`, or more
-    when the timed ones (all but the `WARMUP` first) would cover less than `min_seconds`."""
+    when the timed ones (all but the `WARMUP` first) would cover less than `min_seconds`
+    (the benchmarks' default: `bench.common.MIN_TIMED_SECONDS`)."""
     return max(at_least, WARMUP + math.ceil(min_seconds / max(predicted, 1e-3)))
 
 
@@ -208,116 +202,176 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
     all when one fails or a watched cable loses its carrier (`checkpoint`: `{every, resume}`
     for the trainer)."""
     job = job_payload(plan, iterations, watch=watch, checkpoint=checkpoint)
-    payload = json.dumps(job)
     hosts = sorted(job["processes"])
-    rank_host = {int(p["rank"]): h for h in hosts for p in job["processes"][h]}
-    ranks = {r: RankStats(h) for r, h in rank_host.items()}
-    lock = threading.Lock()
-    failures: list[str] = []
-    links_down: list[dict] = []
-    marks: dict[str, float] = {}  # resumed_from, first_iteration_at
-    done_ranks: set[int] = set()  # ranks that reported their final parameters
-    stopping = threading.Event()
-    stoppers: list[threading.Thread] = []
-    t0 = time.perf_counter()
-    started_at = time.time()
+    ranks = {int(p["rank"]): RankStats(h) for h in hosts for p in job["processes"][h]}
+    run = _Supervision(plan, transport, hosts, ranks, iterations, out, verbose)
+    run.launch_all(json.dumps(job), timeout)
+    return run.result()
 
-    def stop_others(but: str | None) -> None:
+
+def _split_line(line: str) -> tuple[int | None, dict | None]:
+    """(rank, JSON event) of one launcher line: ``[rank N] body`` from a rank, a bare body
+    from the launcher itself; the event is None when the body is not a JSON object."""
+    rank, body = None, line
+    if line.startswith("[rank "):
+        head, _, body = line.partition("] ")
+        rank = int(head[6:])
+    return rank, _json(body)
+
+
+@dataclass
+class _Supervision:
+    """One `run_job`: what the hosts' lines reported so far, and stopping every host once.
+    The transport calls `on_line` from one thread per host, so every change to the shared
+    state happens under `lock`."""
+
+    plan: dict
+    transport: Transport
+    hosts: list[str]
+    ranks: dict[int, RankStats]
+    iterations: int
+    out: Callable[[str], None]
+    verbose: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failures: list[str] = field(default_factory=list)
+    links_down: list[dict] = field(default_factory=list)
+    marks: dict[str, float] = field(default_factory=dict)  # resumed_from, first_iteration_at
+    done_ranks: set[int] = field(default_factory=set)  # ranks that reported final parameters
+    stopping: threading.Event = field(default_factory=threading.Event)
+    stoppers: list[threading.Thread] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)
+
+    def launch_all(self, payload: str, timeout: float | None) -> None:
+        """Run every host's launcher at once and wait for all of them, then for the stop
+        requests sent meanwhile (a stop must not outlive the run that sent it)."""
+        threads = [threading.Thread(target=self.run_host, args=(h, payload, timeout))
+                   for h in self.hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for t in self.stoppers:
+            t.join()
+
+    def run_host(self, host: str, payload: str, timeout: float | None) -> None:
+        """One host's `topo-agent launch`; when it fails, every other host is stopped at once
+        (the ranks there would otherwise wait for it until gloo's timeout)."""
+        rc = self.transport.stream(host, ["launch", "--host", host, "-"], payload,
+                                   self.on_line, timeout)
+        if rc != 0:
+            with self.lock:
+                first = not self.stopping.is_set()
+                # a rank's own failure already names this host; an unreachable host does not
+                if first and (rc == UNREACHABLE or not any(host in f for f in self.failures)):
+                    self.failures.append(f"{host}: launch exited {rc}")
+                self.stop_others(host)
+
+    def stop_others(self, but: str | None) -> None:
         """Tell every host (but `but`) to stop its ranks, in parallel, once."""
-        if stopping.is_set():
+        if self.stopping.is_set():
             return
-        stopping.set()
-        for other in hosts:
+        self.stopping.set()
+        for other in self.hosts:
             if other != but:
-                t = threading.Thread(target=transport.agent, args=(other, ["stop"]),
+                t = threading.Thread(target=self.transport.agent, args=(other, ["stop"]),
                                      kwargs={"timeout": 30})
                 t.start()
-                stoppers.append(t)
+                self.stoppers.append(t)
 
-    def link_down(host: str, event: dict) -> None:
+    def on_line(self, host: str, line: str) -> None:
+        """One line from `host`'s launcher: record what it reports, then echo it to `out`
+        unless it was shown otherwise (the progress line) or would only add noise."""
+        rank, event = _split_line(line)
+        with self.lock:
+            if not self._record(host, rank, event):
+                self._echo(host, line, event)
+
+    def _record(self, host: str, rank: int | None, event: dict | None) -> bool:
+        """Record `event` (None: not an event); True when the line is fully handled and must
+        not be echoed."""
+        kind = event.get("event") if event else None
+        if kind == "link-down":
+            self._link_down(host, event)
+            self.stop_others(host)
+            return True
+        if kind == "resume":
+            self.marks["resumed_from"] = int(event["iteration"])
+            if not self.verbose:
+                self.out(f"resumed after iteration {event['iteration']} (the checkpoint of "
+                         f"rank {event.get('source')})")
+                return True
+        elif kind == "iter" and rank in self.ranks:
+            return self._record_iteration(rank, event)
+        elif kind == "done" and rank in self.ranks:
+            self.done_ranks.add(rank)
+            self.ranks[rank].checksum = event["checksum"]
+            self.ranks[rank].stage = event.get("stage")
+        elif kind == "failed":
+            self.failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
+                                 "lines:\n    " + "\n    ".join(event.get("last", [])))
+        return False
+
+    def _record_iteration(self, rank: int, event: dict) -> bool:
+        """A rank's finished iteration (seconds, per-bucket AllReduce times, pipeline loss);
+        rank 0's also becomes the live progress line (True: shown, not to be echoed)."""
+        stats = self.ranks[rank]
+        stats.iterations.append(float(event["seconds"]))
+        if isinstance(event.get("allreduce"), list):
+            stats.allreduce.append([(int(b), float(w), float(t))
+                                    for b, w, t in event["allreduce"]])
+        if event.get("stage") is not None and event.get("loss") is not None:
+            stats.losses.append(float(event["loss"]))
+        if rank != min(self.ranks):
+            return False
+        self.marks.setdefault("first_iteration_at", time.time())
+        if self.verbose:
+            return False
+        n = len(stats.iterations)
+        dt = time.perf_counter() - self.t0
+        self.out(f"iteration {int(event.get('iter', n - 1)) + 1}/{self.iterations}  "
+                 f"{event['seconds']:.3f} s  ({n / dt:.2f} it/s since start)")
+        return True
+
+    def _echo(self, host: str, line: str, event: dict | None) -> None:
+        """Pass a line on to `out`: every line when verbose, else what is not a routine event
+        (iterations, done, start), and nothing after a cable failed (the ranks' broken
+        connections and tracebacks would only bury its name)."""
+        if self.links_down and not self.verbose:
+            return
+        if self.verbose or not (event and event.get("event") in ("iter", "done", "start")):
+            self.out(f"{host} {line}")
+
+    def _link_down(self, host: str, event: dict) -> None:
+        """A watched interface lost its carrier: name the cable at that port and its peer."""
         iface = str(event.get("interface"))
-        cable = cable_at(plan.get("fabric") or {}, host, iface)
+        cable = cable_at(self.plan.get("fabric") or {}, host, iface)
         port = f"{host}:{iface}"
         d = {"host": host, "interface": iface, "reason": event.get("reason", "down"),
              "cable": cable.name if cable else port, "peer": cable.peer(port) if cable else None,
              "at": event.get("at"), "received": time.time()}
-        links_down.append(d)
-        out(f"{port}: {d['reason']}: cable {d['cable']} failed (peer {d['peer']}); "
-            "stopping every rank")
+        self.links_down.append(d)
+        self.out(f"{port}: {d['reason']}: cable {d['cable']} failed (peer {d['peer']}); "
+                 "stopping every rank")
 
-    def on_line(host: str, line: str) -> None:
-        rank, body = None, line
-        if line.startswith("[rank "):
-            head, _, body = line.partition("] ")
-            rank = int(head[6:])
-        event = _json(body)
-        with lock:
-            if event and event.get("event") == "link-down":
-                link_down(host, event)
-                stop_others(host)
-                return
-            if event and event.get("event") == "resume":
-                marks["resumed_from"] = int(event["iteration"])
-                if not verbose:
-                    out(f"resumed after iteration {event['iteration']} (the checkpoint of "
-                        f"rank {event.get('source')})")
-                    return
-            if event and event.get("event") == "iter" and rank in ranks:
-                ranks[rank].iterations.append(float(event["seconds"]))
-                if isinstance(event.get("allreduce"), list):
-                    ranks[rank].allreduce.append([(int(b), float(w), float(t))
-                                                  for b, w, t in event["allreduce"]])
-                if event.get("stage") is not None and event.get("loss") is not None:
-                    ranks[rank].losses.append(float(event["loss"]))
-                if rank == min(ranks):
-                    marks.setdefault("first_iteration_at", time.time())
-                if rank == min(ranks) and not verbose:
-                    n = len(ranks[rank].iterations)
-                    dt = time.perf_counter() - t0
-                    out(f"iteration {int(event.get('iter', n - 1)) + 1}/{iterations}  "
-                        f"{event['seconds']:.3f} s  ({n / dt:.2f} it/s since start)")
-                    return
-            elif event and event.get("event") == "done" and rank in ranks:
-                done_ranks.add(rank)
-                ranks[rank].checksum = event["checksum"]
-                ranks[rank].stage = event.get("stage")
-            elif event and event.get("event") == "failed":
-                failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
-                                "lines:\n    " + "\n    ".join(event.get("last", [])))
-            if links_down and not verbose:  # the ranks' broken connections and tracebacks
-                return                          # after a failed cable only bury its name
-            if verbose or not (event and event.get("event") in ("iter", "done", "start")):
-                out(f"{host} {line}")
-
-    def run_host(host: str) -> None:
-        rc = transport.stream(host, ["launch", "--host", host, "-"], payload, on_line, timeout)
-        if rc != 0:
-            with lock:
-                first = not stopping.is_set()
-                if first and (rc == UNREACHABLE or not any(host in f for f in failures)):
-                    failures.append(f"{host}: launch exited {rc}")
-                stop_others(host)  # stop every other host's ranks now
-
-    threads = [threading.Thread(target=run_host, args=(h,)) for h in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for t in stoppers:
-        t.join()
-    seconds = time.perf_counter() - t0
-    result = RunResult(0, ranks, seconds, links_down=links_down,
-                       resumed_from=int(marks["resumed_from"]) if "resumed_from" in marks
-                       else None, started_at=started_at,
-                       first_iteration_at=marks.get("first_iteration_at"))
-    finished = done_ranks == set(ranks)
-    if links_down and not finished:
-        result.exit_code, result.failure = 1, cable_failure(links_down, failures)
-    elif links_down:  # every rank had reported its final parameters: training is complete
-        out(f"training was complete when {', '.join(result.failed_cables)} failed")
-    elif failures:
-        result.exit_code, result.failure = 1, "\n".join(failures)
-    return result
+    def result(self) -> RunResult:
+        """The run's outcome once every launcher ended: a failed cable wins over the ranks'
+        failures it caused, unless every rank had already finished (training complete)."""
+        resumed = self.marks.get("resumed_from")
+        result = RunResult(0, self.ranks, time.perf_counter() - self.t0,
+                           links_down=self.links_down,
+                           resumed_from=int(resumed) if resumed is not None else None,
+                           started_at=self.started_at,
+                           first_iteration_at=self.marks.get("first_iteration_at"))
+        finished = self.done_ranks == set(self.ranks)
+        if self.links_down and not finished:
+            result.exit_code = 1
+            result.failure = cable_failure(self.links_down, self.failures)
+        elif self.links_down:  # every rank had reported its final parameters: complete
+            self.out(f"training was complete when {', '.join(result.failed_cables)} failed")
+        elif self.failures:
+            result.exit_code, result.failure = 1, "\n".join(self.failures)
+        return result
 
 
 def cable_failure(links_down: list[dict], failures: list[str]) -> str:

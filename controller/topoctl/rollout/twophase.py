@@ -172,102 +172,187 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
     still reachable afterwards is confirmed (a host the apply cut off goes back on its own).
     With `keep_going`, when the apply fails on some hosts the hosts that did apply keep the
     new state instead of being rolled back (each failed host reverts itself, as always)."""
-    texts = host_texts(plan, only)
-    flags = ["--force-mgmt"] if force_mgmt else []
-    events: list[Event] = []
-
-    prep = _parallel(lambda h: _call(transport, h, [*flags, "diff", "-"], texts[h], "prepare",
-                                     "in sync", "changes", timeout),
-                     list(texts), progress)
-    events += prep.values()
+    run = _Apply(transport, host_texts(plan, only), ["--force-mgmt"] if force_mgmt else [],
+                 progress, timeout, confirm_within)
+    prep = run.prepare()
     bad = sorted(h for h, e in prep.items() if e.result in FAILED)
     if bad:
-        return Report("apply", EXIT_ERROR, events,
+        return Report("apply", EXIT_ERROR, run.events,
                       f"prepare failed on {', '.join(bad)} ({_causes(prep, bad)}): "
                       "no host was changed")
     todo = sorted(h for h, e in prep.items() if e.result == "changes")
     if dry_run or not todo:
-        return Report("apply", EXIT_CHANGES if todo else EXIT_OK, events,
-                      f"{len(todo)} of {len(texts)} hosts need changes" if todo
+        return Report("apply", EXIT_CHANGES if todo else EXIT_OK, run.events,
+                      f"{len(todo)} of {len(run.texts)} hosts need changes" if todo
                       else "every host is in sync")
-
-    confirm = ["--confirm-within", f"{confirm_within:g}"] if confirm_within else []
-    apply_args = [*flags, "apply", *([] if probe else ["--no-probe"]), *confirm, "-"]
-
-    def apply_one(h: str) -> list[Event]:
-        ev = _call(transport, h, apply_args, texts[h], "apply", "in sync", "changed", timeout)
-        if not confirm_within or ev.result != "changed":
-            return [ev]
-        progress(ev)  # before the confirmation: the operator sees the apply at once
-        # a fresh command reaches the host after its change: keep the change there; a host
-        # the change cut off is not confirmed and its agent reverts by itself
-        return [ev, _call(transport, h, ["confirm"], None, "confirm", "confirmed", "confirmed",
-                          min(timeout, confirm_within))]
-
-    runs = _parallel_many(apply_one, todo, progress, skip_first=bool(confirm_within))
-    events += [e for evs in runs.values() for e in evs]
-    outcome = {h: evs[-1] for h, evs in runs.items()}
+    outcome = run.apply(todo, probe)
     failed = sorted(h for h, e in outcome.items() if e.result in FAILED)
-    changed = sorted(h for h, e in outcome.items() if e.result in ("changed", "confirmed"))
     if not failed:
-        return Report("apply", EXIT_CHANGES, events, f"applied on {len(todo)} hosts")
+        return Report("apply", EXIT_CHANGES, run.events, f"applied on {len(todo)} hosts")
+    after = run.clean_up(outcome, failed, keep_going)
+    return Report("apply", after.exit_code(), run.events, after.message())
 
-    # sessions that dropped under the apply (or its confirmation): find out, over a new
-    # connection, whether the host applied; one that did is rolled back with the others
-    dropped = sorted(h for h in failed if outcome[h].result == "dropped")
-    settled = _parallel_many(lambda h: _settle(transport, h, texts[h], flags, timeout),
-                             dropped, progress)
-    events += [e for evs in settled.values() for e in evs]
-    changed = sorted(changed + [h for h, evs in settled.items() if evs[-1].result == "applied"])
 
-    back = {} if keep_going else _parallel(
-        lambda h: _call(transport, h, [*flags, "rollback", "--no-probe"], None, "rollback",
-                        "rolled back", "rolled back", timeout), changed, progress)
-    events += back.values()
-    # an agent killed mid-apply left its journal: recover that host now (any agent start
-    # would), so it is as before and the report says so
-    killed = sorted(h for h in failed if outcome[h].result == "killed")
-    rec = _parallel(lambda h: _call(transport, h, ["recover"], None, "recover", "recovered",
-                                    "recovered", timeout), killed, progress)
-    events += rec.values()
-    unrolled = sorted(h for h, e in back.items() if e.result != "rolled back")
-    unrecovered = sorted(h for h, e in rec.items() if e.result != "recovered")
-    msg = f"apply failed on {', '.join(failed)} ({_causes(outcome, failed)}); "
-    for h, evs in settled.items():
-        msg += f"{h} over a new connection: {_settled_text(evs)}; "
-    if killed:
-        ok = [h for h in killed if h not in unrecovered]
+@dataclass
+class _Apply:
+    """One `apply_plan`: each host's state text, the agent flags every call carries and how
+    to reach the agents. Its steps append their events to `events` in the order they happen
+    (the report lists them so)."""
+
+    transport: Transport
+    texts: dict[str, str]  # host -> its HostState as YAML
+    flags: list[str]
+    progress: Progress
+    timeout: float
+    confirm_within: float | None
+    events: list[Event] = field(default_factory=list)
+
+    def call(self, host: str, args: list[str], stdin: str | None, phase: str, ok: str,
+             change: str, timeout: float | None = None) -> Event:
+        """One agent call on `host` as an event (`_call`; the run's timeout unless given)."""
+        return _call(self.transport, host, args, stdin, phase, ok, change,
+                     self.timeout if timeout is None else timeout)
+
+    def prepare(self) -> dict[str, Event]:
+        """Phase 1: every host diffs its state (changes nothing); host -> its event."""
+        prep = _parallel(lambda h: self.call(h, [*self.flags, "diff", "-"], self.texts[h],
+                                              "prepare", "in sync", "changes"),
+                         list(self.texts), self.progress)
+        self.events += prep.values()
+        return prep
+
+    def apply(self, todo: list[str], probe: bool) -> dict[str, Event]:
+        """Phase 2: the hosts in `todo` apply (and confirm, with `confirm_within`); host ->
+        its last event."""
+        confirm = (["--confirm-within", f"{self.confirm_within:g}"] if self.confirm_within
+                   else [])
+        args = [*self.flags, "apply", *([] if probe else ["--no-probe"]), *confirm, "-"]
+
+        def apply_one(h: str) -> list[Event]:
+            ev = self.call(h, args, self.texts[h], "apply", "in sync", "changed")
+            if not self.confirm_within or ev.result != "changed":
+                return [ev]
+            self.progress(ev)  # before the confirmation: the operator sees the apply at once
+            # a fresh command reaches the host after its change: keep the change there; a
+            # host the change cut off is not confirmed and its agent reverts by itself
+            return [ev, self.call(h, ["confirm"], None, "confirm", "confirmed", "confirmed",
+                                   min(self.timeout, self.confirm_within))]
+
+        runs = _parallel_many(apply_one, todo, self.progress,
+                              skip_first=bool(self.confirm_within))
+        self.events += [e for evs in runs.values() for e in evs]
+        return {h: evs[-1] for h, evs in runs.items()}
+
+    def clean_up(self, outcome: dict[str, Event], failed: list[str],
+                 keep_going: bool) -> _Failure:
+        """After the apply failed on `failed`: settle the hosts whose session dropped, roll
+        back every host that changed (not with `keep_going`) and recover the hosts whose
+        agent was killed; what is left is the returned `_Failure`."""
+        changed = sorted(h for h, e in outcome.items() if e.result in ("changed", "confirmed"))
+        # sessions that dropped under the apply (or its confirmation): find out, over a new
+        # connection, whether the host applied; one that did is rolled back with the others
+        dropped = sorted(h for h in failed if outcome[h].result == "dropped")
+        settled = _parallel_many(
+            lambda h: _settle(self.transport, h, self.texts[h], self.flags, self.timeout),
+            dropped, self.progress)
+        self.events += [e for evs in settled.values() for e in evs]
+        changed = sorted(changed + [h for h, evs in settled.items()
+                                    if evs[-1].result == "applied"])
+        back = {} if keep_going else _parallel(
+            lambda h: self.call(h, [*self.flags, "rollback", "--no-probe"], None, "rollback",
+                                 "rolled back", "rolled back"), changed, self.progress)
+        self.events += back.values()
+        # an agent killed mid-apply left its journal: recover that host now (any agent start
+        # would), so it is as before and the report says so
+        killed = sorted(h for h in failed if outcome[h].result == "killed")
+        rec = _parallel(lambda h: self.call(h, ["recover"], None, "recover", "recovered",
+                                             "recovered"), killed, self.progress)
+        self.events += rec.values()
+        return _Failure(outcome, failed, settled, changed, back, rec, keep_going,
+                        self.confirm_within)
+
+
+@dataclass
+class _Failure:
+    """An apply that failed on some hosts, after `_Apply.clean_up`: each host's last apply
+    event (`outcome`), the failed hosts, the dropped sessions' settling, the hosts that had
+    changed, and the rollback and recovery events."""
+
+    outcome: dict[str, Event]
+    failed: list[str]
+    settled: dict[str, list[Event]]
+    changed: list[str]
+    back: dict[str, Event]
+    rec: dict[str, Event]
+    keep_going: bool
+    confirm_within: float | None
+
+    def _failed_as(self, result: str) -> list[str]:
+        return [h for h in self.failed if self.outcome[h].result == result]
+
+    def _not(self, events: dict[str, Event], result: str) -> list[str]:
+        return sorted(h for h, e in events.items() if e.result != result)
+
+    def _unsettled(self) -> list[str]:
+        return sorted(h for h, evs in self.settled.items()
+                      if evs[-1].result not in ("applied", "not applied"))
+
+    def exit_code(self) -> int:
+        """EXIT_ERROR when a host may be left changed or unknown (a rollback or recovery
+        failed, a dropped session could not be settled, an unreachable host has no deadline
+        to revert by itself), else EXIT_PARTIAL: the failed hosts reverted themselves and
+        every other changed host was rolled back (or, with `keep_going`, kept the new
+        state)."""
+        lost = self._failed_as("unreachable")
+        if (self._not(self.back, "rolled back") or self._not(self.rec, "recovered")
+                or self._unsettled() or (lost and not self.confirm_within)):
+            return EXIT_ERROR
+        return EXIT_PARTIAL
+
+    def message(self) -> str:
+        """The report's message: what failed, what was done about it, then what is left for
+        the operator (upper case), as clauses joined by "; "."""
+        failed = self.failed
+        parts = [f"apply failed on {', '.join(failed)} ({_causes(self.outcome, failed)})"]
+        parts += [f"{h} over a new connection: {_settled_text(evs)}"
+                  for h, evs in self.settled.items()]
+        unrecovered = self._not(self.rec, "recovered")
+        ok = [h for h in sorted(self._failed_as("killed")) if h not in unrecovered]
         if ok:
-            msg += f"recovered {', '.join(ok)} from its journal (host as before); "
-    if keep_going:
-        msg += (f"kept the new state on {', '.join(changed)} (--keep-going)" if changed
-                else "no other host had changed")
-    else:
-        msg += (f"rolled back {', '.join(changed)}" if changed else "no other host had changed")
-    lost = sorted(h for h in failed if outcome[h].result == "unreachable")
-    if confirm_within and lost:
-        whose = ("its agent reverts by itself" if len(lost) == 1
-                 else "their agents revert by themselves")
-        msg += (f"; {', '.join(lost)} unreachable: {whose} "
-                f"{confirm_within:g} s after its apply unless confirmed")
-    elif lost:  # nothing will revert it: it may be left changed
-        msg += (f"; STATE UNKNOWN on {', '.join(lost)}: unreachable during its apply, which "
-                "may have happened (no --confirm-within to revert it by itself)")
-    if unrecovered:
-        msg += (f"; RECOVERY FAILED on {', '.join(unrecovered)}: run `topo-agent recover` "
-                "there or re-apply")
-    if unrolled:  # hosts left changed: an error the operator must look at
-        msg += f"; ROLLBACK FAILED on {', '.join(unrolled)}"
-    unsettled = sorted(h for h, evs in settled.items()
-                       if evs[-1].result not in ("applied", "not applied"))
-    if unsettled:
-        msg += (f"; STATE UNKNOWN on {', '.join(unsettled)}: check it with `topoctl status` "
-                "(an unconfirmed apply reverts by itself at its deadline)")
-    if unrolled or unrecovered or unsettled or (lost and not confirm_within):
-        return Report("apply", EXIT_ERROR, events, msg)
-    # partial: some hosts failed (each reverted itself), every other changed host rolled back
-    # (or, with keep_going, left in the new state)
-    return Report("apply", EXIT_PARTIAL, events, msg)
+            parts.append(f"recovered {', '.join(ok)} from its journal (host as before)")
+        changed = ", ".join(self.changed)
+        if not changed:
+            parts.append("no other host had changed")
+        elif self.keep_going:
+            parts.append(f"kept the new state on {changed} (--keep-going)")
+        else:
+            parts.append(f"rolled back {changed}")
+        parts += self._left_behind(unrecovered)
+        return "; ".join(parts)
+
+    def _left_behind(self, unrecovered: list[str]) -> list[str]:
+        """The clauses of hosts the operator must look at (or that revert by themselves)."""
+        parts = []
+        lost = self._failed_as("unreachable")
+        if self.confirm_within and lost:
+            whose = ("its agent reverts by itself" if len(lost) == 1
+                     else "their agents revert by themselves")
+            parts.append(f"{', '.join(lost)} unreachable: {whose} "
+                         f"{self.confirm_within:g} s after its apply unless confirmed")
+        elif lost:  # nothing will revert it: it may be left changed
+            parts.append(f"STATE UNKNOWN on {', '.join(lost)}: unreachable during its apply, "
+                         "which may have happened (no --confirm-within to revert it by itself)")
+        if unrecovered:
+            parts.append(f"RECOVERY FAILED on {', '.join(unrecovered)}: run `topo-agent "
+                         "recover` there or re-apply")
+        unrolled = self._not(self.back, "rolled back")
+        if unrolled:  # hosts left changed: an error the operator must look at
+            parts.append(f"ROLLBACK FAILED on {', '.join(unrolled)}")
+        unsettled = self._unsettled()
+        if unsettled:
+            parts.append(f"STATE UNKNOWN on {', '.join(unsettled)}: check it with `topoctl "
+                         "status` (an unconfirmed apply reverts by itself at its deadline)")
+        return parts
 
 
 def _settle(transport: Transport, host: str, text: str, flags: list[str],

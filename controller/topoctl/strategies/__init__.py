@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from topoagent.protocol import TopoError
+from topoctl.labprofile import DEFAULT_LAB, LabProfile
 
 if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> (bounds, trees)
     # must not pull in torch through the graph and job modules
@@ -66,6 +67,10 @@ class PlanContext:
     # strategy builds its network with it (`network_from_fabric(..., cpu_pool=...)`)
     cpu_pool: tuple[frozenset[str], int] | None = None
     step_s: float | None = None  # a rank's optimiser step timed on this CPU (lab), else roofline
+    # the lab machine's facts (cores the ranks share, cable emulation cost, cable credit), read
+    # once by `planner.prepare` (`labprofile.machine_profile`); strategies take them from here
+    # when they cost ranks that all run on one machine
+    lab: LabProfile = DEFAULT_LAB
 
     @property
     def world_size(self) -> int:

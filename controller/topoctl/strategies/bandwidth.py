@@ -20,6 +20,7 @@ Registered as ``baseline+bandwidth`` (alias ``bandwidth``) and ``trees+bandwidth
 
 from __future__ import annotations
 
+from topoagent.state.values import format_rate
 from topoctl.bandwidth.classes import class_rows
 from topoctl.bandwidth.classes import multipath as split_pairs
 from topoctl.bandwidth.lp import allocate
@@ -46,8 +47,6 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
                    multipath: bool | None = None) -> Strategy:
     """`base` with per-destination rates (and, with `multipath`, weighted multipath) from the
     bandwidth LP; `objective` and `multipath` default to the job's `bandwidth` section."""
-    from topoagent.state.values import format_rate
-
     spec = ctx.job.bandwidth
     objective = spec.objective if objective is None else objective
     multipath = spec.multipath if multipath is None else multipath

@@ -30,13 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import networkx as nx
-from topotrain.timing import load_calibration
 
 from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.cost import TrainCost
+from topoctl.labprofile import LabProfile
 from topoctl.placement import heft, partition
-from topoctl.placement.build import build_problem, route_matrix
+from topoctl.placement.build import build_problem, node_memory, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
 from topoctl.placement.search import candidates
@@ -48,6 +48,7 @@ from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy
+from topotrain.timing import load_calibration
 
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
@@ -110,12 +111,13 @@ def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list
 class Measured:
     """What the pipeline costs on this machine's CPU (lab hosts): per-op training costs timed at
     the micro-batch (`graph.cost.TrainCost`) and the runtime's calibrated CPU costs per message
-    (`placement.runtime`); `lab`: every rank shares this machine's cores."""
+    (`placement.runtime`); `lab`: the lab machine every rank runs on (its cores shared, its
+    cable emulation's cost per byte), None for ranks on machines of their own."""
 
     ops: dict[str, TrainCost]
     runtime: RuntimeCosts
     per_message_shared_s: float | None = None
-    lab: bool = True
+    lab: LabProfile | None = None
 
 
 def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
@@ -228,9 +230,9 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
 def lab_network(network: Network, hosts: list[str], measured: Measured | None) -> Network:
     """`network` with the hosts' compute on the lab machine's shared cores (processor sharing,
     `Network.cpu_pool`) when `measured` says every rank runs on this machine."""
-    if not measured or not measured.lab:
+    if not measured or measured.lab is None:
         return network
-    return replace(network, cpu_pool=(frozenset(hosts), measured.runtime.cores), _cache={})
+    return replace(network, cpu_pool=(frozenset(hosts), measured.lab.cores), _cache={})
 
 
 def _search(p: PlacementProblem, method: str) -> list[Placement]:
@@ -362,7 +364,7 @@ def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
     cal = load_calibration()
     shared = (cal or {}).get("per_message_shared_s")
     return Measured(ops, runtime_costs(cal),
-                    float(shared) if isinstance(shared, (int, float)) else None, lab=True)
+                    float(shared) if isinstance(shared, (int, float)) else None, lab=ctx.lab)
 
 
 def _fx_pos(ctx: PlanContext):
@@ -372,8 +374,6 @@ def _fx_pos(ctx: PlanContext):
 
 def _min_devices_hint(ctx: PlanContext, coarse: CoarseGraph, cap: dict[str, float],
                       micro: int) -> str:
-    from topoctl.placement.build import node_memory
-
     scale = ctx.job.batch.global_ / micro / ctx.local_batch  # micro-batch of a pure pipeline
     need = sum(node_memory(n.param_bytes, scale * n.act_bytes, micro)
                for n in coarse.nodes.values())

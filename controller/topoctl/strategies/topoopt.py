@@ -34,12 +34,18 @@ import sys
 from dataclasses import dataclass, field
 
 import numpy as np
-from topocontract.schedule import TreeSchedule
 
+from topocontract.schedule import TreeSchedule
+from topoctl.collective.trees.pack import plan_trees
+from topoctl.collective.trees.schedule import plan_to_schedule
+from topoctl.collective.trees.simulate import tree_algorithm
+from topoctl.fabric.capgraph import build_capgraph
 from topoctl.fabric.graph import FabricGraph, connection_links
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
 from topoctl.fabric.topology import ArGroup, Topology, distances, find_topology
 from topoctl.fabric.totient import TopologyError
+from topoctl.render.addressing import AddressingError, assign
+from topoctl.render.offload import OffloadError, offload_rules
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import arc_id, network_from_fabric
 from topoctl.sim.network import Network
@@ -48,6 +54,13 @@ from topoctl.sim.schedules import Schedule, Step, ring_steps
 from topoctl.spec.cluster import ClusterError, DirectFabric
 from topoctl.strategies import PlanContext, Strategy
 from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
+from topoctl.strategies.trees import (
+    SIM_MAX_CHUNKS,
+    choose_fusion,
+    fit_runtime,
+    tree_links,
+    tree_rate,
+)
 
 ROUNDS = 3
 MCMC_ITERATIONS = 24
@@ -186,10 +199,6 @@ def _score(ctx: PlanContext, d: _Design, algorithm) -> tuple[float, list, list, 
 
 
 def _trees(ctx: PlanContext, fabric: FabricGraph) -> TreeSchedule:
-    from topoctl.collective.trees.pack import plan_trees
-    from topoctl.collective.trees.schedule import plan_to_schedule
-    from topoctl.fabric.capgraph import build_capgraph
-
     links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(fabric)]
     g = build_capgraph(links, list(ctx.hosts))
     tp = plan_trees(g)
@@ -260,15 +269,6 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     its cores). Without the CPU part a path-tree or packed-tree schedule on a fast fabric was
     predicted at its pure network time (hetero8 ring at 200 Mbit/s: 0.575 s predicted, 0.90 s
     measured in the lab)."""
-    from topoctl.collective.trees.simulate import tree_algorithm
-    from topoctl.strategies.trees import (
-        SIM_MAX_CHUNKS,
-        choose_fusion,
-        fit_runtime,
-        tree_links,
-        tree_rate,
-    )
-
     n = len(ctx.hosts)
     if ctx.world_size != n or n > TREES_MAX_HOSTS:
         # simulation scale: the paper's ring model stays the prediction; the launcher runs
@@ -281,7 +281,7 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     best = None
     for name, sched in cands:
         rate, latency = tree_rate(sched, hosts, d.network)
-        links = tree_links(sched, hosts, d.network, d.fabric.mtu)
+        links = tree_links(sched, hosts, d.network, d.fabric.mtu, ctx.lab)
 
         def score(c: PlanContext, sched=sched, rate=rate, latency=latency, links=links):
             _, sizes, _ = hybrid_tasks(c, d.mp, hosts, tree_algorithm(sched))
@@ -417,9 +417,6 @@ def _plan(ctx: PlanContext) -> Strategy:
 
 def offload_extra(ctx: PlanContext, d: _Design) -> dict[str, dict]:
     """`forwarding: {mode: tc-offload, rules}` per host (`topoctl.render.offload`)."""
-    from topoctl.render.addressing import AddressingError, assign
-    from topoctl.render.offload import OffloadError, offload_rules
-
     try:
         addr = assign(d.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
         rules = offload_rules(d.fabric, d.hops, addr.training, d.routes, list(ctx.hosts))

@@ -15,7 +15,7 @@ the one :func:`~topoctl.collective.trees.pipeline.choose_chunks` picks for the l
 The plan's ``job.collective`` carries the runtime schedule (``topotrain.collectives``): the
 launcher writes it to a file and points ``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the
 trees are over hosts). Hosts whose device is the CPU are taken to be lab hosts, all ranks on
-this machine sharing its cores (the calibration's ``cores``).
+this machine sharing its cores (``PlanContext.lab``, a ``topoctl.labprofile.LabProfile``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+
 from topocontract.schedule import TreeSchedule
 from topocontract.trees import chunk_count
-from topotrain.timing import load_calibration
-
 from topoctl.collective.trees.bounds import best_bound, tree_bounds
 from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import (
@@ -45,13 +44,14 @@ from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_algorithm
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.fabric.graph import connection_links
-from topoctl.lab.commands import cable_credit_s
+from topoctl.labprofile import DEFAULT_LAB, LabProfile
 from topoctl.limits import SafetyClock
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.tasks import Collective, Compute, member_done
+from topotrain.timing import load_calibration
 
 from . import PlanContext, Strategy, StrategyError
 from .baseline import backward_task, dp_tasks
@@ -88,7 +88,7 @@ def plan(ctx: PlanContext) -> Strategy:
                               metadata={"hosts": hosts, "rate_bytes_per_s": tp.rate,
                                         "optimum_bytes_per_s": bval, "bound": bname})
 
-    links = tree_links(sched0, hosts, network, ctx.fabric.mtu)  # the same for every cap
+    links = tree_links(sched0, hosts, network, ctx.fabric.mtu, ctx.lab)  # same for every cap
 
     def score(c: PlanContext) -> tuple[list, list[int], RuntimeFit]:
         _, sizes = dp_tasks(c, hosts, tree_algorithm(sched0))
@@ -283,20 +283,21 @@ class FillDrain:
     """What the fill and drain steps of a tree schedule's program cost on a network
     (:func:`tree_links`): how full each link is in them
     (:func:`~topoctl.collective.trees.pipeline.link_steps`) and, per link (same rows), the
-    token credit in seconds a lab cable of its rate has (``topoctl.lab.commands``)."""
+    token credit in seconds a lab cable of its rate has (``LabProfile.cable_credit_s``)."""
 
     steps: np.ndarray
     credit_s: np.ndarray
 
 
-def tree_links(sched: TreeSchedule, hosts: list[str], network: Network, mtu: int) -> FillDrain:
+def tree_links(sched: TreeSchedule, hosts: list[str], network: Network, mtu: int,
+               lab: LabProfile = DEFAULT_LAB) -> FillDrain:
     """The fill and drain steps of `sched` on `network` (frames of `mtu` bytes): computed once
-    per schedule, for every :func:`fit_runtime` of it. A link's credit is the one the lab
+    per schedule, for every :func:`fit_runtime` of it. A link's credit is the one `lab`
     shapes a cable of its line rate with (its capacity is goodput: ``tcp_efficiency``)."""
     shape = tree_shape([t.parents for t in sched.trees], [t.rate for t in sched.trees])
     uses = tree_link_uses(sched, hosts, network)
     eff = tcp_efficiency(mtu)
-    credit = [cable_credit_s(network.links[lid].capacity * 8.0 / eff, mtu)
+    credit = [lab.cable_credit_s(network.links[lid].capacity * 8.0 / eff, mtu)
               for lid in link_rows(shape, uses)]
     return FillDrain(link_steps(shape, uses), np.array(credit, dtype=float))
 
@@ -307,8 +308,8 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     path trees) to the runtime that will execute it, as the ``trees`` strategy plans it: the
     chunk count minimising network + CPU part of the largest bucket
     (:func:`~topoctl.collective.trees.pipeline.choose_chunks`, machine calibration when
-    ``ctx.use_cache``; CPU hosts are taken to share this machine's cores and to be the lab's,
-    whose cables have token credit: :class:`FillDrain`), the schedule's
+    ``ctx.use_cache``; CPU hosts are taken to share the cores of the lab machine ``ctx.lab``
+    and to be the lab's, whose cables have token credit: :class:`FillDrain`), the schedule's
     ``chunk_bytes`` set from it (per-tree overrides dropped), and what the runtime then does
     with every bucket size (its own chunk count from ``chunk_bytes``). `rate`: the trees'
     total goodput in bytes/s; `latency`: the largest path latency of a tree edge; `links`:
@@ -323,7 +324,7 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     steps = links.steps if links is not None else None
     credit = links.credit_s if links is not None and lab else 0.0
     best = choose_chunks(shape, float(max(sizes, default=0)), rate, costs, colocated, latency,
-                         links=steps, credit_s=credit)
+                         links=steps, credit_s=credit, lab=ctx.lab)
     meta = dict(sched.metadata)
     meta["pipeline"] = {"chunks": best.chunks, "for_bytes": int(max(sizes, default=0)),
                         "cpu_costs": costs.source}
@@ -335,11 +336,11 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     for size in sorted(set(sizes)):
         c = chunk_count(fitted, max(1, size // 4), 4)
         preds[size] = predict(shape, float(size), rate, c, costs, colocated, latency, steps,
-                              credit)
+                              credit, ctx.lab)
     if sizes:
         fitted.metadata["pipeline"]["chunks"] = preds[max(sizes)].chunks
     # more ranks than cores: their compute holds the cores (`RuntimeFit.with_cpu_part`)
-    shared = tuple(hosts) if colocated > costs.cores else ()
+    shared = tuple(hosts) if colocated > ctx.lab.cores else ()
     leave = {}
     for size, p in preds.items():
         # ranks sharing the cores (the lab) compute under the tail only in what the runtime and

@@ -18,11 +18,12 @@ AllReduce of ``M`` bytes on trees of total rate ``R`` (bytes/s of goodput):
   (one per tree edge, direction and chunk), ``B^red`` the bytes it adds, ``B^copy`` the bytes
   packed or unpacked, ``B^wire`` the bytes it sends and receives; the CPU costs ``c_*``,
   ``rho_*`` come from the machine's calibration (``python -m topotrain.collectives.calibrate``).
-  Ranks that share ``cores`` cores (the lab: every rank on one machine) stretch it by
+  Ranks that share the lab machine's ``cores`` cores (every rank on one machine; the
+  machine's figures are a ``topoctl.labprofile.LabProfile``, passed in) stretch it by
   ``max(1, ranks / cores)``: the part is ``max(max_r cpu_r, sum_r cpu_r / cores)`` then, and
-  a wire byte costs the lab's cable emulation too (``rho_wire`` becomes at most twice
-  ``emulation_bytes_per_s``, wire bytes per core-second of veth + tc shaping + TCP at both
-  ends, as iperf3 measured it: the bytes are counted at both ends).
+  a wire byte costs the lab's cable emulation too (``rho_wire`` becomes at most twice the
+  profile's ``emulation_bytes_per_s``, wire bytes per core-second of veth + tc shaping + TCP
+  at both ends, as iperf3 measured it: the bytes are counted at both ends).
 
 The two parts overlap: the runtime posts the receives of the next steps ahead
 (``topotrain.collectives.program.LOOKAHEAD``), so a rank's CPU work (posting, packing,
@@ -46,7 +47,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
 from topocontract.trees import up_depth
+from topoctl.labprofile import DEFAULT_LAB, LabProfile
 
 __all__ = [
     "RuntimeCosts",
@@ -65,27 +68,21 @@ __all__ = [
 @dataclass(frozen=True)
 class RuntimeCosts:
     """CPU costs of the runtime on one core (calibrated per machine; defaults: a 2-core AMD
-    EPYC VM, 2026-11, used when no calibration is cached)."""
+    EPYC VM, 2026-11, used when no calibration is cached). What the lab's cable emulation
+    costs, and how many cores its ranks share, is the lab's (``topoctl.labprofile``)."""
 
     per_message_s: float = 70e-6
     wire_bytes_per_s: float = 5.5e9
     reduce_bytes_per_s: float = 20e9
     copy_bytes_per_s: float = 16e9
     per_piece_s: float = 8e-6
-    # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work (the
-    # lab hosts' cubic): wire bytes per core-second, fitted to the whole machine's CPU during
-    # the lock-step tree AllReduce of 15.9 MB on tworack8 and hetero8 at 16-137 KB chunks
-    # (2026-11-26, Intel Xeon: 0.60 fits hetero8, 0.65 tworack8, within 6%;
-    # bench/results/emulation-cost-2026-11-26.md). The earlier 0.51 came from iperf3 under
-    # BBR, whose timer pacing costs CPU; iperf3's own pacing at 56 low rates costs CPU too.
-    emulation_bytes_per_s: float = 0.62e9
-    cores: int = 2
     source: str = "default"
 
 
 def runtime_costs(calibration: dict | None) -> RuntimeCosts:
     """Costs from a calibration document (``topotrain.collectives.load_calibration()``), or the
-    defaults when there is none."""
+    defaults when there is none (its ``cores`` and ``emulation_bytes_per_s`` are the lab
+    profile's: ``topoctl.labprofile.profile_from_calibration``)."""
     if not calibration:
         return RuntimeCosts()
     return RuntimeCosts(
@@ -94,9 +91,6 @@ def runtime_costs(calibration: dict | None) -> RuntimeCosts:
         reduce_bytes_per_s=float(calibration["reduce_bytes_per_s"]),
         copy_bytes_per_s=float(calibration["copy_bytes_per_s"]),
         per_piece_s=float(calibration.get("per_piece_s", RuntimeCosts.per_piece_s)),
-        emulation_bytes_per_s=float(calibration.get("emulation_bytes_per_s",
-                                                    RuntimeCosts.emulation_bytes_per_s)),
-        cores=int(calibration["cores"]),
         source=f"calibrated:{calibration.get('key', '?')}",
     )
 
@@ -319,10 +313,12 @@ def predict(
     latency_s: float = 0.0,
     links: np.ndarray | None = None,
     credit_s: float | np.ndarray = 0.0,
+    lab: LabProfile = DEFAULT_LAB,
 ) -> TreePrediction:
     """Predicted time of one tree AllReduce of ``nbytes`` at total tree rate ``rate`` (bytes/s
     of goodput) with ``chunks`` chunks per tree. ``ranks_per_machine`` ranks share
-    ``costs.cores`` cores (1: every rank has its own core). `links` (:func:`link_steps`):
+    ``lab.cores`` cores (1: every rank has its own core; all of them: the lab, whose wire
+    bytes also cost ``lab``'s cable emulation). `links` (:func:`link_steps`):
     fill and drain steps as long as their busiest link's load; without it, full steps.
     ``credit_s``: seconds of token credit each link has at its rate (the lab's shaped cables;
     0 for real links), spent in the steps after a link idled: one for all links, or one per
@@ -351,16 +347,16 @@ def predict(
     # pieces: every (tree edge, direction) entry of the rank moves one piece per chunk (a
     # slice and a torch call to pack, add or copy it)
     pieces = np.bincount(rank, minlength=n) * min(c, max(1, int(nbytes)))
-    lab = ranks_per_machine >= n > 1  # every rank on one machine (the lab)
+    in_lab = ranks_per_machine >= n > 1  # every rank on one machine (the lab)
     # in the lab a wire byte also costs the cable emulation; wire_r counts it at both ends
-    wire_rate = (min(costs.wire_bytes_per_s, 2 * costs.emulation_bytes_per_s) if lab
+    wire_rate = (lab.wire_rate(costs.wire_bytes_per_s) if in_lab
                  else costs.wire_bytes_per_s)
     cpu = (msgs * costs.per_message_s + pieces * costs.per_piece_s
            + red / costs.reduce_bytes_per_s
            + copy / costs.copy_bytes_per_s + wire / wire_rate)
-    share = max(1.0, ranks_per_machine / costs.cores)
-    if lab:  # its cores run every rank
-        cpu_s = max(float(cpu.max()), float(cpu.sum()) / costs.cores)
+    share = max(1.0, ranks_per_machine / lab.cores)
+    if in_lab:  # its cores run every rank
+        cpu_s = max(float(cpu.max()), float(cpu.sum()) / lab.cores)
     else:
         cpu_s = float(cpu.max()) * share
     biggest = float(part.max()) if part.size else 0.0
@@ -378,10 +374,12 @@ def choose_chunks(
     max_chunks: int = 4096,
     links: np.ndarray | None = None,
     credit_s: float | np.ndarray = 0.0,
+    lab: LabProfile = DEFAULT_LAB,
 ) -> TreePrediction:
     """The chunk count minimising network + CPU part of :func:`predict` over ``C`` in
     ``1..max_chunks`` (every count up to 64, then a geometric grid), first minimum kept;
-    chunks are at least 4 KiB of the largest partition. Deterministic."""
+    chunks are at least 4 KiB of the largest partition (`lab`: as :func:`predict`).
+    Deterministic."""
     biggest = max(shape.fractions) * nbytes if shape.fractions else 0.0
     top = int(max(1, min(max_chunks, biggest // 4096)))
     cands = list(range(1, min(top, 64) + 1))
@@ -392,7 +390,7 @@ def choose_chunks(
     best = None
     for c in sorted(set(cands)):
         p = predict(shape, nbytes, rate, c, costs, ranks_per_machine, latency_s, links,
-                    credit_s)
+                    credit_s, lab)
         cost = p.network_s + p.cpu_s  # conservative: see the module docstring
         if best is None or cost < (best.network_s + best.cpu_s) * (1 - 1e-12):
             best = p

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from topocontract.schedule import TreeSchedule
-
 from topoctl.fabric.capgraph import CapGraph
 
 from .pack import TreePlan, chunk_bytes

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 from topocontract.schedule import TreeSchedule, partition_sizes
 from topocontract.trees import chunk_count
-
 from topoctl.sim.schedules import CollectiveAlgorithm, Schedule, Step
 
 __all__ = ["tree_algorithm", "tree_allreduce_schedule"]

@@ -28,6 +28,7 @@ import paramiko
 
 from topoctl.rollout.transports import UNREACHABLE, AgentReply, agent_argv, signal_name
 from topoctl.rollout.transports.keepalive import Keepalive
+from topoctl.rollout.transports.local import AGENT, agent_state_dirs
 
 # Runs the agent ("$@") and says which signal killed it; fixed text, the argv follows as
 # positional parameters, so nothing of a plan is ever parsed by a shell.
@@ -179,8 +180,6 @@ class SshTransport:
 
 def lab_ssh_transport(lab) -> SshTransport:
     """Reach the lab's hosts over their real sshd, as on bare metal."""
-    from topoctl.rollout.transports.local import AGENT, agent_state_dirs
-
     hosts = [h.name for h in lab.cluster.hosts]
     return SshTransport({h: lab.mgmt_ip(h) for h in hosts},
                         key=lab.ssh_key, known_hosts=lab.known_hosts, agent=AGENT,
