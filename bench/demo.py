@@ -4,15 +4,22 @@ Plan the MLP job on the heterogeneous 8-host cluster (plans/hetero8-cluster.yaml
 baseline and with every topology-aware strategy the planner has, and for each: build the
 cluster as a lab of its own (namespaces, shaped cables, an sshd per host), apply the plan on
 every host (two-phase, over the lab transport),
-train for a fixed number of iterations under it (DDP over gloo between the hosts' training
-addresses), and compare the simulator's prediction with the measurement. Then the same
-bandwidth-allocated plan (`baseline+bandwidth`) through Open vSwitch on an OVS-marked copy of
-the cluster (bench/demo_ovs.py; row `baseline+bandwidth (ovs)`, skipped with --no-ovs). Prints
-one table, saves it as JSON and a PNG plot next to it, and tears each lab down (OVS daemons
-included), also when interrupted.
+train under it (DDP over gloo between the hosts' training addresses), and compare the
+simulator's prediction with the measurement. Then the same bandwidth-allocated plan
+(`baseline+bandwidth`) through Open vSwitch on an OVS-marked copy of the cluster
+(bench/demo_ovs.py; row `baseline+bandwidth (ovs)`, skipped with --no-ovs). Prints one table
+(each row says what its plan is: hosts used, ring, trees, stages, bandwidth classes), saves it
+as JSON and a PNG plot next to it, and tears each lab down (OVS daemons included), also when
+interrupted.
 
-    python -m bench.demo [--iterations 8] [--min-seconds 6] [--out demo-results]
-                         [--strategies baseline trees] [--no-ovs]
+By default the job's training step (and the tree runtime's CPU costs) is timed once, at the
+start, and every strategy is planned with those timings. `--careful`, for figures that go
+into docs: every strategy is planned right before it is measured with its ops timed again
+(this VM's speed moves within minutes), the whole run is repeated `--runs` times (3) and the
+table gives the medians (bench/demo_median.py), each run's files in `OUT/run<k>/`.
+
+    python -m bench.demo [--iterations N] [--min-seconds 6] [--out demo-results]
+                         [--strategies baseline trees] [--no-ovs] [--careful [--runs 3]]
 """
 
 from __future__ import annotations
@@ -25,7 +32,13 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import MIN_TIMED_SECONDS, ROOT
+from bench.common import (
+    CAREFUL_RUNS,
+    DEMO_ITERATIONS,
+    DEMO_ITERATIONS_CAREFUL,
+    MIN_TIMED_SECONDS,
+    ROOT,
+)
 from topoagent.cliutil import ArgumentParser
 from topoctl.rollout.run import iterations_for
 
@@ -38,11 +51,13 @@ def log(msg: str) -> None:
 
 
 def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
+    """The plan of `job_doc` with `strategy` only, the ranks' step timed as `--retime` does:
+    once per process (again after `topoctl.graph.profile.forget_retimed`), then from the
+    cache that timing filled."""
     from topoctl.planner import make_plan
     from topoctl.spec.job import parse_job
 
     job = parse_job({**job_doc, "strategies": [strategy]}, f"{JOB}[{strategy}]")
-    # the ranks' op times measured now, not taken from the cache (see main)
     plan, _, _ = make_plan(cluster, job, retime=True)
     return plan
 
@@ -59,13 +74,53 @@ def allreduce_optimum(plans: dict[str, dict]) -> float | None:
     return None
 
 
+def _hosts_word(hosts: list[str]) -> str:
+    return f"1 host ({hosts[0]})" if len(hosts) == 1 else f"{len(hosts)} hosts"
+
+
+def plan_summary(plan: dict) -> str:
+    """What a plan does, in a few words, from its `job` and `hosts` sections: the hosts that
+    hold a part of the model, then the collective (ring, N trees) or the pipeline (whole
+    model, N stages, N replicas), the cables of a plan that re-cables (TopoOpt's topology in
+    `metadata.collective`), then the per-destination bandwidth classes it sets, if any.
+    E.g. "8 hosts, ring", "8 hosts, 3 trees, bandwidth classes: 16",
+    "8 hosts, 8 trees, re-cabled: 8 cables", "1 host (h0): whole model"."""
+    job = plan.get("job") or {}
+    coll = job.get("collective") or {}
+    algo = coll.get("algorithm")
+    if algo == "pipeline":
+        stages = coll.get("stages") or []
+        used = list(dict.fromkeys(h for s in stages for h in s.get("hosts", [])))
+        replicas = int(coll.get("replicas") or 1)
+        what = "whole model" if len(stages) == 1 else f"{len(stages)} stages"
+        if replicas > 1:
+            what += f", {replicas} replicas"
+        text = f"{_hosts_word(used)}: {what}"
+    else:
+        used = list(coll.get("order") or sorted(job.get("processes") or {}))
+        if algo == "trees":
+            trees = len((coll.get("schedule") or {}).get("trees") or [])
+            what = f"{trees} tree" + ("s" if trees != 1 else "")
+        else:
+            what = str(algo or "no collective")
+        text = f"{_hosts_word(used)}, {what}"
+    # a topology strategy (topoopt) cables the hosts its own way: the plan's `fabric`
+    if ((plan.get("metadata") or {}).get("collective") or {}).get("topology"):
+        text += f", re-cabled: {len((plan.get('fabric') or {}).get('links') or [])} cables"
+    classes = sum(len(q.get("classes") or []) for st in (plan.get("hosts") or {}).values()
+                  for q in st.get("qos") or [])
+    if classes:
+        text += f", bandwidth classes: {classes}"
+    return text
+
+
 def measure(name: str, plan: dict, transport, iterations: int) -> dict:
     from topoctl.rollout import twophase as rollout
     from topoctl.rollout.run import run_job
 
     t0 = time.perf_counter()
     report = rollout.apply_plan(plan, transport)
-    if report.exit_code not in (0, 2):
+    if report.exit_code not in (0, 2):  # 2 (changes made) until the CLI's codes change
         raise SystemExit(f"{name}: apply failed: {report.message}")
     applied = time.perf_counter() - t0
     log(f"{name}: applied on {len(plan['hosts'])} hosts in {applied:.1f} s; training "
@@ -79,16 +134,20 @@ def measure(name: str, plan: dict, transport, iterations: int) -> dict:
             **({"allreduce": result.allreduce_seconds} if result.allreduce_seconds else {})}
 
 
+HEAD = ("strategy", "plan", "predicted s/it", "measured s/it", "prediction error",
+        "speedup vs baseline", "measured/optimal AllReduce")
+
+
 def table(rows: list[dict], optimum: float | None) -> str:
-    head = ("strategy", "predicted s/it", "measured s/it", "prediction error",
-            "speedup vs baseline", "measured/optimal AllReduce")
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    """The demo's table: one line per row (`strategy`, `plan` as `plan_summary` gives it,
+    `predicted`, `measured`)."""
+    lines = [" | ".join(HEAD), " | ".join("-" * len(h) for h in HEAD)]
     base = next((r["measured"] for r in rows if r["strategy"] == "baseline"), None)
     for r in rows:
         err = (r["predicted"] - r["measured"]) / r["measured"]
         lines.append(" | ".join([
-            r["strategy"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}", f"{err:+.1%}",
-            f"{base / r['measured']:.2f}x" if base else "-",
+            r["strategy"], r.get("plan", "-"), f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
+            f"{err:+.1%}", f"{base / r['measured']:.2f}x" if base else "-",
             f"{r['measured'] / optimum:.2f}" if optimum else "-"]))
     return "\n".join(lines)
 
@@ -99,14 +158,14 @@ def plot(rows: list[dict], optimum: float | None, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r["strategy"] for r in rows]
+    names = [f"{r['strategy']}\n{r['plan']}" if r.get("plan") else r["strategy"] for r in rows]
     x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     ax.bar([i - 0.2 for i in x], [r["predicted"] for r in rows], 0.4, label="predicted")
     ax.bar([i + 0.2 for i in x], [r["measured"] for r in rows], 0.4, label="measured")
     if optimum:
         ax.axhline(optimum, color="k", linestyle="dashed", label="optimal AllReduce")
-    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(list(x), names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("seconds per iteration")
     ax.set_title("MLP on the heterogeneous 8-host lab")
     ax.legend()
@@ -114,11 +173,134 @@ def plot(rows: list[dict], optimum: float | None, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+class Phases:
+    """Wall-clock seconds per phase of a run (planning, lab up, apply, training, lab down,
+    the OVS row), for the log's closing summary and results.json."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Count `seconds` towards `phase`."""
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def summary(self, total: float) -> str:
+        """One line: each phase's seconds and the rest of `total`."""
+        rest = total - sum(self.seconds.values())
+        return ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items()) + \
+            f", other {rest:.0f} s (total {total:.0f} s)"
+
+
+def row(cluster, s: str, plan: dict, k: int, args, phases: Phases) -> dict:
+    """Measure plan `plan` of strategy `s` on a lab of its own (the `k`-th of this run)."""
+    from topoctl.lab import lab as labmod
+    from topoctl.rollout.transports.ssh import lab_ssh_transport
+
+    # every strategy on a lab of its own, as bench/planner_lab_check.py measures: a row
+    # must not inherit the one before it (the same topoopt plan measured 0.656-0.672 s per
+    # iteration on a new lab, 0.680-0.709 s (once 0.662) after other strategies on the
+    # same lab, predicted 0.648-0.663 s throughout; 2026-11-27, README "The main job");
+    # a lab takes about a second to build and to remove
+    name = f"demo{os.getpid() % 10**4}{k}"  # at most 9 characters (k < 10)
+    t0 = time.perf_counter()
+    lab = labmod.up(cluster, name=name)
+    phases.add("lab up/down", time.perf_counter() - t0)
+    log(f"lab {name}: built {len(cluster.hosts)} hosts from {CLUSTER.name} in "
+        f"{time.perf_counter() - t0:.1f} s")
+    transport = lab_ssh_transport(lab)  # as on bare metal: each host's own sshd
+    try:
+        # a strategy that re-cables (topoopt) brings its own fabric: the lab's patch
+        # panel follows the plan, as a real one would (no change for the others)
+        changed = labmod.rewire(lab, plan["fabric"])
+        if changed["removed"] or changed["added"]:
+            log(f"{s}: re-cabled the lab ({len(changed['removed'])} cables out, "
+                f"{len(changed['added'])} in)")
+        meta = plan["metadata"]
+        t0 = time.perf_counter()
+        # `--iterations`, or more to cover `--min-seconds` of predicted time
+        m = measure(s, plan, transport, iterations_for(
+            meta["prediction"]["iteration_time"], args.iterations, args.min_seconds))
+        phases.add("apply", m["apply_seconds"])
+        phases.add("training", time.perf_counter() - t0 - m["apply_seconds"])
+        r = {"strategy": s, "plan": plan_summary(plan),
+             "predicted": meta["prediction"]["iteration_time"], **m}
+        log(f"{s} ({r['plan']}): predicted {r['predicted']:.3f} s/it, measured "
+            f"{m['measured']:.3f} s/it")
+        if m.get("allreduce"):
+            from topoctl.rollout.run import allreduce_summary, predicted_buckets
+
+            r["allreduce_predicted"] = predicted_buckets(plan)
+            log(f"{s}: {allreduce_summary(m['allreduce'], predicted_buckets(plan))}")
+        return r
+    finally:
+        transport.close()
+        t0 = time.perf_counter()
+        labmod.down(name)
+        phases.add("lab up/down", time.perf_counter() - t0)
+        log(f"lab {name} removed")
+
+
+def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
+            ) -> tuple[list[dict], dict[str, dict], Phases]:
+    """Every row once: (rows, plans by strategy, phase times). Default: the step timed once
+    and every strategy planned with it first; careful: each strategy planned (timed again)
+    right before it is measured."""
+    from topoctl.graph.profile import forget_retimed
+
+    phases = Phases()
+    plans: dict[str, dict] = {}
+
+    def planned(s: str) -> dict:
+        t0 = time.perf_counter()
+        plan = plans[s] = plan_for(cluster, job_doc, s)
+        phases.add("planning", time.perf_counter() - t0)
+        (out / f"plan-{s}.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+        log(f"{s}: planned in {time.perf_counter() - t0:.1f} s: {plan_summary(plan)}, "
+            f"predicted {plan['metadata']['prediction']['iteration_time']:.3f} s/it")
+        return plan
+
+    forget_retimed()  # this run times the step (and the runtime's CPU costs) again
+    if not args.careful:
+        for s in strategies:
+            planned(s)
+    rows = []
+    for k, s in enumerate(strategies):
+        if args.careful:
+            # planned now, with its ops timed now: this VM's speed moves within minutes (a
+            # plain training loop of the demo's MLP: 75 ms at 18:55, 99 ms at 19:48 UTC,
+            # 2026-11-25), so a timing from the start of the demo can be 20% off by its end
+            forget_retimed()
+            planned(s)
+        rows.append(row(cluster, s, plans[s], k, args, phases))
+    if not args.no_ovs:
+        from bench.demo_ovs import ovs_row
+
+        t0 = time.perf_counter()
+        r = ovs_row(CLUSTER, job_doc, args.iterations, out, f"dovs{os.getpid() % 10**5}",
+                    measure, log)
+        phases.add("OVS row", time.perf_counter() - t0)
+        rows.append(r)
+        log(f"{r['strategy']} ({r['plan']}): predicted {r['predicted']:.3f} s/it, measured "
+            f"{r['measured']:.3f} s/it")
+    return rows, plans, phases
+
+
+def save(rows: list[dict], optimum: float | None, out: Path, extra: dict) -> str:
+    """Write the run's table (results.md), rows (results.json) and plot; return the table."""
+    text = table(rows, optimum)
+    (out / "results.json").write_text(json.dumps({"rows": rows, "allreduce_optimum": optimum,
+                                                  **extra}, indent=1))
+    (out / "results.md").write_text(text + "\n")
+    plot(rows, optimum, out / "results.png")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     # usage errors exit 1 (bad input), not argparse's 2 (= changes, README "Exit codes")
     ap = ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--iterations", type=int, default=8,
-                    help="iterations per strategy, at least (8; see --min-seconds)")
+    ap.add_argument("--iterations", type=int,
+                    help=f"iterations per strategy, at least ({DEMO_ITERATIONS}; with "
+                         f"--careful {DEMO_ITERATIONS_CAREFUL}; see --min-seconds)")
     ap.add_argument("--min-seconds", type=float, default=MIN_TIMED_SECONDS,
                     help="timed iterations per strategy cover at least this many predicted "
                          f"seconds ({MIN_TIMED_SECONDS:g}): a fast strategy's median is not left "
@@ -127,21 +309,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", nargs="+")
     ap.add_argument("--no-ovs", action="store_true",
                     help="skip the baseline+bandwidth row through Open vSwitch")
+    ap.add_argument("--careful", action="store_true",
+                    help="for figures that go into docs: time the step again right before "
+                         "each strategy, repeat the whole run --runs times and print the "
+                         "medians")
+    ap.add_argument("--runs", type=int, default=CAREFUL_RUNS,
+                    help=f"runs of --careful ({CAREFUL_RUNS}); their medians are the table")
     args = ap.parse_args(argv)
+    if args.iterations is None:
+        args.iterations = DEMO_ITERATIONS_CAREFUL if args.careful else DEMO_ITERATIONS
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
     if os.geteuid() != 0:
         print("the demo needs root (network namespaces)", file=sys.stderr)
         return 1
-    from topoctl.graph.profile import forget_retimed
-    from topoctl.lab import lab as labmod
-    from topoctl.rollout.transports.ssh import lab_ssh_transport
-    from topoctl.spec.cluster_load import load_cluster
+    from topoctl.lab.emulated import lab_emulation
+    from topoctl.spec.cluster_load import load_cluster, parse_cluster
     from topoctl.strategies import available
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from topoctl.lab.emulated import lab_emulation
-    from topoctl.spec.cluster_load import parse_cluster
-
     cluster = load_cluster(CLUSTER)
     # predictions for the cables the lab really has (topoctl.lab.emulated)
     doc, cleared = lab_emulation(yaml.safe_load(CLUSTER.read_text()))
@@ -164,65 +351,36 @@ def main(argv: list[str] | None = None) -> int:
 
         log("runtime CPU calibration (cached): " + str(calibration_path()))
         ensure_calibration()
-    log(f"{JOB.name} on {cluster.name} with: {', '.join(strategies)}; each strategy is "
-        "planned right before it is measured")
-    plans = {}
+    runs = args.runs if args.careful else 1
+    log(f"{JOB.name} on {cluster.name} with: {', '.join(strategies)}; " + (
+        f"careful: {runs} runs, each strategy planned (its step timed again) right before "
+        "it is measured" if args.careful else
+        "the job's step timed once, every strategy planned with it"))
     os.environ.setdefault("TOPOCTL_LAB_DIR", str(out.resolve() / "labs"))
-    rows = []
-    for k, s in enumerate(strategies):
-        # planned now, with its ops timed now: this VM's speed moves within minutes (a
-        # plain training loop of the demo's MLP: 75 ms at 18:55, 99 ms at 19:48 UTC,
-        # 2026-11-25), so a timing from the start of the demo can be 20% off by its end
-        forget_retimed()
-        plan = plans[s] = plan_for(cluster, job_doc, s)
-        (out / f"plan-{s}.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
-        # every strategy on a lab of its own, as bench/planner_lab_check.py measures: a row
-        # must not inherit the one before it (the same topoopt plan measured 0.656-0.672 s per
-        # iteration on a new lab, 0.680-0.709 s (once 0.662) after other strategies on the
-        # same lab, predicted 0.648-0.663 s throughout; 2026-11-27, README "The main job")
-        name = f"demo{os.getpid() % 10**4}{k}"  # at most 9 characters (k < 10)
-        log(f"lab {name}: building {len(cluster.hosts)} hosts from {CLUSTER.name}")
-        lab = labmod.up(cluster, name=name)
-        transport = lab_ssh_transport(lab)  # as on bare metal: each host's own sshd
-        try:
-            # a strategy that re-cables (topoopt) brings its own fabric: the lab's patch
-            # panel follows the plan, as a real one would (no change for the others)
-            changed = labmod.rewire(lab, plan["fabric"])
-            if changed["removed"] or changed["added"]:
-                log(f"{s}: re-cabled the lab ({len(changed['removed'])} cables out, "
-                    f"{len(changed['added'])} in)")
-            # `--iterations`, or more to cover `--min-seconds` of predicted time
-            m = measure(s, plan, transport, iterations_for(
-                plan["metadata"]["prediction"]["iteration_time"], args.iterations,
-                args.min_seconds))
-            meta = plan["metadata"]
-            rows.append({"strategy": s, "predicted": meta["prediction"]["iteration_time"],
-                         **m})
-            log(f"{s}: predicted {rows[-1]['predicted']:.3f} s/it, measured "
-                f"{m['measured']:.3f} s/it")
-            if m.get("allreduce"):
-                from topoctl.rollout.run import allreduce_summary, predicted_buckets
+    results = []
+    for k in range(runs):
+        t_run = time.perf_counter()
+        run_out = out / f"run{k + 1}" if args.careful else out
+        run_out.mkdir(parents=True, exist_ok=True)
+        if args.careful:
+            log(f"run {k + 1} of {runs}")
+        rows, plans, phases = one_run(cluster, job_doc, strategies, args, run_out)
+        optimum = allreduce_optimum(plans)
+        took = time.perf_counter() - t_run
+        text = save(rows, optimum, run_out, {"phases": phases.seconds, "seconds": took,
+                                             "careful": args.careful})
+        log(f"phases: {phases.summary(took)}")
+        results.append(run_out / "results.json")
+    if args.careful:
+        from bench.demo_median import median_rows, median_table
 
-                rows[-1]["allreduce_predicted"] = predicted_buckets(plan)
-                log(f"{s}: {allreduce_summary(m['allreduce'], predicted_buckets(plan))}")
-        finally:
-            transport.close()
-            labmod.down(name)
-            log(f"lab {name} removed")
-    if not args.no_ovs:
-        from bench.demo_ovs import ovs_row
-
-        rows.append(ovs_row(CLUSTER, job_doc, args.iterations, out,
-                            f"dovs{os.getpid() % 10**5}", measure, log))
-        r = rows[-1]
-        log(f"{r['strategy']}: predicted {r['predicted']:.3f} s/it, measured "
-            f"{r['measured']:.3f} s/it")
-    optimum = allreduce_optimum(plans)
-    text = table(rows, optimum)
-    (out / "results.json").write_text(json.dumps({"rows": rows, "allreduce_optimum": optimum},
-                                                 indent=1))
-    (out / "results.md").write_text(text + "\n")
-    plot(rows, optimum, out / "results.png")
+        text = median_table(results)
+        mrows, optimum = median_rows(results)
+        (out / "results.md").write_text(text + "\n")
+        (out / "results.json").write_text(json.dumps(
+            {"rows": mrows, "allreduce_optimum": optimum, "median_of": [str(p) for p in results]},
+            indent=1))
+        plot(mrows, optimum, out / "results.png")
     print()
     print(text)
     if optimum:
@@ -230,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\noptimal AllReduce of the {grad_mb:.1f} MB of gradients on this fabric: "
               f"{optimum:.3f} s (packed-tree LP optimum); measured/optimal divides the "
               "measured iteration (AllReduce plus compute) by it.")
+    one_host = [r["strategy"] for r in rows if r.get("plan", "").startswith("1 host")]
+    if one_host:
+        print(f"{', '.join(one_host)}: the plan trains on one host, the cables being slower "
+              "than the compute they would spread; the speedup is that of not sending the "
+              "gradients, not of a placement across hosts.")
     print(f"saved {out}/results.md, results.json, results.png; total "
           f"{time.perf_counter() - t_start:.0f} s")
     return 0

@@ -133,7 +133,8 @@ def ovs_row(cluster_file: Path, job_doc: dict, iterations: int, out: Path, lab_n
     per host), apply and train `iterations` iterations with `measure(name, plan, transport,
     iterations)` (bench/demo.py's), read the OVS classes, call `check(lab, plan, row)` if given
     (tests), and remove the lab and its OVS daemons, also on failure or interrupt. The row:
-    strategy, predicted, the measurement and `ovs_classes`."""
+    strategy, plan (`bench.demo.plan_summary`), predicted, the measurement and `ovs_classes`."""
+    from bench.demo import plan_summary  # here: bench.demo imports this module
     from topoctl.lab import lab as labmod
     from topoctl.planner import make_plan
     from topoctl.rollout.transports.ssh import lab_ssh_transport
@@ -159,7 +160,8 @@ def ovs_row(cluster_file: Path, job_doc: dict, iterations: int, out: Path, lab_n
         for host, nics in tx.items():
             log(f"{OVS_ROW}: {host} sent " + ", ".join(f"{n} {b / 1e6:.1f} MB"
                                                     for n, b in sorted(nics.items())))
-        row = {"strategy": OVS_ROW, "predicted": plan["metadata"]["prediction"]["iteration_time"],
+        row = {"strategy": OVS_ROW, "plan": plan_summary(plan),
+               "predicted": plan["metadata"]["prediction"]["iteration_time"],
                **m, "ovs_classes": classes, "ovs_nic_tx": tx}
         if check is not None:
             check(lab, plan, row)

@@ -207,7 +207,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
             (tmp / f"{h}.yaml").write_text(yaml.safe_dump(st, sort_keys=False))
             r = run(BIN / "topo-agent", "--netns", f"tp-{name}-h-{h}", "--state-dir",
                     tmp / "agent" / h, "apply", tmp / f"{h}.yaml")
-            if r.returncode not in (0, 2):  # 2: changes were made
+            if r.returncode:  # 0: applied (changes made or not)
                 print(f"apply {h}: {r.stdout}{r.stderr}", file=sys.stderr)
                 return None
         (tmp / "job.json").write_text(json.dumps(plan["job"]))

@@ -114,7 +114,7 @@ def measure(name: str, cluster: dict, job: dict, lab: str, iterations: int, out:
         if r.returncode:
             return row | {"error": f"lab up: {(r.stdout + r.stderr).strip()[-2000:]}"}
         r = topoctl("apply", d / "plan.yaml", "--lab", lab, env=env)
-        if r.returncode not in (0, 2):
+        if r.returncode:  # 0: applied (changes made or not)
             return row | {"error": f"apply: {(r.stdout + r.stderr).strip()[-2000:]}"}
         row["loadavg_run"] = loadavg()
         r = topoctl("run", d / "plan.yaml", "--lab", lab, "--iterations", iterations, "--json",

@@ -1,9 +1,12 @@
 """`topo-agent`: show, diff, apply and roll back one host's network state.
 
-Exit codes (topoagent.protocol, README "Exit codes"): 0 = nothing to do, 2 = changes needed
-(diff, --dry-run) or made (apply, rollback, stop), 1 = error (bad input, refused, failed; the host
-is unchanged), 70 = a bug (traceback). Human output by default, --json for programs (one JSON
-document on stdout, errors included)."""
+Exit codes (topoagent.protocol, README "Exit codes"): 0 = success (changes made or not), 1 =
+error (bad input or usage, refused, failed; the host is unchanged), 70 = a bug (traceback), 130
+= interrupted. With --detailed-exitcode (diff, apply, rollback, stop, watch, recover): 0 =
+nothing to do / in sync, 2 = changes needed (diff, --dry-run, watch: drift) or made (apply,
+rollback, stop, recover, watch --repair). The verbs below return the detailed outcome
+(EXIT_CHANGES for changes); `cliutil.run_verb` turns it into the exit code. Human output by
+default, --json for programs (one JSON document on stdout, errors included)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from topoagent import __version__
 from topoagent.apply import confirm as confirming
 from topoagent.apply import journal
 from topoagent.apply.journal import Recovery
@@ -24,7 +28,13 @@ from topoagent.apply.mgmt import Mgmt, resolve
 from topoagent.apply.store import DEFAULT_KEEP, Store, StoreBusy
 from topoagent.apply.transaction import Result, apply_state, plan
 from topoagent.apply.watch import watch
-from topoagent.cliutil import ArgumentParser, run_guarded
+from topoagent.cliutil import (
+    ArgumentParser,
+    add_detailed_exitcode,
+    add_global_options,
+    add_json,
+    run_verb,
+)
 from topoagent.observe.host import observe, to_host_state
 from topoagent.observe.ovs import show_ovs
 from topoagent.process.launch import launch, stop
@@ -114,7 +124,8 @@ def cmd_show(args, target: Target) -> int:
 
 
 def cmd_diff(args, target: Target) -> int:
-    """Print the operations that would take the host to FILE; exit 0 none, 2 some."""
+    """Print the operations that would take the host to FILE; EXIT_CHANGES when there are some
+    (exit 2 with --detailed-exitcode, else 0)."""
     desired = _read_state(args.file, args.allow_empty)
     t0 = time.perf_counter()
     with _naming(args.file):
@@ -146,9 +157,10 @@ def recover_at_start(args, target: Target) -> Recovery | None:
 
 
 def cmd_recover(args, target: Target) -> int:
-    """Undo an apply that was killed half-way; exit 0 nothing to recover, 2 undone, 1 problems
-    left. With --wait, first wait for a running apply to end (its journal is live until then):
-    what a controller whose session dropped mid-apply asks over a new connection."""
+    """Undo an apply that was killed half-way; EXIT_CHANGES undone (exit 2 with
+    --detailed-exitcode), EXIT_OK nothing to recover, EXIT_ERROR problems left. With --wait,
+    first wait for a running apply to end (its journal is live until then): what a controller
+    whose session dropped mid-apply asks over a new connection."""
     if args.wait:
         _store(args, target).wait_idle(args.wait)
     rec = recover_at_start(args, target)
@@ -175,8 +187,8 @@ def _agent_args(args, target: Target) -> list[str]:
 
 
 def cmd_apply(args, target: Target) -> int:
-    """Apply FILE transactionally (--dry-run: only print); exit 0 nothing to do, 2 changes made or
-    pending."""
+    """Apply FILE transactionally (--dry-run: only print); EXIT_CHANGES when changes were made
+    or are pending (exit 2 with --detailed-exitcode, else 0), EXIT_OK nothing to do."""
     desired = _read_state(args.file, args.allow_empty)
     store = _store(args, target)
     mgmt = _mgmt(args)
@@ -221,8 +233,8 @@ def cmd_confirm_watchdog(args, target: Target) -> int:
 
 
 def cmd_rollback(args, target: Target) -> int:
-    """Re-apply the state before the newest and drop the newest; exit 2 rolled back, 0 nothing to
-    roll back."""
+    """Re-apply the state before the newest and drop the newest; EXIT_CHANGES rolled back (exit
+    2 with --detailed-exitcode, else 0), EXIT_OK nothing to roll back."""
     store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
         previous = store.previous()
@@ -246,15 +258,16 @@ def cmd_launch(args, target: Target) -> int:
 
 
 def cmd_stop(args, target: Target) -> int:
-    """Stop the ranks of a running launch; exit 2 when some were stopped, 0 when none ran."""
+    """Stop the ranks of a running launch; EXIT_CHANGES when some were stopped (exit 2 with
+    --detailed-exitcode, else 0), EXIT_OK when none ran."""
     n = stop(target.store_dir / "run")
     print(json.dumps({"ok": True, "stopped": n}) if args.json else f"stopped {n} ranks")
     return EXIT_CHANGES if n else EXIT_OK
 
 
 def cmd_watch(args, target: Target) -> int:
-    """Run the reconcile loop (--once: one round); exit 0 in sync, 2 drifted or repaired, 1
-    error."""
+    """Run the reconcile loop (--once: one round); EXIT_OK in sync, EXIT_CHANGES drifted or
+    repaired (exit 2 with --detailed-exitcode, else 0), EXIT_ERROR error."""
     rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,
                 status_file=args.status_file, mgmt=_mgmt(args))
     if args.json:
@@ -277,13 +290,32 @@ def _seconds(text: str) -> float:
     return v
 
 
+DESCRIPTION = ("make this host's network match its part of a topoctl plan (routes, rules, "
+               "addresses, QoS, Open vSwitch), transactionally, and run its training ranks")
+EXIT_CODES = ("exit codes: 0 success, 1 error (bad input or usage), 70 a bug, 130 interrupted; "
+              "with --detailed-exitcode: 0 nothing to do / in sync, 2 changes made or pending")
+
+
+def _verb(sub, name: str, help: str | None, example: str, *, json: bool = True,
+          detailed: bool = False) -> argparse.ArgumentParser:
+    """A verb's parser: its help (None: hidden from the verb list), one example, --json and,
+    for a verb that changes or compares state, --detailed-exitcode."""
+    kw = {"help": help} if help is not None else {}
+    p = sub.add_parser(name, description=help, epilog=f"example: {example}", **kw)
+    if json:
+        add_json(p)
+    if detailed:
+        add_detailed_exitcode(p)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The topo-agent argument parser with every verb."""
-    p = ArgumentParser(prog="topo-agent", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="topo-agent", description=DESCRIPTION, epilog=EXIT_CODES)
+    add_global_options(p, __version__)
     p.add_argument("--netns", help="act inside this network namespace")
     p.add_argument("--state-dir", type=Path,
                    help="where applied states are kept (default /var/lib/topo-agent/<target>)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--ovsdb", metavar="REMOTE", help="ovsdb-server of this host (default "
                    "$TOPO_OVSDB, else unix:/run/openvswitch/db.sock)")
     p.add_argument("--mgmt", metavar="CLIENT_IP,SERVER_IP",
@@ -297,17 +329,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-history", type=int, default=DEFAULT_KEEP, metavar="N",
                    help=f"applied states kept for rollback (default {DEFAULT_KEEP}, min 2)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sh = sub.add_parser("show", help="print the observed state as HostState YAML (the agent's "
-                                     "Open vSwitch state follows as comments)")
+    sh = _verb(sub, "show", "print the observed state as HostState YAML (the agent's Open "
+               "vSwitch state follows as comments)", "topo-agent show > observed.yaml")
     sh.add_argument("--ovs", action="store_true", help="print only the agent's OVS state: "
                     "bridges, queues, flows, groups, and the queueing mechanism per port")
     sh.set_defaults(func=cmd_show)
-    d = sub.add_parser("diff", help="print the operations that would reach FILE")
+    d = _verb(sub, "diff", "print the operations that would reach FILE",
+              "topo-agent diff --detailed-exitcode host.yaml", detailed=True)
     d.add_argument("file", help="HostState YAML, or - for stdin")
     d.add_argument("--allow-empty", action="store_true",
                    help="accept an empty state (removes everything the agent made)")
     d.set_defaults(func=cmd_diff)
-    a = sub.add_parser("apply", help="make the host match FILE (transactional)")
+    a = _verb(sub, "apply", "make the host match FILE (transactional)",
+              "topo-agent apply --confirm-within 60 host.yaml", detailed=True)
     a.add_argument("file", help="HostState YAML, or - for stdin")
     a.add_argument("--allow-empty", action="store_true",
                    help="accept an empty state (removes everything the agent made)")
@@ -317,35 +351,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="revert by itself (a detached watchdog) unless `topo-agent confirm` "
                         "comes within SECONDS (like netplan try)")
     a.set_defaults(func=cmd_apply)
-    c = sub.add_parser("confirm", help="keep an apply made with --confirm-within")
+    c = _verb(sub, "confirm", "keep an apply made with --confirm-within", "topo-agent confirm")
     c.set_defaults(func=cmd_confirm)
-    cw = sub.add_parser("confirm-watchdog", help="(internal) the watchdog of apply "
-                        "--confirm-within")
+    # internal: started by `apply --confirm-within`, not for users (hidden from the verb list)
+    cw = _verb(sub, "confirm-watchdog", None, "(started by apply --confirm-within)", json=False)
     cw.add_argument("token")
     cw.set_defaults(func=cmd_confirm_watchdog)
-    r = sub.add_parser("rollback", help="return to the previously applied state")
+    r = _verb(sub, "rollback", "return to the previously applied state",
+              "topo-agent rollback --dry-run", detailed=True)
     r.add_argument("--dry-run", action="store_true")
     r.add_argument("--no-probe", action="store_true")
     r.set_defaults(func=cmd_rollback)
-    la = sub.add_parser("launch", help="run this host's ranks of a job spec, supervised")
+    la = _verb(sub, "launch", "run this host's ranks of a job spec, supervised",
+               "topo-agent launch --host h0 job.json", json=False)
     la.add_argument("file", help="job spec (JSON or YAML), or - for stdin")
     la.add_argument("--host", required=True, help="this host's name in job.processes")
     la.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
     la.set_defaults(func=cmd_launch)
-    w = sub.add_parser("watch", help="reconcile loop: report (and --repair) drift from the "
-                       "last applied state")
+    w = _verb(sub, "watch", "reconcile loop: report (and --repair) drift from the last applied "
+              "state", "topo-agent watch --once --detailed-exitcode", detailed=True)
     w.add_argument("--interval", type=float, default=30.0, help="seconds between rounds")
     w.add_argument("--repair", action="store_true", help="re-apply the last applied state "
                    "when the host drifted")
-    w.add_argument("--once", action="store_true", help="one round; exit 0 in sync or idle, "
-                   "2 drifted or repaired, 1 error")
+    w.add_argument("--once", action="store_true", help="one round; exit 0 unless an error "
+                   "(1); with --detailed-exitcode 0 in sync or idle, 2 drifted or repaired")
     w.add_argument("--status-file", type=Path,
                    help="JSON status written every round (default <state dir>/watch.json)")
     w.set_defaults(func=cmd_watch)
-    sub.add_parser("stop", help="stop the ranks of a running launch").set_defaults(
-        func=cmd_stop)
-    rc = sub.add_parser("recover", help="undo an apply that was killed half-way (every start "
-                        "does this first)")
+    _verb(sub, "stop", "stop the ranks of a running launch", "topo-agent stop",
+          detailed=True).set_defaults(func=cmd_stop)
+    rc = _verb(sub, "recover", "undo an apply that was killed half-way (every start does this "
+               "first)", "topo-agent recover --wait 30", detailed=True)
     rc.add_argument("--wait", type=_seconds, metavar="SECONDS",
                     help="first wait up to SECONDS for a running apply or rollback to end")
     rc.set_defaults(func=cmd_recover)
@@ -366,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in ("recover", "confirm-watchdog"):
             recover_at_start(args, target)
         return args.func(args, target)
-    return run_guarded("topo-agent", verb, json_out=args.json)
+    return run_verb("topo-agent", args, verb)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ a `TopoError` is expected (bad input, an unreachable host, a refused change): on
 problem, `PROG: SOURCE: YAML.PATH: MESSAGE`, on stderr (or one JSON document on stdout with
 --json) and EXIT_ERROR; anything else is a bug: its traceback, a line asking to report it, and
 EXIT_BUG. `ArgumentParser` makes usage errors exit EXIT_ERROR too (argparse's own is 2, which
-this convention keeps for "changes").
+this convention keeps for "changes", with --detailed-exitcode only).
+
+The options both programs share, added the same way: `add_global_options` (--version, and
+--json and --detailed-exitcode before the verb), `add_json` and `add_detailed_exitcode` (the
+same options after the verb), `run_verb` (what `main` of both programs calls).
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from topoagent.protocol import EXIT_BUG, EXIT_ERROR, TopoError
+from topoagent.protocol import (
+    EXIT_BUG,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    TopoError,
+    exit_status,
+)
+
+DETAILED_HELP = ("exit 2 when changes were made or are pending (drift), 0 when there was "
+                 "nothing to do (in sync), 1 on error (terraform's --detailed-exitcode)")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -51,10 +64,48 @@ def error_document(err: TopoError) -> dict:
             "problems": [{"path": p, "message": m} for p, m in err.problems]}
 
 
-def run_guarded(prog: str, fn: Callable[[], int | None], json_out: bool = False) -> int:
-    """Run `fn` (a verb), mapping its exceptions to the exit-code convention; returns the code."""
+def add_global_options(parser: argparse.ArgumentParser, version: str) -> None:
+    """--version (`PROG VERSION`, exit 0), and --json and --detailed-exitcode given before the
+    verb (the verbs take them after their name too: `add_json`, `add_detailed_exitcode`)."""
+    parser.add_argument("--version", action="version", version=f"{parser.prog} {version}")
+    parser.add_argument("--json", action="store_true", default=False,
+                        help="machine-readable output: one JSON document on stdout, errors "
+                             "included (also accepted after the verb)")
+    parser.add_argument("--detailed-exitcode", action="store_true", default=False,
+                        help=f"on verbs that change or compare state: {DETAILED_HELP}")
+
+
+def add_json(p: argparse.ArgumentParser, help: str = "one JSON document on stdout") -> None:
+    """--json after a verb's name; given before the verb it counts as well (the default is
+    SUPPRESS so the verb's parser does not overwrite the global option's value)."""
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=help)
+
+
+def add_detailed_exitcode(p: argparse.ArgumentParser) -> None:
+    """--detailed-exitcode for a verb that changes or compares state: the verb reports
+    EXIT_CHANGES for changes and `run_verb` passes it on only when asked (else EXIT_OK)."""
+    p.add_argument("--detailed-exitcode", action="store_true", default=argparse.SUPPRESS,
+                   help=DETAILED_HELP)
+    p.set_defaults(compares_state=True)
+
+
+def run_verb(prog: str, args: argparse.Namespace, fn: Callable[[], int | None]) -> int:
+    """Run a parsed verb through `run_guarded` with its --json and, where the verb compares
+    state, --detailed-exitcode; other verbs' codes pass unchanged (a pass-through verb such
+    as `topoctl bench` or `lab exec` returns its program's own code)."""
+    detailed = (bool(getattr(args, "detailed_exitcode", False))
+                if getattr(args, "compares_state", False) else None)
+    return run_guarded(prog, fn, json_out=bool(getattr(args, "json", False)), detailed=detailed)
+
+
+def run_guarded(prog: str, fn: Callable[[], int | None], json_out: bool = False,
+                detailed: bool | None = None) -> int:
+    """Run `fn` (a verb), mapping its exceptions to the exit-code convention; returns the code.
+    `detailed` False turns the verb's EXIT_CHANGES into EXIT_OK (no --detailed-exitcode), True
+    keeps it, None (a verb that does not compare state) passes every code on as it is."""
     try:
-        return int(fn() or 0)
+        code = int(fn() or 0)
+        return code if detailed is None else exit_status(code, detailed)
     except TopoError as e:
         if json_out:
             print(json.dumps(error_document(e)))
@@ -64,7 +115,7 @@ def run_guarded(prog: str, fn: Callable[[], int | None], json_out: bool = False)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130  # the shell's 128 + SIGINT
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `topoctl plan ... | head`: the reader left, nothing to report
         return EXIT_ERROR
     except Exception:

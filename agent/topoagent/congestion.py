@@ -5,7 +5,7 @@ machine-wide ``net.ipv4.tcp_allowed_congestion_control`` its default: any other 
 EPERM even for root (Linux ``tcp_set_default_congestion_control``: non-initial namespaces get
 only ``TCP_CONG_NON_RESTRICTED`` algorithms). The default algorithm of the machine is always
 on that list; a machine whose default is BBR may leave cubic off it, while still having cubic
-available (the AMD EPYC VM of 2026-11-26: ``reno bbr`` allowed, ``reno bbr cubic``
+available (an AMD EPYC VM here: ``reno bbr`` allowed, ``reno bbr cubic``
 available). The list only governs what may be *chosen*: a namespace keeps the default it was
 given and its new sockets use it after the list changes back. So :func:`set_congestion_control`
 widens the list for the moment of its writes and restores it at once; nothing machine-wide is

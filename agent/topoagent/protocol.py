@@ -4,12 +4,21 @@ Both programs (`topoctl`, `topo-agent`) and every verb use these; the agent neve
 controller, the controller imports this module. The typed documents that cross the wire (the
 job launch spec, a plan's per-host part) are in `topoagent.state.wire`.
 
-Exit codes (README, "Exit codes"):
-  0  EXIT_OK       success, nothing to do / nothing changed
-  1  EXIT_ERROR    error: bad input (file and YAML path named), a failed host, a refused request
-  2  EXIT_CHANGES  changes made (apply, rollback, stop) or pending (diff, dry-run, status: drift)
-  3  EXIT_PARTIAL  some hosts failed and the hosts that had changed were rolled back
-  70 EXIT_BUG      an unexpected exception: a bug, reported with its traceback (EX_SOFTWARE)
+Exit codes (README, "Exit codes"), one meaning each, every verb of both programs:
+  0   EXIT_OK           success, whether or not anything changed (or drifted)
+  1   EXIT_ERROR        error: bad input (file and YAML path named), usage errors included, a
+                        failed host, a refused request
+  3   EXIT_PARTIAL      some hosts failed and the hosts that had changed were rolled back
+  70  EXIT_BUG          an unexpected exception: a bug, reported with its traceback (EX_SOFTWARE)
+  130 EXIT_INTERRUPTED  interrupted (Ctrl-C: the shell's 128 + SIGINT)
+With `--detailed-exitcode` (terraform's), on the verbs that change or compare state (apply,
+diff, rollback, stop, status, watch, recover; topoctl lab status and rewire), success splits:
+  0   EXIT_OK           nothing to do / in sync
+  2   EXIT_CHANGES      changes made (apply, rollback, stop, recover) or pending (diff,
+                        --dry-run, status: drift)
+so 2 only ever means "changes", and only when asked. Inside the programs the verbs and the
+rollout library report the detailed outcome (EXIT_CHANGES for changes); `exit_status` (applied
+once, by `topoagent.cliutil.run_guarded`) turns it into the process's exit code.
 """
 
 from __future__ import annotations
@@ -18,6 +27,14 @@ API_VERSION = "topoctl/v1"
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_PARTIAL = 0, 1, 2, 3
 EXIT_BUG = 70  # sysexits.h EX_SOFTWARE: never the answer to bad input
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+
+
+def exit_status(code: int, detailed: bool) -> int:
+    """The exit code of a verb whose outcome is `code` (EXIT_CHANGES when it changed something
+    or found drift): EXIT_CHANGES only with `detailed` (--detailed-exitcode), else EXIT_OK;
+    every other code as it is."""
+    return EXIT_OK if code == EXIT_CHANGES and not detailed else code
 
 
 class TopoError(Exception):

@@ -1,4 +1,4 @@
-"""The tree schedule file: written by the planner (``topoctl sync``/plans), read by training.
+"""The tree schedule file: written by the planner (``topoctl trees``/plans), read by training.
 
 YAML or JSON::
 
@@ -161,7 +161,7 @@ def check_world_size(schedule: TreeSchedule, world_size: int) -> None:
     if schedule.world_size != world_size:
         raise ScheduleMismatch(
             f"tree schedule is for world_size={schedule.world_size} but this job runs "
-            f"{world_size} ranks; regenerate it for this job (topoctl sync / topoctl plan) "
+            f"{world_size} ranks; regenerate it for this job (topoctl trees / topoctl plan) "
             "or launch with the plan's ranks"
         )
 

@@ -26,7 +26,7 @@ def data_parallel(model, bucket_cap_mb: float):
     through this same wrapping, `topoctl.graph.ddpstep`). The gradients are views into DDP's
     buckets: DDP then does not copy them back out of the reduced buckets (measured on the
     2-core VM beside 4 co-running ranks, the demo's MLP at batch 48: backward 11.0-11.5 ms of
-    CPU against 13.1-13.3 with the copies, 2026-11-26)."""
+    CPU against 13.1-13.3 with the copies)."""
     return DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb,
                                    gradient_as_bucket_view=True)
 

@@ -20,14 +20,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from topoctl.lab.commands import BURST_S
+from topoctl.lab.commands import BURST_S, cable_credit_s
 from topotrain.timing import TCP_CONGESTION, load_calibration
 
 __all__ = ["DEFAULT_LAB", "LabProfile", "machine_profile", "profile_from_calibration"]
 
 # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work (the lab
 # hosts' cubic): wire bytes per core-second, fitted to the whole machine's CPU during the
-# lock-step tree AllReduce of 15.9 MB on tworack8 and hetero8 at 16-137 KB chunks (2026-11-26,
+# lock-step tree AllReduce of 15.9 MB on tworack8 and hetero8 at 16-137 KB chunks (the
 # Intel Xeon: 0.60 fits hetero8, 0.65 tworack8, within 6%;
 # bench/results/emulation-cost-2026-11-26.md; kept on the AMD VM,
 # bench/results/emulation-cost-2026-11-27-amd.md). The earlier 0.51 came from iperf3 under
@@ -66,13 +66,9 @@ class LabProfile:
 
     def cable_credit_s(self, rate: float, mtu: int) -> float:
         """Seconds of token credit, at its rate, of a lab cable shaped to `rate` bit/s with
-        frames of `mtu` bytes: ``burst_s`` at the rate, at least two full frames as HTB counts
-        them (the rule of ``topoctl.lab.commands.cable_credit``, which shapes the cables: a
-        unit test keeps the two equal)."""
-        if rate <= 0:
-            return 0.0
-        frames = 2 * max(mtu + 14, 1514)  # two frames of mtu with the Ethernet header
-        return max(int(int(rate) * self.burst_s / 8), frames) * 8.0 / rate
+        frames of `mtu` bytes: the lab's shaping rule (``topoctl.lab.commands.cable_credit``)
+        with this profile's ``burst_s``."""
+        return cable_credit_s(rate, mtu, self.burst_s)
 
 
 DEFAULT_LAB = LabProfile()  # the defaults, for pure functions called without a profile

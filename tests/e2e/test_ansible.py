@@ -144,7 +144,8 @@ def test_role_installs_the_agent_from_wheels_into_a_venv(lab, inventory, wheels,
 
 def test_apply_via_ansible_then_reapply_changes_nothing_then_check_mode_diff(lab, capsys):
     plan = yaml.safe_load(PLAN.read_text())
-    assert cli.main(["apply", "--via", "ansible", "--lab", lab.name, str(PLAN)]) == 2
+    assert cli.main(["apply", "--via", "ansible", "--lab", lab.name, str(PLAN),
+                     "--detailed-exitcode"]) == 2
     out = capsys.readouterr().out
     assert "h3" in out and "changed" in out
     for h in HOSTS:
@@ -160,14 +161,16 @@ def test_apply_via_ansible_then_reapply_changes_nothing_then_check_mode_diff(lab
     victim = agent_routes(lab, "h3")[0]
     sh(["ip", "-n", lab.netns("h3"), "route", "del", victim["dst"]])
     drifted = dumps(lab)
-    assert cli.main(["diff", "--via", "ansible", "--lab", lab.name, str(PLAN), "--json"]) == 2
+    assert cli.main(["diff", "--via", "ansible", "--lab", lab.name, str(PLAN), "--json",
+                     "--detailed-exitcode"]) == 2
     report = json.loads(capsys.readouterr().out)
     assert report["hosts"]["h3"]["result"] == "changes"
     assert any(victim["dst"] in op for op in report["hosts"]["h3"]["detail"])
     assert {h for h, e in report["hosts"].items() if e["result"] == "in sync"} == HOSTS - {"h3"}
     assert dumps(lab) == drifted  # check mode changed nothing
 
-    assert cli.main(["apply", "--via", "ansible", "--lab", lab.name, str(PLAN)]) == 2
+    assert cli.main(["apply", "--via", "ansible", "--lab", lab.name, str(PLAN),
+                     "--detailed-exitcode"]) == 2
     assert dumps(lab) == applied
 
 

@@ -64,7 +64,7 @@ def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  
     assert run_agent(h6, "apply", "-", stdin=text).returncode == -9
     assert (lab.state_dir / "agent" / "h6" / "journal").exists()
     monkeypatch.delenv("TOPO_AGENT_CRASH_AFTER")
-    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 2
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0
     applied = dumps(lab)
     assert applied != before
     assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0  # converged
@@ -73,7 +73,7 @@ def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  
 
 def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa: F811
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--confirm-within", "6",
-                   "--json") == 2
+                   "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert {e["result"] for e in report["hosts"].values()} == {"confirmed"}, report["message"]
     applied = dumps(lab)
@@ -143,7 +143,7 @@ def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
     so every host ends in the new state, `status` says in sync and a second apply is a no-op."""
     from topoctl.rollout.transports.local import lab_transport
 
-    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 2
+    assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0
     plan = yaml.safe_load(PLAN.read_text())
     for state in plan["hosts"].values():  # a second plan that changes every host
         state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
@@ -199,7 +199,7 @@ def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # n
     assert kept["h6"] == before["h6"]  # the failed host reverted itself
     assert all(kept[h] != before[h] for h in others)
     monkeypatch.delenv("TOPO_AGENT_CRASH_AFTER")
-    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--json") == 2
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == {"h6"}
     assert {h: dumps(lab)[h] == kept[h] for h in others} == dict.fromkeys(others, True)

@@ -64,7 +64,7 @@ def test_status_against_plan_names_missing_extra_and_mismatched(mesh4):
     assert same.returncode == 0, same.stdout + same.stderr
     assert "all 6 cables" in same.stdout
 
-    p = _cli("status", "--lab", lab.name, "--plan", str(ring), root=root)
+    p = _cli("status", "--lab", lab.name, "--plan", str(ring), "--detailed-exitcode", root=root)
     assert p.returncode == 2, p.stdout + p.stderr  # differs: re-cabling pending
     lines = p.stdout.splitlines()
     assert any(ln.startswith("  missing     h3:eth0--h0:eth1") for ln in lines)
@@ -85,7 +85,8 @@ def test_status_against_plan_names_missing_extra_and_mismatched(mesh4):
     nsutil.sh(["tc", "-n", w, "class", "change", "dev", c01.b_end, "parent", "1:", "classid",
                "1:1", "htb", "rate", "20mbit", "ceil", "20mbit"])
     nsutil.sh(["ip", "-n", w, "link", "set", c23.a_end, "down"])
-    p = _cli("status", "--lab", lab.name, "--plan", str(ring), "--json", root=root)
+    p = _cli("status", "--lab", lab.name, "--plan", str(ring), "--json", "--detailed-exitcode",
+             root=root)
     assert p.returncode == 2
     rep = json.loads(p.stdout)["plan"]
     assert not rep["ok"] and rep["missing"] == [] and rep["extra"] == []

@@ -99,12 +99,12 @@ def test_l4_hash_splits_connections_by_weight(two_cables: Host):
     h = two_cables
     was = hash_policy(h.ns)
     ports = range(40000, 40400)
-    assert h.apply(state(0)).returncode in (0, 2)
+    assert h.apply(state(0)).returncode == 0
     assert hash_policy(h.ns) == "0"
     # addresses only: every connection between the two hosts takes the same next hop
     assert len(set(chosen_devs(h.ns, ports))) == 1
     r = h.apply(state(1))
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert hash_policy(h.ns) == "1"
     assert h.apply(state(1)).returncode == 0  # in sync: no change
     # ports hashed too: 400 connections split by the weights, 3:1 (binomial sd 0.022)
@@ -119,7 +119,7 @@ def test_l4_hash_splits_connections_by_weight(two_cables: Host):
     assert min(b, d) >= 0.03 * (b + d), (b, d)
     # rollback restores the value the host had before the agent first set it
     r = h.agent("rollback")
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert hash_policy(h.ns) == was
 
 
@@ -132,10 +132,10 @@ def test_a_state_that_no_longer_asks_for_the_hash_gets_the_original_back(two_cab
     was = hash_policy(h.ns)
     assert was == "0"
     r = h.apply(state(1))
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert hash_policy(h.ns) == "1"
     r = h.apply(state(None))
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert hash_policy(h.ns) == was
     assert h.apply(state(None)).returncode == 0  # in sync: no change
 

@@ -45,18 +45,18 @@ def test_watch_idle_then_in_sync_then_drift_detected_then_repaired(host):
     assert r.returncode == 0 and json.loads(r.stdout)["status"] == "idle", r.stderr
 
     assert agent(ns, state_dir, "apply", "--no-probe", "-",
-                 stdin=yaml.safe_dump(STATE)).returncode == 2
+                 stdin=yaml.safe_dump(STATE)).returncode == 0
     r = agent(ns, state_dir, "watch", "--once")
     assert r.returncode == 0 and json.loads(status.read_text())["status"] == "in sync"
 
     sh(["ip", "-n", ns, "route", "del", "10.236.7.0/24"])  # drift, made behind the agent
-    r = agent(ns, state_dir, "watch", "--once")
+    r = agent(ns, state_dir, "watch", "--once", "--detailed-exitcode")
     assert r.returncode == 2, r.stderr
     doc = json.loads(status.read_text())
     assert doc["status"] == "drifted" and any("10.236.7.0/24" in d for d in doc["drift"])
     assert routes(ns) == set()  # reporting alone repairs nothing
 
-    r = agent(ns, state_dir, "watch", "--once", "--repair")
+    r = agent(ns, state_dir, "watch", "--once", "--repair", "--detailed-exitcode")
     assert r.returncode == 2, r.stderr
     assert json.loads(status.read_text())["status"] == "repaired"
     assert routes(ns) == {"10.236.7.0/24"}
@@ -66,7 +66,7 @@ def test_watch_idle_then_in_sync_then_drift_detected_then_repaired(host):
 
     sh(["ip", "-n", ns, "link", "set", "tpw0", "down"])
     custom = state_dir.parent / "custom-status.json"
-    r = agent(ns, state_dir, "watch", "--once", "--status-file", str(custom))
+    r = agent(ns, state_dir, "watch", "--once", "--status-file", str(custom), "--detailed-exitcode")
     assert r.returncode == 2 and json.loads(custom.read_text())["status"] == "drifted"
 
 

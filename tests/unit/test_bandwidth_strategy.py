@@ -55,7 +55,7 @@ def test_trees_on_a_switch_get_per_destination_rates():
     # the bytes (the thesis' per-destination queues) never lose to fair sharing; the runtime's
     # lock-step pipeline paces every tree edge at its trees' rates already
     # (`trees.lockstep_caps`), so the two tie, as they did in the lab (2.338 and 2.363 s per
-    # iteration, 2026-11-26), and the plain strategy wins the tie
+    # iteration), and the plain strategy wins the tie
     assert t["trees+bandwidth"] == pytest.approx(t["trees"], rel=0.01)
     assert doc["metadata"]["strategy"] == "trees"
     doc, _ctx, _evals = make_plan(load_cluster(PLANS / "switch8-cluster.yaml"),

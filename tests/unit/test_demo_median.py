@@ -29,3 +29,32 @@ def test_median_table_keeps_the_ovs_row_and_counts_its_runs(tmp_path):
     (base,) = [ln for ln in lines if ln.startswith("baseline |")]
     assert "4.100 (4.000-4.200) |" in base  # in every run: no count
     assert lines[-1].startswith("3 runs")
+
+
+def test_median_table_says_what_each_plan_is_once(tmp_path):
+    runs = []
+    for k, placement in enumerate(["1 host (h0): whole model", "1 host (h0): whole model",
+                                   "2 hosts: 2 stages"]):
+        path = tmp_path / f"r{k}.json"
+        path.write_text(json.dumps({"allreduce_optimum": 1.0, "rows": [
+            {"strategy": "baseline", "plan": "8 hosts, ring", "predicted": 4.0, "measured": 4.0},
+            {"strategy": "placement", "plan": placement, "predicted": 0.1, "measured": 0.1}]}))
+        runs.append(path)
+    lines = median_table(runs).splitlines()
+    assert lines[0].split(" | ")[:3] == ["strategy", "plan", "predicted s/it"]
+    (base,) = [ln for ln in lines if ln.startswith("baseline |")]
+    assert base.split(" | ")[1] == "8 hosts, ring"
+    (pl,) = [ln for ln in lines if ln.startswith("placement |")]
+    # runs that planned differently: each plan once
+    assert pl.split(" | ")[1] == "1 host (h0): whole model / 2 hosts: 2 stages"
+
+
+def test_median_table_without_an_allreduce_optimum(tmp_path):
+    path = tmp_path / "r1.json"  # a run of strategies without packed trees: no optimum
+    path.write_text(json.dumps({"allreduce_optimum": None, "rows": [
+        {"strategy": "placement", "plan": "1 host (h0): whole model", "predicted": 0.12,
+         "measured": 0.15}]}))
+    lines = median_table([path]).splitlines()
+    (pl,) = [ln for ln in lines if ln.startswith("placement |")]
+    assert pl.split(" | ")[-2:] == ["-", "-"]
+    assert lines[-1] == "1 runs; no AllReduce optimum (no trees)."

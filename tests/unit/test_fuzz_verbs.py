@@ -1,7 +1,7 @@
-"""Property-based fuzzing of the topoctl verbs the planner fuzz does not reach: `sync` (edge
-files and flags), `run` and `stop` (damaged plans, bad flags), `topology`, `inventory` and
-`vagrant` (damaged cluster files, bad flags). The lab verbs, which need root and a real lab,
-are fuzzed in tests/integration/test_fuzz_lab.py.
+"""Property-based fuzzing of the topoctl verbs the planner fuzz does not reach: `trees` and its
+old name `sync` (edge files and flags), `run` and `stop` (damaged plans, bad flags),
+`topology`, `inventory` and `vagrant` (damaged cluster files, bad flags). The lab verbs, which
+need root and a real lab, are fuzzed in tests/integration/test_fuzz_lab.py.
 
 Every case asserts the invariant of tests/fuzzgen.py: exit 0 or 1, never 70, no traceback,
 errors as `topoctl: FILE: yaml.path: message` naming the damaged file. The inputs that found
@@ -61,20 +61,21 @@ SYNC_FLAGS = st.lists(st.sampled_from([
     ["--workers", "s0,a"], ["--max-trees", "1"], ["--max-trees", "0"], ["--max-trees", "-3"],
     ["--max-trees", "x"], ["--chunk-bytes", "1"], ["--chunk-bytes", "0"],
     ["--chunk-bytes", "-5"], ["--chunk-bytes", "1e3"], ["--json"], ["-o", "{out}"],
-    ["-o", "/nonexistent/dir/s.yaml"], ["-o", "{dir}"], ["--bogus"]]), max_size=3)
+    ["-o", "/nonexistent/dir/s.yaml"], ["-o", "{dir}"], ["--output", "{out}"],
+    ["--schedule", "{out}"], ["--detailed-exitcode"], ["--bogus"]]), max_size=3)
 
 
 @fuzz_settings(EXAMPLES)
-@given(data=edge_files(), flags=SYNC_FLAGS)
-def test_sync_any_edge_file_and_flags(data, flags):
+@given(data=edge_files(), flags=SYNC_FLAGS, verb=st.sampled_from(["trees", "sync"]))
+def test_trees_any_edge_file_and_flags(data, flags, verb):
     with tempfile.TemporaryDirectory() as tmp:
-        _sync_case(Path(tmp), data, flags)
+        _sync_case(Path(tmp), data, flags, verb)
 
 
-def _sync_case(d: Path, data: bytes, flags: list[list[str]]) -> None:
+def _sync_case(d: Path, data: bytes, flags: list[list[str]], verb: str = "trees") -> None:
     edges = _file(d, "edges.txt", data)
-    argv = ["sync", "--edges", edges] + [a.format(out=d / "s.yaml", dir=d)
-                                         for f in flags for a in f]
+    argv = [verb, "--edges", edges] + [a.format(out=d / "s.yaml", dir=d)
+                                       for f in flags for a in f]
     rc, out, err = topoctl(argv)
     assert_clean(argv, rc, err, out=out)
 
@@ -154,7 +155,7 @@ def test_topology_any_flags(n, k, extra):
 
 # found by these fuzzers (tracebacks, exit 70, before the fixes of this branch)
 FOUND = [
-    (["sync", "--edges", "{edges}", "--chunk-bytes", "-5", "-o", "{dir}/s.yaml"],
+    (["trees", "--edges", "{edges}", "--chunk-bytes", "-5", "-o", "{dir}/s.yaml"],
      "--chunk-bytes: must be >= 1"),
     (["run", "--iterations", "0", "{plan}", *NO_LAB], "expected a whole number >= 1"),
     (["run", "--timeout", "nan", "{plan}", *NO_LAB], "expected seconds > 0"),

@@ -90,9 +90,10 @@ def test_ovs_hosts_get_their_ovsdb_through_the_ssh_command_line():
     t = pick_transport(args_for(), plan)
     assert isinstance(t, SshTransport)
     assert shlex.join(t.argv("n0", ["apply", "-"])) == (
-        "/usr/local/bin/topo-agent --json apply -")
+        "/usr/local/bin/topo-agent --json --detailed-exitcode apply -")
     assert shlex.join(t.argv("n1", ["apply", "-"])) == (
-        "/usr/local/bin/topo-agent --json --ovsdb unix:/var/run/openvswitch/db.sock apply -")
+        "/usr/local/bin/topo-agent --json --detailed-exitcode "
+        "--ovsdb unix:/var/run/openvswitch/db.sock apply -")
     assert shlex.join(t.argv("n2", ["diff", "-"])).endswith(
         "--ovsdb tcp:127.0.0.1:6640 diff -")
     # the same from the cluster file (`--cluster FILE`)

@@ -179,7 +179,7 @@ def test_sync_cli_json(tmp_path, capsys):
     f = tmp_path / "edges.txt"
     f.write_text("\n".join(lines) + "\n")
     sched = tmp_path / "sched.yaml"
-    assert main(["sync", "--edges", str(f), "--max-trees", "16", "--json", "-o", str(sched)]) == 0
+    assert main(["trees", "--edges", str(f), "--max-trees", "16", "--json", "-o", str(sched)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) >= {"trees", "rate", "optimum", "bound", "seconds"}
     assert doc["rate"] == pytest.approx(16.0) and doc["optimum"] == pytest.approx(16.0)
@@ -197,12 +197,12 @@ def test_sync_cli_switch_paths_and_errors(tmp_path, capsys):
 
     f = tmp_path / "e.txt"
     f.write_text("a s 1\nb s 1\nc s 1\n")
-    assert main(["sync", "--edges", str(f), "--workers", "a,b,c", "--json"]) == 0
+    assert main(["trees", "--edges", str(f), "--workers", "a,b,c", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     paths = [p for t in doc["trees"] for p in t["paths"].values()]
     assert paths and all(p[1] == "s" and len(p) == 3 for p in paths)
     f.write_text("a b 1\nc d 1\n")
-    assert main(["sync", "--edges", str(f)]) == 1
+    assert main(["trees", "--edges", str(f)]) == 1
     assert "disconnected" in capsys.readouterr().err
 
 

@@ -194,8 +194,9 @@ def _same_class(a: QosClass, b: QosClass) -> bool:
 
 def _starved(tree: ObsQos, minor: int, rate: int, mtu: int) -> bool:
     """Whether an agent HTB class on the host has less token credit than the agent gives one
-    at `rate` (`topoagent.state.host.htb_credit`): made by an agent before 2026-11-26 (pyroute2's
-    one-frame default) or changed by hand. Such a class is set again at the same rates."""
+    at `rate` (`topoagent.state.host.htb_credit`): made by an agent of an earlier release
+    (pyroute2's one-frame default) or changed by hand. Such a class is set again at the same
+    rates."""
     have = tree.credit.get(minor)
     return have is not None and have < 0.9 * htb_credit(rate, mtu)
 

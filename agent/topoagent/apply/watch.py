@@ -39,7 +39,9 @@ class Round:
 
     @property
     def exit_code(self) -> int:
-        """The round's exit code: 0 in sync or idle, 2 drifted or repaired, 1 error."""
+        """The round's outcome: EXIT_OK in sync or idle, EXIT_CHANGES drifted or repaired (the
+        exit code 2 with --detailed-exitcode, else 0: `topoagent.cliutil.run_verb`),
+        EXIT_ERROR error."""
         if self.status == "error":
             return EXIT_ERROR
         return EXIT_CHANGES if self.status in ("drifted", "repaired") else EXIT_OK

@@ -58,7 +58,7 @@ class StateError(TopoError, ValueError):
 # pyroute2's default (one 1600-byte frame) is less than one jumbo frame or GSO packet, so a
 # class sending at its rate waited for tokens after every packet: tworack8's trees+bandwidth
 # plan (one class per destination) trained at 0.741 s per iteration against 0.554 s with this
-# credit (2026-11-26). The lab's cables had the same cause (topoctl lab, BURST_S).
+# credit. The lab's cables had the same cause (topoctl lab, BURST_S).
 HTB_BURST_S = 0.004
 
 

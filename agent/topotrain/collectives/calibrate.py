@@ -23,7 +23,7 @@ process, gloo's included), not wall time:
 
 Run as root, the processes run in a throwaway network namespace (``tpc-<pid>``, loopback only)
 whose congestion control is :data:`TCP_CONGESTION`, the one the lab's hosts use, whatever the
-machine's own is: the runtime's CPU cost depends on it (on the Intel Xeon VM, 2026-11-26,
+machine's own is: the runtime's CPU cost depends on it (on the Intel Xeon VM,
 loopback moved 7.7-8.5 GB per CPU second with cubic and 4.8-5.3 with BBR, whose pacing without
 the fq qdisc runs on timers), also on a kernel whose allowed list leaves it out
 (:mod:`topoagent.congestion`). Without root the machine's own is used, and recorded.

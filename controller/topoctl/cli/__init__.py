@@ -3,9 +3,13 @@ here through `COMMANDS`: a module with `register(subparsers)` that sets `func` o
 
 Errors: a verb raises a `TopoError` (topoagent.protocol) for anything expected (bad input, an
 unreachable host); `main` is the one place that maps it to `topoctl: FILE: yaml.path: message`
-and exit 1; any other exception is a bug (traceback, a line asking to report it, exit 70).
-Exit codes are the protocol's for every verb (README "Exit codes"). Helpers the verb modules
-share live in `topoctl.cli.output`: verb modules never import this package's `__init__`."""
+and exit 1 (`topoagent.cliutil.run_verb`); any other exception is a bug (traceback, a line
+asking to report it, exit 70). Exit codes are the protocol's for every verb (README "Exit
+codes"): a verb returns its detailed outcome (EXIT_CHANGES for changes made or pending, drift)
+and `run_verb` exits 2 for it only with --detailed-exitcode, else 0. Every verb's parser has
+one example as its epilog; --json and --detailed-exitcode work before the verb or after it.
+Helpers the verb modules share live in `topoctl.cli.output`: verb modules never import this
+package's `__init__`."""
 
 from __future__ import annotations
 
@@ -13,8 +17,25 @@ import argparse
 import importlib
 import sys
 
-from topoagent.cliutil import ArgumentParser, run_guarded
+import topoctl
+from topoagent.cliutil import ArgumentParser, add_global_options, run_verb
 from topoagent.protocol import EXIT_ERROR
+
+DESCRIPTION = ("plan the network of a distributed DNN training job (cabling, routes, QoS,\n"
+               "AllReduce trees) and roll it out to every host's topo-agent")
+EPILOG = """\
+example:
+  topoctl plan cluster.yaml job.yaml -o plan.yaml &&
+    topoctl apply plan.yaml && topoctl run plan.yaml
+
+exit codes:
+  0    success (changes made or not)
+  1    error: bad input (file and YAML path named) or usage
+  3    partial: some hosts failed, the others were rolled back
+  70   a bug (traceback)
+  130  interrupted
+  with --detailed-exitcode (apply, diff, status, rollback, stop, lab status, lab rewire):
+  0 nothing to do / in sync, 2 changes made or pending / drift"""
 
 # module paths, each with register(subparsers); add a line per command group
 COMMANDS: list[str] = [
@@ -24,15 +45,17 @@ COMMANDS: list[str] = [
     "topoctl.cli.lab",
     "topoctl.cli.plan",
     "topoctl.cli.run",
-    "topoctl.cli.sync",
     "topoctl.cli.topology",
+    "topoctl.cli.trees",
     "topoctl.cli.vagrant",
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every command group's verbs."""
-    parser = ArgumentParser(prog="topoctl", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="topoctl", description=DESCRIPTION, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_global_options(parser, topoctl.__version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMANDS:
         importlib.import_module(mod).register(sub)
@@ -50,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_ERROR
-    return run_guarded("topoctl", lambda: args.func(args), json_out=getattr(args, "json", False))
+    return run_verb("topoctl", args, lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """`topoctl apply | diff | status | rollback PLAN`: drive every host's agent.
 
-Exit codes (topoctl.rollout.twophase): apply and diff 0 = nothing to do, 2 = changes made
-(apply) or pending (diff, apply --dry-run), 1 = error (bad plan, or prepare failed: no host
-changed), 3 = partial (the apply failed on some hosts, every changed host rolled back); status
-0 = in sync, 2 = drifted, 1 = unreachable or error."""
+Exit codes (topoagent.protocol): 0 = success (changes made or not, drift or not), 1 = error
+(bad plan, or prepare failed: no host changed; status: a host unreachable), 3 = partial (the
+apply failed on some hosts, every changed host rolled back). With --detailed-exitcode: 0 =
+nothing to do / in sync, 2 = changes made (apply, rollback) or pending (diff, apply --dry-run)
+or drift (status). The verbs return the rollout report's detailed outcome
+(topoctl.rollout.twophase); `topoagent.cliutil.run_verb` makes it the exit code."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from topoagent.cliutil import add_detailed_exitcode, add_json
 from topoagent.state.host import StateError
 from topoctl.cli.apply_ansible import run_via_ansible
 from topoctl.lab.lab import Lab, list_labs
@@ -128,10 +131,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=False, highlight=False, soft_wrap=True)
     if getattr(args, "via", "agent") == "ansible":
         got = run_via_ansible(args, _printer(console, args.json))
-        if isinstance(got, int):
-            return got
         if args.json:
-            print(json.dumps(got.to_dict()))
+            print(json.dumps(got.to_dict(args.detailed_exitcode)))
         else:
             _summary(console, got, show_ops=args.command == "diff" or args.dry_run)
         return got.exit_code
@@ -156,10 +157,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         transport.close()
     if args.json:
-        print(json.dumps(report.to_dict()))
+        print(json.dumps(report.to_dict(args.detailed_exitcode)))
     else:
         _summary(console, report, show_ops=args.command in ("diff", "status") or args.dry_run)
-    return report.exit_code
+    return report.exit_code  # the detailed outcome: EXIT_CHANGES exits 0 unless asked
 
 
 def confirm_window(args: argparse.Namespace, transport: Transport) -> float | None:
@@ -195,7 +196,7 @@ def add_transport_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-key", default="~/.ssh/id_ed25519")
     p.add_argument("--known-hosts", default="~/.ssh/known_hosts")
     p.add_argument("--agent", default="topo-agent", help="agent command on remote hosts")
-    p.add_argument("--json", action="store_true", help="one JSON report on stdout")
+    add_json(p, "one JSON report on stdout")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -204,9 +205,15 @@ def register(sub: argparse._SubParsersAction) -> None:
              "diff": "show what apply would change on each host",
              "status": "per host: in sync, drifted (with the drift) or unreachable",
              "rollback": "return every host to its previously applied state"}
+    examples = {"apply": "topoctl apply plan.yaml --lab demo && topoctl run plan.yaml --lab demo",
+                "diff": "topoctl diff plan.yaml --cluster cluster.yaml --detailed-exitcode",
+                "status": "topoctl status plan.yaml --lab demo --detailed-exitcode",
+                "rollback": "topoctl rollback plan.yaml --lab demo"}
     for name, text in helps.items():
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(name, help=text, description=text,
+                           epilog=f"example: {examples[name]}")
         add_transport_args(p)
+        add_detailed_exitcode(p)
         p.add_argument("--force-mgmt", action="store_true",
                        help="allow changes to the management interface, address or route")
         p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")

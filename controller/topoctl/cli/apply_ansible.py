@@ -8,13 +8,11 @@ directory (<state>/ansible/<cluster>; a lab's own state directory for a lab)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from topoagent.protocol import EXIT_ERROR, TopoError
+from topoagent.protocol import TopoError
 from topoctl.cli.inventory import cluster_inventory, inventory_text, lab_inventory
 from topoctl.lab.lab import Lab, list_labs
-from topoctl.lab.netops import LabError
 from topoctl.rollout import twophase as rollout
 from topoctl.rollout.ansible import default_data_dir, run_playbook
 from topoctl.rollout.twophase import Progress, Report
@@ -43,8 +41,9 @@ def _inventory(args: argparse.Namespace, plan: dict) -> tuple[Path, Path]:
     return path, data
 
 
-def run_via_ansible(args: argparse.Namespace, progress: Progress) -> Report | int:
-    """The Report of the run, or EXIT_ERROR after printing why it could not run."""
+def run_via_ansible(args: argparse.Namespace, progress: Progress) -> Report:
+    """The Report of the run; a TopoError (printed and mapped to exit 1 by the CLI's one error
+    path) when it could not run."""
     try:
         plan = rollout.load_plan(args.plan)
         if args.hosts:
@@ -56,8 +55,6 @@ def run_via_ansible(args: argparse.Namespace, progress: Progress) -> Report | in
         report = run_playbook("apply.yml", inventory, private_data_dir=data, extravars=extravars,
                               limit=args.hosts, progress=progress, command=args.command,
                               check=args.command == "diff" or args.dry_run)
-    except (TopoError, LabError, OSError) as e:
-        for p, m in getattr(e, "problems", None) or [("", str(e))]:
-            print(f"error: {p}: {m}" if p else f"error: {m}", file=sys.stderr)
-        return EXIT_ERROR
+    except OSError as e:  # ansible-runner or the inventory file: say which, as bad input does
+        raise TopoError(f"cannot run the playbook: {e}") from None
     return report

@@ -4,7 +4,8 @@ Benchmarks are programs, not library: they live in the package `bench/` at the r
 checkout (the project is installed editable from it) and print their own tables. This verb only
 finds the checkout, runs `python -m bench.NAME` there with this interpreter and passes the exit
 code on (128 + N when signal N killed it); the programs follow the README's exit codes, usage
-errors included (1, not argparse's 2)."""
+errors included (1, not argparse's 2): `bench` is a pass-through verb, its code is the
+program's (no --json or --detailed-exitcode of its own)."""
 
 from __future__ import annotations
 
@@ -47,10 +48,13 @@ def source_checkout() -> Path:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl bench NAME [ARGS...]`, one sub-verb per entry of `BENCHES`."""
-    p = sub.add_parser("bench", help="run a benchmark program from bench/ (predicted vs measured)")
+    text = "run a benchmark program from bench/ (predicted vs measured)"
+    p = sub.add_parser("bench", help=text, description=text,
+                       epilog="example: topoctl bench lab-check --help")
     group = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, (_, help_) in BENCHES.items():
-        b = group.add_parser(name, help=help_, add_help=False)
+        b = group.add_parser(name, help=help_, add_help=False,
+                             epilog=f"example: topoctl bench {name} --help")
         b.add_argument("args", nargs=argparse.REMAINDER)
         b.set_defaults(func=run)
 

@@ -12,10 +12,12 @@ naming their YAML path; nothing is written."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import yaml
 
+from topoagent.cliutil import add_json
 from topoagent.protocol import EXIT_OK, TopoError
 from topoctl.cli.output import write_output
 from topoctl.lab.lab import Lab
@@ -105,18 +107,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise TopoError("give a cluster file or --lab NAME")
     text = inventory_text(doc)
-    if args.output in (None, "-"):
-        print(text, end="")
-    else:
+    to_file = args.output not in (None, "-")
+    if to_file:
         write_output(args.output, text)
+    if args.json:  # what was written (the inventory itself too when it went to no file)
+        print(json.dumps({"ok": True, "output": args.output if to_file else None,
+                          "hosts": sorted(doc["all"]["hosts"]),
+                          "groups": sorted(doc["all"].get("children", {})),
+                          **({} if to_file else {"inventory": doc})}))
+    elif not to_file:
+        print(text, end="")
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl inventory` to the topoctl parser."""
     text = "write an Ansible inventory for the cluster's hosts (or a lab's)"
-    p = sub.add_parser("inventory", help=text, description=text)
+    p = sub.add_parser("inventory", help=text, description=text,
+                       epilog="example: topoctl inventory cluster.yaml -o inventory.yml")
     p.add_argument("cluster", nargs="?", help="cluster.yaml (hosts need an address)")
     p.add_argument("--lab", help="a running lab instead of a cluster file")
     p.add_argument("-o", "--output", help="file to write (default stdout)")
+    add_json(p, "one JSON document on stdout: the hosts and groups written (the inventory "
+                "too, without -o)")
     p.set_defaults(func=run)

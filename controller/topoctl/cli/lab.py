@@ -1,9 +1,11 @@
 """`topoctl lab ...`: a cluster of namespaces on this machine (see docs/lab.md).
 
 Every subcommand but `up` takes `--lab NAME`; without it, $TOPOCTL_LAB or the only lab there is.
-Exit codes: 0 ok, 1 error (bad input: cluster/plan file, port name; or the lab operation
-failed; `status` and `measure`: a cable or host is not as configured), 2 `status --plan`: the
-cables the kernel has differ from the plan's `fabric` (re-cabling pending)."""
+Exit codes (topoagent.protocol): 0 ok, 1 error (bad input: cluster/plan file, port name; or the
+lab operation failed; `status` and `measure`: a cable or host is not as configured). With
+--detailed-exitcode, 2: `status --plan` found the cables the kernel has differ from the plan's
+`fabric` (re-cabling pending), `rewire` re-cabled something. `exec` exits with its command's
+code."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from topoagent.cliutil import add_detailed_exitcode, add_json
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state.host import load_yaml_file
 from topoagent.state.values import format_rate
@@ -31,12 +34,19 @@ MAX_MEASURE_S = 3600.0  # per cable: longer is a typo, and iperf3's own limit is
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl lab` and its subcommands (up, down, status, measure, cut, heal, ...)."""
-    p = sub.add_parser("lab", help="build and drive a cluster of namespaces on this machine",
-                       description=__doc__.split("\n")[0])
+    text = "build and drive a cluster of namespaces on this machine"
+    p = sub.add_parser("lab", help=text, description=text,
+                       epilog="example: topoctl lab up cluster.yaml && topoctl lab status")
     lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND")
 
-    def cmd(name: str, func, help: str, lab: bool = True) -> argparse.ArgumentParser:
-        c = lsub.add_parser(name, help=help, description=help)
+    def cmd(name: str, func, help: str, example: str, lab: bool = True, json: bool = True,
+            detailed: bool = False) -> argparse.ArgumentParser:
+        c = lsub.add_parser(name, help=help, description=help,
+                            epilog=f"example: topoctl lab {example}")
+        if json:
+            add_json(c)
+        if detailed:
+            add_detailed_exitcode(c)
         if lab:
             c.add_argument("--lab", help="lab name (default: $TOPOCTL_LAB or the only lab)")
         c.add_argument("--state-dir", help=f"labs' state root (default: $TOPOCTL_LAB_DIR or "
@@ -44,33 +54,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         c.set_defaults(func=_guard(func))
         return c
 
-    c = cmd("up", _up, "build a lab from a cluster file", lab=False)
+    c = cmd("up", _up, "build a lab from a cluster file", "up cluster.yaml --plan plan.yaml",
+            lab=False)
     c.add_argument("cluster", help="cluster.yaml")
     c.add_argument("--name", help="lab name (default: the cluster's name; <= 9 of [a-z0-9])")
     c.add_argument("--plan", help="cable it as this plan's `fabric` says")
     c.add_argument("--mgmt-net", help="management subnet inside 10.232.0.0/16 (default: free)")
     c.add_argument("--no-ssh", action="store_true", help="no sshd per host")
-    c = cmd("down", _down, "remove everything a lab created (also after a crash)")
-    c = cmd("status", _status, "hosts and cables, configured vs kernel vs measured rate")
-    c.add_argument("--json", action="store_true")
+    c = cmd("down", _down, "remove everything a lab created (also after a crash)",
+            "down --lab demo")
+    c = cmd("status", _status, "hosts and cables, configured vs kernel vs measured rate",
+            "status --plan plan.yaml --detailed-exitcode", detailed=True)
     c.add_argument("--plan", help="also compare the cables the kernel has with this plan's "
-                                  "`fabric` (missing / extra / mismatched; exit 2 if they differ)")
-    c = cmd("cut", _cut, "unplug the cable at HOST:PORT (both ends lose carrier)")
+                                  "`fabric` (missing / extra / mismatched; with "
+                                  "--detailed-exitcode exit 2 if they differ)")
+    c = cmd("cut", _cut, "unplug the cable at HOST:PORT (both ends lose carrier)", "cut h0:p1")
     c.add_argument("port", help="HOST:PORT")
-    c = cmd("heal", _heal, "plug the cable at HOST:PORT back in")
+    c = cmd("heal", _heal, "plug the cable at HOST:PORT back in", "heal h0:p1")
     c.add_argument("port", help="HOST:PORT")
-    c = cmd("measure", _measure, "iperf3 through every cable: achieved vs configured")
+    c = cmd("measure", _measure, "iperf3 through every cable: achieved vs configured",
+            "measure --time 5 h0:p1")
     c.add_argument("ports", nargs="*", help="only cables at these HOST:PORTs")
     c.add_argument("--time", type=float, default=2.0, help="seconds per cable (default 2)")
     c.add_argument("--jobs", type=int, default=1, help="cables measured at once (default 1)")
-    c.add_argument("--json", action="store_true")
-    c = cmd("rewire", _rewire, "re-cable a direct-connect lab from a plan's fabric wiring")
+    c = cmd("rewire", _rewire, "re-cable a direct-connect lab from a plan's fabric wiring",
+            "rewire plan.yaml", detailed=True)
     c.add_argument("plan", help="plan.yaml (or a cluster file): its `fabric` is used")
-    c = cmd("exec", _exec, "run a command inside a host's namespace (no ssh)")
+    c = cmd("exec", _exec, "run a command inside a host's namespace (no ssh)",
+            "exec h0 -- ip route", json=False)
     c.add_argument("host")
     c.add_argument("command", nargs=argparse.REMAINDER, help="command and its arguments")
-    cmd("list", _list, "labs on this machine", lab=False)
-    p.set_defaults(func=lambda a: p.print_help() or 1)
+    cmd("list", _list, "labs on this machine", "list", lab=False)
+    p.set_defaults(func=lambda a: p.print_help() or EXIT_ERROR)
 
 
 def _guard(func):
@@ -132,11 +147,19 @@ def _up(args: argparse.Namespace) -> int:
                     with_ssh=not args.no_ssh)
     lay = lab.layout
     n = len(lay.cables) + len(lay.switch_ports)
+    missing = labmod.unemulated(lab)
+    if args.json:
+        print(json.dumps({"ok": True, "lab": lab.name, "seconds": round(time.monotonic() - t, 3),
+                          "hosts": [h.name for h in lay.hosts], "cables": n,
+                          "mgmt_net": str(lay.mgmt_net), "gateway": str(lay.gateway),
+                          "ssh_config": None if args.no_ssh else str(lab.ssh_config),
+                          "inventory": None if args.no_ssh else str(lab.inventory),
+                          "unemulated": list(missing), "tcp_congestion": lab.tcp_congestion}))
+        return EXIT_OK
     print(f"lab {lab.name} up in {time.monotonic() - t:.1f}s: {len(lay.hosts)} hosts, {n} "
           f"cables, management {lay.mgmt_net} (root {lay.gateway})")
     if not args.no_ssh:
         print(f"ssh -F {lab.ssh_config} {lay.hosts[0].name}    # Ansible: -i {lab.inventory}")
-    missing = labmod.unemulated(lab)
     if missing:
         print(f"warning: this kernel has no sch_netem: latency/loss of {len(missing)} cable(s) "
               f"not emulated (rates are)", file=sys.stderr)
@@ -144,16 +167,20 @@ def _up(args: argparse.Namespace) -> int:
         print(f"warning: the hosts' TCP congestion control is {lab.tcp_congestion}, not "
               f"{labmod.HOST_TCP_CONGESTION} (not in this kernel): measured times may not "
               f"follow the plan's predictions", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def _down(args: argparse.Namespace) -> int:
     name = _lab_name(args)
     t = time.monotonic()
     r = labmod.down(name, args.state_dir)
+    if args.json:
+        print(json.dumps({"ok": True, "lab": name, "seconds": round(time.monotonic() - t, 3),
+                          "removed": {k: r[k] for k in ("namespaces", "links", "processes")}}))
+        return EXIT_OK
     print(f"lab {name} down in {time.monotonic() - t:.1f}s: removed {r['namespaces']} "
           f"namespaces, {r['links']} root links, {r['processes']} processes")
-    return 0
+    return EXIT_OK
 
 
 def _rate(v: float | None) -> str:
@@ -171,7 +198,7 @@ def _status(args: argparse.Namespace) -> int:
     st = labmod.status(lab)
     if args.json:
         print(json.dumps(st | ({"plan": report.as_dict()} if report else {}), indent=1))
-        return _plan_exit(st, report) if report else 0
+        return _plan_exit(st, report) if report else EXIT_OK
     print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}"
           f", hosts' TCP {st['tcp_congestion']}")
     print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} {'ovs':<4} ports")
@@ -195,12 +222,13 @@ def _status(args: argparse.Namespace) -> int:
     if report:
         _print_cabling(args.plan, report)
         return _plan_exit(st, report)
-    return 1 if bad or not all(h["netns_exists"] for h in st["hosts"]) else 0
+    return EXIT_ERROR if bad or not all(h["netns_exists"] for h in st["hosts"]) else EXIT_OK
 
 
 def _plan_exit(st: dict, report) -> int:
-    """`status --plan`: 1 when a host is gone (the lab is broken), 2 when the cabling differs
-    from the plan (re-cabling pending: `topoctl lab rewire PLAN`), else 0."""
+    """`status --plan`: EXIT_ERROR when a host is gone (the lab is broken), EXIT_CHANGES when
+    the cabling differs from the plan (re-cabling pending: `topoctl lab rewire PLAN`; exit 2
+    with --detailed-exitcode, else 0), else EXIT_OK."""
     if not all(h["netns_exists"] for h in st["hosts"]):
         return EXIT_ERROR
     return EXIT_CHANGES if not report.ok else EXIT_OK
@@ -225,15 +253,21 @@ def _print_cabling(plan: str, report) -> None:
 
 
 def _cut(args: argparse.Namespace) -> int:
-    for name in labmod.set_port(_load(args), args.port, False):
-        print(f"cut {name}")
-    return 0
+    return _plug(args, False)
 
 
 def _heal(args: argparse.Namespace) -> int:
-    for name in labmod.set_port(_load(args), args.port, True):
-        print(f"healed {name}")
-    return 0
+    return _plug(args, True)
+
+
+def _plug(args: argparse.Namespace, up: bool) -> int:
+    """`cut` (up False) or `heal` the cable at args.port; EXIT_OK."""
+    cables = list(labmod.set_port(_load(args), args.port, up))
+    if args.json:
+        print(json.dumps({"ok": True, "port": args.port, "up": up, "cables": cables}))
+    for name in [] if args.json else cables:
+        print(f"{'healed' if up else 'cut'} {name}")
+    return EXIT_OK
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -251,13 +285,13 @@ def _measure(args: argparse.Namespace) -> int:
     results = measure(lab, args.ports or None, args.time, args.jobs)
     if args.json:
         print(json.dumps([r.__dict__ for r in results], indent=1))
-        return 0 if all(r.error is None for r in results) else 1
+        return EXIT_OK if all(r.error is None for r in results) else EXIT_ERROR
     print(f"{'cable':<32} {'config':>8} {'achieved':>9} {'ratio':>6} {'cpu%':>5}")
     for r in results:
         cpu = f"{r.cpu_percent:.0f}" if r.cpu_percent is not None else "-"
         print(f"{r.name:<32} {format_rate(r.configured):>8} {_rate(r.achieved):>9} "
               f"{(f'{r.ratio:.3f}' if r.ratio else r.error or '-'):>6} {cpu:>5}")
-    return 0 if all(r.error is None for r in results) else 1
+    return EXIT_OK if all(r.error is None for r in results) else EXIT_ERROR
 
 
 def _rewire(args: argparse.Namespace) -> int:
@@ -265,12 +299,17 @@ def _rewire(args: argparse.Namespace) -> int:
     fabric = _plan_fabric(args.plan)
     _check_fabric(lab.cluster, fabric, args.plan)
     r = labmod.rewire(lab, fabric)
+    changed = EXIT_CHANGES if r["removed"] or r["added"] else EXIT_OK
+    if args.json:
+        print(json.dumps({"ok": True, "lab": lab.name, "removed": list(r["removed"]),
+                          "added": list(r["added"])}))
+        return changed
     print(f"removed {len(r['removed'])} cables, added {len(r['added'])}")
     for n in r["removed"]:
         print(f"  - {n}")
     for n in r["added"]:
         print(f"  + {n}")
-    return 0
+    return changed  # exit 2 with --detailed-exitcode when it re-cabled something
 
 
 def _exec(args: argparse.Namespace) -> int:
@@ -286,6 +325,9 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    for name in labmod.list_labs(args.state_dir):
+    labs = labmod.list_labs(args.state_dir)
+    if args.json:
+        print(json.dumps({"ok": True, "labs": list(labs)}))
+    for name in [] if args.json else labs:
         print(name)
-    return 0
+    return EXIT_OK

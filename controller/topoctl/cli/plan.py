@@ -1,19 +1,22 @@
 """`topoctl plan CLUSTER JOB -o PLAN` and `topoctl explain PLAN [--png FILE]`.
 
 Exit codes: 0 ok, 1 bad input (every problem printed as `topoctl: FILE: yaml.path: message` by
-the CLI's one error handler; nothing written)."""
+the CLI's one error handler; nothing written). With --json one JSON document on stdout: what
+was planned (and the plan itself unless -o wrote it to a file), or what explain showed."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from typing import Annotated
 
+import yaml
 from pydantic import Field, TypeAdapter, ValidationError
 
-from topoagent.cliutil import positive_int
+from topoagent.cliutil import add_json, positive_int
 from topoagent.protocol import EXIT_OK
 from topoagent.state.host import StateError, load_yaml_file
 from topoctl.cli.output import write_output
@@ -97,11 +100,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if problems:  # a planner bug, not bad input: a traceback and a request to report it
             raise RuntimeError(f"the generated plan fails validation: {problems[:5]}")
     text = dump_plan(doc)
-    if args.output and args.output != "-":
+    to_file = bool(args.output and args.output != "-")
+    if to_file:
         write_output(args.output, text)
-    else:
+    elif not args.json:
         sys.stdout.write(text)
     m = doc["metadata"]
+    if args.json:  # what was planned; the plan itself too when it went to no file
+        print(json.dumps({
+            "ok": True, "job": job.name, "cluster": cluster.name, "strategy": m["strategy"],
+            "predicted_iteration_time": m["prediction"]["iteration_time"],
+            "bound_iteration_time": m["bound"]["iteration_time"], "hosts": len(doc["hosts"]),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "output": args.output if to_file else None,
+            **({} if to_file else {"plan": yaml.safe_load(text)})}))
+        return EXIT_OK
     print(f"planned {job.name} on {cluster.name}: strategy {m['strategy']}, predicted "
           f"{m['prediction']['iteration_time'] * 1e3:.3f} ms/iteration (bound "
           f"{m['bound']['iteration_time'] * 1e3:.3f} ms), {len(doc['hosts'])} hosts, "
@@ -142,19 +155,29 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise StateError(f"cannot summarise this plan: its informational sections are not "
                          f"as `topoctl plan` writes them ({type(e).__name__}: {e})",
                          "metadata", source=args.plan) from None
-    print(text)
     if args.png:
         draw_png(doc, args.png)
+    if args.json:  # what was shown, and the drawing written
+        m = doc.get("metadata") or {}
+        print(json.dumps({"ok": True, "plan": args.plan, "hosts": wanted or sorted(doc["hosts"]),
+                          "strategy": m.get("strategy"), "prediction": m.get("prediction"),
+                          "explain": text, "png": args.png}, default=str))
+        return EXIT_OK
+    print(text)
+    if args.png:
         print(f"topology drawing: {args.png}", file=sys.stderr)
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl plan` and `topoctl explain` to the topoctl parser."""
-    p = sub.add_parser("plan", help="compute a plan for a job on a cluster")
+    p = sub.add_parser("plan", help="compute a plan for a job on a cluster",
+                       description="compute a plan for a job on a cluster",
+                       epilog="example: topoctl plan cluster.yaml job.yaml -o plan.yaml")
     p.add_argument("cluster", help="cluster.yaml")
     p.add_argument("job", help="job.yaml")
     p.add_argument("-o", "--output", help="plan file to write (default: stdout)")
+    add_json(p, "one JSON document on stdout: what was planned (the plan too, without -o)")
     p.add_argument("--no-cache", action="store_true",
                    help="no machine caches: re-measure op costs (pipeline strategies on lab "
                         "hosts then keep the roofline)")
@@ -173,8 +196,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="check hosts against the agent schema: all, an evenly spread sample of "
                         f"64, or none (auto: all up to {VALIDATE_ALL_UP_TO} hosts, else sample)")
     p.set_defaults(func=cmd_plan)
-    e = sub.add_parser("explain", help="summarise a plan: per-host tables and topology")
+    e = sub.add_parser("explain", help="summarise a plan: per-host tables and topology",
+                       description="summarise a plan: per-host tables and topology",
+                       epilog="example: topoctl explain plan.yaml --hosts h0,h1 --png plan.png")
     e.add_argument("plan", help="plan.yaml")
     e.add_argument("--png", help="also draw the topology to this PNG file")
     e.add_argument("--hosts", help="only these hosts' tables (comma-separated)")
+    add_json(e, "one JSON document on stdout: the plan's strategy, prediction and the tables")
     e.set_defaults(func=cmd_explain)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from topoagent.cliutil import positive_int, positive_seconds
+from topoagent.cliutil import add_detailed_exitcode, positive_int, positive_seconds
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
 from topoctl.cli.run_heal import cmd_run_heal
@@ -40,19 +40,21 @@ def cmd_run(args: argparse.Namespace) -> int:
           + f"; parameters identical on every rank: {'yes' if result.synchronous else 'NO'}")
     if result.allreduce_seconds:
         print(allreduce_summary(result.allreduce_seconds, predicted_buckets(plan)))
-    return 0 if result.synchronous else 1
+    return EXIT_OK if result.synchronous else EXIT_ERROR
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """`topoctl stop`: stop the plan's training processes; 2 stopped some, 0 none ran."""
+    """`topoctl stop`: stop the plan's training processes; EXIT_CHANGES stopped some (exit 2
+    with --detailed-exitcode, else 0), EXIT_OK none ran, EXIT_ERROR a host failed. The agents
+    answer with --detailed-exitcode (`transports.agent_argv`): 2 stopped, 0 none ran."""
     plan, transport = open_plan(args)
     try:
         codes = stop_job(plan, transport)
     finally:
         transport.close()
+    said = {EXIT_CHANGES: "stopped", EXIT_OK: "nothing running"}
     print(json.dumps(codes) if args.json else
-          "\n".join(f"{h}: {'stopped' if rc == 2 else 'nothing running' if rc == 0 else 'error'}"
-                    for h, rc in codes.items()))
+          "\n".join(f"{h}: {said.get(rc, 'error')}" for h, rc in codes.items()))
     if any(rc not in (EXIT_OK, EXIT_CHANGES) for rc in codes.values()):
         return EXIT_ERROR
     return EXIT_CHANGES if EXIT_CHANGES in codes.values() else EXIT_OK
@@ -60,7 +62,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl run` and `topoctl stop` to the topoctl parser."""
-    p = sub.add_parser("run", help="train under the plan on every host, supervised")
+    p = sub.add_parser("run", help="train under the plan on every host, supervised",
+                       description="train under the plan on every host, supervised",
+                       epilog="example: topoctl run plan.yaml --lab demo --iterations 20")
     add_transport_args(p)
     p.add_argument("--iterations", type=positive_int, default=10)
     p.add_argument("--timeout", type=positive_seconds,
@@ -75,6 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-heals", type=positive_int, default=MAX_HEALS, metavar="K",
                    help=f"(--heal) give up after K failed cables (default {MAX_HEALS})")
     p.set_defaults(func=cmd_run)
-    s = sub.add_parser("stop", help="stop the plan's training processes on every host")
+    s = sub.add_parser("stop", help="stop the plan's training processes on every host",
+                       description="stop the plan's training processes on every host",
+                       epilog="example: topoctl stop plan.yaml --lab demo")
     add_transport_args(s)
+    add_detailed_exitcode(s)
     s.set_defaults(func=cmd_stop)

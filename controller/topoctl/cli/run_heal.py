@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from topoagent.protocol import EXIT_ERROR, EXIT_OK
 from topoagent.state.host import StateError
 from topoctl.cli.apply import confirm_window
 from topoctl.cli.output import write_output
@@ -50,7 +51,7 @@ def heal_inputs(args: argparse.Namespace, plan: dict) -> tuple[Cluster, Job]:
 
 
 def cmd_run_heal(args: argparse.Namespace, plan: dict, transport: Transport) -> int:
-    """Run with --heal; the exit code (0 trained and synchronous, 1 otherwise)."""
+    """Run with --heal; EXIT_OK trained and synchronous, EXIT_ERROR otherwise."""
     cluster, job = heal_inputs(args, plan)
     quiet = args.json
     out = (lambda s: None) if quiet else print
@@ -77,8 +78,8 @@ def cmd_run_heal(args: argparse.Namespace, plan: dict, transport: Transport) -> 
         print(json.dumps(result.to_dict()))
     else:
         report(result, args.iterations)
-    ok = result.exit_code == 0 and result.last.synchronous
-    return 0 if ok else 1
+    ok = result.exit_code == EXIT_OK and result.last.synchronous
+    return EXIT_OK if ok else EXIT_ERROR
 
 
 def report(result: HealResult, iterations: int) -> None:

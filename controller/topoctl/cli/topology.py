@@ -2,15 +2,16 @@
 cabling TopoOpt's TopologyFinder picks for n servers with d ports, to inspect before cabling.
 
 Prints the ring strides (and what the authors' geometric rule would pick), the port-to-port
-links, the diameter and the mean hop count. Exit codes: 0 ok, 1 bad input (a clear message)."""
+links, the diameter and the mean hop count. Exit codes: 0 ok, 1 bad input (a TopoError naming
+the flag, printed by the CLI's one error path)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from topoagent.protocol import EXIT_ERROR, EXIT_OK, TopoError
+from topoagent.cliutil import add_json
+from topoagent.protocol import EXIT_OK, TopoError
 from topoctl.fabric.totient import geometric_strides, score
 
 
@@ -24,34 +25,32 @@ def _sizes(text: str) -> list[int]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `topoctl topology` to the topoctl parser."""
-    p = sub.add_parser("topology", help="the direct-connect topology TopoOpt picks for n "
-                                        "servers with d ports (strides, links, diameter)")
+    text = ("the direct-connect topology TopoOpt picks for n servers with d ports (strides, "
+            "links, diameter)")
+    p = sub.add_parser("topology", help=text, description=text,
+                       epilog="example: topoctl topology --hosts 8 --degree 4")
     p.add_argument("--hosts", "-n", type=int, required=True, help="servers (n)")
     p.add_argument("--degree", "-d", type=int, required=True, help="ports cabled per server")
     p.add_argument("--ports", type=int, help="ports a server has (default: the degree)")
     p.add_argument("--group-sizes", type=_sizes, default=None, metavar="G,G",
                    help="AllReduce group sizes (each divides n; default n): one ring each")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(p)
     p.set_defaults(func=cmd_topology)
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    """Print (or with --json, dump) the TopologyFinder's cabling for --hosts and --degree; exit 0,
-    or 1 on bad input."""
+    """Print (or with --json, dump) the TopologyFinder's cabling for --hosts and --degree;
+    EXIT_OK, or a TopoError naming the flag for bad input (exit 1 through the CLI)."""
     # networkx (~0.4 s) loads only for this verb: every topoctl start-up imports this module
     from topoctl.fabric.topology import ArGroup, find_topology
 
-    try:
-        sizes = args.group_sizes or ([args.hosts] if args.hosts >= 2 else [])
-        for g in sizes:
-            if g < 2 or args.hosts < 2 or g > args.hosts or args.hosts % g:
-                raise TopoError(f"--group-sizes: {g} cannot be laid out on {args.hosts} "
-                                f"servers (a group size divides n and is at least 2)")
-        t = find_topology(args.hosts, args.degree, [ArGroup(g, 1.0) for g in sizes],
-                          ports=args.ports, require_rings=True)
-    except TopoError as e:
-        print(f"topoctl topology: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    sizes = args.group_sizes or ([args.hosts] if args.hosts >= 2 else [])
+    for g in sizes:
+        if g < 2 or args.hosts < 2 or g > args.hosts or args.hosts % g:
+            raise TopoError(f"{g} cannot be laid out on {args.hosts} servers (a group size "
+                            f"divides n and is at least 2)", source="--group-sizes")
+    t = find_topology(args.hosts, args.degree, [ArGroup(g, 1.0) for g in sizes],
+                      ports=args.ports, require_rings=True)
     geo = geometric_strides(t.n, t.allreduce_degree // 2) if sizes == [t.n] else []
     doc = t.to_dict()
     out = {"hosts": t.n, "degree": t.d, "strides": t.strides,

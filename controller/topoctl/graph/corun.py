@@ -2,7 +2,7 @@
 
 In the lab every rank runs on this machine's few cores, and a rank's forward and backward take
 more CPU time beside the others than alone: caches, memory bandwidth and the scheduler are
-shared. Measured 2026-11-26 on the 2-core VM, the demo's MLP at batch 48: 18.3 ms of CPU per
+shared. Measured on the 2-core VM, the demo's MLP at batch 48: 18.3 ms of CPU per
 step alone, 21.0 ms with 8 copies at once (+15%); at batch 77 with 5 copies +10%. The
 simulator shares the cores among the ranks (``Network.cpu_pool``) but takes each rank's CPU
 time as timed, so the step is timed with the other ranks' work running beside it

@@ -3,7 +3,7 @@
 DDP's autograd hooks run on the rank's own thread and copy every gradient into its bucket
 (and, unless the gradients are views into the buckets, the reduced bucket back out): compute
 the rank pays whatever the collective is, which the bare model's step leaves out. Measured
-2026-11-26 on the 2-core VM (the demo's MLP at batch 48, 4 copies co-running, CPU of the
+on the 2-core VM (the demo's MLP at batch 48, 4 copies co-running, CPU of the
 thread): forward 4.5, backward 13.7, step 2.3 ms through DDP with its default copies against
 3.8 / 8.6 / 2.3 ms for the bare model; the lab's ranks (mesh5, 5 ranks, tree AllReduce) spent
 5.0 / 14.2 / 2.5 ms on their main threads, and the simulator, given the bare model's times,

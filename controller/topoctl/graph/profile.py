@@ -91,7 +91,7 @@ def retime_runtime_calibration() -> None:
     """Measure the tree runtime's CPU costs on this machine again (``python -m
     topotrain.collectives.calibrate --force``: a few seconds) and cache them, once per process
     (again after `forget_retimed`), as `retime` does for the ops: this VM's per-message cost
-    moved from 34 to 44 us within a day (2026-11-26), with the op times within 2%."""
+    moved from 34 to 44 us within a day, with the op times within 2%."""
     if _RUNTIME in _RETIMED:
         return
     ensure_calibration(force=True)
@@ -114,7 +114,7 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
     step as `runtime` runs the model ("module": data-parallel ranks, "stage": pipeline ranks;
     `graph.cost.measure_train_costs`). Cached per model, sizes, batch, runtime, torch, CPU and
     threads (`graph.cache`); `retime`: time again once per process and cache that (this VM's
-    speed varied by up to 30% within an hour, 2026-11-25); `corun`: the whole step timed with
+    speed varied by up to 30% within an hour); `corun`: the whole step timed with
     that many copies running beside it (the lab's other ranks on this machine's cores,
     `graph.corun`), cached apart; "module" steps are timed through DDP with the job's
     ``sync.bucket`` (`graph.ddpstep`: DDP's own copies are the rank's compute). None when the

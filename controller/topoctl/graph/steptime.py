@@ -25,7 +25,7 @@ __all__ = ["MAX_STEP_REPEATS", "MIN_TIMED_S", "stage_step_times", "step_clock", 
 
 # A whole step is timed `repeats` times at least and until this many seconds of timed steps
 # (at most MAX_STEP_REPEATS): a shared VM's speed wanders by +-10% from one 150 ms stretch to the
-# next (the AMD EPYC VM, 2026-11-26: one matmul 2.4-4.0 ms, median 3.0, over a minute), so
+# next (the AMD EPYC VM: one matmul 2.4-4.0 ms, median 3.0, over a minute), so
 # five steps of an MLP (0.9 s) gave 0.149 to 0.185 s per step in three plans minutes apart,
 # against 0.164-0.170 s measured in the lab over 3 s.
 MIN_TIMED_S = 2.0

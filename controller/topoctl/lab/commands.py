@@ -26,17 +26,17 @@ def _quantum(mtu: int) -> int:
     return max(mtu + 14, 1514)
 
 
-def cable_credit(rate: int, mtu: int) -> int:
-    """Bytes of token credit of a cable shaped to `rate` bit/s with frames of `mtu`: `BURST_S`
+def cable_credit(rate: int, mtu: int, burst_s: float = BURST_S) -> int:
+    """Bytes of token credit of a cable shaped to `rate` bit/s with frames of `mtu`: `burst_s`
     at the rate, at least two full frames (HTB must hold one GSO/jumbo frame, and a slow
     cable's 4 ms are less than one: below 36 Mbit/s at MTU 9000 the frames set the credit)."""
-    return max(int(rate * BURST_S / 8), 2 * _quantum(mtu))
+    return max(int(rate * burst_s / 8), 2 * _quantum(mtu))
 
 
-def cable_credit_s(rate: float, mtu: int) -> float:
+def cable_credit_s(rate: float, mtu: int, burst_s: float = BURST_S) -> float:
     """:func:`cable_credit` in seconds at the cable's rate (`rate` bit/s): the head start a
     cable that idled gives the next message (the tree runtime's cost model, ``credit_s``)."""
-    return cable_credit(int(rate), mtu) * 8.0 / rate if rate > 0 else 0.0
+    return cable_credit(int(rate), mtu, burst_s) * 8.0 / rate if rate > 0 else 0.0
 
 
 def root_batch(layout: Layout) -> list[str]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from topoagent.protocol import TopoError
+from topoagent.protocol import EXIT_CHANGES, EXIT_OK, TopoError
 from topoctl.rollout import twophase
 from topoctl.rollout.links import Cable, cable_at
 from topoctl.rollout.replan import check_healable, replan
@@ -137,7 +137,7 @@ def run_healing(plan: dict, transport: Transport, cluster: Cluster, job: Job,
         t = time.perf_counter()
         report = twophase.apply_plan(new, transport, confirm_within=confirm_within)
         heal.apply_s, heal.apply = time.perf_counter() - t, report.message
-        if report.exit_code not in (0, 2):
+        if report.exit_code not in (EXIT_OK, EXIT_CHANGES):  # the detailed outcome
             result.failure = f"{seg.failure}\ncannot heal: the new plan's apply failed: " \
                              f"{report.message}"
             return result

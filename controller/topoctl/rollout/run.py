@@ -391,7 +391,8 @@ def cable_failure(links_down: list[dict], failures: list[str]) -> str:
 
 
 def stop_job(plan: dict, transport: Transport) -> dict[str, int]:
-    """Ask every host of the plan to stop its ranks; host -> the agent's exit code."""
+    """Ask every host of the plan to stop its ranks; host -> the agent's exit code (called with
+    --detailed-exitcode by every transport: 2 stopped some, 0 none ran, else an error)."""
     hosts = sorted(plan["job"]["processes"])
     return {h: transport.agent(h, ["stop"], timeout=30).rc for h in hosts}
 

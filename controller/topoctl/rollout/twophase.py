@@ -11,12 +11,15 @@
    replays the journal of an agent that died), then diffs it against the plan: a host that did
    apply is rolled back with the others, one that did not is as before.
 
-Exit codes (topoagent.protocol): apply 0 every host in sync, 2 changed (or pending with
+Report exit codes: the detailed outcome (topoagent.protocol; the CLI turns EXIT_CHANGES into
+exit 0 unless --detailed-exitcode): apply 0 every host in sync, 2 changed (or pending with
 --dry-run), 1 prepare failed (no host touched), a rollback failed or a host's state is unknown
 (unreachable during its apply without --confirm-within, or a dropped session that could not be
 checked), 3 partial: the apply failed on some hosts and every host that had changed was rolled
 back (with `keep_going`: kept in the new state); status 0 in sync, 2 drifted, 1 a host could
 not be checked; rollback 2 rolled back, 0 nothing to roll back on any host, 1 a host failed.
+The agents are called with --detailed-exitcode (`transports.agent_argv`): their exit code 2 is
+"changed" (or "changes pending"), 0 "nothing to do".
 
 `status` (in sync / drifted / unreachable) and `rollback` use the same machinery. Progress goes
 to a callback, one event per host and phase; the CLI prints it as lines and a summary table.
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, exit_status
 from topoagent.state.host import StateError, load_yaml_file
 from topoctl.render.validate import validate_plan
 from topoctl.rollout.transports import UNREACHABLE, AgentReply, Transport
@@ -59,7 +62,9 @@ class Event:
 
 @dataclass
 class Report:
-    """The outcome of a rollout command: exit code, every host's events and a summary message."""
+    """The outcome of a rollout command: exit code, every host's events and a summary message.
+    `exit_code` is the detailed outcome (EXIT_CHANGES: changes made, pending or drift); the
+    process exits with `exit_status(detailed)`."""
 
     command: str
     exit_code: int
@@ -73,10 +78,21 @@ class Report:
             out[e.host] = e
         return out
 
-    def to_dict(self) -> dict:
-        """The report as the `--json` document: exit code, message, each host's final event, all
-        events."""
-        return {"command": self.command, "exit_code": self.exit_code, "message": self.message,
+    @property
+    def changed(self) -> bool:
+        """Changes were made (apply, rollback, stop), are pending (diff, --dry-run) or a host
+        drifted (status)."""
+        return self.exit_code == EXIT_CHANGES
+
+    def exit_status(self, detailed: bool = True) -> int:
+        """The process's exit code: EXIT_CHANGES only when `detailed` (--detailed-exitcode)."""
+        return exit_status(self.exit_code, detailed)
+
+    def to_dict(self, detailed: bool = True) -> dict:
+        """The report as the `--json` document: exit code (the process's: 2 only when
+        `detailed`), whether anything changed, message, each host's final event, all events."""
+        return {"command": self.command, "exit_code": self.exit_status(detailed),
+                "changed": self.changed, "message": self.message,
                 "hosts": {h: e.to_dict() for h, e in sorted(self.final().items())},
                 "events": [e.to_dict() for e in self.events]}
 
@@ -145,9 +161,9 @@ def _event(reply: AgentReply, phase: str, seconds: float, ok_result: str,
         return Event(reply.host, phase, "dropped", [f"{reply.dropped} during {phase}"], seconds)
     doc = reply.json()
     ops = [op["what"] for op in doc.get("operations", [])]
-    if reply.rc == 0:
+    if reply.rc == EXIT_OK:
         return Event(reply.host, phase, ok_result, ops, seconds)
-    if reply.rc == 2:
+    if reply.rc == EXIT_CHANGES and doc.get("ok"):  # --detailed-exitcode: changed / pending
         return Event(reply.host, phase, change_result, ops, seconds)
     if reply.rc == UNREACHABLE:
         return Event(reply.host, phase, "unreachable", [doc["error"]], seconds)

@@ -4,7 +4,7 @@
 every other at its end. Training does not: a rank starts its next iteration as soon as its
 own part is done. Where the parts end together (a ring AllReduce, a barrier) that changes
 nothing; where they do not (a tree's root and shallow members leave its broadcast before the
-deepest leaves; measured in the lab on tworack8, 2026-11-27: four of eight ranks left a tree
+deepest leaves; measured in the lab on tworack8: four of eight ranks left a tree
 AllReduce 0.05-0.07 s before the last and ran most of their next forward and backward under
 its tail), the next iteration's compute overlaps the previous one's communication, and the
 period is shorter than one isolated iteration.

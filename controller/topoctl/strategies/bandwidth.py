@@ -88,8 +88,8 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     t_soft = simulate(base.tasks, soft, record=False).iteration_time
     # a hard cap only where the simulator says it helps: on a tie it only takes the runtime's
     # headroom away (hetero8 demo, trees+bandwidth with ceilings at the rates on a tie: two
-    # runs of three measured 1.84 s against 1.02-1.04 s for the same trees, 2026-11-25 on the
-    # quiet Xeon)
+    # runs of three measured 1.84 s against 1.02-1.04 s for the same trees on the quiet
+    # Xeon)
     ceil_is_rate = t_hard < t_soft * (1 - 1e-9) and not (bundled and not multipath)
     speed = {(p.host, p.nic): p.speed for p in base.fabric.ports}
     extra: dict[str, dict] = {}

@@ -293,8 +293,8 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
             return fit.with_cpu_part(tasks, sizes), sizes, fit
 
         # the job's bucket cap: one fused bucket was predicted faster here (0.645 against
-        # 0.725 s on hetero8) but measured no faster (0.800 against 0.775-0.813 s,
-        # 2026-11-25); the lock-step model misses something on the re-cabled ring
+        # 0.725 s on hetero8) but measured no faster (0.800 against 0.775-0.813 s); the
+        # lock-step model misses something on the re-cabled ring
         fused = choose_fusion(ctx, d.network, score, search=False)
         t = fused.tried.get(fused.cap)
         if t is None:  # one candidate cap: not simulated yet

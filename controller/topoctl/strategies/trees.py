@@ -122,8 +122,8 @@ def lockstep_caps(tp: TreePlan, hosts: list[str], efficiency: float
     share. The simulator's max-min sharing, left alone, would let the flows of two trees on
     one link split it evenly whatever their rates, so that the slower-planned tree finished
     early and the faster one late: on switch8 the plain trees were predicted 2.562 s per
-    iteration where the lab's runtime took 2.338 s, each bucket as the lock-step model said
-    (2026-11-26), the same as with the per-destination rates `+bandwidth` installs."""
+    iteration where the lab's runtime took 2.338 s, each bucket as the lock-step model said,
+    the same as with the per-destination rates `+bandwidth` installs."""
     caps: dict[tuple[str, str], float] = {}
     for t in tp.trees:
         for p, c in t.edges:
@@ -222,8 +222,8 @@ class RuntimeFit:
 
         Ranks that outnumber the machine's cores (`shared`): the runtime's time starts when the
         ranks' backward is done. Its lock-step steps each need every rank's thread on a core,
-        and while the ranks compute, the cores are theirs: traced on hetero8 and mesh5
-        (2026-11-26), the first bucket, handed over mid-backward, took 26-30 ms longer than
+        and while the ranks compute, the cores are theirs: traced on hetero8 and mesh5, the
+        first bucket, handed over mid-backward, took 26-30 ms longer than
         the next ones of its size, about as long as the backward it overlapped.
 
         The last bucket's ranks leave it one by one (`leave`): each host's optimizer step
@@ -345,7 +345,7 @@ def fit_runtime(ctx: PlanContext, sched: TreeSchedule, rate: float, latency: flo
     for size, p in preds.items():
         # ranks sharing the cores (the lab) compute under the tail only in what the runtime and
         # the cable emulation leave of the cores: about 1 - cpu_s / seconds of them (tworack8,
-        # 2026-11-27: the early ranks' next compute stretched the AllReduce's tail; with the
+        # the early ranks' next compute stretched the AllReduce's tail; with the
         # full tail credited the trees were predicted 4.5% and trees+bandwidth 10% short)
         busy = min(1.0, p.cpu_s / p.seconds) if shared and p.seconds > 0 else 0.0
         leave[size] = {h: 1.0 - (1.0 - f) * (1.0 - busy)

@@ -29,7 +29,7 @@ The two parts overlap: the runtime posts the receives of the next steps ahead
 (``topotrain.collectives.program.LOOKAHEAD``), so a rank's CPU work (posting, packing,
 adding, and in the lab the cable emulation's kernel work) runs while other messages are in
 flight, and the AllReduce takes ``max(network, CPU)``: whichever of the links and the cores is
-the bottleneck. Measured 2026-11-25 on the quiet 2-core machine (hetero8, 8 ranks): a 15.9 MB
+the bottleneck. Measured on the quiet 2-core machine (hetero8, 8 ranks): a 15.9 MB
 AllReduce, network 0.924 s / CPU 0.297 s, took 0.94 s; the demo's training iterations, trees
 network 1.222 / CPU 0.365 s and topoopt 0.720 / 0.413 s, took 1.199 and 0.734 s (the sum
 over-predicted them by 22-34%). The overlap needs CPU headroom: ``C`` is chosen to minimise

@@ -1,5 +1,5 @@
 """Turn a :class:`~topoctl.collective.trees.pack.TreePlan` into what others read: the runtime's
-tree schedule (``topocontract.schedule``) and the ``topoctl sync --json`` document.
+tree schedule (``topocontract.schedule``) and the ``topoctl trees --json`` document.
 Pure functions; no I/O."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Transports: how the controller reaches the topo-agent on each host.
 
-Every transport runs the same fixed agent command line (`topo-agent --json <verb> -`) and streams
-the host's state on stdin: plan values never become part of a command or a shell string. One
-interface, three implementations:
+Every transport runs the same fixed agent command line (`topo-agent --json --detailed-exitcode
+<verb> -`: the agent's exit code 2 says it changed something or found changes pending, 0 that
+there was nothing to do) and streams the host's state on stdin: plan values never become part
+of a command or a shell string. One interface, three implementations:
 - `lab`: the local namespace testbed (`topo-agent --netns <ns>`), the default when a lab named
   after the plan's cluster is up;
 - `ssh`: paramiko with key auth and strict host-key checking against known_hosts;
@@ -60,8 +61,11 @@ def signal_name(rc: int) -> str | None:
 
 
 def agent_argv(cmd: list[str], state_dir: Path | None) -> list[str]:
-    """The fixed start of every agent command line: JSON output, the host's state directory."""
-    return [*cmd, "--json", *(["--state-dir", str(state_dir)] if state_dir else [])]
+    """The fixed start of every agent command line: JSON output, --detailed-exitcode (the
+    rollout reads "changed" from exit code 2; without it a successful agent exits 0 whether
+    or not it changed anything), the host's state directory."""
+    return [*cmd, "--json", "--detailed-exitcode",
+            *(["--state-dir", str(state_dir)] if state_dir else [])]
 
 
 class Transport(Protocol):
@@ -71,7 +75,7 @@ class Transport(Protocol):
 
     def agent(self, host: str, args: list[str], stdin: str | None = None,
               timeout: float = 120.0) -> AgentReply:
-        """Run `topo-agent --json <args>` on `host`, feeding `stdin`."""
+        """Run `topo-agent --json --detailed-exitcode <args>` on `host`, feeding `stdin`."""
         ...
 
     def stream(self, host: str, args: list[str], stdin: str | None,
