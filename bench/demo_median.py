@@ -28,7 +28,7 @@ def _load(paths: list[Path]) -> tuple[dict[str, list[dict]], float | None]:
     optimum = None
     for path in paths:
         doc = json.loads(path.read_text())
-        optimum = doc["allreduce_optimum"]
+        optimum = doc["allreduce_optimum"] or optimum
         for row in doc["rows"]:
             runs.setdefault(row["strategy"], []).append(row)
     return runs, optimum
