@@ -16,13 +16,12 @@ BIN = Path(sys.executable).parent  # this interpreter's venv: topoctl, topo-agen
 # predicted seconds the timed iterations of a benchmark run cover at least (bench/demo.py,
 # bench/planner_lab_check.py; `topoctl.rollout.run.iterations_for`): a fast strategy's median
 # is not left to a few samples, nor half made of a tree plan's first, still settling iterations
-# (topoopt on hetero8, 2026-11-27 11:52: 0.80, 0.79, 0.77, then 0.72, 0.70, 0.73 s: with 6 timed
-# iterations, -8.8% against the steady prediction); 3 until 2026-11-27
+# (topoopt on hetero8: 0.80, 0.79, 0.77, then 0.72, 0.70, 0.73 s: with 3 s of timed iterations,
+# -8.8% against the steady prediction)
 MIN_TIMED_SECONDS = 6.0
-# `make demo` (bench/demo.py): iterations per row at least, by default and with --careful (as
-# before 2026-11-27: 8, i.e. 6 timed ones for the 4.5 s baseline rows). 4 is what the
-# MIN_TIMED_SECONDS rule asks of the baseline rows anyway (2 timed iterations, 9 s; they agreed
-# within 0.2% after the warm-up: 4.481-4.489 s, 2026-11-27); every faster row gets more from it
+# `make demo` (bench/demo.py): iterations per row at least, by default and with --careful. 4 is
+# what the MIN_TIMED_SECONDS rule asks of the baseline rows anyway (2 timed iterations, 9 s; they
+# agreed within 0.2% after the warm-up: 4.481-4.489 s); every faster row gets more from it
 DEMO_ITERATIONS = 4
 DEMO_ITERATIONS_CAREFUL = 8
 CAREFUL_RUNS = 3  # `make demo`'s --careful: runs whose medians are the table (bench/demo_median)

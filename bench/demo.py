@@ -199,7 +199,7 @@ def row(cluster, s: str, plan: dict, k: int, args, phases: Phases) -> dict:
     # every strategy on a lab of its own, as bench/planner_lab_check.py measures: a row
     # must not inherit the one before it (the same topoopt plan measured 0.656-0.672 s per
     # iteration on a new lab, 0.680-0.709 s (once 0.662) after other strategies on the
-    # same lab, predicted 0.648-0.663 s throughout; 2026-11-27, README "The main job");
+    # same lab, predicted 0.648-0.663 s throughout);
     # a lab takes about a second to build and to remove
     name = f"demo{os.getpid() % 10**4}{k}"  # at most 9 characters (k < 10)
     t0 = time.perf_counter()
@@ -267,8 +267,8 @@ def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
     for k, s in enumerate(strategies):
         if args.careful:
             # planned now, with its ops timed now: this VM's speed moves within minutes (a
-            # plain training loop of the demo's MLP: 75 ms at 18:55, 99 ms at 19:48 UTC,
-            # 2026-11-25), so a timing from the start of the demo can be 20% off by its end
+            # plain training loop of the demo's MLP: 75 ms, then 99 ms 53 minutes later), so a
+            # timing from the start of the demo can be 20% off by its end
             forget_retimed()
             planned(s)
         rows.append(row(cluster, s, plans[s], k, args, phases))

@@ -16,8 +16,8 @@ instead of planning. The lab is cabled as each plan's `fabric` says (`topoctl la
 so a strategy that re-cables (topoopt) is measured on its own cables. ``--repeats N`` checks
 every strategy N times, round by round (each round plans and measures every strategy once, so
 the machine's drift spreads over all of them), and ends with a table of the medians: on the
-2-core AMD VM the same trees plan measured 0.568-0.657 s per iteration within five minutes
-(2026-11-27), more than the 5% a single run is judged by. Uses only the
+2-core AMD VM the same trees plan measured 0.568-0.657 s per iteration within five minutes,
+more than the 5% a single run is judged by. Uses only the
 command-line tools; the lab gets its own name and is removed at the end. ``--keep DIR`` saves
 each check's plan and every rank's output (its JSON events) in DIR/CLUSTER-STRATEGY/.
 

@@ -16,8 +16,8 @@ HTB_CLASS = "1:1"
 # one 1600-byte packet: a jumbo frame then always empties the bucket, and whenever TCP's next
 # packet is not yet queued when the class may send again (TCP small queues refill from softirq,
 # late on a busy machine) the time is lost. A lock-step tree AllReduce on an 8-host ring at
-# 200 Mbit/s then lost 4-20% depending on its chunk size (0.59 s at 26 kB, 0.70 s at 28 kB,
-# 2026-11-25); 2 ms of credit left 0.58-0.62 s, 4 ms 0.58-0.59 s for every chunk tried.
+# 200 Mbit/s then lost 4-20% depending on its chunk size (0.59 s at 26 kB, 0.70 s at 28 kB);
+# 2 ms of credit left 0.58-0.62 s, 4 ms 0.58-0.59 s for every chunk tried.
 BURST_S = 0.004
 
 

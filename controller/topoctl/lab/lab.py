@@ -35,7 +35,7 @@ DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 # message, so the message's tail waits for ACKs queued behind the reverse traffic. Measured on
 # hetero8 (15.9 MB, the same trees): 64 KiB chunks 1.116 s with BBR against 0.92-0.94 s for 48,
 # 56 and 80 KiB; with cubic 0.928 s. tworack8 at 16 KiB: 0.620 s (BBR), 0.464 s (cubic; the
-# cost model predicts 0.464 s). 2026-11-26. The runtime's CPU calibration runs under the same.
+# cost model predicts 0.464 s). The runtime's CPU calibration runs under the same.
 HOST_TCP_CONGESTION = TCP_CONGESTION
 # Per-namespace files `ip netns exec` binds over /etc (iproute2's convention; sshd and
 # `Lab.exec` start that way, and so does everything they start: the agent, the ranks).
@@ -245,8 +245,8 @@ def name_service(nsswitch: str) -> str:
     and the cables), so a lookup /etc/hosts does not answer would fail with EAI_AGAIN ("try
     again") rather than "no such name": every reverse lookup of a training address did, and
     c10d, which names its store sockets' addresses with getnameinfo, printed "The hostname of
-    the client socket cannot be retrieved. err=-3" once per rank and run (2026-11-27: 8 per
-    hetero8 run over the hosts' sshd, none with this). With files only, an address without a
+    the client socket cannot be retrieved. err=-3" once per rank and run (8 per hetero8 run
+    over the hosts' sshd, none with this). With files only, an address without a
     name is given back as digits, as on a host whose DNS answers."""
     lines = [ln for ln in nsswitch.splitlines() if not ln.strip().startswith("hosts:")]
     return "\n".join([*lines, "hosts:          files"]) + "\n"

@@ -89,7 +89,7 @@ class RunResult:
         that iteration's first collective. Its own time counts that lead, which the job does
         not lose (the leaves' next iteration is as much shorter); the mean over the ranks is
         the time between one iteration's end and the next. On hetero8's TopoOpt plan
-        (2026-11-26) the slowest rank's time was 0.674 s, the ranks' mean 0.659 s, the time
+        the slowest rank's time was 0.674 s, the ranks' mean 0.659 s, the time
         between the iterations' last ends 0.660 s. Each rank's time is read on its own clock
         (hosts' clocks are never compared)."""
         per_iter: dict[int, list[float]] = {}
