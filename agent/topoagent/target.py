@@ -15,7 +15,10 @@ from pathlib import Path
 from topoagent.protocol import TopoError
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 0x80000
 NETNS_RUN_DIR = Path("/run/netns")
+NETNS_ETC_DIR = Path("/etc/netns")  # per-namespace /etc files, as `ip netns exec` uses them
 DEFAULT_STATE_ROOT = Path("/var/lib/topo-agent")
 
 
@@ -96,6 +99,7 @@ class Target:
                 raise TargetError(f"cannot enter netns {self.netns}")
         finally:
             os.close(fd)
+        _use_netns_etc(libc, NETNS_ETC_DIR / self.netns)
 
     def read_sysctl(self, path: str) -> str | None:
         """A /proc/sys/net value as seen in the target (None when absent)."""
@@ -122,3 +126,22 @@ def current_netns_name() -> str | None:
     except OSError:
         pass
     return None
+
+
+def _use_netns_etc(libc: ctypes.CDLL, etc: Path) -> None:
+    """Put the namespace's own /etc files (`/etc/netns/NAME/FILE`, e.g. the lab's
+    nsswitch.conf) in place of /etc/FILE for this process, in a mount namespace of its own, as
+    `ip netns exec` does: a process entering by setns would otherwise resolve names as the
+    machine does (the lab's hosts cannot reach its DNS server). Best effort: a process that
+    cannot have a mount namespace of its own (threads already running) keeps the machine's."""
+    if not etc.is_dir():
+        return
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return
+    # mounts made here must not propagate back to the machine's mount namespace
+    if libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
+        return
+    for src in sorted(etc.iterdir()):
+        dst = Path("/etc") / src.name
+        if src.is_file() and dst.exists():
+            libc.mount(bytes(src), bytes(dst), b"none", MS_BIND, None)
