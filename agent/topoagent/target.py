@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 0x80000
 NETNS_RUN_DIR = Path("/run/netns")
 NETNS_ETC_DIR = Path("/etc/netns")  # per-namespace /etc files, as `ip netns exec` uses them
+SYSTEM_NSSWITCH = Path("/etc/nsswitch.conf")
 DEFAULT_STATE_ROOT = Path("/var/lib/topo-agent")
 
 
@@ -145,3 +147,38 @@ def _use_netns_etc(libc: ctypes.CDLL, etc: Path) -> None:
         dst = Path("/etc") / src.name
         if src.is_file() and dst.exists():
             libc.mount(bytes(src), bytes(dst), b"none", MS_BIND, None)
+
+
+def files_only_nsswitch(nsswitch: str) -> str:
+    """`nsswitch` (an nsswitch.conf) with host names looked up in files only (/etc/hosts).
+
+    A namespace with no route to the machine's DNS server (a lab host, a scratch namespace)
+    fails a lookup /etc/hosts does not answer with EAI_AGAIN ("try again") rather than "no
+    such name": every reverse lookup of a training address did, and c10d, which names its
+    store sockets' addresses with getnameinfo, printed "The hostname of the client socket
+    cannot be retrieved. err=-3" once per rank. With files only, an address without a name
+    is given back as digits, as on a host whose DNS answers."""
+    lines = [ln for ln in nsswitch.splitlines() if not ln.strip().startswith("hosts:")]
+    return "\n".join([*lines, "hosts:          files"]) + "\n"
+
+
+def give_files_only_names(netns: str, etc: Path = NETNS_ETC_DIR) -> None:
+    """Give namespace `netns` its own nsswitch.conf (`files_only_nsswitch`) under
+    `etc`/<netns>/, which `ip netns exec` and `Target.enter` put over /etc/nsswitch.conf;
+    nothing when this machine has no /etc/nsswitch.conf (glibc's defaults then apply)."""
+    if not SYSTEM_NSSWITCH.is_file():
+        return
+    d = etc / netns
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "nsswitch.conf").write_text(files_only_nsswitch(SYSTEM_NSSWITCH.read_text()))
+
+
+def drop_netns_etc(pattern: str, etc: Path = NETNS_ETC_DIR) -> None:
+    """Remove the per-namespace /etc files of the namespaces matching `pattern` (a glob), and
+    `etc` itself when nothing else keeps files there."""
+    for d in etc.glob(pattern):
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        etc.rmdir()
+    except OSError:
+        pass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from topoagent.target import NETNS_ETC_DIR, Target
+from topoagent.target import NETNS_ETC_DIR, Target, files_only_nsswitch
 
 pytestmark = pytest.mark.netns
 
@@ -39,3 +39,10 @@ def test_without_etc_files_nothing_changes(make_netns):
     inside = subprocess.run(["cat", "/etc/hosts"], capture_output=True, text=True,
                             preexec_fn=Target(netns=ns).enter, timeout=30)
     assert inside.stdout == Path("/etc/hosts").read_text()
+
+
+def test_files_only_nsswitch_keeps_everything_but_hosts():
+    text = "passwd: files systemd\nhosts:  files dns myhostname\nnetworks: files\n"
+    out = files_only_nsswitch(text)
+    assert "dns" not in out and out.splitlines()[-1].split() == ["hosts:", "files"]
+    assert "passwd: files systemd" in out and "networks: files" in out

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.congestion import CONGESTION_SYSCTL, set_congestion_control
-from topoagent.target import Target
+from topoagent.target import Target, drop_netns_etc, give_files_only_names
 
 __all__ = ["TCP_CONGESTION", "calibration_path", "ensure_calibration", "load_calibration",
            "machine_key", "measure"]
@@ -135,9 +135,11 @@ def _scratch_netns() -> Iterator[str | None]:
                        check=True)
         # on a kernel without it the namespace keeps the machine's, which the pairs record
         set_congestion_control([name], TCP_CONGESTION)
+        give_files_only_names(name)  # no DNS in here: c10d's name lookups must not wait for it
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        drop_netns_etc(name)
 
 
 def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,

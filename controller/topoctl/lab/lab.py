@@ -20,6 +20,7 @@ from typing import Any
 
 from topoagent.congestion import set_congestion_control
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
+from topoagent.target import drop_netns_etc, give_files_only_names
 from topoctl.lab import cabling, commands, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
@@ -39,8 +40,6 @@ DEFAULT_STATE_ROOT = "/var/lib/topoctl/labs"
 HOST_TCP_CONGESTION = TCP_CONGESTION
 # Per-namespace files `ip netns exec` binds over /etc (iproute2's convention; sshd and
 # `Lab.exec` start that way, and so does everything they start: the agent, the ranks).
-NETNS_ETC = Path("/etc/netns")
-SYSTEM_NSSWITCH = Path("/etc/nsswitch.conf")
 
 
 def state_root(root: str | Path | None = None) -> Path:
@@ -219,7 +218,8 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
         for h in layout.hosts:
             netops.batch("ip", commands.host_batch(layout, h.name), ns=h.ns)
         # before sshd starts: `ip netns exec` binds the files when it starts a program
-        write_name_service(layout)
+        for h in layout.hosts:  # names resolve in files only (files_only_nsswitch says why)
+            give_files_only_names(h.ns)
         in_effect = set_congestion_control([h.ns for h in layout.hosts], HOST_TCP_CONGESTION)
         lab.tcp_congestion = ",".join(sorted(set(in_effect.values())))
         netops.batch("ip", commands.wire_ip_batch(layout), ns=layout.wire_ns)
@@ -236,33 +236,6 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
         down(name, root)
         raise
     return lab
-
-
-def name_service(nsswitch: str) -> str:
-    """`nsswitch` (an nsswitch.conf) with host names looked up in files only (/etc/hosts).
-
-    A lab host has no route to the machine's DNS server (its links are the management bridge
-    and the cables), so a lookup /etc/hosts does not answer would fail with EAI_AGAIN ("try
-    again") rather than "no such name": every reverse lookup of a training address did, and
-    c10d, which names its store sockets' addresses with getnameinfo, printed "The hostname of
-    the client socket cannot be retrieved. err=-3" once per rank and run (8 per hetero8 run
-    over the hosts' sshd, none with this). With files only, an address without a
-    name is given back as digits, as on a host whose DNS answers."""
-    lines = [ln for ln in nsswitch.splitlines() if not ln.strip().startswith("hosts:")]
-    return "\n".join([*lines, "hosts:          files"]) + "\n"
-
-
-def write_name_service(layout: Layout, etc: Path = NETNS_ETC) -> None:
-    """Give every host namespace of `layout` its own nsswitch.conf (`name_service`) under
-    `etc`/<namespace>/, which `ip netns exec` binds over /etc/nsswitch.conf; nothing when this
-    machine has no /etc/nsswitch.conf to bind over (glibc's defaults then apply)."""
-    if not SYSTEM_NSSWITCH.is_file():
-        return
-    text = name_service(SYSTEM_NSSWITCH.read_text())
-    for h in layout.hosts:
-        d = etc / h.ns
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "nsswitch.conf").write_text(text)
 
 
 def unemulated(lab: Lab) -> list[str]:
@@ -293,12 +266,7 @@ def down(name: str, root: str | Path | None = None) -> dict[str, int]:
     # lab's hosts: their default state directories are named after the namespace
     for stale in AGENT_STATE_ROOT.glob(f"netns-{pre}*"):
         shutil.rmtree(stale, ignore_errors=True)
-    for etc in NETNS_ETC.glob(f"{pre}*"):  # `write_name_service`'s
-        shutil.rmtree(etc, ignore_errors=True)
-    try:
-        NETNS_ETC.rmdir()  # when no other lab (or anyone else) keeps files there
-    except OSError:
-        pass
+    drop_netns_etc(f"{pre}*")  # the hosts' nsswitch.conf (`give_files_only_names`)
     left = netops.list_netns(pre) + netops.root_links(pre)
     if left:
         raise LabError(f"could not remove {', '.join(left)}")
