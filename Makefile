@@ -8,7 +8,7 @@ DEBS  := iproute2 ethtool iperf3 iputils-ping openvswitch-switch openssh-server 
          vagrant vagrant-libvirt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench deps clean
+.PHONY: demo test check lint bench deps clean
 
 deps: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check controller agent tests bench
 	$(VENV)/bin/pytest -q
+
+# the fast loop while coding: lint and the unit tests (no root, no labs), stop at the first failure
+check: $(STAMP)
+	$(VENV)/bin/ruff check controller agent tests bench
+	$(VENV)/bin/pytest -q -x tests/unit
 
 bench: $(STAMP)
 	$(PY) -m bench.agent_apply
