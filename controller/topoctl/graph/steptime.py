@@ -77,10 +77,7 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
         return t1 - t0, t2 - t1, clock() - t2
 
     times = timed_steps(step, warmup, repeats)
-    with torch.no_grad():
-        for p, v in zip(params, saved, strict=True):
-            p.copy_(v)
-            p.grad = None
+    _restore(params, saved)
     return times
 
 
@@ -108,8 +105,13 @@ def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microba
         return fwd / microbatches, bwd / microbatches, clock() - t0
 
     times = timed_steps(step, warmup, repeats)
+    _restore(params, saved)
+    return times
+
+
+def _restore(params: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    """Put the parameters a timing stepped back to `saved`, with no gradients."""
     with torch.no_grad():
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)
             p.grad = None
-    return times
