@@ -1,5 +1,13 @@
 """The runtime's CPU calibration: a real micro-benchmark (gloo processes on loopback), cached
-per machine under $TOPOCTL_CACHE/runtime/, read back by the planner's public function."""
+per machine under $TOPOCTL_CACHE/runtime/, read back by the planner's public function.
+
+The micro-benchmark costs ~40 s of CPU on 2 cores, so the module measures once (the fixture
+``measured``) and both tests check that one measurement: as root it runs with the machine set
+to reno and only reno allowed to other namespaces, which is the harder case for the
+calibration's own namespace (its congestion control must be allowed for it first) and runs the
+same code as the unrestricted machine (as root the pairs always run in a throwaway namespace
+given :data:`TCP_CONGESTION`; the allowed-list handling of an unrestricted machine is also
+exercised by every lab test through the same ``set_congestion_control``)."""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,17 +33,39 @@ def calibrate(*args: str, env) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """The one measurement of the module, into an empty cache; as root under
+    :func:`nsutil.restricted_congestion`, recording the allowed list during the run and the
+    calibration namespaces left right after it."""
+    cache = tmp_path_factory.mktemp("calibration")
+    env = os.environ | {"TOPOCTL_CACHE": str(cache)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOPOCTL_CACHE", str(cache))
+        empty_before = load_calibration() is None
+    allowed_during = None
+    if nsutil.is_root():
+        with nsutil.restricted_congestion():
+            r = calibrate("--json", env=env)
+            allowed_during = nsutil.CC_ALLOWED.read_text().split()
+    else:
+        r = calibrate("--json", env=env)
+    left = [n for n in nsutil.list_netns() if n.startswith("tpc-")] if nsutil.is_root() else []
+    return SimpleNamespace(cache=cache, env=env, result=r, empty_before=empty_before,
+                           allowed_during=allowed_during, netns_left=left)
+
+
 @pytest.mark.timeout(900)
-def test_calibration_measures_once_and_is_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
-    env = os.environ | {"TOPOCTL_CACHE": str(tmp_path)}
-    assert load_calibration() is None
-    r = calibrate("--json", env=env)
+def test_calibration_measures_once_and_is_cached(measured, monkeypatch):
+    monkeypatch.setenv("TOPOCTL_CACHE", str(measured.cache))
+    env = measured.env
+    assert measured.empty_before
+    r = measured.result
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Warning" not in r.stderr, r.stderr[-2000:]  # e.g. runpy's "found in sys.modules"
     data = json.loads(r.stdout)
     path = calibration_path()
-    assert path.parent == tmp_path / "runtime" and path.exists()
+    assert path.parent == measured.cache / "runtime" and path.exists()
     for k in KEYS:
         assert data[k] > 0, k
     # plausible magnitudes for a CPU: a message costs 1 us .. 10 ms of CPU, memory moves at
@@ -48,21 +79,25 @@ def test_calibration_measures_once_and_is_cached(tmp_path, monkeypatch):
     assert costs.source == f"calibrated:{data['key']}"
     assert costs.per_message_s == data["per_message_s"]
     # a damaged cache is not used
-    path.write_text("{not json")
-    assert load_calibration() is None
-    path.write_text(json.dumps(data | {"per_message_s": -1}))
-    assert load_calibration() is None
+    saved = path.read_text()
+    try:
+        path.write_text("{not json")
+        assert load_calibration() is None
+        path.write_text(json.dumps(data | {"per_message_s": -1}))
+        assert load_calibration() is None
+    finally:
+        path.write_text(saved)
 
 
 @pytest.mark.netns
 @pytest.mark.timeout(900)
-def test_calibration_runs_under_the_lab_hosts_congestion_control(tmp_path):
+def test_calibration_runs_under_the_lab_hosts_congestion_control(measured):
     """As root the pairs run in a throwaway namespace with the lab hosts' congestion control,
     whatever the machine's is and whether or not namespaces are allowed to choose it (reno and
     only reno here), and the namespace is gone afterwards, the allowed list as it was."""
-    with nsutil.restricted_congestion():
-        r = calibrate("--json", "--force", env=os.environ | {"TOPOCTL_CACHE": str(tmp_path)})
-        assert nsutil.CC_ALLOWED.read_text().split() == ["reno"]
+    assert measured.allowed_during == ["reno"]
+    r = measured.result
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["tcp_congestion"] == TCP_CONGESTION
+    assert measured.netns_left == []
     assert [n for n in nsutil.list_netns() if n.startswith("tpc-")] == []
