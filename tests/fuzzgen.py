@@ -16,6 +16,7 @@ import json
 import os
 from unittest import mock
 
+import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -55,7 +56,8 @@ def doc_paths(doc, prefix=()):
 
 @st.composite
 def mutated(draw, base: st.SearchStrategy) -> dict:
-    """A valid document with one to three values (at any depth) replaced by junk or deleted."""
+    """A valid document with one to three values (at any depth) replaced by junk or deleted
+    (`structural` empties or repeats a part instead)."""
     doc = copy.deepcopy(draw(base))
     for _ in range(draw(st.integers(1, 3))):
         paths = [p for p in doc_paths(doc) if p]
@@ -70,6 +72,60 @@ def mutated(draw, base: st.SearchStrategy) -> dict:
         else:
             parent[path[-1]] = draw(junk())
     return doc
+
+
+@st.composite
+def structural(draw, base: st.SearchStrategy) -> dict:
+    """A valid document with one list or mapping (at any depth) emptied, or one list entry
+    given twice: the shapes a schema accepts and code behind it may not expect (`hosts: []`,
+    `command: []`, a host or a cable listed twice)."""
+    doc = copy.deepcopy(draw(base))
+    paths = [p for p in doc_paths(doc) if p and isinstance(_at(doc, p), (list, dict))]
+    if not paths:
+        return doc
+    path = draw(st.sampled_from(paths))
+    parent, value = _at(doc, path[:-1]), _at(doc, path)
+    if isinstance(value, list) and value and draw(st.booleans()):
+        value.append(copy.deepcopy(draw(st.sampled_from(value))))
+    else:
+        parent[path[-1]] = type(value)()
+    return doc
+
+
+def _at(doc, path):
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def _laughs(levels: int) -> str:
+    """Nested aliases: about 40 bytes a level, 10**levels values."""
+    items = ["&b0 [" + ",".join(["1"] * 10) + "]"]
+    items += [f"&b{i} [" + ",".join([f"*b{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(items) + "]"
+
+
+# Values of the families the YAML loader refuses (topoagent.state.yamlload), as flow YAML that
+# can stand for any value: nested aliases, a recursive alias, deep nesting, huge integers,
+# numbers and booleans YAML 1.1 and 1.2 read differently, an undefined alias
+HOSTILE_VALUES = [_laughs(7), _laughs(9), "&r [1, *r]", "&m {a: *m}", "[" * 80 + "]" * 80,
+                  "9" * 4400, "-" + "1" * 70, "021450", "2:30:00", "1_500", "0b1010", "1:30.5",
+                  "yes", "Off", "on", "*nosuch"]
+_SLOT = "topoctl-fuzz-slot"
+
+
+@st.composite
+def hostile(draw, base: st.SearchStrategy) -> bytes:
+    """A valid document (as YAML bytes) with one value at any depth replaced by one of
+    HOSTILE_VALUES: the loader must refuse it naming the file, whatever the place."""
+    doc = copy.deepcopy(draw(base))
+    paths = [p for p in doc_paths(doc) if p]
+    value = draw(st.sampled_from(HOSTILE_VALUES))
+    if not paths:
+        return value.encode()
+    path = draw(st.sampled_from(paths))
+    _at(doc, path[:-1])[path[-1]] = _SLOT
+    return yaml.safe_dump(doc, sort_keys=False).replace(_SLOT, value).encode()
 
 
 @functools.lru_cache(maxsize=1)

@@ -19,7 +19,9 @@ PREFIX = "tpt-"
 
 
 def sh(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+    # surrogateescape: link names are bytes to the kernel, not always UTF-8
+    return subprocess.run(cmd, check=check, capture_output=True, text=True,
+                          errors="surrogateescape")
 
 
 def ns_exec(ns: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:

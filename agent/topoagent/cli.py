@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -24,9 +25,17 @@ from topoagent import __version__
 from topoagent.apply import confirm as confirming
 from topoagent.apply import journal
 from topoagent.apply.journal import Recovery
-from topoagent.apply.mgmt import Mgmt, resolve
+from topoagent.apply.mgmt import MGMT_FLOOR, Mgmt, resolve
+from topoagent.apply.probe import (
+    MAX_PROBE_BYTES,
+    MAX_PROBE_WITHIN_S,
+    MIN_PROBE_BYTES,
+    PROBE_BYTES,
+    PROBE_WITHIN_S,
+    read_probe,
+)
 from topoagent.apply.store import DEFAULT_KEEP, Store, StoreBusy
-from topoagent.apply.transaction import Result, apply_state, plan
+from topoagent.apply.transaction import Result, apply_state, plan, rollback
 from topoagent.apply.watch import watch
 from topoagent.cliutil import (
     ArgumentParser,
@@ -38,8 +47,9 @@ from topoagent.cliutil import (
 from topoagent.observe.host import observe, to_host_state
 from topoagent.observe.ovs import show_ovs
 from topoagent.process.launch import launch, stop
-from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, TopoError
 from topoagent.state.host import HostState, StateError, load_yaml, parse_host_state, read_text
+from topoagent.state.values import format_rate, parse_rate
 from topoagent.state.wire import load_launch_spec
 from topoagent.target import Target
 
@@ -74,7 +84,8 @@ def _mgmt(args) -> Mgmt | None:
     """The management connection to protect: --mgmt, else the SSH session we run in."""
     if args.force_mgmt:
         return None
-    return Mgmt.parse(args.mgmt) if args.mgmt else Mgmt.from_env()
+    mgmt = Mgmt.parse(args.mgmt) if args.mgmt else Mgmt.from_env()
+    return dataclasses.replace(mgmt, floor=args.mgmt_floor) if mgmt else None
 
 
 def _watch(args, mgmt: Mgmt | None) -> list[tuple[str, str | None]]:
@@ -134,7 +145,7 @@ def cmd_diff(args, target: Target) -> int:
 
 
 def _store(args, target: Target) -> Store:
-    return Store(target.store_dir, keep=args.keep_history)
+    return Store(target.store_dir, keep=args.keep_history, target=target)
 
 
 def recover_at_start(args, target: Target) -> Recovery | None:
@@ -143,8 +154,9 @@ def recover_at_start(args, target: Target) -> Recovery | None:
     rec = None
     if journal.pending(target.store_dir):
         try:
-            with _store(args, target).lock():
-                rec = journal.recover(target, target.store_dir)
+            store = _store(args, target)
+            with store.lock():
+                rec = journal.recover(target, store)
         except StoreBusy:
             return None
         if rec is not None:
@@ -201,29 +213,46 @@ def cmd_apply(args, target: Target) -> int:
                                  probe=not args.no_probe, store=store, mgmt=mgmt,
                                  watch=_watch(args, mgmt))
         if not args.dry_run and result.ops and args.confirm_within:
-            armed = confirming.arm(store.root, args.confirm_within, store.history_len())
+            armed = confirming.arm(store, args.confirm_within)
+            try:  # under the lock: a `confirm` cannot come between the record and its pid
+                armed = confirming.spawn_watchdog(store.root, armed, _agent_args(args, target))
+            except OSError as e:  # no watchdog, no apply: revert now
+                confirming.revert(target, store, armed, f"cannot start the watchdog: {e}")
+                raise confirming.ConfirmError(f"cannot start the confirmation watchdog: {e}; "
+                                              "the apply was reverted") from None
         elif not args.dry_run:
             confirming.clear(store.root)
     if armed is not None:
-        try:
-            confirming.spawn_watchdog(store.root, armed, _agent_args(args, target))
-        except OSError as e:  # no watchdog, no apply: revert now
-            with store.lock():
-                confirming.revert(target, store, armed, f"cannot start the watchdog: {e}")
-            raise confirming.ConfirmError(f"cannot start the confirmation watchdog: {e}; "
-                                          "the apply was reverted") from None
         result.confirm = {"deadline": armed["deadline"], "seconds": armed["seconds"],
                           "token": armed["token"]}
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
 
 def cmd_confirm(args, target: Target) -> int:
-    """`topo-agent confirm`: keep the pending apply (its watchdog stands down); exit 0."""
-    doc = confirming.confirm(target, _store(args, target))
+    """`topo-agent confirm --probe FILE`: keep the pending apply (its watchdog stands down)
+    when the probe came back whole and in time; exit 0."""
+    proof = read_probe(args.probe) if args.probe else None
+    doc = confirming.confirm(target, _store(args, target), proof, unprobed=args.no_probe)
+    probe = doc.get("probe") if "seconds" in doc.get("probe", {}) else None
     if args.json:
-        print(json.dumps({"ok": True, "confirmed": True, "armed": doc["armed"]}))
+        print(json.dumps({"ok": True, "confirmed": True, "armed": doc["armed"],
+                          **({"probe": {k: probe[k] for k in ("bytes", "seconds")}}
+                             if probe else {})}))
     else:
-        print("confirmed: the apply stays")
+        seen = (f" (probe: {probe['bytes']} bytes each way in {probe['seconds']:.2f} s)"
+                if probe else "")
+        print(f"confirmed: the apply stays{seen}")
+    return EXIT_OK
+
+
+def cmd_confirm_probe(args, target: Target) -> int:
+    """`topo-agent confirm-probe`: print a fresh probe payload for `confirm --probe`; exit 0."""
+    payload = confirming.issue_probe(target, _store(args, target), args.bytes, args.within)
+    if args.json:
+        print(json.dumps({"ok": True, "bytes": len(payload), "within": args.within,
+                          "payload": payload}))
+    else:
+        print(payload)
     return EXIT_OK
 
 
@@ -237,16 +266,14 @@ def cmd_rollback(args, target: Target) -> int:
     2 with --detailed-exitcode, else 0), EXIT_OK nothing to roll back."""
     store = _store(args, target)
     with contextlib.nullcontext() if args.dry_run else store.lock():
-        previous = store.previous()
-        if previous is None:  # nothing to do is success (protocol: EXIT_OK), said plainly
+        result = rollback(target, store, dry_run=args.dry_run, probe=not args.no_probe,
+                          mgmt=_mgmt(args))
+        if result is None:  # nothing to do is success (protocol: EXIT_OK), said plainly
             msg = f"nothing to roll back: no earlier applied state in {store.dir}"
             print(json.dumps({"ok": True, "changes": 0, "dry_run": args.dry_run,
                               "operations": [], "message": msg}) if args.json else msg)
             return EXIT_OK
-        result = apply_state(target, previous, dry_run=args.dry_run, probe=not args.no_probe,
-                             mgmt=_mgmt(args), journal_dir=store.root)
         if not args.dry_run:
-            store.pop()
             confirming.end_by_rollback(store.root)
     return _emit_ops(args, "changes needed" if args.dry_run else "changes made", result)
 
@@ -269,7 +296,7 @@ def cmd_watch(args, target: Target) -> int:
     """Run the reconcile loop (--once: one round); EXIT_OK in sync, EXIT_CHANGES drifted or
     repaired (exit 2 with --detailed-exitcode, else 0), EXIT_ERROR error."""
     rnd = watch(target, interval=args.interval, repair=args.repair, once=args.once,
-                status_file=args.status_file, mgmt=_mgmt(args))
+                status_file=args.status_file, mgmt=_mgmt(args), keep=args.keep_history)
     if args.json:
         print(json.dumps({"ok": rnd.status != "error", "status": rnd.status,
                           "drift": rnd.drift, "repaired": rnd.repaired, "error": rnd.error}))
@@ -278,6 +305,32 @@ def cmd_watch(args, target: Target) -> int:
         for what in rnd.repaired or rnd.drift:
             print(f"  {what}")
     return rnd.exit_code
+
+
+def _rate(text: str) -> int:
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _probe_bytes(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not MIN_PROBE_BYTES <= v <= MAX_PROBE_BYTES:
+        raise argparse.ArgumentTypeError(f"expected bytes in [{MIN_PROBE_BYTES}, "
+                                         f"{MAX_PROBE_BYTES}], got {text!r}")
+    return v
+
+
+def _probe_within(text: str) -> float:
+    v = _seconds(text)
+    if v > MAX_PROBE_WITHIN_S:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_PROBE_WITHIN_S:g}], "
+                                         f"got {text!r}")
+    return v
 
 
 def _seconds(text: str) -> float:
@@ -326,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-mgmt", action="store_true",
                    help="allow changes to the interface, address or route of the management "
                         "connection")
+    p.add_argument("--mgmt-floor", type=_rate, default=MGMT_FLOOR, metavar="RATE",
+                   help="refuse a QoS class that holds the management peer below RATE "
+                        f"(default {format_rate(MGMT_FLOOR)})")
     p.add_argument("--keep-history", type=int, default=DEFAULT_KEEP, metavar="N",
                    help=f"applied states kept for rollback (default {DEFAULT_KEEP}, min 2)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -351,8 +407,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="revert by itself (a detached watchdog) unless `topo-agent confirm` "
                         "comes within SECONDS (like netplan try)")
     a.set_defaults(func=cmd_apply)
-    c = _verb(sub, "confirm", "keep an apply made with --confirm-within", "topo-agent confirm")
+    c = _verb(sub, "confirm", "keep an apply made with --confirm-within, given the probe of "
+              "the management path back", "ssh HOST topo-agent confirm-probe | ssh HOST "
+              "topo-agent confirm --probe -")
+    c.add_argument("--probe", metavar="FILE", help="what `confirm-probe` printed (- for "
+                   "stdin), sent back over the same path")
+    c.add_argument("--no-probe", action="store_true",
+                   help="keep the apply without a probe (an operator at the host's console)")
     c.set_defaults(func=cmd_confirm)
+    cp = _verb(sub, "confirm-probe", "print a probe payload to send back with `confirm "
+               "--probe`", "topo-agent confirm-probe")
+    cp.add_argument("--bytes", type=_probe_bytes, default=PROBE_BYTES,
+                    help=f"payload size (default {PROBE_BYTES}, at least {MIN_PROBE_BYTES})")
+    cp.add_argument("--within", type=_probe_within, default=PROBE_WITHIN_S, metavar="SECONDS",
+                    help="seconds to have it back in (default %(default)g)")
+    cp.set_defaults(func=cmd_confirm_probe)
     # internal: started by `apply --confirm-within`, not for users (hidden from the verb list)
     cw = _verb(sub, "confirm-watchdog", None, "(started by apply --confirm-within)", json=False)
     cw.add_argument("token")
@@ -388,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+READ_ONLY = ("show", "diff")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
     args = build_parser().parse_args(argv)
@@ -399,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
     def verb() -> int:
         target = Target(netns=args.netns, state_dir=args.state_dir, ovsdb=args.ovsdb)
         target.check()
-        if args.command not in ("recover", "confirm-watchdog"):
+        if args.command in READ_ONLY:  # they read the kernel alone: a damaged state
+            try:                          # directory is worth a warning, not a refusal
+                recover_at_start(args, target)
+            except TopoError as e:
+                print(f"topo-agent: warning: {e}", file=sys.stderr)
+        elif args.command not in ("recover", "confirm-watchdog"):
             recover_at_start(args, target)
         return args.func(args, target)
     return run_verb("topo-agent", args, verb)

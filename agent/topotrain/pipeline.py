@@ -23,7 +23,6 @@ nothing of the controller."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import timedelta
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import fx
 
+from topotrain.events import emit
 from topotrain.workload import checksum, load_factory, random_inputs
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 def _emit(**event) -> None:
-    print(json.dumps(event), flush=True)
+    emit(**event)  # on the event channel, not stdout (topotrain.events)
 
 
 class PipelineSpecError(ValueError):

@@ -11,7 +11,8 @@ of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hos
 address, and gloo's default device binds what the hostname resolves to.
 With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
 
-One JSON line per event on stdout: `start`, `resume` (rank 0, when continuing from a
+One JSON line per event on the event channel (`topotrain.events`: the pipe the launcher
+gives the rank, stdout without one): `start`, `resume` (rank 0, when continuing from a
 checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss; tree
 plans: `allreduce`, per gradient bucket [bytes, seconds waiting for the tree runtime's thread,
 seconds of its AllReduce]) and
@@ -28,7 +29,6 @@ deterministic stand-in for a run stopped by a failure."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -44,6 +44,7 @@ from topoagent.state.host import StateError
 from topoagent.state.wire import LaunchSpec, load_launch_spec
 from topotrain import checkpoint
 from topotrain.collectives import load_schedule, register_tree_hook
+from topotrain.events import emit
 from topotrain.pipeline import main as pipeline_main
 from topotrain.workload import checksum, data_parallel, data_seed, load_factory, random_inputs
 
@@ -51,7 +52,7 @@ EXIT_TEST_STOP = 75  # TOPO_TRAIN_EXIT_AFTER
 
 
 def _emit(**event) -> None:
-    print(json.dumps(event), flush=True)
+    emit(**event)  # on the event channel, not stdout (topotrain.events)
 
 
 def main() -> int:

@@ -15,12 +15,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.netns import host_dump, ip_json, sh
+from tests.netns import host_dump, ip_json, sh, tc_json
 from topoctl import cli
 from topoctl.cli.inventory import inventory_text, lab_inventory
 from topoctl.lab import lab as labmod
@@ -199,6 +200,56 @@ def test_failed_apply_rolls_every_host_back_and_leaves_no_lock(lab, inventory, t
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     r = run(lab, inventory, "apply.yml", extravars={"topo_plan": str(PLAN)})
     assert r.exit_code == 0, r.message  # a second run right after works
+
+
+def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inventory, tmp_path):
+    """apply.yml confirms each apply through a probe of the host's management path: h3's own
+    state starves its SSH (an HTB class holding the controller's address at 64 kbit/s on its
+    management NIC, past the guard with topo_force_mgmt) and h5 is cut off (everything it
+    sends blackholed) right after its apply. Neither is confirmed; every other host is
+    confirmed, then rolled back; h3 and h5 revert by themselves at their deadline. Afterwards
+    every host is as before, h3's management NIC included (tc)."""
+    doc = yaml.safe_load(PLAN.read_text())
+    for state in doc["hosts"].values():  # changes every host
+        state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
+    doc["hosts"]["h3"]["qos"] = [*doc["hosts"]["h3"].get("qos", []), {
+        "dev": "tpmgmt", "rate": "1gbit", "classes": [
+            {"dst": lab.layout.gateway, "rate": "64kbit", "ceil": "64kbit"}]}]
+    before = dumps(lab)
+    h3_mgmt = tc_json(lab.netns("h3"), "qdisc", "show", "dev", "tpmgmt")
+    ns5 = lab.netns("h5")
+    cut = [["ip", "-n", ns5, "route", "add", "blackhole", "default", "table", "77"],
+           ["ip", "-n", ns5, "rule", "add", "priority", "7", "lookup", "77"]]
+
+    def progress(e) -> None:
+        if e.host == "h5" and e.phase == "apply" and e.result == "changed":
+            for cmd in cut:
+                sh(cmd)
+
+    try:
+        r = run(lab, inventory, "apply.yml", progress=progress, extravars={
+            "topo_plan": write_plan(tmp_path, doc), "topo_force_mgmt": True,
+            "topo_confirm_within": 60})
+        res = results(r)
+        print(f"exit {r.exit_code}: {r.message}")
+        assert r.exit_code == 1, r.message
+        for h in ("h3", "h5"):
+            assert r.final()[h].phase == "confirm", r.final()[h]
+            assert res[h] in ("error", "unreachable"), r.final()[h]
+        assert {h for h, v in res.items() if v == "rolled back"} == HOSTS - {"h3", "h5"}, res
+        for h in ("h3", "h5"):
+            rec = lab.state_dir / "agent" / h / "confirm.json"
+            deadline = time.monotonic() + 90
+            while json.loads(rec.read_text())["state"] != "reverted" \
+                    and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert json.loads(rec.read_text())["state"] == "reverted", h
+    finally:
+        sh(["ip", "-n", ns5, "rule", "del", "priority", "7"], check=False)
+        sh(["ip", "-n", ns5, "route", "del", "blackhole", "default", "table", "77"],
+           check=False)
+    assert tc_json(lab.netns("h3"), "qdisc", "show", "dev", "tpmgmt") == h3_mgmt
+    assert dumps(lab) == before
 
 
 def test_plan_and_inventory_disagreeing_on_hosts_changes_nothing(lab, inventory, tmp_path,

@@ -2,8 +2,10 @@
 host: an agent killed mid-apply is named, recovered from its journal, and a second apply
 converges; over SSH every host confirms its apply (confirm-or-revert), and a host cut off after
 its apply is reported unreachable within seconds (SSH keepalives), reverts by itself while every
-other host is rolled back. Read back with iproute2. More management-path faults over SSH (a
-dropped session, an agent killed, a host cut off by its own apply): test_ssh_faults.py."""
+other host is rolled back; a host whose own apply starves its SSH (a class at 1 kbit/s for the
+controller) fails the confirmation's probe and reverts by itself. Read back with iproute2.
+More management-path faults over SSH (a dropped session, an agent killed, a host cut off by its
+own apply): test_ssh_faults.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_rollout import PLAN, dumps, lab, topoctl  # noqa: F401
-from tests.netns import sh
+from tests.netns import sh, tc_classes, tc_json
 from topoctl.rollout import twophase
 from topoctl.rollout.transports.ssh import lab_ssh_transport
 
@@ -72,7 +74,10 @@ def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  
 
 
 def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa: F811
-    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--confirm-within", "6",
+    # 20 s: each confirmation is two agent calls and half a megabyte each way (the probe of the
+    # management path), 8 hosts at once on 2 shared cores (at 6 s a loaded machine, load 15,
+    # missed every deadline: the applies alone took up to 6.5 s)
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--confirm-within", "20",
                    "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert {e["result"] for e in report["hosts"].values()} == {"confirmed"}, report["message"]
@@ -134,6 +139,48 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
     finally:
         sh(["ip", "-n", ns, "rule", "del", "priority", "7"], check=False)
         sh(["ip", "-n", ns, "route", "del", "blackhole", "default", "table", "77"], check=False)
+    assert dumps(lab) == before
+
+
+def test_a_host_whose_apply_starves_its_ssh_reverts_by_itself(lab):  # noqa: F811
+    """h2's state gains an HTB class holding the controller's address at 1 kbit/s on its
+    management NIC, applied over the lab's real sshd with --force-mgmt (the guard would refuse
+    it) and a confirmation deadline: the small apply reply and a bare confirm would still
+    pass, the confirmation's probe (half a megabyte each way) does not, so h2 is not confirmed
+    and its agent reverts by itself; tc and ip read the old state back."""
+    assert topoctl("apply", str(PLAN), "--lab", lab.name, "--hosts", "h2") in (0, 2)
+    before = dumps(lab)
+    ns = lab.netns("h2")
+    mgmt_qdiscs = tc_json(ns, "qdisc", "show", "dev", "tpmgmt")
+    plan = yaml.safe_load(PLAN.read_text())
+    plan["hosts"]["h2"]["qos"] = [*plan["hosts"]["h2"].get("qos", []), {
+        "dev": "tpmgmt", "rate": "1gbit", "classes": [
+            {"dst": lab.layout.gateway, "rate": "1kbit", "ceil": "1kbit"}]}]
+    seen: dict[str, list] = {}
+
+    def progress(e: twophase.Event) -> None:
+        if e.host == "h2" and e.phase == "apply" and e.result == "changed":
+            seen["classes"] = tc_classes(ns, "tpmgmt")  # the starving class is in force
+
+    transport = lab_ssh_transport(lab)
+    try:
+        report = twophase.apply_plan(plan, transport, only=["h2"], force_mgmt=True,
+                                     progress=progress, confirm_within=30, timeout=90)
+    finally:
+        transport.close()
+    final = report.final()["h2"]
+    print(f"h2 starved by its apply: confirm {final.result} after {final.seconds:.1f} s "
+          f"({' / '.join(final.detail)})")
+    assert final.phase == "confirm" and final.result in ("unreachable", "error"), final
+    assert report.exit_code == 3, report.message
+    assert any(c["handle"] == "7470:2" and c["ceil"] == 1000 for c in seen["classes"]), seen
+    deadline = time.monotonic() + 60
+    while confirm_record(lab, "h2")["state"] != "reverted" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    rec = confirm_record(lab, "h2")
+    assert rec["state"] == "reverted", rec
+    assert tc_json(ns, "qdisc", "show", "dev", "tpmgmt") == mgmt_qdiscs
+    assert tc_classes(ns, "tpmgmt") == []
     assert dumps(lab) == before
 
 

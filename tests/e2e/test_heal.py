@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 
 import pytest
 import yaml
 
+from tests.e2e.test_training import signal_a_run
 from tests.netns import ip_json
+from topoagent.process.ranks import rank_dir
 from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.planner import make_plan
@@ -126,7 +129,7 @@ def test_heal_resumes_training_around_a_cut_cable(lab_plan, capsys):
     runner, box = run_in_thread(["run", plan, "--lab", lab.name, "--heal", "--job", job,
                                  "--iterations", str(ITERATIONS), "--checkpoint-every",
                                  str(EVERY), "--json", "--timeout", "600"])
-    ckpt = lab.state_dir / "agent" / "h1" / "run" / "checkpoints" / f"it-{EVERY}.pt"
+    ckpt = rank_dir(lab.state_dir / "agent" / "h1" / "run") / "checkpoints" / f"it-{EVERY}.pt"
     try:
         wait_for(ckpt.exists, 240, f"the checkpoint after iteration {EVERY}")
         cut_at = cut(lab, CUT_PORT)
@@ -155,7 +158,7 @@ def test_heal_resumes_training_around_a_cut_cable(lab_plan, capsys):
         assert not link.get("addr_info")
     for host in HOSTS:  # checkpoints cleaned up, nothing left running
         assert (lab.state_dir / "agent" / host / "run").is_dir()
-        assert not (lab.state_dir / "agent" / host / "run" / "checkpoints").exists()
+        assert not rank_dir(lab.state_dir / "agent" / host / "run").exists()
         assert not (lab.state_dir / "agent" / host / "run" / "job.pids").exists()
     assert cli.main(["status", heal["plan_file"], "--lab", lab.name]) == 0  # in sync
 
@@ -183,3 +186,14 @@ def test_without_heal_the_run_stops_within_seconds_naming_the_cable(ssh_lab_plan
     assert "peer" in first and "training stopped on every host" in first
     assert {d["cable"] for d in result["links_down"]} == {CUT_CABLE}
     assert not any(p.exists() for p in pids)  # nothing left running anywhere
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_run_over_ssh_ended_by_a_signal_leaves_nothing_behind(ssh_lab_plan, sig):
+    """`topoctl run --ssh` killed (-9: nothing of it runs any more; the hosts see their SSH
+    connections close) or terminated: no launcher and no rank is left on any host within
+    seconds."""
+    lab, plan, _ = ssh_lab_plan
+    assert cli.main(["apply", plan, "--lab", lab.name, "--ssh"]) == 0
+    rc, gone = signal_a_run(lab, plan, sig, ssh=True)
+    assert rc == (-9 if sig == signal.SIGKILL else 130) and gone < 10, (rc, gone)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -150,27 +151,41 @@ def test_bad_plan_file_is_an_error_naming_the_path(tmp_path):
     assert r.returncode == 1 and "hosts.h1.interfaces[0].mtu" in r.stderr
 
 
-def test_bare_metal_inventory_in_the_plan_reaches_hosts_over_ssh(lab, tmp_path, capsys):
-    """A plan whose cluster has an inventory (hosts' addresses, key, known_hosts) is applied
-    over SSH with no flags at all: the lab's sshd stands in for bare-metal hosts."""
+def bare_metal(lab, tmp_path: Path) -> tuple[str, dict]:
+    """A cluster file for the lab's hosts as bare metal (addresses, the lab's key and
+    known_hosts, this installation's agent) and the plan as `topoctl plan` renders it for
+    that cluster (its inventory copied into metadata.inventory)."""
+    cl = yaml.safe_load(CLUSTER.read_text())
+    cl["name"] = f"nolab{os.getpid()}"  # no lab of that name: no lab transport
+    cl["inventory"] = {"user": "root", "key": str(lab.ssh_key),
+                       "known_hosts": str(lab.known_hosts),
+                       "agent": [sys.executable, "-m", "topoagent.cli"]}
+    for h in cl["hosts"]:
+        h["address"] = lab.mgmt_ip(h["name"])
+    path = tmp_path / "bare-metal-cluster.yaml"
+    path.write_text(yaml.safe_dump(cl, sort_keys=False))
     doc = yaml.safe_load(PLAN.read_text())
-    doc["metadata"]["cluster"] = f"nolab{os.getpid()}"  # no lab of that name: no lab transport
-    doc["metadata"]["inventory"] = {
-        "transport": "ssh", "user": "root", "port": 22, "key": str(lab.ssh_key),
-        "known_hosts": str(lab.known_hosts), "agent": [sys.executable, "-m", "topoagent.cli"],
-        "addresses": {h.name: lab.mgmt_ip(h.name) for h in lab.cluster.hosts}}
+    doc["metadata"]["cluster"] = cl["name"]
+    doc["metadata"]["inventory"] = load_cluster(str(path)).inventory_doc()
+    return str(path), doc
+
+
+def test_bare_metal_inventory_reaches_hosts_over_ssh(lab, tmp_path, capsys):
+    """A cluster file with an inventory (hosts' addresses, key, known_hosts) reaches the hosts
+    over SSH with `--cluster FILE`: the lab's sshd stands in for bare-metal hosts."""
+    cluster, doc = bare_metal(lab, tmp_path)
     path = write_plan(tmp_path, doc)
     stores = [Path(f"/var/lib/topo-agent/netns-{lab.netns(h.name)}") for h in lab.cluster.hosts]
     try:
-        assert topoctl("apply", path, "--json") == 0
+        assert topoctl("apply", path, "--cluster", cluster, "--json") == 0
         report = json.loads(capsys.readouterr().out)
         # over SSH every host confirms its apply (confirm-or-revert)
         assert {e["result"] for e in report["hosts"].values()} == {"confirmed"}
         assert all(agent_routes(lab, h.name) for h in lab.cluster.hosts)
         # each host kept its own history (the agent found its namespace's state directory)
         assert all((s / "history").is_dir() for s in stores)
-        assert topoctl("status", path) == 0
-        assert topoctl("rollback", path) == 0
+        assert topoctl("status", path, "--cluster", cluster) == 0
+        assert topoctl("rollback", path, "--cluster", cluster) == 0
         assert not any(agent_routes(lab, h.name) for h in lab.cluster.hosts)
         # a wrong host key is refused before anything is changed: rotate the known keys so
         # every address is listed with another host's key
@@ -182,13 +197,48 @@ def test_bare_metal_inventory_in_the_plan_reaches_hosts_over_ssh(lab, tmp_path, 
                                                             strict=True)))
         before = dumps(lab)
         capsys.readouterr()
-        assert topoctl("apply", path, "--json") == 1
+        assert topoctl("apply", path, "--cluster", cluster, "--json") == 1
         report = json.loads(capsys.readouterr().out)
         assert {e["result"] for e in report["hosts"].values()} == {"unreachable"}
         assert dumps(lab) == before
     finally:
         for s in stores:
             sh(["rm", "-rf", str(s)], check=False)
+
+
+def test_the_lab_s_ssh_files_are_root_s_alone(lab):
+    """Keys, sshd configs, authorized_keys, known_hosts, ssh_config and the inventory: 0600
+    (a known_hosts another user could write would let them stand in for a host)."""
+    files = sorted((lab.state_dir / "ssh").iterdir()) + [lab.inventory]
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
+    assert len(files) > 8 and set(modes.values()) == {"0o600"}, modes
+    assert stat.S_IMODE((lab.state_dir / "ssh").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("verb", ["status", "apply", "run"])
+def test_a_plan_cannot_choose_what_runs_on_the_hosts(lab, tmp_path, capsys, verb):
+    """A plan whose metadata.inventory names another agent command (a shell command that
+    would run as root on every host), alone or beside the operator's cluster file, is
+    refused with exit 1 before any host is reached: the marker file it would write never
+    appears, and no host changed."""
+    cluster, doc = bare_metal(lab, tmp_path)
+    marker = tmp_path / "pwned"
+    doc["metadata"]["inventory"]["agent"] = ["/bin/sh", "-c", f"touch {marker}", "sh"]
+    path = write_plan(tmp_path, doc)
+    before = dumps(lab)
+    capsys.readouterr()
+    assert topoctl(verb, path) == 1  # the plan's inventory alone: never used
+    assert "--cluster FILE" in capsys.readouterr().err
+    assert topoctl(verb, path, "--cluster", cluster) == 1  # beside the operator's: differs
+    err = capsys.readouterr().err
+    assert "metadata.inventory.agent" in err and "refusing" in err
+    # known_hosts pointing at a file the plan's author controls: refused the same way
+    _, doc = bare_metal(lab, tmp_path)
+    doc["metadata"]["inventory"]["known_hosts"] = str(tmp_path / "mine")
+    assert topoctl(verb, write_plan(tmp_path, doc, "kh.yaml"), "--cluster", cluster) == 1
+    assert "metadata.inventory.known_hosts" in capsys.readouterr().err
+    assert not marker.exists()
+    assert dumps(lab) == before
 
 
 def test_lab_down_removes_the_agents_default_state_of_its_hosts(tmp_path, monkeypatch):

@@ -1,15 +1,22 @@
 """Training under a plan, for real: a 4-host lab, the plan applied by the agents, DDP over gloo
 between the hosts' training addresses (routed over the shaped fabric), supervised by
-`topoctl run`. Every rank must finish with bit-identical parameters."""
+`topoctl run`. Every rank must finish with bit-identical parameters; `topoctl run` ended by a
+signal leaves no launcher and no rank behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
 
+from topoagent.process.pidfile import live, read_pids
 from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.planner import make_plan
@@ -117,3 +124,62 @@ def test_stop_ends_a_running_job_on_every_host(lab_and_plan, capsys):
     runner.join(timeout=60)
     assert not runner.is_alive() and codes == [1]
     assert not any(p.exists() for p in pids)
+
+
+def launchers(lab) -> list[int]:
+    """The lab's `topo-agent launch` processes (their --state-dir is under the lab's), read from
+    /proc."""
+    mark = str(lab.state_dir).encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"launch" in argv and any(mark in a for a in argv):
+                out.append(int(d.name))
+    return out
+
+
+def signal_a_run(lab, plan: str, sig: int, ssh: bool = False) -> tuple[int, float]:
+    """Start `topoctl run` as a process of its own, send it `sig` once every host trains, and
+    return its exit code and the seconds until no launcher and no rank of it was left."""
+    pidfiles = [lab.state_dir / "agent" / h.name / "run" / "job.pids" for h in lab.cluster.hosts]
+    p = subprocess.Popen([sys.executable, "-m", "topoctl.cli", "run", plan, "--lab", lab.name,
+                          "--iterations", "100000", *(["--ssh"] if ssh else [])],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(f.exists() for f in pidfiles) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(f.exists() for f in pidfiles), "the ranks did not start"
+        time.sleep(3)  # training under way
+        ranks = [entry for f in pidfiles for entry in read_pids(f)]
+        assert len(live(ranks)) == len(pidfiles) and launchers(lab)
+        p.send_signal(sig)
+        t0 = time.monotonic()
+        rc = p.wait(timeout=60)
+        while (launchers(lab) or live(ranks)) and time.monotonic() < t0 + 60:
+            time.sleep(0.1)
+        gone = time.monotonic() - t0
+        assert not launchers(lab) and not live(ranks)
+        assert not any(f.exists() for f in pidfiles)
+        return rc, gone
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_run_ended_by_a_signal_leaves_nothing_behind(lab_and_plan, sig):
+    """SIGTERM or SIGHUP to `topoctl run`: exit 130, every launcher and rank gone within
+    seconds, and the next run starts at once (no `topoctl stop` needed)."""
+    lab, plan = lab_and_plan
+    assert cli.main(["apply", plan, "--lab", lab.name]) == 0
+    rc, gone = signal_a_run(lab, plan, sig)
+    assert rc == 130 and gone < 10, (rc, gone)
+    if sig == signal.SIGTERM:
+        assert cli.main(["run", plan, "--lab", lab.name, "--iterations", "2",
+                         "--timeout", "120"]) == 0

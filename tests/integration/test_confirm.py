@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def test_confirmed_apply_stays(confirm_host: Host):
     assert r.returncode == 0, r.stderr
     new = dump(h.ns)
     pid = record(h)["watchdog"]
-    c = h.agent("--json", "confirm")
+    c = h.agent("--json", "confirm", "--no-probe")  # the probe: test_confirm_probe.py
     assert c.returncode == 0 and json.loads(c.stdout)["confirmed"], c.stderr
     assert wait_for(lambda: not alive(pid), 5)  # the watchdog saw it and left
     past_deadline(record(h))
@@ -135,4 +137,66 @@ def test_a_killed_watchdog_reverts_at_the_next_agent_start(confirm_host: Host):
     assert yaml.safe_load(r.stdout) is not None
     assert dump(h.ns) == old
     assert record(h)["state"] == "reverted"
+    consistent(h, history=2)
+
+
+def _reuse_pid(pid: int, tries: int = 200) -> subprocess.Popen:
+    """A bystander process (`sleep`) given the number `pid` once had: the kernel hands out the
+    number after /proc/sys/kernel/ns_last_pid next (another fork in between: try again)."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    for _ in range(tries):
+        last.write_text(str(pid - 1))
+        p = subprocess.Popen(["sleep", "300"])
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    raise AssertionError(f"could not get pid {pid} again")
+
+
+def test_a_reused_watchdog_pid_does_not_block_the_revert(confirm_host: Host):
+    """The watchdog killed and its pid taken by an unrelated process: the record names the
+    watchdog by pid and start time, so the next agent start after the deadline reverts (by the
+    pid alone the bystander passed for the watchdog and nothing ever reverted)."""
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 0
+    old = dump(h.ns)
+    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
+    rec = record(h)
+    os.kill(rec["watchdog"], signal.SIGKILL)
+    assert wait_for(lambda: not Path(f"/proc/{rec['watchdog']}").exists(), 10)
+    bystander = _reuse_pid(rec["watchdog"])
+    try:
+        past_deadline(rec)
+        r = h.agent("show")
+        assert r.returncode == 0 and "reverted an unconfirmed apply" in r.stderr, r.stderr
+        assert dump(h.ns) == old
+        assert record(h)["state"] == "reverted"
+        assert bystander.poll() is None  # and the bystander was left alone
+    finally:
+        bystander.kill()
+        bystander.wait()
+    consistent(h, history=2)
+
+
+def test_a_watch_loop_reverts_when_the_watchdog_is_gone(confirm_host: Host):
+    """The watchdog killed while a `watch` loop runs with a long interval: the loop wakes at
+    the deadline and reverts, with no other agent start."""
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 0
+    old = dump(h.ns)
+    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
+    rec = record(h)
+    os.kill(rec["watchdog"], signal.SIGKILL)
+    loop = subprocess.Popen([sys.executable, "-m", "topoagent.cli", "--netns", h.ns,
+                             "--state-dir", str(h.state_dir), "watch", "--interval", "600"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        past_deadline(rec)
+        assert wait_for(lambda: record(h)["state"] == "reverted", 20), record(h)
+        assert dump(h.ns) == old
+    finally:
+        loop.send_signal(signal.SIGTERM)
+        _, err = loop.communicate(timeout=30)
+    assert "Traceback" not in err, err
     consistent(h, history=2)

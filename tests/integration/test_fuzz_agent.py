@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzzgen import hostile
 from tests.netns import host_dump, sh
 from topoagent import cli as agent_cli
 from topoagent.protocol import EXIT_BUG
@@ -127,6 +128,7 @@ documents = st.one_of(
     valid_state.map(as_bytes), valid_state.map(as_bytes), valid_state.map(as_bytes),
     host_state.map(as_bytes), host_state.map(as_bytes), host_state.map(as_bytes),
     junk().map(as_bytes),
+    hostile(valid_state),  # alias bombs, huge integers, YAML 1.1 forms: refused by the loader
     st.binary(max_size=64),  # non-UTF-8, control characters, broken YAML
     st.sampled_from([b"", b"null\n", b"{}\n", b"routes: []\n", b"a: 1\na: 2\n",
                      b"interfaces: [\n", b"\xff\xfe", b"!!python/object:os.system {}\n",
@@ -237,7 +239,18 @@ REGRESSIONS: list[tuple[bytes, str]] = [
     (b"!!python/object/apply:os.system [true]\n", "could not determine a constructor"),
     (b"interfaces: [{name: tpa0, mtu: 1e400}]\n", "interfaces[0].mtu"),
     (b"sysctl: {rp_filter: {tpa0: .nan}}\n", "sysctl.rp_filter.tpa0"),
-    (b"a: &a [*a, *a]\n", "a: unknown key"),
+    (b"a: &a [*a, *a]\n", "a[0]: alias *a is inside the value it names"),
+    # the audit's: 10**8 values in 430 bytes, integers Python cannot convert, YAML 1.1
+    (("x0: &a0 [" + ",".join(["1"] * 10) + "]\n" + "".join(
+        f"x{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 8))
+      + "routes: *a7\n").encode(), "aliases counted as the values they stand for"),
+    (b"interfaces: [{name: tpa0, mtu: " + b"9" * 4400 + b"}]\n",
+     "interfaces[0].mtu: an integer of 4400 digits"),
+    (b"interfaces: [{name: tpa0, mtu: 021450}]\n", "interfaces[0].mtu: 021450 is octal"),
+    (b"interfaces: [{name: tpa0, mtu: 2:30:00}]\n", "interfaces[0].mtu: 2:30:00 is a base-60"),
+    (b"interfaces: [{name: tpa0, up: yes}]\n", "interfaces[0].up: yes is a boolean in YAML 1.1"),
+    (b"qos: [{dev: tpa0, rate: 1gbit, classes: [{dst: 0.0.0.0/0, rate: 1mbit}]}]\n",
+     "classes[0].dst: 0.0.0.0/0 is all traffic"),
 ]
 
 

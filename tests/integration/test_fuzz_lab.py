@@ -18,7 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tests import netns as nsutil
-from tests.fuzzgen import assert_clean, fuzz_settings, mutated, topoctl
+from tests.fuzzgen import assert_clean, fuzz_settings, hostile, mutated, structural, topoctl
 from topoagent.protocol import TopoError
 from topoctl.lab import lab as labmod
 from topoctl.spec.cluster_load import parse_cluster
@@ -74,7 +74,8 @@ def lab(tmp_path_factory):
 
 
 @fuzz_settings(EXAMPLES)
-@given(cluster=st.one_of(mutated(st.just(CLUSTER)), st.binary(max_size=30)),
+@given(cluster=st.one_of(mutated(st.just(CLUSTER)), structural(st.just(CLUSTER)),
+                        hostile(st.just(CLUSTER)), st.binary(max_size=30)),
        flags=st.lists(st.sampled_from(BAD_UP_FLAGS), max_size=2))
 def test_lab_up_with_bad_input_creates_nothing(cluster, flags):
     if not isinstance(cluster, bytes):
@@ -94,7 +95,7 @@ def test_lab_up_with_bad_input_creates_nothing(cluster, flags):
         fl = [a.format(missing=d / "m.yaml", bytes=d / "b.yaml", badfabric=d / "f.yaml")
               for f in flags for a in f]
         names = {n for n in (cluster.get("name") if isinstance(cluster, dict) else None,
-                             *fl[1::2]) if isinstance(n, str) and n}
+                             CLUSTER["name"], *fl[1::2]) if isinstance(n, str) and n}
         argv = ["lab", "up", str(path), "--no-ssh", "--state-dir", str(d / "labs"), *fl]
         rc, out, err = topoctl(argv)
         assert_clean(argv, rc, err, codes=(1,), out=out)
@@ -173,6 +174,11 @@ def _positive(text: str) -> bool:
     # accepted before: a lab outside the README's 10.232.0.0/16
     (["lab", "up", str(PLANS / "hetero8-cluster.yaml"), "--name", "fzx", "--mgmt-net",
       "10.1.0.0/24"], "topoctl: --mgmt-net: 10.1.0.0/24 is outside 10.232.0.0/16"),
+    # the audit's: /dev/zero grew without bound, a directory or a FIFO was read
+    (["lab", "up", "/dev/zero", "--name", "fzx"], "topoctl: /dev/zero: not a regular file"),
+    (["lab", "up", "/", "--name", "fzx"], "topoctl: /: not a regular file (a directory)"),
+    (["lab", "up", str(PLANS / "hetero8-cluster.yaml"), "--name", "fzx", "--plan",
+      "/dev/zero"], "topoctl: /dev/zero: not a regular file"),
 ])
 def test_found_lab_flags(tmp_path, argv, says):
     rc, _, err = topoctl([*argv, "--state-dir", str(tmp_path)])

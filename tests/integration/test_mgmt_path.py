@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.test_agent import Host, dump, host  # noqa: F401
-from tests.netns import ip_json, sh
+from tests.netns import ip_json, sh, tc_classes, tc_json
 
 pytestmark = pytest.mark.netns
 
@@ -66,3 +66,46 @@ def _y(d: dict) -> str:
     import yaml
 
     return yaml.safe_dump(d)
+
+
+def _shaped(cls_dst: str, rate: str, dev: str = "tpa0") -> dict:
+    return dict(BASE, qos=[{"dev": dev, "rate": "1gbit", "classes": [
+        {"dst": "10.231.1.99", "rate": "100mbit"}, {"dst": cls_dst, "rate": rate}]}])
+
+
+def test_shaping_the_management_peer_below_the_floor_is_refused(host: Host):  # noqa: F811
+    """A QoS class that holds the management peer (the controller, 10.231.1.2 over tpa0) at
+    less than the floor (10mbit unless --mgmt-floor) is refused before anything changes,
+    naming the YAML path; classes for other peers, or on another NIC, are not."""
+    assert host.apply(BASE).returncode == 0
+    before = dump(host.ns)
+    for dst, rate in (("10.231.1.2", "1kbit"), ("10.231.1.0/24", "5mbit")):
+        for verb in ("diff", "apply"):  # prepare (diff) refuses it as apply does
+            r = host.agent(*MGMT, verb, "-", stdin=_y(_shaped(dst, rate)))
+            assert r.returncode == 1, (verb, r.stderr)
+            assert f"<stdin>: qos[0].classes[1].rate: {rate} for {dst} holds the management " \
+                   "peer 10.231.1.2" in r.stderr, r.stderr
+            assert "below the management floor 10mbit" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr
+    assert dump(host.ns) == before
+    assert tc_json(host.ns, "qdisc", "show", "dev", "tpa0")[0]["kind"] != "htb"
+    # a forwarding rule that would steal the connection's packets on their way in
+    steal = dict(BASE, forwarding={"mode": "tc-offload", "rules": [
+        {"dev": "tpa0", "dst": "10.231.1.0/24", "dst_mac": "02:00:00:00:00:01",
+         "redirect": "tpc0"}]})
+    r = host.agent(*MGMT, "apply", "-", stdin=_y(steal))
+    assert r.returncode == 1 and "<stdin>: forwarding.rules[0].dst:" in r.stderr, r.stderr
+    assert dump(host.ns) == before
+    # the same class for another peer, or on a NIC the connection does not use: applied
+    for state in (_shaped("10.231.1.3", "1kbit"), _shaped("10.231.1.2", "1kbit", dev="tpc0")):
+        r = host.agent(*MGMT, "apply", "--no-probe", "-", stdin=_y(state))
+        assert r.returncode == 0, r.stderr
+    assert host.apply(BASE).returncode == 0
+    # the floor is configurable; --force-mgmt overrides the guard
+    r = host.agent(*MGMT, "--mgmt-floor", "2mbit", "apply", "--no-probe", "-",
+                   stdin=_y(_shaped("10.231.1.0/24", "5mbit")))
+    assert r.returncode == 0, r.stderr
+    assert {c["handle"]: c["rate"] for c in tc_classes(host.ns, "tpa0")}["7470:3"] == 5_000_000
+    r = host.agent(*MGMT, "--force-mgmt", "apply", "--no-probe", "-",
+                   stdin=_y(_shaped("10.231.1.2", "1kbit")))
+    assert r.returncode == 0, r.stderr

@@ -1,5 +1,5 @@
 """`topo-agent recover --wait`: what topoctl asks over a new connection when an SSH session
-dropped under an apply. While another agent holds the store lock (its apply still running) the
+dropped under an apply. While another agent holds the host's lock (its apply still running) the
 journal is live and must not be replayed; `--wait` waits for the lock, then recovers. Real
 namespaces and agent processes; the host read back with iproute2 and /proc."""
 
@@ -17,20 +17,22 @@ import yaml
 
 from tests.integration.test_agent import Host, dump, full_state, host  # noqa: F401
 from tests.integration.test_crash import new_state, run_agent
+from topoagent.apply.store import host_lock_path
+from topoagent.target import Target
 
 pytestmark = pytest.mark.netns
 
 
 class _HeldLock(threading.Thread):
-    """The store's lock held from another thread, as a running apply does: for `seconds`, or
+    """The host's lock held from another thread, as a running apply does: for `seconds`, or
     until `release()` (then the holder outlives the agent call however slow its start-up is on
     a loaded machine)."""
 
     def __init__(self, h: Host, seconds: float):
         super().__init__()
-        self.path, self.seconds = h.state_dir / "lock", seconds
+        self.path, self.seconds = host_lock_path(Target(netns=h.ns)), seconds
         self.taken, self.released = threading.Event(), threading.Event()
-        h.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def run(self) -> None:
         with open(self.path, "w") as f:
@@ -88,4 +90,4 @@ def test_recover_wait_gives_up_naming_the_lock(host: Host):  # noqa: F811
     finally:
         holder.release()
     assert r.returncode == 1
-    assert "still holds" in r.stderr and "lock" in r.stderr and "Traceback" not in r.stderr
+    assert "still holds" in r.stderr and "netns-" in r.stderr and "Traceback" not in r.stderr

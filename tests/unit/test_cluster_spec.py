@@ -172,3 +172,60 @@ def test_ovs_flag_defaults():
     c = parse_cluster(d)
     assert [c.runs_ovs(h) for h in ("h0", "h1", "h2")] == [True, False, True]
     assert not parse_cluster(_direct()).runs_ovs("h0")
+
+
+@pytest.mark.parametrize(("macs", "path", "says"), [
+    (["02:00:00:00:00:01", "02:00:00:00:00:01"], "hosts[1].nics[0].mac",
+     "02:00:00:00:00:01 is also hosts[0].nics[0].mac"),
+    (["03:00:00:00:00:01", None], "hosts[0].nics[0].mac",
+     "03:00:00:00:00:01 is not a unicast address"),
+    (["00:00:00:00:00:00", None], "hosts[0].nics[0].mac",
+     "00:00:00:00:00:00 is not a unicast address"),
+])
+def test_nic_macs_are_unique_unicast_addresses(macs, path, says):
+    """Found by the audit: `lab up` cabled two NICs with one MAC."""
+    d = _direct()
+    for h, mac in zip(d["hosts"], macs, strict=False):
+        if mac:
+            h["nics"][0]["mac"] = mac
+    with pytest.raises(ClusterError) as e:
+        parse_cluster(d)
+    assert (path, says) in e.value.problems, e.value.problems
+
+
+@pytest.mark.parametrize(("pools", "path", "says"), [
+    ({"fabric": "10.236.0.0/16"}, "addressing.training",
+     "10.236.0.0/16 overlaps the fabric pool 10.236.0.0/16"),
+    ({"fabric": "10.0.0.0/8"}, "addressing.training",
+     "10.236.0.0/16 overlaps the fabric pool 10.0.0.0/8"),
+    ({"training": "10.232.5.0/24", "management": "10.232.0.0/16"}, "addressing.management",
+     "10.232.0.0/16 overlaps the training pool 10.232.5.0/24"),
+    ({"training": "127.1.0.0/16"}, "addressing.training",
+     "127.1.0.0/16 overlaps 127.0.0.0/8, a special-use range"),
+    ({"fabric": "224.0.0.0/4"}, "addressing.fabric",
+     "224.0.0.0/4 overlaps 224.0.0.0/3, a special-use range"),
+])
+def test_address_pools_are_apart_and_ordinary(pools, path, says):
+    """Found by the audit: overlapping pools gave one IP to two links (a planner traceback)."""
+    with pytest.raises(ClusterError) as e:
+        parse_cluster(_direct(addressing=pools))
+    assert (path, says) in e.value.problems, e.value.problems
+
+
+def test_lab_up_refuses_duplicate_macs_before_creating_anything(tmp_path):
+    from tests.fuzzgen import topoctl
+    from tests.netns import list_netns
+
+    d = _direct(name="tdup")
+    for h in d["hosts"][:2]:
+        h["nics"][1]["mac"] = "02:aa:00:00:00:01"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(d))
+    state = str(tmp_path / "s")
+    rc, _, err = topoctl(["lab", "up", str(path), "--state-dir", state])
+    if rc == 0:  # it was built: take it down before failing
+        topoctl(["lab", "down", "--lab", "tdup", "--state-dir", state])
+    assert rc == 1, err
+    assert (f"topoctl: {path}: hosts[1].nics[1].mac: 02:aa:00:00:00:01 is also "
+            f"hosts[0].nics[1].mac") in err
+    assert not [n for n in list_netns() if "tdup" in n] and not (tmp_path / "s").exists()

@@ -112,6 +112,10 @@ AGENT_BAD = [
     ("apply", ["apply", "--confirm-within", "0", "{bad}"], "expected seconds"),
     ("confirm", ["confirm"], "nothing awaits confirmation"),
     ("confirm", ["--netns", "tpxnosuch", "confirm"], "tpxnosuch"),
+    ("confirm", ["confirm", "--probe", "{missing}"], "missing.yaml"),
+    ("confirm-probe", ["confirm-probe"], "nothing awaits confirmation"),
+    ("confirm-probe", ["confirm-probe", "--bytes", "1000"], "expected bytes"),
+    ("diff", ["--mgmt-floor", "fast", "diff", "{bad}"], "not a rate"),
     ("launch", ["launch", "--host", "h0", "{job}"], "command"),
     ("launch", ["launch", "--host", "h0", "{bad}"], "not UTF-8"),
     ("stop", ["--netns", "tpxnosuch", "stop"], "tpxnosuch"),
@@ -219,7 +223,7 @@ def test_agent_success_codes(make_netns, tmp_path, capsys):
     assert agent("apply", "--no-probe", str(state)) == EXIT_OK  # made, without the flag
     assert agent("rollback", "--no-probe") == EXIT_OK  # rolled back, without the flag
     assert agent("apply", "--no-probe", "--confirm-within", "30", str(state)) == EXIT_OK
-    assert agent("confirm") == EXIT_OK
+    assert agent("confirm", "--no-probe") == EXIT_OK
     subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=0"],
                    check=True)  # drift from the applied state
     assert agent("watch", "--once") == EXIT_OK
@@ -416,8 +420,8 @@ TOPOCTL_VERBS = [["apply"], ["diff"], ["status"], ["rollback"], ["run"], ["stop"
                  ["bench"], ["lab"], ["lab", "up"], ["lab", "down"], ["lab", "status"],
                  ["lab", "cut"], ["lab", "heal"], ["lab", "measure"], ["lab", "rewire"],
                  ["lab", "exec"], ["lab", "list"]]
-AGENT_VERBS = ["show", "diff", "apply", "confirm", "confirm-watchdog", "rollback", "launch",
-               "watch", "stop", "recover"]
+AGENT_VERBS = ["show", "diff", "apply", "confirm", "confirm-probe", "confirm-watchdog",
+               "rollback", "launch", "watch", "stop", "recover"]
 
 
 @pytest.mark.parametrize("verb", TOPOCTL_VERBS, ids=" ".join)

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzzgen import assert_clean, mutated, topoctl
+from tests.fuzzgen import assert_clean, fuzz_settings, hostile, mutated, structural, topoctl
 from topoagent.protocol import TopoError
 from topoctl import cli as topoctl_cli
 from topoctl.planner import make_plan
@@ -107,11 +107,32 @@ def test_parse_and_validate_any_cluster_and_job_file(cluster, job):
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(cluster=st.one_of(clusters(), mutated(clusters())),
-       job=st.one_of(jobs(), mutated(jobs())))
+@given(cluster=st.one_of(clusters(), mutated(clusters()), structural(clusters())),
+       job=st.one_of(jobs(), mutated(jobs()), structural(jobs())))
 def test_mutated_cluster_and_job_files_fail_cleanly(cluster, job):
-    """Junk at any depth of a cluster or job file: a TopoError naming the path, or a plan."""
+    """Junk at any depth of a cluster or job file, or a part emptied or repeated: a TopoError
+    naming the path, or a plan."""
     plan_or_clean_error(cluster, job)
+
+
+HOSTILE_EXAMPLES = int(os.environ.get("TOPO_FUZZ_HOSTILE_EXAMPLES", "200"))
+
+
+@fuzz_settings(HOSTILE_EXAMPLES)
+@given(which=st.sampled_from(["cluster", "job"]),
+       data=st.one_of(hostile(clusters()), hostile(jobs())))
+def test_hostile_cluster_and_job_files_are_refused_naming_the_file(which, data):
+    """Alias bombs, recursive aliases, deep nesting, huge integers and YAML 1.1 numbers and
+    booleans anywhere in a cluster or job file: `topoctl plan` exits 1 naming that file, at
+    once (the loader refuses them, topoagent.state.yamlload)."""
+    with tempfile.TemporaryDirectory() as d:
+        files = {"cluster": Path(d) / "c.yaml", "job": Path(d) / "j.yaml"}
+        files["cluster"].write_text(yaml.safe_dump(_ring(3)))
+        files["job"].write_text(yaml.safe_dump(JOB | {"strategies": ["baseline"]}))
+        files[which].write_bytes(data)
+        argv = ["plan", str(files["cluster"]), str(files["job"]), "-o", f"{d}/p.yaml"]
+        rc, out, err = topoctl(argv)
+        assert_clean(argv, rc, err, codes=(1,), names=str(files[which]), out=out)
 
 
 PLAN_EXAMPLES = int(os.environ.get("TOPO_FUZZ_PLANFILE_EXAMPLES", "1000"))
@@ -133,7 +154,8 @@ def _small_plan() -> dict:
 def _explain_and_dry_run(doc) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "plan.yaml"
-        path.write_text(yaml.dump(doc, Dumper=DUMPER))
+        path.write_bytes(doc if isinstance(doc, bytes) else yaml.dump(doc, Dumper=DUMPER)
+                         .encode())
         for argv in (["explain", str(path)],
                      ["apply", "--dry-run", "--lab", "tpxnosuch", str(path)]):
             rc, out, err = topoctl(argv)
@@ -142,10 +164,12 @@ def _explain_and_dry_run(doc) -> None:
 
 @settings(max_examples=PLAN_EXAMPLES, deadline=None, derandomize=not RANDOM,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(doc=mutated(st.deferred(lambda: st.just(_small_plan()))))
+@given(doc=st.one_of(*[f(st.deferred(lambda: st.just(_small_plan())))
+                       for f in (mutated, mutated, structural, hostile)]))
 def test_mutated_small_plans_to_explain_and_apply_dry_run_fail_cleanly(doc):
-    """A plan with junk at any depth: `topoctl explain` and `topoctl apply --dry-run` (to a lab
-    that is not up) answer 0 or 1, never a traceback (70)."""
+    """A plan with junk at any depth, a part emptied or repeated, or a value the YAML loader
+    refuses: `topoctl explain` and `topoctl apply --dry-run` (to a lab that is not up) answer
+    0 or 1, never a traceback (70)."""
     _explain_and_dry_run(doc)
 
 

@@ -40,6 +40,7 @@ from topoagent.apply.kernel_ops import (
 from topoagent.apply.ovs import check_ovs, diff_ovs, internal_ports
 from topoagent.observe.host import IP_FORWARD, MULTIPATH_HASH, Observed, ObsQos, rp_filter_path
 from topoagent.state.host import RT_PROTO, HostState, QosClass, Route, StateError, htb_credit
+from topoagent.state.values import is_ifname, name_text
 
 
 def tc_offload_available() -> bool:
@@ -133,6 +134,12 @@ def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str
     foreign object is no conflict: it already is what is desired."""
     problems = []
     for i, route in enumerate(desired.routes):
+        opaque = obs.opaque_routes.get(route.key)
+        if opaque is not None:
+            problems.append((f"routes[{i}]", f"a route the agent does not own has the same "
+                             f"table/dst/metric: {opaque.text} (proto {opaque.proto}); remove "
+                             f"it or change the metric"))
+            continue
         have = obs.routes.get(route.key)
         if have is not None and have.proto != RT_PROTO and not _same_route(route, have.route):
             problems.append((f"routes[{i}]", f"a route the agent does not own has the same "
@@ -154,9 +161,10 @@ def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str
             if found is None:
                 continue
             dev, have, proto = found
-            if proto != RT_PROTO and (dev, have) != (iface.name, a):
-                problems.append((f"interfaces[{i}].addresses[{j}]", f"{have} on {dev} has "
-                                 f"this IP and is not the agent's (proto {proto})"))
+            if (proto != RT_PROTO or not is_ifname(dev)) and (dev, have) != (iface.name, a):
+                problems.append((f"interfaces[{i}].addresses[{j}]", f"{have} on "
+                                 f"{name_text(dev)} has this IP and is not the agent's "
+                                 f"(proto {proto})"))
     return problems
 
 
@@ -233,11 +241,13 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
     wanted_addrs = {(i.name, a) for i in desired.interfaces for a in i.addresses}
     for dev, addrs in obs.addresses.items():
         ops += [DelAddress(dev, a, proto) for a, proto in addrs.items()
-                if proto == RT_PROTO and (dev, a) not in wanted_addrs]
+                if proto == RT_PROTO and (dev, a) not in wanted_addrs and is_ifname(dev)]
 
     wanted_routes = {r.key: r for r in desired.routes}
     for route in desired.routes:
         have = obs.routes.get(route.key)
+        if route.key in obs.opaque_routes:
+            continue  # someone else's (check_host reports it): never replaced
         if have is None:
             ops.append(SetRoute(route))
         elif not _same_route(route, have.route):

@@ -1,29 +1,41 @@
-"""Crash safety: an apply's undo log on disk, replayed by the next agent start.
+"""Crash safety: a transaction's undo log on disk, replayed by the next agent start.
 
-Before an apply changes anything it writes `<state dir>/journal`: a header with the host as it
-was (every object the diff looks at, with its ownership mark) and then, before each operation,
-one line with that operation's exact inverse (the inverse carries the value it restores: the old
-MTU, sysctl, route, class...). Every line is fsynced before the kernel is asked to change
-anything, so after a kill -9 or a power loss the journal names every change that may have
-happened. A finished apply (committed or reverted in process) deletes the journal.
+Before an apply (or rollback) changes anything it writes `<state dir>/journal`: a header with
+the host as it was (every object the diff looks at, with its ownership mark) and the history's
+newest entry number, then, before each operation, one line with that operation's exact inverse
+(the inverse carries the value it restores: the old MTU, sysctl, route, class...). Every line
+is fsynced before the kernel is asked to change anything, so after a kill -9 or a power loss
+the journal names every change that may have happened.
 
-`recover` (run by every agent start, and by `topo-agent recover`) finds an unfinished journal and
-takes the host back to the header's state: the inverses newest first (each tolerant: the last
-one may never have reached the kernel), routes the kernel dropped as a side effect put back with
-their original protocol, then a diff against the header's state for anything left, then a check.
-History entries written by the interrupted apply are dropped, so the history matches the host.
+The history and the journal agree after any crash: an apply writes its history entry, then a
+`commit` line, then prunes old entries and deletes the journal (a rollback writes the commit
+line, then drops its entry). A journal without the commit line means the transaction did not
+happen: recovery puts the host back to the header's snapshot and drops every history entry
+after the header's newest. A journal with it means it did: recovery keeps the host and finishes
+the history change. No journal: the newest history entry is the state the host was last made to
+match. Pruning only ever happens after the commit, so a full history rewinds as well as a fresh
+one.
+
+`recover` (run by every agent start, by `topo-agent recover`, by each round of `watch`) finds
+an unfinished journal and, before the commit line, takes the host back: the inverses newest
+first (each tolerant: the last one may never have reached the kernel), routes the kernel
+dropped as a side effect put back with their original protocol, then a diff against the
+header's state for anything left, then a check. A journal that cannot be read (a corrupt
+header, a damaged line before the last) is kept and named (JournalError, exit 1): without its
+header nobody knows what the host was.
 
 Test-only switch (never set in production): TOPO_AGENT_CRASH_AFTER=k makes the agent die right
 after operation k (0: after the journal header, before any operation; len(ops)+1: after the
-history is written, before the journal is closed); TOPO_AGENT_CRASH_MODE=kill (SIGKILL itself,
-the default) or raise (an exception, which the apply reverts in process);
-TOPO_AGENT_CRASH_TARGET=NETNS limits the switch to the agent acting on that namespace (one host
-of a lab dies, the others do not)."""
+history entry is written, before the commit line; len(ops)+2: after the commit line, before
+the journal is deleted); TOPO_AGENT_CRASH_MODE=kill (SIGKILL itself, the default) or raise (an
+exception, which the apply reverts in process); TOPO_AGENT_CRASH_TARGET=NETNS limits the switch
+to the agent acting on that namespace (one host of a lab dies, the others do not)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import signal
@@ -34,6 +46,15 @@ from typing import Any
 from topoagent.apply import kernel_ops, ovs
 from topoagent.apply.diff import diff
 from topoagent.apply.kernel_ops import Driver, Op
+from topoagent.apply.store import (
+    Store,
+    StoreError,
+    fsync_dir,
+    open_dir,
+    opened,
+    read_file,
+    remove_file,
+)
 from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
 from topoagent.observe.host import Observed, observe, to_host_state
 from topoagent.protocol import TopoError
@@ -96,7 +117,10 @@ def op_to_json(op: Op) -> dict:
 
 
 def op_from_json(d: dict) -> Op:
-    """The operation `op_to_json` wrote; JournalError for an unknown operation."""
+    """The operation `op_to_json` wrote; JournalError for an unknown operation (KeyError,
+    TypeError or ValueError for a record that is not one)."""
+    if not isinstance(d, dict) or not isinstance(d.get("op"), str):
+        raise TypeError(f"not an operation record: {str(d)[:80]}")
     for module in _OP_MODULES:
         cls = getattr(module, d["op"], None)
         if isinstance(cls, type) and issubclass(cls, Op):
@@ -105,57 +129,84 @@ def op_from_json(d: dict) -> Op:
 
 
 # --- writing -------------------------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Journal:
-    """The undo log of one apply; `begin` before the first change, `record` before each."""
+    """The undo log of one transaction; `begin` before the first change, `record` before each,
+    `commit` once the host is in the new state and the history entry is written, `finish`
+    after the history's own change (prune, or the rolled-back entry dropped)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.path = self.root / JOURNAL
         self._f = None
+        self._dfd: int | None = None
         self._n = 0
 
-    def begin(self, before: Observed, history_len: int | None = None) -> None:
-        """Write and fsync the header (the host as it was) before the first change."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def begin(self, before: Observed, history: dict | None = None) -> None:
+        """Write and fsync the header (the host as it was, and `history`: {"newest": the
+        newest history entry now, "pop": an entry the transaction drops at its end}) before
+        the first change. StoreError when the directory cannot take it (nothing changed)."""
         header = {
-            "journal": 1, "pid": os.getpid(), "started": time.time(),
-            "history_len": history_len,
+            "journal": 2, "pid": os.getpid(), "started": time.time(), "history": history,
             "before": to_host_state(before).to_dict(),
             "routes": [{"route": _enc(o.route), "proto": o.proto} for o in before.routes.values()],
         }
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._dfd = open_dir(self.root, create=True)
+        assert self._dfd is not None
+        try:
+            fd = os.open(JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_APPEND | os.O_CLOEXEC, 0o600, dir_fd=self._dfd)
+        except FileExistsError:
+            self.close()
+            raise StoreError(f"{self.path}: an unfinished apply's journal is there: run "
+                             "`topo-agent recover` first") from None
+        except OSError as e:
+            self.close()
+            raise StoreError(f"{self.path}: cannot write it: {e.strerror}") from None
         self._f = os.fdopen(fd, "w")
-        self._line(header)
-        _fsync_dir(self.root)  # the file's existence survives a power loss too
+        try:
+            self._line(header)
+        except StoreError:
+            self.finish()  # nothing changed yet: the header never counted
+            raise
+        fsync_dir(self._dfd)  # the file's existence survives a power loss too
 
     def record(self, op: Op) -> None:
         """Log the inverse of `op` (the original values) before `op` runs."""
         self._n += 1
         self._line({"n": self._n, "undo": op_to_json(op.inverse())})
 
+    def commit(self) -> None:
+        """The host is in the new state and the history entry is written: from this line on
+        recovery completes the transaction's history change instead of undoing it."""
+        self._line({"commit": True})
+
     def _line(self, obj: dict) -> None:
         assert self._f is not None
-        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        try:
+            self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:  # a full disk: the operation this line announces never runs
+            raise StoreError(f"{self.path}: cannot write it: {e.strerror}") from None
+
+    def close(self) -> None:
+        """Close the file, leaving the journal in place (for `recover`, or the next start)."""
+        if self._f is not None:
+            with contextlib.suppress(OSError):  # a write a full disk refused: already reported
+                self._f.close()
+            self._f = None
+        if self._dfd is not None:
+            os.close(self._dfd)
+            self._dfd = None
 
     def finish(self) -> None:
-        """The apply ended (committed, or reverted in process): nothing to recover."""
-        if self._f is not None:
-            self._f.close()
-            self._f = None
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        """The transaction ended (committed, or reverted in process): nothing to recover."""
+        if self._dfd is None:
+            return
         with contextlib.suppress(OSError):
-            _fsync_dir(self.root)
+            os.unlink(JOURNAL, dir_fd=self._dfd)
+            fsync_dir(self._dfd)
+        self.close()
 
 
 def crash_point(k: int) -> None:
@@ -171,16 +222,20 @@ def crash_point(k: int) -> None:
 # --- recovery ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Recovery:
-    """What recovering an interrupted apply did: when it started, operations undone, problems
-    left."""
+    """What recovering an interrupted transaction did: when it started, operations undone,
+    problems left, and whether it had committed (then the host keeps the new state)."""
 
     started: float
     undone: int
     problems: list[str]
+    committed: bool = False
 
     def describe(self) -> str:
         """One line saying what the recovery undid and what problems remain."""
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.started))
+        if self.committed:
+            return (f"completed an apply interrupted at {when} UTC after its commit: the host "
+                    "keeps the applied state, the history records it")
         text = (f"recovered an apply interrupted at {when} UTC: {self.undone} operations undone")
         if self.problems:
             return text + "; HOST DIFFERS FROM BEFORE: " + "; ".join(self.problems)
@@ -188,49 +243,136 @@ class Recovery:
 
 
 def pending(root: Path) -> bool:
-    """Whether an unfinished apply left a journal under `root`."""
-    return (Path(root) / JOURNAL).exists()
+    """Whether an unfinished transaction left a journal under `root` (a journal that is not a
+    regular file counts too: recovery then names it)."""
+    try:
+        os.stat(Path(root) / JOURNAL, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError as e:  # a directory we may not enter: recovery names it
+        return e.errno != errno.ENOENT
+    return True
 
 
-def _read(path: Path) -> tuple[dict | None, list[Op]]:
-    header, undo = None, []
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    for raw in lines:
+@dataclasses.dataclass
+class _Log:
+    """A journal as read back: its header (None: it never reached the disk), the undo
+    operations in the order they were logged, whether the commit line is there."""
+
+    header: dict | None
+    undo: list[Op]
+    committed: bool
+
+
+def _bad(path: Path, what: str) -> JournalError:
+    return JournalError(f"{path}: {what}; the journal is kept: check the host against it and "
+                        "remove it by hand")
+
+
+def _read(data: bytes, path: Path) -> _Log:
+    # the last piece without its newline is a line torn by a power loss: its operation never
+    # started (each runs only after its line is fsynced); every complete line must be valid
+    *lines, _torn = data.split(b"\n")
+    log = _Log(None, [], False)
+    for i, raw in enumerate(lines, 1):
         try:
             obj = json.loads(raw)
-        except ValueError:
-            break  # a torn last line (power loss mid-write): that operation never started
-        if header is None:
-            header = obj
+        except (ValueError, RecursionError):
+            raise _bad(path, f"line {i} is not JSON") from None
+        if not isinstance(obj, dict):
+            raise _bad(path, f"line {i} is not a JSON object")
+        if log.header is None:
+            log.header = obj
+        elif obj.get("commit") is True:
+            log.committed = True
         else:
-            undo.append(op_from_json(obj["undo"]))
-    return header, undo
+            try:
+                log.undo.append(op_from_json(obj["undo"]))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise _bad(path, f"line {i} is not an undo record ({type(e).__name__}: "
+                           f"{str(e)[:80]})") from None
+    return log
 
 
-def recover(target, root: Path) -> Recovery | None:
-    """Replay an unfinished journal under `root` (the caller holds the store lock)."""
+def _snapshot(header: dict, path: Path) -> tuple[HostState, list[tuple[Route, int]], dict]:
+    """The header's host as it was, its routes with their protocol, its history note."""
+    try:  # the host as observed (not a desired document: one IP on two links can be)
+        before = HostState.model_validate(header["before"])
+        routes = [(_dec(e["route"]), int(e["proto"])) for e in header["routes"]]
+        if not all(isinstance(r, Route) for r, _ in routes):
+            raise ValueError("a route entry is not a route")
+        history = header.get("history") or {}
+        if "history_len" in header and not history:  # written by an older agent
+            history = {"count": header["history_len"]}
+        if not isinstance(history, dict) or not all(
+                isinstance(v, int) or v is None for v in history.values()):
+            raise ValueError(f"history note {history!r}")
+        float(header.get("started", 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _bad(path, f"unreadable header ({type(e).__name__}: {str(e)[:120]})") from None
+    return before, routes, history
+
+
+def read_log(store: Store) -> _Log | None:
+    """The journal under the store's directory, checked (None when there is none)."""
+    path = store.root / JOURNAL
+    with opened(store.root, create=False) as dfd:
+        data = None if dfd is None else read_file(dfd, JOURNAL, path)
+    return None if data is None else _read(data, path)
+
+
+def recover(target, store: Store) -> Recovery | None:
+    """Finish an interrupted transaction under the store's directory (the caller holds the
+    lock). Without its commit line: the host back to the header's snapshot, the history back
+    to the header's newest entry. With it: the host stays, the history change completes (the
+    rolled-back entry dropped, old entries pruned). JournalError for a journal that cannot be
+    read (kept, named)."""
+    log = read_log(store)
+    if log is None:
+        return None
+    path = store.root / JOURNAL
+    if log.header is None:  # killed before the header reached the disk: nothing was changed
+        _drop(store)
+        return Recovery(time.time(), 0, [])
+    before, routes, history = _snapshot(log.header, path)
+    started = float(log.header.get("started", 0.0))
+    if log.committed:
+        complete_history(store, history)
+        _drop(store)
+        return Recovery(started, 0, [], committed=True)
     # pyroute2's request builders (~0.2 s) load only when a journal is there to replay
     from topoagent.drivers.netlink import NetlinkDriver
 
-    path = Path(root) / JOURNAL
-    if not path.exists():
-        return None
-    header, undo = _read(path)
-    if header is None:  # killed before the header reached the disk: nothing was changed
-        path.unlink()
-        return Recovery(time.time(), 0, [])
-    try:  # the host as observed (not a desired document: one IP on two links can be)
-        before = HostState.model_validate(header["before"])
-    except ValueError as e:
-        raise JournalError(f"{path}: unreadable snapshot, recover by hand: {e}") from None
-    routes = [(_dec(e["route"]), e["proto"]) for e in header["routes"]]
     with contextlib.closing(target.iproute()) as ipr:
-        problems = restore(NetlinkDriver(target, ipr), list(reversed(undo)), before, routes)
-    _truncate_history(Path(root), header.get("history_len"))
-    path.unlink()
-    _fsync_dir(Path(root))
-    return Recovery(header.get("started", 0.0), len(undo), problems)
+        problems = restore(NetlinkDriver(target, ipr), list(reversed(log.undo)), before, routes)
+    rewind_history(store, history)
+    _drop(store)
+    return Recovery(started, len(log.undo), problems)
+
+
+def rewind_history(store: Store, history: dict) -> None:
+    """The history as it was when the journal began: entries after its newest dropped."""
+    if history.get("newest") is not None:
+        store.truncate(history["newest"])
+    elif history.get("count") is not None:  # an older agent's journal: a count of entries
+        nums, keep = store.numbers(), max(history["count"], 1)
+        if len(nums) > keep:
+            store.truncate(nums[keep - 1])
+
+
+def complete_history(store: Store, history: dict) -> None:
+    """The committed transaction's history change: its rolled-back entry dropped, then the
+    oldest applied states beyond `keep` pruned."""
+    if history.get("pop") is not None:
+        store.pop(history["pop"])
+    store.prune()
+
+
+def _drop(store: Store) -> None:
+    with opened(store.root, create=False) as dfd:
+        if dfd is not None:
+            remove_file(dfd, JOURNAL, store.root / JOURNAL)
+            fsync_dir(dfd)
 
 
 def restore(drv: Driver, undo: list[Op], before: HostState,
@@ -271,11 +413,3 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
             with contextlib.suppress(Exception):
                 op.apply(drv)
     return [op.describe() for op in left()]
-
-
-def _truncate_history(root: Path, history_len: int | None) -> None:
-    if history_len is None:
-        return
-    files = sorted((root / "history").glob("[0-9][0-9][0-9][0-9].json"))
-    for f in files[max(history_len, 1):]:
-        f.unlink()

@@ -9,7 +9,14 @@ That static guard sees operations one by one. After an apply, the agent also ask
 (`ip route get`) for the path to the client and to every configured probe address
 (`--mgmt-probe`: a gateway, the controller, a DNS name) and compares it with the path before:
 a rule that diverts everything to another table, a blackhole, an MTU or link-state change of the
-outgoing link all show up there; a changed path reverts the apply."""
+outgoing link all show up there; a changed path reverts the apply.
+
+Neither sees a path that stays the same but starves: a QoS class that holds the operator's
+traffic at 1 kbit/s, an ingress rule that steals the connection's packets, an Open vSwitch
+bridge that takes the management NIC. `guard_state` reads the desired state for those before
+anything changes (a class below the floor, `--mgmt-floor`, default MGMT_FLOOR). What it cannot
+read in the state is caught at confirmation: `topo-agent confirm` needs a probe of real size
+through the same path (topoagent.apply.probe, topoagent.apply.confirm)."""
 
 from __future__ import annotations
 
@@ -20,7 +27,13 @@ from dataclasses import dataclass
 
 from topoagent.apply.kernel_ops import DelAddress, DelRoute, Op, SetLink, SetRoute
 from topoagent.observe.host import Observed
-from topoagent.state.host import StateError
+from topoagent.state.host import HostState, StateError
+from topoagent.state.values import format_rate
+
+# The least a QoS class holding the management peer's traffic may guarantee (bit/s): an SSH
+# session, an Ansible run and the confirmation probe stay usable next to saturated training
+# traffic. A class is a guarantee under load, so its `rate` is what is judged.
+MGMT_FLOOR = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,7 @@ class Mgmt:
 
     client: str  # the operator's address, as the host sees it
     server: str  # the host's address the operator connected to
+    floor: int = MGMT_FLOOR  # bit/s: the least a QoS class holding `client` may guarantee
 
     @classmethod
     def from_env(cls) -> Mgmt | None:
@@ -60,18 +74,32 @@ def _main_route_to(obs: Observed, ip: str) -> tuple | None:
     return best[1] if best else None
 
 
+def _holders(obs: Observed, mgmt: Mgmt) -> list[tuple[str, str]]:
+    """(link, address) of every address with the server's IP."""
+    return [(d, a) for d, addrs in obs.addresses.items() for a in addrs
+            if a.split("/")[0] == mgmt.server]
+
+
+def _links(obs: Observed, mgmt: Mgmt) -> tuple[str | None, str | None]:
+    """(the link of the connection, the link packets to the client leave by): the first is
+    the route's link when it holds the server address, else the holder's; either can be None."""
+    holders = _holders(obs, mgmt)
+    route_key = _main_route_to(obs, mgmt.client)
+    route_dev = obs.routes[route_key].route.dev if route_key is not None else None
+    dev = route_dev if route_dev in {d for d, _ in holders} else (
+        holders[0][0] if holders else None)
+    return dev, route_dev
+
+
 def guard(ops: list[Op], obs: Observed, mgmt: Mgmt) -> None:
     """Raise StateError naming each operation that touches the management connection.
 
     The connection, not every address sharing its IP: deleting one of two addresses with the
     server's IP (say the agent's own /32 beside the foreign management /24) is no hit while
     the other stays; the link is the one the route to the client leaves by."""
-    holders = [(d, a) for d, addrs in obs.addresses.items() for a in addrs
-               if a.split("/")[0] == mgmt.server]
+    holders = _holders(obs, mgmt)
     route_key = _main_route_to(obs, mgmt.client)
-    route_dev = obs.routes[route_key].route.dev if route_key is not None else None
-    dev = route_dev if route_dev in {d for d, _ in holders} else (
-        holders[0][0] if holders else None)
+    dev, _ = _links(obs, mgmt)
     deleted = {(op.dev, op.address) for op in ops if isinstance(op, DelAddress)}
     server_stays = any(h not in deleted for h in holders)
     client = ipaddress.IPv4Address(mgmt.client)
@@ -94,6 +122,60 @@ def guard(ops: list[Op], obs: Observed, mgmt: Mgmt) -> None:
                              f"use --force-mgmt to do it anyway"))
     if problems:
         raise StateError(problems)
+
+
+def guard_state(desired: HostState, obs: Observed, mgmt: Mgmt) -> None:
+    """Raise StateError naming each YAML path of `desired` that would starve the management
+    connection while leaving its route alone: a QoS class holding the client below
+    `mgmt.floor`, an offload rule redirecting the server's incoming packets, an OVS bridge
+    taking the management NIC. Judged on the NIC the connection uses (the route's link and
+    the server address's); when neither is known, a class holding the client on any link."""
+    dev, route_dev = _links(obs, mgmt)
+    nics = {d for d in (dev, route_dev) if d is not None}
+    conn = f"the management connection {mgmt.client} -> {mgmt.server}"
+    fix = "use --force-mgmt to do it anyway"
+    problems = _class_problems(desired, mgmt, nics)
+    server = ipaddress.IPv4Address(mgmt.server)
+    rules = desired.forwarding.rules if desired.forwarding else []
+    for k, rule in enumerate(rules):
+        if (not nics or rule.dev in nics) and server in ipaddress.IPv4Network(rule.dst):
+            problems.append((f"forwarding.rules[{k}].dst", f"{rule.dst} on {rule.dev} holds "
+                             f"the server address of {conn}: its packets would be redirected "
+                             f"to {rule.redirect}; {fix}"))
+    for b, bridge in enumerate(desired.ovs.bridges if desired.ovs else []):
+        for kind in ("ports", "internal"):
+            for k, port in enumerate(getattr(bridge, kind)):
+                if port in nics:
+                    problems.append((f"ovs.bridges[{b}].{kind}[{k}]", f"{port} carries {conn}: "
+                                     f"bridge {bridge.name} would take the management NIC "
+                                     f"(its address stops answering); {fix}"))
+    if problems:
+        raise StateError(problems)
+
+
+def _class_problems(desired: HostState, mgmt: Mgmt, nics: set[str]
+                    ) -> list[tuple[str, str]]:
+    """A QoS class (tc or ovs) on the management NIC whose dst holds the client and whose
+    guaranteed rate is below the floor."""
+    client = ipaddress.IPv4Address(mgmt.client)
+    out = []
+    for i, q in enumerate(desired.qos):
+        if nics and q.dev not in nics:
+            continue
+        for j, c in enumerate(q.classes):
+            if client in ipaddress.IPv4Network(c.dst) and c.rate < mgmt.floor:
+                out.append((f"qos[{i}].classes[{j}].rate",
+                            f"{format_rate(c.rate)} for {_short(c.dst)} holds the management "
+                            f"peer {mgmt.client} (the connection {mgmt.client} -> "
+                            f"{mgmt.server} over {q.dev}) below the management floor "
+                            f"{format_rate(mgmt.floor)} (--mgmt-floor): SSH to this host "
+                            "would starve; use --force-mgmt to do it anyway"))
+    return out
+
+
+def _short(net: str) -> str:
+    """A /32 as its address, as the state usually spells it."""
+    return net[:-3] if net.endswith("/32") else net
 
 
 def route_get(ipr, ip: str, src: str | None = None) -> str:

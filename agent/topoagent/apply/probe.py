@@ -1,18 +1,34 @@
-"""Reachability probes: ICMP echo to many addresses at once from inside the target.
+"""Probes: ICMP echo to many next hops at once, and the payload of the management-path probe.
 
-Chosen before a change (only addresses that answer now), checked after it: a plan that cuts a
-working next hop is reverted. One raw socket, all echoes sent together, one shared deadline, so
-probing a hundred next hops costs one timeout, not a hundred."""
+Next hops are chosen before a change (only addresses that answer now) and checked after it: a
+plan that cuts a working next hop is reverted. One raw socket, all echoes sent together, one
+shared deadline, so probing a hundred next hops costs one timeout, not a hundred.
+
+The management-path probe (`topo-agent confirm-probe`, then `confirm --probe -`) moves
+`PROBE_BYTES` of random text from the host to its controller and back over the connection the
+controller uses (SSH): a small confirmation still passes a path shaped to 1 kbit/s, half a
+megabyte each way does not, within `PROBE_WITHIN_S`. The agent keeps only the digest of what it
+sent; the controller proves it received every byte by sending them back."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import select
 import socket
 import struct
+import sys
 import time
 
+from topoagent.protocol import TopoError
 from topoagent.target import Target
+
+PROBE_BYTES = 512 * 1024  # each way: 4 s at 1 Mbit/s, 70 min at 1 kbit/s
+MIN_PROBE_BYTES = 256 * 1024  # smaller is no probe of the path: it fits a TCP window or two
+MAX_PROBE_BYTES = 16 * 1024 * 1024
+PROBE_WITHIN_S = 15.0  # from sending the payload to having it back; two agent starts included
+MAX_PROBE_WITHIN_S = 120.0
 
 
 def _checksum(data: bytes) -> int:
@@ -62,3 +78,33 @@ def ping_many(target: Target, addresses: list[str], timeout: float = 0.5,
     finally:
         sock.close()
     return answered
+
+
+def probe_payload(nbytes: int) -> str:
+    """`nbytes` (rounded up to a multiple of 4) of random base64 text: incompressible (an SSH
+    link that compresses cannot shrink it) and free of whitespace and quoting in JSON."""
+    return base64.b64encode(os.urandom((nbytes + 3) // 4 * 3)).decode("ascii")
+
+
+def probe_digest(text: str) -> str:
+    """The SHA-256 of a probe payload, surrounding whitespace ignored (a shell pipe adds a
+    newline)."""
+    return hashlib.sha256(text.strip().encode("ascii", "replace")).hexdigest()
+
+
+def read_probe(path: str, limit: int = 2 * MAX_PROBE_BYTES) -> tuple[str, float]:
+    """The payload sent back (a file, or "-" for stdin) and the wall-clock time it was all
+    there; TopoError when it cannot be read or exceeds `limit` bytes (not a probe)."""
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
+    except OSError as e:
+        raise TopoError(f"cannot read the probe: {e.strerror or e}", source=path) from None
+    done = time.time()
+    if len(data) > limit:
+        raise TopoError(f"the probe is larger than {limit} bytes: not a probe",
+                        source="<stdin>" if path == "-" else path)
+    return data.decode("ascii", "replace"), done

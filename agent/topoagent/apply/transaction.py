@@ -14,12 +14,11 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from topoagent.apply.diff import check_host, diff
-from topoagent.apply.journal import Journal, crash_point, recover, restore
+from topoagent.apply.journal import Journal, complete_history, crash_point, recover, restore
 from topoagent.apply.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
-from topoagent.apply.mgmt import Mgmt, guard, route_get
+from topoagent.apply.mgmt import Mgmt, guard, guard_state, route_get
 from topoagent.apply.probe import ping_many
 from topoagent.apply.store import Store, sysctl_with_baseline
 from topoagent.observe.host import (
@@ -74,6 +73,8 @@ def plan(target: Target, desired: HostState, mgmt: Mgmt | None = None
     """Observe, check and diff without touching anything; with `mgmt`, refuse operations on
     the management connection."""
     obs = observe(target)
+    if mgmt is not None:  # first: starving the operator's connection is the costliest mistake
+        guard_state(desired, obs, mgmt)
     check_host(desired, obs)
     ops = diff(desired, obs)
     if mgmt is not None:
@@ -83,12 +84,12 @@ def plan(target: Target, desired: HostState, mgmt: Mgmt | None = None
 
 def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
                 probe: bool = True, store: Store | None = None,
-                mgmt: Mgmt | None = None, journal_dir: Path | None = None,
-                watch: list[tuple[str, str | None]] = ()) -> Result:
-    """Take the host to `desired` or leave it as it was. With `store`, the applied state joins
-    the history; with `store` or `journal_dir`, every change is journaled first (crash safety:
-    topoagent.apply.journal). `watch`: (address, source) pairs whose path (`ip route get`) must be
-    the same after the apply as before (the management connection and configured probes)."""
+                mgmt: Mgmt | None = None, watch: list[tuple[str, str | None]] = ()) -> Result:
+    """Take the host to `desired` or leave it as it was (the caller holds `store.lock()`).
+    With `store`, every change is journaled first and the applied state joins the history,
+    committed with the journal's end (crash safety: topoagent.apply.journal). `watch`:
+    (address, source) pairs whose path (`ip route get`) must be the same after the apply as
+    before (the management connection and configured probes)."""
     t0 = time.perf_counter()
     if store is not None:
         desired = with_original_sysctls(desired, store.baseline())
@@ -100,23 +101,70 @@ def apply_state(target: Target, desired: HostState, *, dry_run: bool = False,
         # the original values go to disk before anything changes: a crash or a failed apply
         # can no longer lose them (rollback to the baseline restores them)
         store.save_baseline(_baseline(ops))
-    root = store.root if store is not None else journal_dir
-    journal = Journal(root) if root is not None and ops else None
-    if journal is not None:
-        journal.begin(before, store.history_len() if store is not None else None)
+    history = {"newest": store.newest(), "pop": None} if store is not None else None
+    journal = _begin(store, before, history) if ops else None
     if ops:
         _transact(target, desired, before, ops, probes, journal, list(watch))
+    if store is not None:
+        _commit(target, store, journal, history, len(ops), lambda: store.push(desired))
+    return Result(ops, time.perf_counter() - t0, probes=probes)
+
+
+def rollback(target: Target, store: Store, *, dry_run: bool = False, probe: bool = True,
+             mgmt: Mgmt | None = None) -> Result | None:
+    """Re-apply the state before the newest and drop the newest, one transaction (the caller
+    holds `store.lock()`); None when there is no earlier state. Journaled as an apply is: a
+    crash before its commit leaves the host and the history as they were, after it both
+    rolled back."""
+    t0 = time.perf_counter()
+    previous = store.previous()
+    if previous is None:
+        return None
+    before, ops = plan(target, previous, mgmt)
+    if dry_run:
+        return Result(ops, time.perf_counter() - t0, dry_run=True)
+    probes = _choose_probes(target, previous, before) if probe and ops else []
+    newest = store.newest()
+    history = {"newest": newest, "pop": newest}
+    journal = _begin(store, before, history) if ops else None
+    if ops:
+        _transact(target, previous, before, ops, probes, journal)
+    _commit(target, store, journal, history, len(ops), lambda: None)
+    return Result(ops, time.perf_counter() - t0, probes=probes)
+
+
+def _begin(store: Store | None, before: Observed, history: dict | None) -> Journal | None:
+    if store is None:
+        return None
+    journal = Journal(store.root)
+    journal.begin(before, history)
+    return journal
+
+
+def _commit(target: Target, store: Store, journal: Journal | None, history: dict | None,
+            n_ops: int, write_history) -> None:
+    """After the kernel changes: the history entry, then the journal's commit line (the
+    transaction counts from here), then the history's own change (prune, pop), then the
+    journal goes. Anything failing before the commit line takes the host back."""
     try:
-        if store is not None:
-            store.push(desired)
-        crash_point(len(ops) + 1)
-    except BaseException:
-        if journal is not None:  # the history could not be written: back to the old state
-            recover(target, journal.root)
+        write_history()
+        crash_point(n_ops + 1)
+        if journal is not None:
+            journal.commit()
+    except BaseException as e:
+        if journal is None:
+            raise
+        journal.close()  # the history could not be written: back to the old state
+        rec = recover(target, store)
+        state = rec.describe() if rec is not None else "nothing to recover"
+        if isinstance(e, TopoError):
+            raise ApplyError(f"{e} ({state})", [], reverted=bool(rec and not rec.problems)
+                             ) from None
         raise
+    crash_point(n_ops + 2)
+    complete_history(store, history or {})
     if journal is not None:
         journal.finish()
-    return Result(ops, time.perf_counter() - t0, probes=probes)
 
 
 def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],

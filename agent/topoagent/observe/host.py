@@ -47,15 +47,18 @@ from topoagent.state.host import (
     Sysctl,
 )
 from topoagent.state.ovs import OvsState
-from topoagent.state.values import LOCAL_TABLE
+from topoagent.state.values import LOCAL_TABLE, is_ifname, name_text
 from topoagent.target import Target
 
 RTN_UNICAST = 1
+RTN_NAMES = {2: "local", 3: "broadcast", 4: "anycast", 5: "multicast", 6: "blackhole",
+             7: "unreachable", 8: "prohibit", 9: "throw", 10: "nat", 11: "xresolve"}
 FR_ACT_TO_TBL = 1
 IFF_UP = 0x1
 TC_H_ROOT = 0xFFFFFFFF
 UNSET = 0xFFFFFFFF
 U32_PRIO = 10  # every agent u32 filter lives at this preference
+MTU_MIN, MTU_MAX = 68, 65536  # what an Interface can say (lo may be set as low as 0)
 IP_FORWARD = "net/ipv4/ip_forward"
 MULTIPATH_HASH = "net/ipv4/fib_multipath_hash_policy"
 
@@ -81,6 +84,16 @@ class ObsRoute:
     """An observed route with its protocol (the agent's mark or another owner's)."""
 
     route: Route
+    proto: int
+
+
+@dataclass
+class OpaqueRoute:
+    """A route the schema cannot express (another type than unicast, a link name it cannot
+    spell, one next hop as multipath): never the agent's, never replaced or deleted; a desired
+    route with its key is an error naming it (`text`, as `ip route` prints it)."""
+
+    text: str
     proto: int
 
 
@@ -124,6 +137,7 @@ class Observed:
     links: dict[str, ObsLink] = field(default_factory=dict)
     addresses: dict[str, dict[str, int]] = field(default_factory=dict)  # dev -> {a/len: proto}
     routes: dict[tuple, ObsRoute] = field(default_factory=dict)  # (table, dst, metric) -> route
+    opaque_routes: dict[tuple, OpaqueRoute] = field(default_factory=dict)  # same keys
     rules: list[ObsRule] = field(default_factory=list)
     qos: dict[str, ObsQos] = field(default_factory=dict)
     foreign_qdiscs: dict[str, str] = field(default_factory=dict)  # dev -> "kind handle"
@@ -173,20 +187,52 @@ def _links(raw: list[RawLink], obs: Observed) -> dict[int, str]:
 
 def _routes(raw: list[RawRoute], obs: Observed, names: dict[int, str]) -> None:
     for r in raw:
-        if r.table == LOCAL_TABLE or r.type != RTN_UNICAST:
+        # the local table is the kernel's; a TOS is part of the kernel's key, so a route
+        # with one is never in the way of the agent's (which have none)
+        if r.table == LOCAL_TABLE or r.tos:
             continue
-        fields: dict = dict(dst=r.dst, table=r.table, metric=r.metric, src=r.prefsrc)
-        if r.multipath:
-            fields["nexthops"] = [Nexthop(via=gw, dev=names.get(oif), weight=w)
-                                  for gw, oif, w in r.multipath]
+        route = _route(r, names) if r.type == RTN_UNICAST else None
+        if route is None:
+            obs.opaque_routes[(r.table, r.dst, r.metric)] = OpaqueRoute(
+                _raw_route_text(r, names), r.proto)
         else:
-            fields["via"] = r.gateway
-            fields["dev"] = names.get(r.oif) if r.oif is not None else None
-        try:
-            route = Route(**fields)
-        except ValueError:  # not expressible in the schema (e.g. one-hop multipath): skip it
-            continue
-        obs.routes[route.key] = ObsRoute(route=route, proto=r.proto)
+            obs.routes[route.key] = ObsRoute(route=route, proto=r.proto)
+
+
+def _route(r: RawRoute, names: dict[int, str]) -> Route | None:
+    """The unicast route `r` in the schema, or None when the schema cannot express it (a
+    link name it cannot spell, one next hop as multipath)."""
+    hops = r.multipath or [(r.gateway, r.oif, 1)]
+    if any(oif is not None and not is_ifname(names.get(oif)) for _, oif, _ in hops):
+        return None
+    fields: dict = dict(dst=r.dst, table=r.table, metric=r.metric, src=r.prefsrc)
+    if r.multipath:
+        fields["nexthops"] = [Nexthop(via=gw, dev=names.get(oif), weight=w)
+                              for gw, oif, w in r.multipath]
+    else:
+        fields["via"] = r.gateway
+        fields["dev"] = names.get(r.oif) if r.oif is not None else None
+    try:
+        return Route(**fields)
+    except ValueError:
+        return None
+
+
+def _raw_route_text(r: RawRoute, names: dict[int, str]) -> str:
+    """A route as `ip route` prints it, from the raw dump (link names quoted when odd)."""
+    words = [RTN_NAMES[r.type]] if r.type in RTN_NAMES else []
+    words.append(r.dst)
+    if r.table != 254:
+        words.append(f"table {r.table}")
+    if r.metric:
+        words.append(f"metric {r.metric}")
+    for gw, oif, weight in r.multipath or [(r.gateway, r.oif, 0)]:
+        words += ["nexthop"] * bool(r.multipath) + [f"via {gw}"] * bool(gw)
+        if oif is not None:
+            words.append(f"dev {name_text(names.get(oif, f'if{oif}'))}")
+        words += [f"weight {weight}"] * bool(r.multipath)
+    words += [f"src {r.prefsrc}"] * bool(r.prefsrc)
+    return " ".join(words)
 
 
 def _rules(raw: list[RawRule], obs: Observed) -> None:
@@ -214,7 +260,7 @@ def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
         dev = names.get(ifindex)
         if dev is None or root.handle == 0:
             continue  # the kernel's default qdisc: free for the agent to replace
-        if root.handle >> 16 != TC_MAJOR or root.kind != "htb":
+        if root.handle >> 16 != TC_MAJOR or root.kind != "htb" or not is_ifname(dev):
             obs.foreign_qdiscs[dev] = f"{root.kind} {root.handle >> 16:x}:"
             continue
         tree = ObsQos(dev=dev, rate=None)
@@ -245,7 +291,8 @@ def _u32_dst_filter(f: RawTc) -> tuple[int, str, int] | None:
     if key is None:
         return None
     classid, mask, val, off = key
-    if classid >> 16 != TC_MAJOR or off != 16:  # 16: the IPv4 destination address
+    # 16: the IPv4 destination address; mask 0 (all traffic) is never one of the agent's
+    if classid >> 16 != TC_MAJOR or off != 16 or mask == 0:
         return None
     dst = ipaddress.IPv4Network((val & mask, bin(mask).count("1")))
     return f.handle & 0xFFF, str(dst), classid & 0xFFFF
@@ -253,13 +300,15 @@ def _u32_dst_filter(f: RawTc) -> tuple[int, str, int] | None:
 
 def to_host_state(obs: Observed) -> HostState:
     """The representable part of what is on the host, as a HostState (for `show`)."""
+    named = [n for n in obs.links if is_ifname(n)]  # other names: foreign links, left out
     interfaces = [
         Interface(name=n, mac=link.mac if link.mac and link.mac != "00:00:00:00:00:00" else None,
-                  addresses=sorted(obs.addresses.get(n, {})), mtu=link.mtu, up=link.up)
-        for n, link in obs.links.items()
+                  addresses=sorted(obs.addresses.get(n, {})),
+                  mtu=link.mtu if MTU_MIN <= link.mtu <= MTU_MAX else None, up=link.up)
+        for n, link in ((n, obs.links[n]) for n in named)
     ]
     rp = {}
-    for name in ("all", "default", *obs.links):
+    for name in ("all", "default", *named):
         v = obs.sysctl.get(rp_filter_path(name))
         if v is not None:
             rp[name] = int(v)

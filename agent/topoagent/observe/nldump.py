@@ -55,6 +55,7 @@ class RawRoute:
     metric: int
     proto: int
     type: int
+    tos: int
     gateway: str | None
     oif: int | None
     prefsrc: str | None
@@ -144,7 +145,7 @@ def dump_routes(sock: socket.socket) -> list[RawRoute]:
     """Every IPv4 route in every table, read with one rtnetlink dump."""
     out = []
     for head, a in _dump(sock, RTM_GETROUTE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
-        family, dst_len, _, _, table, proto, _, rtype, _ = head
+        family, dst_len, _, tos, table, proto, _, rtype, _ = head
         if family != socket.AF_INET:
             continue
         multipath = []
@@ -159,7 +160,7 @@ def dump_routes(sock: socket.socket) -> list[RawRoute]:
             table=struct.unpack("=I", a[RTA_TABLE])[0] if RTA_TABLE in a else table,
             dst=f"{_ip(a[RTA_DST]) if RTA_DST in a else '0.0.0.0'}/{dst_len}",
             metric=struct.unpack("=I", a[RTA_PRIORITY])[0] if RTA_PRIORITY in a else 0,
-            proto=proto, type=rtype,
+            proto=proto, type=rtype, tos=tos,
             gateway=_ip(a[RTA_GATEWAY]) if RTA_GATEWAY in a else None,
             oif=struct.unpack("=i", a[RTA_OIF])[0] if RTA_OIF in a else None,
             prefsrc=_ip(a[RTA_PREFSRC]) if RTA_PREFSRC in a else None,
@@ -209,7 +210,9 @@ def _u32(a: dict[int, bytes], key: int) -> int | None:
 
 
 def _name(a: dict[int, bytes], key: int) -> str | None:
-    return a[key].rstrip(b"\0").decode() if key in a else None
+    # a link name is bytes to the kernel, any but "/", ":" and white space: surrogateescape
+    # keeps every one (the same str the os module would give), so it still names its link
+    return a[key].rstrip(b"\0").decode("utf-8", "surrogateescape") if key in a else None
 
 
 def dump_rules(sock: socket.socket) -> list[RawRule]:

@@ -1,23 +1,36 @@
 """Launch and supervise this host's training processes (`topo-agent launch`, `topo-agent stop`).
 
 The controller streams the plan's job spec; the agent starts this host's ranks with their
-environment (inside the target namespace), prefixes every output line with `[rank N]`, and
-exits when all ranks end. If one rank dies the others are stopped at once and the agent exits
-1 after printing a `failed` event with the rank, its exit code and its last lines, so the
-controller can stop every other host. Process groups are recorded in a pid file for `stop`.
+environment (inside the target namespace, as the job's unprivileged user: `process.ranks`),
+prefixes every output line with `[rank N]`, and exits when all ranks end. If one rank dies the
+others are stopped at once and the agent exits 1 after printing a `failed` event with the rank,
+its exit code and its last lines, so the controller can stop every other host.
+
+Events travel apart from output: each rank gets a pipe of its own, its write end passed as the
+file descriptor named by $TOPOCTL_EVENT_FD (`topotrain.events`); the launcher forwards what
+comes through it as `[event N] LINE`. Its own events (`failed`, `link-down`, `warning`) are bare
+JSON lines. Whatever a rank prints (a forged event included) only ever reaches the controller
+behind `[rank N]`, with control characters replaced, so no rank output can pass as an event.
+
+No process outlives its supervisor: the launcher dies with its parent (PR_SET_PDEATHSIG) and
+with the controller's end of its output (a closed pipe or SSH channel), stopping its ranks on
+SIGTERM, SIGHUP or SIGINT; each rank is killed when the launcher dies (PR_SET_PDEATHSIG).
+Rank process groups are recorded with their start times for `stop` (`process.pidfile`), which
+signals only processes that are still the ranks recorded.
 
 When the job spec names interfaces to watch for this host (`watch`, added by `topoctl run`),
 their carrier is polled (`topoagent.process.linkwatch`): a lost one stops this host's ranks
 at once and the launcher exits 1 after a `link-down` event naming the interface, instead of the
-ranks waiting for gloo's timeout. Checkpoints (`checkpoint`) live in `RUN_DIR/checkpoints`,
-passed to the ranks as $TOPOCTL_RUN_DIR; a launch that does not resume removes old ones first."""
+ranks waiting for gloo's timeout. Checkpoints (`checkpoint`) live in the ranks' directory
+(`ranks.rank_dir`), passed to the ranks as $TOPOCTL_RUN_DIR; a launch that does not resume
+empties it first."""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import os
-import shutil
+import select
 import signal
 import socket
 import subprocess
@@ -26,88 +39,189 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import IO
 
 from topoagent.observe import nldump
 from topoagent.process.linkwatch import LinkDown, LinkWatch
-from topoagent.protocol import TopoError
+from topoagent.process.pidfile import PidFileError, live, read_pids, write_pids
+from topoagent.process.ranks import (
+    RankUser,
+    drop_privileges,
+    prepare_rank_dir,
+    python_for,
+    rank_user,
+    remove_if_unused,
+    write_job_spec,
+)
+from topoagent.protocol import EXIT_INTERRUPTED, TopoError
 from topoagent.state.wire import LaunchSpec
 from topoagent.target import Target
 
 TAIL = 15  # last lines of a failed rank worth showing
-CHECKPOINTS = "checkpoints"  # under the run directory (topotrain.checkpoint writes it)
+CHECKPOINTS = "checkpoints"  # under the ranks' directory (topotrain.checkpoint writes it)
 CLONE_NEWUTS = 0x04000000
+PR_SET_PDEATHSIG = 1
+EVENT_FD_ENV = "TOPOCTL_EVENT_FD"  # the rank's end of its event pipe (topotrain.events)
+MAX_LINE = 65536  # longer output lines are cut into pieces of this many bytes
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# what a forwarded line may not contain: anything a reader could take for a line break, and
+# other control characters (terminal escapes)
+_UNSAFE = {c: "?" for c in [*range(0x20), 0x7f, 0x85, 0x2028, 0x2029] if c != 0x09}
 
 
 class LaunchError(TopoError, RuntimeError):
     """This host cannot launch the job (no ranks here, an earlier job still running)."""
 
 
-def _argv(command: list[str]) -> list[str]:
-    """`python`/`python3` means this installation's interpreter: the one with torch and the
-    collectives, whatever else is first on the PATH of a non-login SSH session."""
+class _Stopped(BaseException):  # noqa: N818 - a signal, not an error
+    """SIGTERM or SIGHUP reached the launcher: stop the ranks and leave."""
+
+
+class _Output:
+    """The launcher's stdout (the controller's stream), shared by the pump threads: one line at
+    a time, and whether the reader went away (a closed pipe or SSH channel)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.gone = False
+
+    def emit(self, line: str) -> None:
+        """Write one line; a reader that left only sets `gone`."""
+        with self.lock:
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                self.gone = True
+
+    def reader_left(self) -> bool:
+        """Whether the controller's end of stdout is closed (POLLERR/POLLHUP on a pipe or
+        socket; never for a file or terminal)."""
+        if self.gone:
+            return True
+        p = select.poll()
+        try:
+            p.register(sys.stdout.fileno(), 0)  # errors and hang-ups are always reported
+            self.gone = any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+        except (OSError, ValueError):
+            pass
+        return self.gone
+
+
+def _argv(command: list[str], user: RankUser, factory: str | None
+          ) -> tuple[list[str], dict[str, str]]:
+    """The rank's argv and extra environment. `python`/`python3` means this installation's
+    interpreter (the one with torch and the collectives, whatever else is first on the PATH of
+    a non-login SSH session), or one the rank's user can run (`ranks.python_for`)."""
     if command and command[0] in ("python", "python3"):
-        return [sys.executable, *command[1:]]
-    return list(command)
-
-
-def _emit(lock: threading.Lock, line: str) -> None:
-    with lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        python, env = python_for(user, factory)
+        return [python, *command[1:]], env
+    return list(command), {}
 
 
 def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
            timeout: float | None = None) -> int:
     """Start `host`'s ranks of `job` inside `target`, supervise them until all end (or one
-    fails, or `timeout` seconds pass) and return the exit code: 0 all ranks ended well, 1 one
-    failed (a `failed` event names it). LaunchError when this host runs no rank or an earlier
-    job's ranks still run here. The job spec goes to the ranks as `run_dir/job.json`."""
+    fails, or `timeout` seconds pass, or the launcher is told to stop) and return the exit
+    code: 0 all ranks ended well, 1 one failed (a `failed` event names it), 130 stopped by a
+    signal or by the controller going away. LaunchError when this host runs no rank or an
+    earlier job's ranks still run here."""
     procs_spec = job.processes.get(host)
     if not procs_spec:
         raise LaunchError("this host runs no rank", f"job.processes.{host}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job_file = run_dir / "job.json"
-    job_file.write_text(json.dumps(job.to_dict()))
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     pidfile = run_dir / "job.pids"
-    if pidfile.exists() and any(_alive(int(p)) for p in pidfile.read_text().split()):
-        raise LaunchError(f"ranks of an earlier job still run here ({pidfile}): "
-                          "topo-agent stop first")
-    if not job.checkpoint.resume:  # a fresh run must never pick up an earlier run's state
-        shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
-    lock = threading.Lock()
+    _refuse_if_running(pidfile)
+    user = rank_user(job.user)
+    out = _Output()
+    if user.is_root:
+        out.emit(json.dumps({"event": "warning", "message": "the ranks run as root "
+                             "(job.user: root): the job's command has every power on "
+                             "this host"}))
+    ranks_dir = prepare_rank_dir(run_dir, user, fresh=not job.checkpoint.resume)
+    job_file = write_job_spec(ranks_dir, json.dumps(job.to_dict()), user)
+    with _stop_on_signals():
+        return _run(job, host, target, pidfile, ranks_dir, job_file, user, out, timeout)
+
+
+def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: Path,
+         job_file: Path, user: RankUser, out: _Output, timeout: float | None) -> int:
+    """Start the ranks and supervise them; whatever happens, stop every rank left and drop
+    the pid file and the ranks' directory (unless it holds checkpoints)."""
     tripped = threading.Event()
-    watch = _watch(job.watch.get(host, []), target, lock, tripped)
-    if tripped.is_set():  # a watched interface is down already: starting ranks cannot help
-        watch.stop()
-        return 1
+    watch = None
     children: list[tuple[int, subprocess.Popen, deque]] = []
     try:
-        for spec in procs_spec:
-            rank = spec.rank
-            env = {**os.environ, **spec.env, "TOPOCTL_JOB": str(job_file),
-                   "TOPOCTL_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
-            bind = spec.bind_address or env.get("TOPOCTL_BIND_ADDRESS")
-            p = subprocess.Popen(_argv(job.command), env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                 preexec_fn=_child_setup(target, bind))
-            tail: deque = deque(maxlen=TAIL)
-            children.append((rank, p, tail))
-            threading.Thread(target=_pump, args=(rank, p, tail, lock), daemon=True).start()
-        pidfile.write_text(" ".join(str(p.pid) for _, p, _ in children))
-        return _supervise(children, lock, timeout, tripped)
+        _die_with_parent()
+        watch = _watch(job.watch.get(host, []), target, out, tripped)
+        if tripped.is_set():  # a watched interface is down already: starting ranks cannot help
+            return 1
+        for spec in job.processes[host]:
+            children.append(_start(job, spec, target, ranks_dir, job_file, user, out))
+        write_pids(pidfile, [p.pid for _, p, _ in children])
+        return _supervise(children, out, timeout, tripped)
+    except _Stopped:
+        return EXIT_INTERRUPTED
     finally:
-        watch.stop()
-        _stop_all(children)
-        pidfile.unlink(missing_ok=True)
+        with _signals_ignored():  # a second signal must not cut the cleanup short
+            if watch is not None:
+                watch.stop()
+            _stop_all(children)
+            pidfile.unlink(missing_ok=True)
+            remove_if_unused(ranks_dir)
 
 
-def _watch(interfaces: list[str], target: Target, lock: threading.Lock,
+def _refuse_if_running(pidfile: Path) -> None:
+    """LaunchError when ranks of an earlier launch still run here; a stale or unreadable pid
+    file is reported on stderr and ignored (it names no process of ours)."""
+    try:
+        entries = read_pids(pidfile)
+    except PidFileError as e:
+        print(f"topo-agent: ignoring {e}", file=sys.stderr)
+        return
+    if live(entries):
+        raise LaunchError(f"ranks of an earlier job still run here ({pidfile}): "
+                          "topo-agent stop first")
+    if entries:
+        print(f"topo-agent: ignoring the stale pid file {pidfile} (its ranks are gone)",
+              file=sys.stderr)
+
+
+def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, job_file: Path,
+           user: RankUser, out: _Output) -> tuple[int, subprocess.Popen, deque]:
+    """Start one rank with its event pipe, and the threads that forward its output and its
+    events."""
+    argv, extra = _argv(job.command, user, job.model.factory)
+    read_end, write_end = os.pipe()
+    env = {**os.environ, **extra, **spec.env, "HOME": str(ranks_dir), "USER": user.name,
+           "LOGNAME": user.name, "TOPOCTL_JOB": str(job_file),
+           "TOPOCTL_RUN_DIR": str(ranks_dir), EVENT_FD_ENV: str(write_end),
+           "PYTHONUNBUFFERED": "1"}
+    if "PYTHONPATH" in extra and "PYTHONPATH" in spec.env:
+        env["PYTHONPATH"] = os.pathsep.join([spec.env["PYTHONPATH"], extra["PYTHONPATH"]])
+    bind = spec.bind_address or env.get("TOPOCTL_BIND_ADDRESS")
+    try:
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, cwd=ranks_dir, start_new_session=True,
+                             pass_fds=(write_end,),
+                             preexec_fn=_child_setup(target, bind, user, os.getpid()))
+    finally:
+        os.close(write_end)
+    tail: deque = deque(maxlen=TAIL)
+    for stream, prefix, keep in ((p.stdout, "rank", tail), (os.fdopen(read_end, "rb"),
+                                                            "event", None)):
+        threading.Thread(target=_pump, args=(stream, f"[{prefix} {spec.rank}] ", out, keep),
+                         daemon=True).start()
+    return spec.rank, p, tail
+
+
+def _watch(interfaces: list[str], target: Target, out: _Output,
            tripped: threading.Event) -> LinkWatch:
     """Watch `interfaces` inside `target`: the first one down is emitted as a `link-down`
     event and sets `tripped` (checked at once, then polled)."""
     def on_down(d: LinkDown) -> None:
-        _emit(lock, json.dumps({"event": "link-down", "interface": d.interface,
-                                "reason": d.reason, "at": d.at}))
+        out.emit(json.dumps({"event": "link-down", "interface": d.interface,
+                             "reason": d.reason, "at": d.at}))
         tripped.set()
 
     watch = LinkWatch(nldump.open_in(target.inside), interfaces, on_down)
@@ -120,36 +234,79 @@ def _watch(interfaces: list[str], target: Target, lock: threading.Lock,
     return watch
 
 
-def _child_setup(target: Target, bind: str | None):
+def _child_setup(target: Target, bind: str | None, user: RankUser, parent: int):
     """In the child, before exec: enter the host's namespace, and give the rank its own UTS
     namespace whose hostname is its training address. Gloo's default device binds the address
     the hostname resolves to (and silently falls back to 127.0.0.1 when that is not local), and
     torch ignores pg_options for gloo, so this is how a rank binds its training address, which
-    lives on lo next to 127.0.0.1 (GLOO_SOCKET_IFNAME=lo would pick 127.0.0.1)."""
+    lives on lo next to 127.0.0.1 (GLOO_SOCKET_IFNAME=lo would pick 127.0.0.1). Then become
+    the rank's user, and die with the launcher (set after the user change, which clears it)."""
     def setup() -> None:
         target.enter()
+        libc = ctypes.CDLL(None, use_errno=True)
         if bind:
-            libc = ctypes.CDLL(None, use_errno=True)
             if libc.unshare(CLONE_NEWUTS) != 0:
                 raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUTS)")
             socket.sethostname(bind)
+        drop_privileges(user)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before the line above
+            os._exit(1)
     return setup
 
 
-def _pump(rank: int, p: subprocess.Popen, tail: deque, lock: threading.Lock) -> None:
-    assert p.stdout is not None
-    for raw in p.stdout:
-        line = raw.rstrip("\n")
-        tail.append(line)
-        _emit(lock, f"[rank {rank}] {line}")
+def _die_with_parent() -> None:
+    """SIGTERM to this launcher when its parent ends (the controller's process, or the sshd
+    session when the connection is lost); _Stopped when it has already ended."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:
+        raise _Stopped(signal.SIGTERM)
 
 
-def _supervise(children, lock: threading.Lock, timeout: float | None,
+class _stop_on_signals:  # noqa: N801 - used as a context manager, named like one
+    """SIGTERM and SIGHUP raise _Stopped in the launcher's main thread while inside."""
+
+    def __enter__(self) -> None:
+        def stop(signum, frame) -> None:
+            raise _Stopped(signum)
+
+        main = threading.current_thread() is threading.main_thread()  # handlers live there
+        self.old = {s: signal.signal(s, stop) for s in STOP_SIGNALS} if main else {}
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+class _signals_ignored(_stop_on_signals):  # noqa: N801
+    """SIGTERM, SIGHUP and SIGINT only noted while inside (the cleanup runs to its end)."""
+
+    def __enter__(self) -> None:
+        sigs = (*STOP_SIGNALS, signal.SIGINT)
+        main = threading.current_thread() is threading.main_thread()
+        self.old = ({s: signal.signal(s, lambda signum, frame: None) for s in sigs}
+                    if main else {})
+
+
+def _pump(stream: IO[bytes], prefix: str, out: _Output, tail: deque | None) -> None:
+    """Forward each line of `stream` behind `prefix` (control characters replaced); keep the
+    last ones in `tail`."""
+    with stream:
+        while raw := stream.readline(MAX_LINE):
+            line = raw.decode("utf-8", "replace").rstrip("\n").translate(_UNSAFE)
+            if tail is not None:
+                tail.append(line)
+            out.emit(prefix + line)
+
+
+def _supervise(children, out: _Output, timeout: float | None,
                tripped: threading.Event) -> int:
     deadline = time.monotonic() + timeout if timeout else None
     while True:
         if tripped.is_set():  # a watched link is down: the link-down event says which
             return 1
+        if out.reader_left():  # the controller is gone: nobody supervises the ranks any more
+            return EXIT_INTERRUPTED
         running = 0
         for rank, p, tail in children:
             rc = p.poll()
@@ -157,14 +314,14 @@ def _supervise(children, lock: threading.Lock, timeout: float | None,
                 running += 1
             elif rc != 0:
                 time.sleep(0.2)  # let the pump thread drain the last lines
-                _emit(lock, json.dumps({"event": "failed", "rank": rank, "rc": rc,
-                                        "last": list(tail)}))
+                out.emit(json.dumps({"event": "failed", "rank": rank, "rc": rc,
+                                     "last": list(tail)}))
                 return 1
         if not running:
             return 0
         if deadline and time.monotonic() > deadline:
-            _emit(lock, json.dumps({"event": "failed", "rank": children[0][0], "rc": None,
-                                    "last": ["timed out"]}))
+            out.emit(json.dumps({"event": "failed", "rank": children[0][0], "rc": None,
+                                 "last": ["timed out"]}))
             return 1
         time.sleep(0.1)
 
@@ -189,20 +346,22 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 def stop(run_dir: Path) -> int:
-    """Stop the ranks of a running `launch` on this host; the number of ranks signalled."""
+    """Stop the ranks of a running `launch` on this host; the number of ranks signalled. Only
+    processes that are still the ranks recorded (pid and start time) are signalled; a stale
+    or unreadable pid file is reported on stderr and removed."""
     pidfile = run_dir / "job.pids"
-    if not pidfile.exists():
+    try:
+        entries = read_pids(pidfile)
+    except PidFileError as e:
+        print(f"topo-agent: ignoring and removing {e}", file=sys.stderr)
+        pidfile.unlink(missing_ok=True)
         return 0
-    pids = [int(p) for p in pidfile.read_text().split()]
+    pids = live(entries)
+    if entries and not pids:
+        print(f"topo-agent: the pid file {pidfile} is stale (its ranks are gone): removed",
+              file=sys.stderr)
+        pidfile.unlink(missing_ok=True)
     for pid in pids:
         _killpg(pid, signal.SIGTERM)
     return len(pids)

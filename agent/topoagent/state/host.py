@@ -11,6 +11,8 @@ The controller imports this module to render plans: one schema, two users.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,6 +26,7 @@ from pydantic import (
 )
 
 from topoagent.protocol import TopoError
+from topoagent.state import yamlload
 from topoagent.state.ovs import OvsState, ovs_problems
 from topoagent.state.schema import Model, validation_problems
 from topoagent.state.values import (
@@ -42,10 +45,10 @@ from topoagent.state.values import (
 RT_PROTO = 76
 RULE_PRIORITY_MIN, RULE_PRIORITY_MAX = 1000, 32765  # 0, 32766, 32767 are the kernel's defaults
 TC_MAJOR = 0x7470  # HTB root handle "7470:" ("tp"), only on interfaces listed under qos
+MAX_CLASSES = 0xFFF - 1  # HTB minors 2..0xFFF (1 is the root class; u32 node ids are 12 bits)
 
 
-# libyaml when present: a 1,000-route state loads 10x faster
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_BYTES = yamlload.MAX_BYTES  # of a state, cluster, job or plan file (or stdin)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -179,7 +182,8 @@ class Qos(_Model):
     dev: IfName
     driver: Literal["tc", "ovs"] = "tc"  # ovs: queues of an OVS port (see ovs_state)
     rate: Rate  # the link rate: root class; classes borrow up to their ceil below it
-    classes: list[QosClass] = Field(default_factory=list)
+    classes: Annotated[list[QosClass], Field(max_length=MAX_CLASSES)] = Field(
+        default_factory=list)
 
     @model_validator(mode="after")
     def _fits_link(self) -> Qos:
@@ -191,6 +195,10 @@ class Qos(_Model):
         if len(set(dsts)) != len(dsts):
             problems.append("classes: two classes share a dst")
         for i, c in enumerate(self.classes):
+            if c.dst == "0.0.0.0/0":  # a u32 key with mask 0; observe reads it as no filter
+                problems.append(f"classes[{i}].dst: 0.0.0.0/0 is all traffic, which the link "
+                                f"rate (qos rate) already shapes; a class is for some "
+                                f"destinations")
             if c.rate > self.rate:
                 problems.append(f"classes[{i}].rate: {format_rate(c.rate)} is above the link rate "
                                 f"{format_rate(self.rate)}")
@@ -330,32 +338,17 @@ def parse_host_state(data: Any, prefix: str = "") -> HostState:
     return state
 
 
-class _UniqueKeyLoader(_Loader):  # type: ignore[misc, valid-type]
-    """A duplicate key in a mapping is an error, not a silent last-wins."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: set = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    dup = key in seen
-                    seen.add(key)
-                except TypeError:  # unhashable key: the base constructor says so
-                    continue
-                if dup:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}", key_node.start_mark)
-        return super().construct_mapping(node, deep)
-
-
 def load_yaml(text: str, source: str = "<input>") -> Any:
-    """Parse YAML (or JSON); StateError naming `source`, line and column when malformed or when
-    a mapping repeats a key."""
+    """Parse YAML (or JSON) within the loader's limits (`topoagent.state.yamlload`: values,
+    aliases, depth, integer digits, no YAML 1.1-only numbers or booleans); StateError naming
+    `source` and the YAML path (or line and column) when refused, malformed, or when a mapping
+    repeats a key."""
+    if len(text) > MAX_BYTES:
+        raise StateError([("", f"larger than {MAX_BYTES} bytes")], source=source)
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        return yamlload.parse(text)
+    except yamlload.InputLimit as e:
+        raise StateError([(e.path, e.message)], source=source) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
@@ -372,21 +365,58 @@ def decode_text(data: bytes, source: str) -> str:
                                f"{e.start}")], source=source) from None
 
 
-def read_text(path: str | Path) -> str:
-    """The UTF-8 text of a file, or of stdin when `path` is "-"; StateError naming the file
-    when it cannot be read or is not UTF-8."""
-    if str(path) == "-":
-        return decode_text(sys.stdin.buffer.read(), "<stdin>")
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a file of `mode` is when it is not a regular file (None when it is)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    return f"not a regular file ({kind}); give a file, or - for stdin"
+
+
+def _read_regular(path: str | Path) -> bytes:
+    """At most MAX_BYTES + 1 bytes of a regular file. FIFOs and devices are refused before
+    they are read (a FIFO without a writer would block, /dev/zero never ends); the open
+    itself does not block (O_NONBLOCK) and the check is repeated on what was opened."""
     try:
-        data = Path(path).read_bytes()
+        kind = _not_regular(os.stat(path).st_mode)
+        if kind is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise StateError([("", e.strerror or str(e))], source=str(path)) from None
-    return decode_text(data, str(path))
+    if kind is not None:
+        raise StateError([("", kind)], source=str(path))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        kind = _not_regular(st.st_mode) or (
+            f"larger than {MAX_BYTES} bytes" if st.st_size > MAX_BYTES else None)
+        if kind is not None:
+            raise StateError([("", kind)], source=str(path))
+        try:
+            return f.read(MAX_BYTES + 1)
+        except OSError as e:
+            raise StateError([("", e.strerror or str(e))], source=str(path)) from None
+
+
+def read_text(path: str | Path) -> str:
+    """The UTF-8 text of a regular file, or of stdin when `path` is "-", at most MAX_BYTES;
+    StateError naming the file when it cannot be read, is not a regular file, is larger or is
+    not UTF-8."""
+    source = "<stdin>" if str(path) == "-" else str(path)
+    data = sys.stdin.buffer.read(MAX_BYTES + 1) if source == "<stdin>" else _read_regular(path)
+    if len(data) > MAX_BYTES:
+        raise StateError([("", f"larger than {MAX_BYTES} bytes")], source=source)
+    return decode_text(data, source)
 
 
 def load_yaml_file(path: str | Path) -> Any:
     """Read and parse a YAML (or JSON) file ("-": stdin); StateError naming the file when it
-    cannot be read, is not UTF-8 or is malformed."""
+    cannot be read, is not a regular file, is too large, is not UTF-8, is malformed or over a
+    limit of the loader."""
     source = "<stdin>" if str(path) == "-" else str(path)
     return load_yaml(read_text(path), source)
 

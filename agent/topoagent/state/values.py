@@ -21,11 +21,29 @@ _RATE_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 # HTB keeps a rate in bytes/s and its burst as a 32-bit transmit time: at 1 byte/s that time
 # overflows (8bit failed at apply); 1kbit is comfortably inside what the kernel can express
 MIN_RATE = 1000
+
+
+def is_ifname(v: object) -> bool:
+    """Whether `v` is a name the schema can spell (1-15 of [A-Za-z0-9_.:@+-]). The kernel
+    allows more (`v=0`, `vé0`, bytes that are not UTF-8): such links are someone else's and
+    the agent leaves them and everything on them alone."""
+    return isinstance(v, str) and bool(_IFNAME.match(v)) and v not in (".", "..")
+
+
 def ifname(v: str) -> str:
     """An interface name as the kernel accepts it (1-15 characters)."""
-    if not isinstance(v, str) or not _IFNAME.match(v) or v in (".", ".."):
+    if not is_ifname(v):
         raise ValueError(f"not an interface name (1-15 of [A-Za-z0-9_.:@+-]): {v!r}")
     return v
+
+
+def name_text(name: str) -> str:
+    """A link name for a message: as is when the schema can spell it, else quoted with bytes
+    that are not printable UTF-8 escaped (observe decodes names with surrogateescape)."""
+    if is_ifname(name):
+        return name
+    raw = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "'" + "".join(c if c.isprintable() else ascii(c)[1:-1] for c in raw) + "'"
 
 
 def mac(v: str) -> str:

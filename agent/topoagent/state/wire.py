@@ -98,6 +98,9 @@ class LaunchSpec(Model):
     processes: dict[str, list[Process]]
     seed: int = 0
     lr: float = 1e-3
+    # the account the ranks run as (default: the agent's $TOPO_RANK_USER, else `nobody`);
+    # `root` only when named here (`topoctl run --user root`): docs/agent.md, trust model
+    user: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
     # added by `topoctl run`, never rendered into plans: per host, the fabric interfaces whose
     # carrier the launcher watches (a lost one stops the host's ranks and is reported as a
     # `link-down` event), and checkpointing

@@ -37,7 +37,12 @@ CONFIRM_SSH_S = 60.0  # default --confirm-within over SSH
 
 def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
     """--local, else a lab (named by --lab, or the plan's cluster when such a lab is up), over
-    its namespaces or, with --ssh, its sshd; else SSH to the addresses in --cluster."""
+    its namespaces or, with --ssh, its sshd; else SSH to the addresses in --cluster.
+
+    How hosts are reached (addresses, user, key, known_hosts, the agent command) comes from
+    the operator (the lab, the cluster file, the flags), never from the plan: a plan's
+    `metadata.inventory` is only checked against the cluster file's and refused when it
+    differs (docs/agent.md, trust model)."""
     hosts = sorted(plan["hosts"])
     if args.local:
         chosen = args.hosts or hosts
@@ -58,14 +63,41 @@ def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
         if cluster.inventory is None:
             inv |= {"transport": "ssh", "user": args.ssh_user, "port": 22, "key": args.ssh_key,
                     "known_hosts": args.known_hosts, "agent": [args.agent]}
-        source = args.cluster
-    elif plan["metadata"].get("inventory"):
-        inv, source = plan["metadata"]["inventory"], "metadata.inventory"
-    else:
-        raise StateError([("", f"no lab named {lab_name!r} is up and the plan has no "
-                           "metadata.inventory: give --lab NAME, --cluster FILE (an inventory "
-                           "and host addresses), or --local")])
-    return inventory_transport(inv, hosts, source)
+        check_plan_inventory(plan, inv, args.cluster, getattr(args, "plan", ""))
+        return inventory_transport(inv, hosts, args.cluster)
+    raise StateError([("", f"no lab named {lab_name!r} is up: give --lab NAME, --cluster FILE "
+                       "(an inventory and host addresses) or --local (a plan's "
+                       "metadata.inventory is never used on its own)")])
+
+
+INVENTORY_KEYS = ("transport", "user", "port", "key", "known_hosts", "agent", "addresses",
+                  "ovsdb")
+
+
+def check_plan_inventory(plan: dict, inv: dict, cluster_file: str, plan_file: str) -> None:
+    """StateError (exit 1, before any host is reached) naming each `metadata.inventory` key
+    of the plan that differs from the inventory the operator's cluster file gives: a plan
+    that would reach its hosts another way (another agent command, key, known_hosts file,
+    user or address) was made for another cluster, or by someone else."""
+    given = (plan.get("metadata") or {}).get("inventory")
+    if given is None:
+        return
+    if not isinstance(given, dict):
+        raise StateError([("metadata.inventory", "expected a mapping")], source=plan_file)
+    problems = [(f"metadata.inventory.{k}",
+                 f"{_shown(given.get(k))} differs from {cluster_file}'s {_shown(inv.get(k))}: "
+                 "refusing a plan that chooses how its hosts are reached")
+                for k in sorted(set(given) | set(inv), key=str)
+                if k in INVENTORY_KEYS and given.get(k) != inv.get(k)]
+    problems += [(f"metadata.inventory.{k}", "unknown key") for k in sorted(given, key=str)
+                 if k not in INVENTORY_KEYS]
+    if problems:
+        raise StateError(problems, source=plan_file)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def inventory_transport(inv: dict, hosts: list[str], source: str) -> Transport:

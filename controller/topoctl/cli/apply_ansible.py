@@ -52,6 +52,8 @@ def run_via_ansible(args: argparse.Namespace, progress: Progress) -> Report:
         extravars = {"topo_plan": str(Path(args.plan).resolve()),
                      "topo_force_mgmt": bool(args.force_mgmt), "topo_probe": not args.no_probe,
                      "topo_keep_going": bool(getattr(args, "keep_going", False))}
+        if getattr(args, "confirm_within", None) is not None:  # apply.yml's default: 60 s
+            extravars["topo_confirm_within"] = args.confirm_within
         report = run_playbook("apply.yml", inventory, private_data_dir=data, extravars=extravars,
                               limit=args.hosts, progress=progress, command=args.command,
                               check=args.command == "diff" or args.dry_run)

@@ -1,29 +1,72 @@
-"""`topoctl run PLAN` (train under the plan, supervised) and `topoctl stop PLAN`."""
+"""`topoctl run PLAN` (train under the plan, supervised) and `topoctl stop PLAN`.
+
+SIGTERM and SIGHUP end `run` as Ctrl-C does (exit 130): every launcher ends with the
+transport, and no launcher or rank is left behind (`rollout.run`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
 
 from topoagent.cliutil import add_detailed_exitcode, positive_int, positive_seconds
 from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoctl.cli.apply import add_transport_args, open_plan
 from topoctl.cli.run_heal import cmd_run_heal
 from topoctl.rollout.heal import CHECKPOINT_EVERY, MAX_HEALS
-from topoctl.rollout.run import allreduce_summary, predicted_buckets, run_job, stop_job
+from topoctl.rollout.run import (
+    allreduce_summary,
+    predicted_buckets,
+    rank_user,
+    run_job,
+    stop_job,
+)
+
+
+@contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread while inside (the run
+    then ends every launcher and exits 130, as with Ctrl-C); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def warn_root(plan: dict, args: argparse.Namespace) -> None:
+    """Say so when the ranks will run as root (only ever by the operator's --user root)."""
+    if rank_user(plan, args.user) == "root":
+        print("topoctl: warning: the ranks run as root on every host (--user root)",
+              file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`topoctl run`: launch the plan's job on every host and supervise it (with --heal: heal
     around failed cables)."""
     plan, transport = open_plan(args)
+    warn_root(plan, args)
     if args.heal:
-        return cmd_run_heal(args, plan, transport)
+        with interrupted_by_signals():
+            return cmd_run_heal(args, plan, transport)
     quiet = args.json
     try:
-        result = run_job(plan, transport, iterations=args.iterations,
-                         out=(lambda s: None) if quiet else print, verbose=args.verbose,
-                         timeout=args.timeout)
+        with interrupted_by_signals():
+            result = run_job(plan, transport, iterations=args.iterations,
+                             out=(lambda s: None) if quiet else print, verbose=args.verbose,
+                             timeout=args.timeout, user=args.user)
     finally:
         transport.close()
     if args.json:
@@ -32,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.exit_code:
         print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return result.exit_code
-    it = result.iteration_time
+    it = result.iteration_time or 0.0  # a successful run reported iterations
     predicted = (plan.get("metadata", {}).get("prediction") or {}).get("iteration_time")
     print(f"{len(result.ranks)} ranks, {args.iterations} iterations in {result.seconds:.1f} s; "
           f"median iteration {it:.3f} s"
@@ -70,6 +113,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_seconds,
                    help="stop every rank after this many seconds")
     p.add_argument("--verbose", action="store_true", help="print every rank's events")
+    p.add_argument("--user", metavar="NAME",
+                   help="run the ranks as this user on every host (default: the plan's "
+                        "job.user, else the agents' unprivileged default, nobody); root only "
+                        "when named here")
     p.add_argument("--heal", action="store_true",
                    help="when a cable fails: re-plan without it, apply, resume from the last "
                         "checkpoint (needs --job; the cluster from --cluster or the lab)")

@@ -69,7 +69,8 @@ def cmd_run_heal(args: argparse.Namespace, plan: dict, transport: Transport) -> 
         result = run_healing(plan, transport, cluster, job, iterations=args.iterations,
                              every=args.checkpoint_every, out=out, verbose=args.verbose,
                              timeout=args.timeout, max_heals=args.max_heals,
-                             confirm_within=confirm_window(args, transport), save=save)
+                             confirm_within=confirm_window(args, transport), save=save,
+                             user=args.user)
     except HealError as e:  # before training: the plan, cluster and job do not go together
         raise (e if e.path.startswith("--") else e.at(args.plan)) from None
     finally:

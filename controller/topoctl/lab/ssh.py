@@ -25,18 +25,25 @@ SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")  # sshd refuses to start without it
 
 
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write a file only its owner can read (0600, also when it existed with another mode):
+    the lab's keys, sshd configs, known_hosts and inventory are root's alone."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
 def _keypair(path: Path, comment: str) -> str:
-    """Write an ed25519 private key (0600) and its .pub; return the public key line."""
+    """Write an ed25519 private key and its .pub (both 0600); return the public key line."""
     key = Ed25519PrivateKey.generate()
     priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                              serialization.NoEncryption())
     pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                         serialization.PublicFormat.OpenSSH).decode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(priv)
+    write_private(path, priv)
     line = f"{pub} {comment}"
-    path.with_name(path.name + ".pub").write_text(line + "\n")
+    write_private(path.with_name(path.name + ".pub"), line + "\n")
     return line
 
 
@@ -68,29 +75,31 @@ def sshd_config(layout: Layout, host: str, ssh_dir: Path, run_dir: Path) -> str:
 
 
 def write_ssh_files(layout: Layout, state_dir: Path) -> None:
-    """Keys, sshd configs, known_hosts, ssh_config and inventory under `state_dir`."""
+    """Keys, sshd configs, known_hosts, ssh_config and inventory under `state_dir`, every one
+    0600 in 0700 directories."""
     ssh_dir, run_dir = state_dir / "ssh", state_dir / "run"
-    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for d in (ssh_dir, run_dir):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        d.chmod(0o700)
     client = _keypair(ssh_dir / "id_ed25519", f"topoctl-lab-{layout.lab}")
-    (ssh_dir / "authorized_keys").write_text(client + "\n")
+    write_private(ssh_dir / "authorized_keys", client + "\n")
     known, cfg, inv = [], [], ["[lab]"]
     for h in layout.hosts:
         pub = _keypair(ssh_dir / f"host_{h.name}", f"{h.name}@{layout.lab}")
         known.append(f"{h.mgmt_ip} {' '.join(pub.split()[:2])}")
-        (ssh_dir / f"sshd_config.{h.name}").write_text(
-            sshd_config(layout, h.name, ssh_dir, run_dir))
+        write_private(ssh_dir / f"sshd_config.{h.name}",
+                      sshd_config(layout, h.name, ssh_dir, run_dir))
         cfg += [f"Host {h.name} {h.mgmt_ip}", f"    HostName {h.mgmt_ip}", "    User root",
                 f"    IdentityFile {ssh_dir / 'id_ed25519'}", "    IdentitiesOnly yes",
                 f"    UserKnownHostsFile {ssh_dir / 'known_hosts'}",
                 "    StrictHostKeyChecking yes", "    BatchMode yes", "    LogLevel ERROR", ""]
         inv.append(f"{h.name} ansible_host={h.mgmt_ip} ansible_user=root "
                    f"topoctl_netns={h.ns}")
-    (ssh_dir / "known_hosts").write_text("\n".join(known) + "\n")
-    (ssh_dir / "config").write_text("\n".join(cfg))
+    write_private(ssh_dir / "known_hosts", "\n".join(known) + "\n")
+    write_private(ssh_dir / "config", "\n".join(cfg))
     inv += ["", "[lab:vars]", f"ansible_ssh_private_key_file={ssh_dir / 'id_ed25519'}",
             f"ansible_ssh_common_args='-F {ssh_dir / 'config'}'", ""]
-    (state_dir / "inventory.ini").write_text("\n".join(inv))
+    write_private(state_dir / "inventory.ini", "\n".join(inv))
 
 
 def start_sshd(layout: Layout, state_dir: Path, timeout: float = 20.0) -> None:

@@ -3,7 +3,9 @@
 `run_playbook` runs one playbook with a private data directory under the controller's state
 directory (artifacts of the last `ROTATE` runs kept), feeds every host's task results to the
 same progress callback as the SSH transport (twophase.Event), and turns the run's stats into a
-twophase.Report (per host: ok / changed / failed / unreachable).
+twophase.Report (per host: ok / changed / failed / unreachable). apply.yml's confirmation
+(the probe of each host's management path) carries its payload in two `no_log` tasks; the
+`confirm` event comes from the facts the task after them sets (`_confirmation`).
 
 ansible-runner fails quietly in three known ways; each is turned into an AnsibleRunError here:
 - an event_handler that does not return True makes runner drop the event, so the run ends with
@@ -38,7 +40,12 @@ AGENT_TASKS = {
 
 # apply.yml's tasks that only restate (as a failure) what an agent task already reported
 REPORT_TASKS = {"Stop unless every host prepared", "Report the failed apply",
-                "Report the rollback"}
+                "Report the failed confirmation", "Report the rollback"}
+
+# apply.yml's confirmation: the probe's two steps carry its payload (no_log: their results are
+# censored); the task after them says, as facts, what became of the confirmation
+PROBE_TASKS = {"Probe the management path", "Confirm with the probe sent back"}
+CONFIRMATION_TASK = "Note the confirmation"
 
 
 class AnsibleRunError(TopoError):
@@ -73,9 +80,14 @@ def event_of(ev: dict) -> Event | None:
     if not host or kind not in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
         return None
     seconds = float(data.get("duration") or 0.0)
+    if task == CONFIRMATION_TASK:
+        return _confirmation(host, res, seconds)
     if kind == "runner_on_unreachable":
-        return Event(host, AGENT_TASKS.get(task, ("prepare",))[0], "unreachable",
-                     [str(res.get("msg", "unreachable")).strip()], seconds)
+        phase = "confirm" if task in PROBE_TASKS else AGENT_TASKS.get(task, ("prepare",))[0]
+        return Event(host, phase, "unreachable", [str(res.get("msg", "unreachable")).strip()],
+                     seconds)
+    if task in PROBE_TASKS:
+        return None  # censored; CONFIRMATION_TASK reports the outcome
     doc = _agent_doc(res)
     if task in AGENT_TASKS:
         phase, ok, change = AGENT_TASKS[task]
@@ -95,6 +107,17 @@ def event_of(ev: dict) -> Event | None:
     if kind == "runner_on_failed" and not data.get("ignore_errors"):
         return Event(host, "prepare", "error", [str(res.get("msg", "failed")).strip()], seconds)
     return None
+
+
+def _confirmation(host: str, res: dict, seconds: float) -> Event | None:
+    """The confirm event from apply.yml's facts `topo_confirmation` (none / confirmed / error /
+    unreachable) and `topo_confirmation_detail`; None when the host had nothing to confirm."""
+    facts = res.get("ansible_facts") or {}
+    result = str(facts.get("topo_confirmation", "none")).strip()
+    if result == "none":
+        return None
+    detail = str(facts.get("topo_confirmation_detail") or "").strip()
+    return Event(host, "confirm", result, [detail] if detail else [], seconds)
 
 
 def run_playbook(playbook: str, inventory: str | Path, *, private_data_dir: Path,

@@ -19,7 +19,7 @@ from topoagent.protocol import EXIT_CHANGES, EXIT_OK, TopoError
 from topoctl.rollout import twophase
 from topoctl.rollout.links import Cable, cable_at
 from topoctl.rollout.replan import check_healable, replan
-from topoctl.rollout.run import RunResult, run_job
+from topoctl.rollout.run import RunResult, rank_user, run_job
 from topoctl.rollout.transports import Transport
 from topoctl.spec.cluster import Cluster
 from topoctl.spec.job import Job
@@ -94,11 +94,13 @@ def run_healing(plan: dict, transport: Transport, cluster: Cluster, job: Job,
                 out: Callable[[str], None] = print, verbose: bool = False,
                 timeout: float | None = None, max_heals: int = MAX_HEALS,
                 confirm_within: float | None = None,
-                save: Callable[[dict, int], str | None] = lambda plan, n: None) -> HealResult:
+                save: Callable[[dict, int], str | None] = lambda plan, n: None,
+                user: str | None = None) -> HealResult:
     """Train under `plan`, healing around failed cables (at most `max_heals`); `cluster` and
     `job` are the ones the plan came from (HealError when not, before anything starts); `save`
-    writes each re-planned plan and returns where."""
+    writes each re-planned plan and returns where; `user`: the ranks' user (`run --user`)."""
     check_healable(plan, cluster, job)
+    user = rank_user(plan, user)  # the re-planned plans keep the first one's choice
     # the planner imports torch and captures the model: done now, in the background, so a
     # heal's re-plan does not pay for it
     threading.Thread(target=_warm_planner, daemon=True).start()
@@ -107,7 +109,7 @@ def run_healing(plan: dict, transport: Transport, cluster: Cluster, job: Job,
     resume = False
     while True:
         seg = run_job(plan, transport, iterations, out=out, verbose=verbose, timeout=timeout,
-                      checkpoint={"every": every, "resume": resume})
+                      checkpoint={"every": every, "resume": resume}, user=user)
         result.segments.append(seg)
         if result.heals:
             _resumed(result.heals[-1], result.segments[-2], seg)

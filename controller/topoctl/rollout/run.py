@@ -2,9 +2,15 @@
 
 Each host's agent gets the job spec (with the model resolved to an import path and input
 shapes, so the training processes need nothing of the controller) and runs its ranks
-(`topo-agent launch`). Lines come back prefixed with host and rank; iteration events from
-rank 0 become a live iterations/s line. If any host's ranks fail, every other host is told to
-stop at once, and the result names the rank and shows its last lines.
+(`topo-agent launch`) as the job's user. Lines come back prefixed: `[rank N] ` a rank's output
+(shown, never read as an event), `[event N] ` an event from rank N's event channel, bare JSON
+the launcher's own events (`failed`, `link-down`, `warning`). Iteration events from rank 0
+become a live iterations/s line. An event that does not parse or lacks a field is shown as
+output and otherwise ignored. If any host's ranks fail, every other host is told to stop at
+once, and the result names the rank and shows its last lines; ranks that end without
+reporting iterations are a failure too. Interrupted (Ctrl-C, SIGTERM, SIGHUP: the CLI turns
+them into KeyboardInterrupt), the transport is closed, which ends every launcher (and each
+launcher its ranks), before the interrupt goes on.
 
 Each host's launcher also watches the carrier of the interfaces the plan routes training over
 (`links.watched_interfaces`): a cable that fails is reported by the hosts at its ends within
@@ -29,6 +35,8 @@ from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
+RANK_EVENTS = ("start", "resume", "iter", "done")  # from a rank's event channel only
+LAUNCHER_EVENTS = ("failed", "link-down", "warning")  # from the launcher itself only
 
 
 def iterations_for(predicted: float, at_least: int, min_seconds: float) -> int:
@@ -167,16 +175,34 @@ def predicted_buckets(plan: dict) -> list[float]:
     return list(runtime.get("bucket_seconds") or [])
 
 
+def rank_user(plan: dict, user: str | None) -> str | None:
+    """The user the ranks run as: `user` (the operator's `--user`), else the plan's
+    `job.user`, else None (the agent's default, an unprivileged account). StateError at
+    `job.user` when the plan asks for root and the operator did not: a plan's author cannot
+    make its command run as root (docs/agent.md, trust model)."""
+    if user:
+        return user
+    asked = (plan.get("job") or {}).get("user")
+    if asked == "root":
+        raise StateError("the plan asks to run the ranks as root: only the operator can "
+                         "(`topoctl run --user root`)", "job.user")
+    return asked
+
+
 def job_payload(plan: dict, iterations: int, threads: int = 1, watch: bool = True,
-                checkpoint: dict | None = None) -> dict:
+                checkpoint: dict | None = None, user: str | None = None) -> dict:
     """The plan's job spec for `topo-agent launch`, with the model as factory + kwargs + inputs,
-    the given iterations and threads, the interfaces each launcher watches (`watch`) and the
-    checkpointing (`{every, resume}`), validated as the agent will (`LaunchSpec`).
-    StateError (YAML paths under `job`) when the plan has no job to run or it is invalid."""
+    the given iterations and threads, the interfaces each launcher watches (`watch`), the
+    checkpointing (`{every, resume}`) and the ranks' user (`rank_user`), validated as the
+    agent will (`LaunchSpec`). StateError (YAML paths under `job`) when the plan has no job to
+    run or it is invalid."""
     job = copy.deepcopy(plan["job"])
     if "command" not in job:
         raise StateError("this plan configures the network only: it has no job to run",
                          "job.command")
+    job.pop("user", None)
+    if who := rank_user(plan, user):
+        job["user"] = who
     model = job.get("model") or {}
     if model.get("catalog") and not model.get("factory"):  # plans rendered before factories
         from topoctl.catalog.registry import ENTRIES, resolve_params  # torch: only here
@@ -197,11 +223,11 @@ def job_payload(plan: dict, iterations: int, threads: int = 1, watch: bool = Tru
 def run_job(plan: dict, transport: Transport, iterations: int = 10,
             out: Callable[[str], None] = print, verbose: bool = False,
             timeout: float | None = None, watch: bool = True,
-            checkpoint: dict | None = None) -> RunResult:
+            checkpoint: dict | None = None, user: str | None = None) -> RunResult:
     """Launch the plan's ranks on every host through `transport`, stream their lines to `out`, stop
     all when one fails or a watched cable loses its carrier (`checkpoint`: `{every, resume}`
-    for the trainer)."""
-    job = job_payload(plan, iterations, watch=watch, checkpoint=checkpoint)
+    for the trainer; `user`: the operator's choice of the ranks' user)."""
+    job = job_payload(plan, iterations, watch=watch, checkpoint=checkpoint, user=user)
     hosts = sorted(job["processes"])
     ranks = {int(p["rank"]): RankStats(h) for h in hosts for p in job["processes"][h]}
     run = _Supervision(plan, transport, hosts, ranks, iterations, out, verbose)
@@ -210,13 +236,19 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
 
 
 def _split_line(line: str) -> tuple[int | None, dict | None]:
-    """(rank, JSON event) of one launcher line: ``[rank N] body`` from a rank, a bare body
-    from the launcher itself; the event is None when the body is not a JSON object."""
-    rank, body = None, line
-    if line.startswith("[rank "):
-        head, _, body = line.partition("] ")
-        rank = int(head[6:])
-    return rank, _json(body)
+    """(rank, JSON event) of one launcher line: ``[event N] body`` from rank N's event
+    channel, a bare body from the launcher itself; ``[rank N] body`` is a rank's output,
+    never an event (rank N, event None). The event is None when the body is not a JSON
+    object or its kind does not come from there."""
+    for prefix, kinds in (("[event ", RANK_EVENTS), ("[rank ", ())):
+        if line.startswith(prefix):
+            head, _, body = line.partition("] ")
+            number = head[len(prefix):]
+            rank = int(number) if number.isdigit() else None
+            event = _json(body) if kinds and rank is not None else None
+            return rank, event if event and event.get("event") in kinds else None
+    event = _json(line)
+    return None, event if event and event.get("event") in LAUNCHER_EVENTS else None
 
 
 @dataclass
@@ -245,14 +277,26 @@ class _Supervision:
     def launch_all(self, payload: str, timeout: float | None) -> None:
         """Run every host's launcher at once and wait for all of them, then for the stop
         requests sent meanwhile (a stop must not outlive the run that sent it)."""
-        threads = [threading.Thread(target=self.run_host, args=(h, payload, timeout))
-                   for h in self.hosts]
+        # daemons: an interrupted run must not wait at exit for a host that does not answer
+        threads = [threading.Thread(target=self.run_host, args=(h, payload, timeout),
+                                    daemon=True) for h in self.hosts]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C, or SIGTERM/SIGHUP as the CLI raises them
+            self.abort()
+            raise
         for t in self.stoppers:
             t.join()
+
+    def abort(self) -> None:
+        """An interrupted run: close the transport at once, which ends every launcher (this
+        machine's by SIGTERM, a remote one as its SSH connection closes), and each launcher
+        stops its ranks. No stop request first: it would only wait for agents to start."""
+        self.stopping.set()
+        self.transport.close()
 
     def run_host(self, host: str, payload: str, timeout: float | None) -> None:
         """One host's `topo-agent launch`; when it fails, every other host is stopped at once
@@ -275,7 +319,7 @@ class _Supervision:
         for other in self.hosts:
             if other != but:
                 t = threading.Thread(target=self.transport.agent, args=(other, ["stop"]),
-                                     kwargs={"timeout": 30})
+                                     kwargs={"timeout": 30}, daemon=True)
                 t.start()
                 self.stoppers.append(t)
 
@@ -284,7 +328,11 @@ class _Supervision:
         unless it was shown otherwise (the progress line) or would only add noise."""
         rank, event = _split_line(line)
         with self.lock:
-            if not self._record(host, rank, event):
+            try:
+                handled = self._record(host, rank, event)
+            except (KeyError, TypeError, ValueError, AttributeError):  # a malformed event:
+                handled, event = False, None  # shown as the line it is, otherwise ignored
+            if not handled:
                 self._echo(host, line, event)
 
     def _record(self, host: str, rank: int | None, event: dict | None) -> bool:
@@ -298,30 +346,43 @@ class _Supervision:
         if kind == "resume":
             self.marks["resumed_from"] = int(event["iteration"])
             if not self.verbose:
-                self.out(f"resumed after iteration {event['iteration']} (the checkpoint of "
-                         f"rank {event.get('source')})")
+                self.out(f"resumed after iteration {int(event['iteration'])} (the checkpoint "
+                         f"of rank {event.get('source')})")
                 return True
         elif kind == "iter" and rank in self.ranks:
             return self._record_iteration(rank, event)
         elif kind == "done" and rank in self.ranks:
+            checksum, stage = event["checksum"], event.get("stage")
+            if not (checksum is None or isinstance(checksum, str)) or not (
+                    stage is None or isinstance(stage, int)):
+                raise TypeError("checksum: a string; stage: an integer")
             self.done_ranks.add(rank)
-            self.ranks[rank].checksum = event["checksum"]
-            self.ranks[rank].stage = event.get("stage")
+            self.ranks[rank].checksum, self.ranks[rank].stage = checksum, stage
         elif kind == "failed":
+            last = [str(x) for x in event.get("last") or []]
             self.failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
-                                 "lines:\n    " + "\n    ".join(event.get("last", [])))
+                                 "lines:\n    " + "\n    ".join(last))
+        elif kind == "warning":
+            self.out(f"{host}: warning: {event['message']}")
+            return True
         return False
 
     def _record_iteration(self, rank: int, event: dict) -> bool:
         """A rank's finished iteration (seconds, per-bucket AllReduce times, pipeline loss);
         rank 0's also becomes the live progress line (True: shown, not to be echoed)."""
         stats = self.ranks[rank]
-        stats.iterations.append(float(event["seconds"]))
-        if isinstance(event.get("allreduce"), list):
-            stats.allreduce.append([(int(b), float(w), float(t))
-                                    for b, w, t in event["allreduce"]])
-        if event.get("stage") is not None and event.get("loss") is not None:
-            stats.losses.append(float(event["loss"]))
+        seconds = float(event["seconds"])
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"seconds: {seconds}")
+        buckets = ([(int(b), float(w), float(t)) for b, w, t in event["allreduce"]]
+                   if isinstance(event.get("allreduce"), list) else None)
+        loss = (float(event["loss"]) if event.get("stage") is not None
+                and event.get("loss") is not None else None)
+        stats.iterations.append(seconds)  # only once the whole event has parsed
+        if buckets is not None:
+            stats.allreduce.append(buckets)
+        if loss is not None:
+            stats.losses.append(loss)
         if rank != min(self.ranks):
             return False
         self.marks.setdefault("first_iteration_at", time.time())
@@ -329,8 +390,8 @@ class _Supervision:
             return False
         n = len(stats.iterations)
         dt = time.perf_counter() - self.t0
-        self.out(f"iteration {int(event.get('iter', n - 1)) + 1}/{self.iterations}  "
-                 f"{event['seconds']:.3f} s  ({n / dt:.2f} it/s since start)")
+        self.out(f"iteration {n + int(self.marks.get('resumed_from', 0))}/{self.iterations}  "
+                 f"{seconds:.3f} s  ({n / dt:.2f} it/s since start)")
         return True
 
     def _echo(self, host: str, line: str, event: dict | None) -> None:
@@ -371,6 +432,11 @@ class _Supervision:
             self.out(f"training was complete when {', '.join(result.failed_cables)} failed")
         elif self.failures:
             result.exit_code, result.failure = 1, "\n".join(self.failures)
+        elif silent := sorted(r for r, s in self.ranks.items() if not s.iterations):
+            result.exit_code = 1
+            result.failure = (f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} "
+                              "ended without reporting an iteration (is job.command a "
+                              "trainer that writes events to $TOPOCTL_EVENT_FD?)")
         return result
 
 

@@ -184,8 +184,9 @@ def apply_plan(plan: dict, transport: Transport, *, dry_run: bool = False,
                progress: Progress = lambda e: None, timeout: float = 120.0,
                confirm_within: float | None = None, keep_going: bool = False) -> Report:
     """Prepare every host, then apply; with `confirm_within` (seconds) each agent applies with
-    --confirm-within and reverts by itself unless confirmed, and every changed host that is
-    still reachable afterwards is confirmed (a host the apply cut off goes back on its own).
+    --confirm-within and reverts by itself unless confirmed, and every changed host whose
+    management path still carries a probe of real size afterwards is confirmed
+    (`_Apply.confirm_probed`; a host the apply cut off or starved goes back on its own).
     With `keep_going`, when the apply fails on some hosts the hosts that did apply keep the
     new state instead of being rolled back (each failed host reverts itself, as always)."""
     run = _Apply(transport, host_texts(plan, only), ["--force-mgmt"] if force_mgmt else [],
@@ -249,15 +250,28 @@ class _Apply:
             if not self.confirm_within or ev.result != "changed":
                 return [ev]
             self.progress(ev)  # before the confirmation: the operator sees the apply at once
-            # a fresh command reaches the host after its change: keep the change there; a
-            # host the change cut off is not confirmed and its agent reverts by itself
-            return [ev, self.call(h, ["confirm"], None, "confirm", "confirmed", "confirmed",
-                                   min(self.timeout, self.confirm_within))]
+            # a probe of real size crosses the host's path after its change: keep the change
+            # there; a host the change cut off or starved is not confirmed and reverts itself
+            return [ev, self.confirm_probed(h)]
 
         runs = _parallel_many(apply_one, todo, self.progress,
                               skip_first=bool(self.confirm_within))
         self.events += [e for evs in runs.values() for e in evs]
         return {h: evs[-1] for h, evs in runs.items()}
+
+    def confirm_probed(self, host: str) -> Event:
+        """Confirm `host`'s apply through a probe of its management path: `confirm-probe`
+        sends half a megabyte here, `confirm --probe -` takes it back, and the agent keeps the
+        apply only when it came back whole within the probe's deadline (a path shaped to
+        1 kbit/s still carries a bare `confirm`)."""
+        timeout = min(self.timeout, self.confirm_within or self.timeout)
+        t0 = time.perf_counter()
+        reply = self.transport.agent(host, ["confirm-probe"], None, timeout=timeout)
+        payload = reply.json().get("payload") if reply.rc == EXIT_OK else None
+        if isinstance(payload, str):
+            reply = self.transport.agent(host, ["confirm", "--probe", "-"], payload,
+                                         timeout=timeout)
+        return _event(reply, "confirm", time.perf_counter() - t0, "confirmed", "confirmed")
 
     def clean_up(self, outcome: dict[str, Event], failed: list[str],
                  keep_going: bool) -> _Failure:

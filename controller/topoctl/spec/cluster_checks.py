@@ -16,6 +16,10 @@ from topoctl.spec.cluster_parts import (
     parse_port_ref,
 )
 
+# RFC 6890: "this network", loopback, link-local, multicast and reserved (with broadcast)
+SPECIAL_USE = [ipaddress.IPv4Network(n) for n in
+               ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3")]
+
 if TYPE_CHECKING:
     from topoctl.spec.cluster import Cluster
 
@@ -36,6 +40,7 @@ def check_cluster(c: Cluster) -> list[tuple[str, str]]:
         checks.attachments(f, switches)
     checks.bandwidth_matrix()
     checks.management()
+    checks.pools()
     return checks.problems
 
 
@@ -55,6 +60,7 @@ class _Checks:
         types."""
         c, problems = self.c, self.problems
         hosts: dict[str, int] = {}
+        self.macs()
         for i, h in enumerate(c.hosts):
             if h.name in hosts:
                 problems.append((f"hosts[{i}].name", f"{h.name} is also hosts[{hosts[h.name]}]"))
@@ -150,6 +156,21 @@ class _Checks:
                                      f"{format_rate(at.bandwidth)} is above the NIC speed "
                                      f"{format_rate(self.speed(ref))} of {ref}"))
 
+    def macs(self) -> None:
+        """Each NIC's MAC (where given) is a unicast address no other NIC has: a frame to a
+        MAC two NICs share reaches either, and the kernel gives no link a multicast one."""
+        seen: dict[str, str] = {}
+        for i, h in enumerate(self.c.hosts):
+            for j, n in enumerate(h.nics):
+                if n.mac is None:
+                    continue
+                where = f"hosts[{i}].nics[{j}].mac"
+                if int(n.mac[:2], 16) & 1 or n.mac == "00:00:00:00:00:00":
+                    self.problems.append((where, f"{n.mac} is not a unicast address"))
+                elif n.mac in seen:
+                    self.problems.append((where, f"{n.mac} is also {seen[n.mac]}"))
+                seen.setdefault(n.mac, where)
+
     def bandwidth_matrix(self) -> None:
         """`bandwidth_matrix` rows and columns name hosts, never a host to itself."""
         for src, row in (self.c.bandwidth_matrix or {}).items():
@@ -173,6 +194,24 @@ class _Checks:
         elif net.num_addresses - 3 < len(c.hosts):
             self.problems.append(("addressing.management",
                                   f"{mgmt} is too small for {len(c.hosts)} hosts"))
+
+    def pools(self) -> None:
+        """The fabric, training and management pools are apart (a host would get one IP on two
+        links) and outside the special-use ranges (this network, loopback, link-local,
+        multicast and reserved)."""
+        a = self.c.addressing
+        pools = [(name, ipaddress.IPv4Network(net)) for name, net in
+                 (("fabric", a.fabric), ("training", a.training), ("management", a.management))
+                 if net is not None]
+        for i, (name, net) in enumerate(pools):
+            special = next((s for s in SPECIAL_USE if net.overlaps(s)), None)
+            if special is not None:
+                self.problems.append((f"addressing.{name}", f"{net} overlaps {special}, a "
+                                      f"special-use range"))
+            for other, onet in pools[:i]:
+                if net.overlaps(onet):
+                    self.problems.append((f"addressing.{name}", f"{net} overlaps the {other} "
+                                          f"pool {onet}"))
 
     # --- ports -----------------------------------------------------------------------------------
     def port(self, path: str, ref: str) -> bool:

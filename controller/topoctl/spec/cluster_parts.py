@@ -156,8 +156,10 @@ class Host(Model):
 class Inventory(Model):
     """How `topoctl apply/run` reach the hosts of a bare-metal cluster (hosts[].address).
 
-    Plans carry it (metadata.inventory), so `topoctl apply plan.yaml` needs no flags. A lab
-    named after the cluster, when it is up, still wins: it is the embedded default target."""
+    `topoctl apply/run ... --cluster FILE` reach the hosts with it. Plans carry a copy
+    (metadata.inventory) that is only checked against the cluster file's, never used on its
+    own (docs/agent.md, trust model). A lab named after the cluster, when it is up, still
+    wins: it is the embedded default target."""
 
     transport: Literal["ssh"] = "ssh"  # (the lab and --local need no inventory)
     user: str = "root"

@@ -33,7 +33,14 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, StrictBool, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 
 from topoagent.protocol import API_VERSION
 from topoagent.state.host import StateError, load_yaml_file
@@ -68,6 +75,34 @@ def parse_size(v: Any) -> int:
 
 
 Size = Annotated[int, BeforeValidator(parse_size)]
+# the collective the data-parallel strategies simulate and run; the others choose their own
+# (trees: packed spanning trees, topoopt: TotientPerms rings, pipeline stages)
+SYNC_ALGORITHMS = ("ring",)
+
+
+def _sync_algorithm(v: str) -> str:
+    if v not in SYNC_ALGORITHMS:
+        raise ValueError(f"unknown algorithm {v!r} ({', '.join(SYNC_ALGORITHMS)}; other "
+                         f"collectives come with their strategies: trees, topoopt)")
+    return v
+
+
+# Catalog sizes the planner can hold: every layer, table and head is a module of the captured
+# graph (a billion layers took 8 GB before capture began); rows and vocabularies only scale
+# the cost model, widths and images the shapes the roofline multiplies
+COUNT_PARAMS = ("layers", "mlp_layers", "tower_layers", "tables", "heads", "depth")
+MAX_COUNT, MAX_SIZE, MAX_ROWS = 1024, 2**20, 2**34
+
+
+def _param_limits(params: dict) -> list[tuple[str, str]]:
+    """(path, message) of each catalog size parameter above what the planner can hold."""
+    out = []
+    for k, v in params.items():
+        cap = MAX_COUNT if k in COUNT_PARAMS else MAX_ROWS if k in ("rows", "vocab") \
+            else MAX_SIZE
+        if isinstance(v, int) and v > cap:
+            out.append((f"params.{k}", f"{v} is above {cap}, the most the planner plans"))
+    return out
 
 
 class InputSpec(Model):
@@ -104,6 +139,7 @@ class ModelSpec(Model):
                 except ValueError as e:
                     name, _, msg = str(e).partition(": ")
                     problems.append((f"params.{name}", msg))
+                problems += _param_limits(self.params)
             if self.inputs or self.kwargs:
                 problems.append(("inputs" if self.inputs else "kwargs",
                                  "only for factory models (the catalog knows its inputs)"))
@@ -146,7 +182,7 @@ class SyncSpec(Model):
     and DisCo search it: `bucket`, doubled up to the whole gradient); ``fixed`` keeps
     `bucket`. The other strategies always keep `bucket`."""
 
-    algorithm: str = "ring"
+    algorithm: Annotated[str, AfterValidator(_sync_algorithm)] = "ring"
     bucket: Size = 25 * 10**6
     fusion: Literal["search", "fixed"] = "search"
 
@@ -190,7 +226,8 @@ class LaunchSpec(Model):
     port: Annotated[int, Field(ge=1024, le=65535)] = 29500
     threads: Annotated[int, Field(ge=1, le=256)] = 1
     iterations: Annotated[int, Field(ge=1)] = 10
-    command: list[str] = Field(default_factory=lambda: ["python3", "-m", "topotrain.train"])
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
+        default_factory=lambda: ["python3", "-m", "topotrain.train"])
 
 
 class Job(Model):
@@ -210,7 +247,7 @@ class Job(Model):
         default_factory=lambda: ["baseline"])
     sync: SyncSpec = Field(default_factory=SyncSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
-    hosts: list[str] | None = None
+    hosts: Annotated[list[str], Field(min_length=1)] | None = None  # absent: every GPU host
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
     # how hosts forward for others on direct fabrics: kernel IP forwarding, or tc flower rules
     # with pedit/mirred (RoCE NICs, TopoOpt's testbed; rendered by strategy topoopt)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +25,8 @@ class LocalTransport:
         self.state_dirs = state_dirs or {}
         self.cmd = agent or AGENT
         self.ovsdb = ovsdb or {}  # host -> its ovsdb-server (lab hosts running OVS)
+        self._running: set[subprocess.Popen] = set()  # streams under way (`close` ends them)
+        self._lock = threading.Lock()
 
     def _argv(self, host: str) -> list[str]:
         argv = agent_argv(self.cmd, self.state_dirs.get(host))
@@ -43,11 +47,17 @@ class LocalTransport:
             on_line(host, f"cannot run the agent: {e}")
             return UNREACHABLE
         assert p.stdin is not None and p.stdout is not None
-        p.stdin.write(stdin or "")
-        p.stdin.close()
-        for line in p.stdout:
-            on_line(host, line.rstrip("\n"))
-        return p.wait(timeout=timeout)
+        with self._lock:
+            self._running.add(p)
+        try:
+            p.stdin.write(stdin or "")
+            p.stdin.close()
+            for line in p.stdout:
+                on_line(host, line.rstrip("\n"))
+            return p.wait(timeout=timeout)
+        finally:
+            with self._lock:
+                self._running.discard(p)
 
     def agent(self, host: str, args: list[str], stdin: str | None = None,
               timeout: float = 120.0) -> AgentReply:
@@ -64,9 +74,20 @@ class LocalTransport:
         return AgentReply(host, r.returncode, r.stdout, r.stderr,
                           killed=signal_name(r.returncode))
 
-    def close(self) -> None:
-        """Nothing to release."""
-        pass
+    def close(self, grace: float = 10.0) -> None:
+        """End the agents still streaming (an interrupted `run`): SIGTERM, which makes a
+        launcher stop its ranks, then SIGKILL after `grace` seconds."""
+        with self._lock:
+            running = list(self._running)
+        for p in running:
+            if p.poll() is None:
+                p.terminate()
+        end = time.monotonic() + grace
+        for p in running:
+            try:
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def lab_transport(lab) -> LocalTransport:
