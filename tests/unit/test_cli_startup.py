@@ -27,3 +27,29 @@ def test_the_catalog_still_builds_its_models():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["MLP", "(3,", "4)", "True", "topoctl.catalog.dense:MLP"]
+
+
+def test_every_verb_maps_to_the_module_that_registers_it():
+    import argparse  # noqa: PLC0415 (test-local)
+
+    from topoctl import cli  # noqa: PLC0415 (test-local)
+
+    for module in cli.COMMANDS:
+        parser = cli.build_parser([module])
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        assert {v for v, m in cli.VERBS.items() if m == module} == set(sub.choices), module
+
+
+def test_a_verb_imports_only_its_own_module():
+    code = ("import sys, topoctl.cli as c; "
+            "c.build_parser(c.modules_for(['--json', 'run', 'p.yaml'])); "
+            "print(sorted(m for m in sys.modules if m.startswith('topoctl.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert "'topoctl.cli.run'" in out
+    assert not any(f"'topoctl.cli.{m}'" in out for m in ("plan", "trees", "lab", "topology"))
+    from topoctl import cli  # noqa: PLC0415 (test-local)
+
+    assert cli.modules_for(["--version"]) == []
+    assert cli.modules_for(["--help"]) == cli.COMMANDS == cli.modules_for(["nosuchverb"])
+    assert cli.modules_for(["--json", "explain", "plan.yaml"]) == ["topoctl.cli.plan"]
