@@ -46,7 +46,14 @@ from topotrain import checkpoint
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.events import emit
 from topotrain.pipeline import main as pipeline_main
-from topotrain.workload import checksum, data_parallel, data_seed, load_factory, random_inputs
+from topotrain.workload import (
+    check_same_weights,
+    checksum,
+    data_parallel,
+    data_seed,
+    load_factory,
+    random_inputs,
+)
 
 EXIT_TEST_STOP = 75  # TOPO_TRAIN_EXIT_AFTER
 
@@ -129,6 +136,8 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
         if start:
             state = ckpt.load(start) if rank == src else None
             checkpoint.restore_model(model, state, src)
+    if not start:  # a resumed model came from one rank's checkpoint (`restore_model`)
+        check_same_weights(model)
     ddp = data_parallel(model, job.bucket_cap_mb)
     tree_hook = None
     if job.collective.get("algorithm") == "trees":

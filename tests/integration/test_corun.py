@@ -1,4 +1,5 @@
-"""`graph.corun.co_running`: copies of a training step run (child processes, busy on the CPU)
+"""`graph.corun.co_running`: copies of a training step run (processes forked by a fork server
+that imported torch once, busy on the CPU)
 for as long as the context lasts, and are gone after it, also when the body raises."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from torch import nn
 from topoctl.graph.corun import co_running
 
 
-def _children() -> list[int]:
-    me = os.getpid()
-    out = []
+def _procs() -> dict[int, tuple[int, str]]:
+    """Every process: pid -> (parent pid, command line), as /proc says."""
+    out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -24,10 +25,16 @@ def _children() -> list[int]:
             cmd = open(f"/proc/{pid}/cmdline").read()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == me and "topoctl.graph.corun" in cmd:
-            out.append(int(pid))
+        out[int(pid)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
     return out
+
+
+def _children() -> list[int]:
+    """The copies: children of this process's multiprocessing fork server."""
+    procs = _procs()
+    servers = {pid for pid, (ppid, cmd) in procs.items()
+               if ppid == os.getpid() and "forkserver" in cmd}
+    return [pid for pid, (ppid, _) in procs.items() if ppid in servers]
 
 
 def _cpu_ticks(pid: int) -> int:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.integration.test_pipeline_runtime import run_local
+from tests.integration.test_pipeline_runtime import free_port, run_local
 
 JOB = {
     "name": "tiny", "command": [sys.executable, "-m", "topotrain.train"], "world_size": 2,
@@ -78,3 +78,41 @@ def test_a_bad_launch_spec_is_refused_naming_file_and_path(tmp_path):
     assert p.returncode == 1, p.stderr
     assert str(path) in p.stderr and "iterations" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def rank_seeded_mlp(**kwargs):
+    """A model factory that is not deterministic for a seed: each rank draws other weights."""
+    import torch  # noqa: PLC0415 (imported by the ranks only, not at collection)
+
+    from topoctl.catalog.dense import MLP  # noqa: PLC0415 (as above)
+
+    torch.manual_seed(int(os.environ["RANK"]))
+    return MLP(**kwargs)
+
+
+def test_ranks_that_build_other_weights_are_refused_before_training(tmp_path):
+    """DDP does not broadcast the weights at start (`topotrain.workload.data_parallel`): the
+    ranks compare checksums instead, and a factory that is not deterministic for a seed stops
+    the job before its first iteration, naming the ranks."""
+    job = JOB | {"model": JOB["model"] | {
+        "factory": "tests.integration.test_train_ddp:rank_seeded_mlp"}}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "topotrain.train"],
+        env={**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "TOPOCTL_JOB": str(path), "GLOO_SOCKET_IFNAME": "lo",
+             "TOPOCTL_BIND_ADDRESS": "127.0.0.1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for specs in job["processes"].values() for spec in specs]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode != 0 for p in procs)
+    assert all("built other initial weights" in out for out in outs), outs
+    assert not any('"event": "iter"' in out for out in outs)

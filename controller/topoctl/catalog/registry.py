@@ -1,17 +1,14 @@
-"""The catalog table: name -> builder, default size parameters and the shape of one sample."""
+"""The catalog table: name -> model class (imported when first used), default size parameters
+and the shape of one sample. Importing this module does not import torch (1.2 s of CPU): the
+CLI's verbs that only read a job or a plan stay quick; `topoctl.catalog.build` makes the models
+and their inputs."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
-from torch import nn
-
-from topoctl.catalog.dense import DLRM, MLP, CandleUno
-from topoctl.catalog.transformer import BertEncoder
-from topoctl.catalog.vision import VGG, ResNet
 
 
 @dataclass(frozen=True)
@@ -26,13 +23,19 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class Entry:
-    """One catalog model: its nn.Module class, its input shapes per sample and a one-line
-    description."""
+    """One catalog model: where its nn.Module class lives (``module:Class``), its input shapes
+    per sample and a one-line description."""
 
     name: str
-    cls: type[nn.Module]
+    factory: str
     inputs: Callable[[dict], list[InputSpec]]
     doc: str
+
+    @property
+    def cls(self) -> type:
+        """The model's nn.Module class (its module, and torch, imported now)."""
+        module, _, attr = self.factory.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     @property
     def defaults(self) -> dict:
@@ -42,16 +45,19 @@ class Entry:
 
 
 ENTRIES: dict[str, Entry] = {e.name: e for e in [
-    Entry("mlp", MLP, lambda p: [InputSpec((p["features"],))], "multi-layer perceptron"),
-    Entry("resnet", ResNet, lambda p: [InputSpec((3, p["image"], p["image"]))],
-          "ResNet-18/34/50/101/152"),
-    Entry("vgg", VGG, lambda p: [InputSpec((3, p["image"], p["image"]))], "VGG-11/13/16/19"),
-    Entry("bert", BertEncoder, lambda p: [InputSpec((p["seq"],), "int64", p["vocab"])],
+    Entry("mlp", "topoctl.catalog.dense:MLP",
+          lambda p: [InputSpec((p["features"],))], "multi-layer perceptron"),
+    Entry("resnet", "topoctl.catalog.vision:ResNet",
+          lambda p: [InputSpec((3, p["image"], p["image"]))], "ResNet-18/34/50/101/152"),
+    Entry("vgg", "topoctl.catalog.vision:VGG",
+          lambda p: [InputSpec((3, p["image"], p["image"]))], "VGG-11/13/16/19"),
+    Entry("bert", "topoctl.catalog.transformer:BertEncoder",
+          lambda p: [InputSpec((p["seq"],), "int64", p["vocab"])],
           "BERT-style Transformer encoder"),
-    Entry("dlrm", DLRM, lambda p: [InputSpec((p["dense"],)),
-                                   InputSpec((p["tables"],), "int64", p["rows"])],
+    Entry("dlrm", "topoctl.catalog.dense:DLRM",
+          lambda p: [InputSpec((p["dense"],)), InputSpec((p["tables"],), "int64", p["rows"])],
           "DLRM-style embedding tables + MLPs"),
-    Entry("candle_uno", CandleUno,
+    Entry("candle_uno", "topoctl.catalog.dense:CandleUno",
           lambda p: [InputSpec((p["gene"],)), InputSpec((p["drug"],)),
                      InputSpec((p["fingerprint"],))], "CANDLE-Uno-style dense net"),
 ]}
@@ -69,33 +75,3 @@ def resolve_params(name: str, params: dict) -> dict:
             raise ValueError(f"{k}: expected a positive integer, got {v!r}")
         full[k] = v
     return full
-
-
-def build_model(name: str, params: dict, device: str | torch.device = "cpu") -> nn.Module:
-    """Instantiate a catalog model; on device `meta` nothing is allocated (for capture)."""
-    full = resolve_params(name, params)
-    with torch.device(device):
-        return ENTRIES[name].cls(**full)
-
-
-def make_inputs(specs: list[InputSpec], batch: int,
-                device: str | torch.device = "cpu") -> tuple[torch.Tensor, ...]:
-    """Random tensors for `specs` with a leading batch dimension (floats ~ N(0, 1), integers below
-    `high`)."""
-    out = []
-    for s in specs:
-        shape = (batch, *s.shape)
-        dtype = getattr(torch, s.dtype)
-        if dtype.is_floating_point:
-            out.append(torch.randn(shape, dtype=dtype, device=device))
-        else:
-            out.append(torch.randint(0, s.high or 2, shape, dtype=dtype, device=device))
-    return tuple(out)
-
-
-def example_inputs(name: str, params: dict, batch: int,
-                   device: str | torch.device = "cpu") -> tuple[torch.Tensor, ...]:
-    """Example inputs of catalog model `name` with `params` (defaults filled in) for `batch`
-    samples."""
-    full = resolve_params(name, params)
-    return make_inputs(ENTRIES[name].inputs(full), batch, device)

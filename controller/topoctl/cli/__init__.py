@@ -38,33 +38,43 @@ exit codes:
   0 nothing to do / in sync, 2 changes made or pending / drift"""
 
 # module paths, each with register(subparsers); add a line per command group
-COMMANDS: list[str] = [
-    "topoctl.cli.apply",
-    "topoctl.cli.bench",
-    "topoctl.cli.inventory",
-    "topoctl.cli.lab",
-    "topoctl.cli.plan",
-    "topoctl.cli.run",
-    "topoctl.cli.topology",
-    "topoctl.cli.trees",
-    "topoctl.cli.vagrant",
-]
+# verb -> the module that registers it; a call imports only its verb's module (the others
+# pull in scipy, paramiko or ansible: a second of CPU before any work), help imports them all
+VERBS: dict[str, str] = {
+    "apply": "topoctl.cli.apply", "diff": "topoctl.cli.apply", "status": "topoctl.cli.apply",
+    "rollback": "topoctl.cli.apply", "bench": "topoctl.cli.bench",
+    "inventory": "topoctl.cli.inventory", "lab": "topoctl.cli.lab", "plan": "topoctl.cli.plan",
+    "explain": "topoctl.cli.plan", "run": "topoctl.cli.run", "stop": "topoctl.cli.run",
+    "topology": "topoctl.cli.topology", "trees": "topoctl.cli.trees", "sync": "topoctl.cli.trees",
+    "vagrant": "topoctl.cli.vagrant",
+}
+COMMANDS: list[str] = sorted(set(VERBS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser with every command group's verbs."""
+def modules_for(argv: list[str]) -> list[str]:
+    """The verb modules a call needs: its verb's (the first word that is not an option: the
+    global options take no value), none for a bare ``--version``, else all (help, a typo)."""
+    words = [a for a in argv if not a.startswith("-")]
+    if words:
+        return [VERBS[words[0]]] if words[0] in VERBS else COMMANDS
+    return [] if "--version" in argv else COMMANDS
+
+
+def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with the verbs of `modules` (default: every command group's)."""
     parser = ArgumentParser(prog="topoctl", description=DESCRIPTION, epilog=EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_global_options(parser, topoctl.__version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in COMMANDS:
+    for mod in COMMANDS if modules is None else modules:
         importlib.import_module(mod).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the verb, return its exit code (errors mapped by `run_guarded`)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(modules_for(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # only pass-through verbs (bench) take arguments they do not declare
         if not hasattr(args, "args"):

@@ -14,7 +14,8 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from topoagent.protocol import TopoError
-from topoctl.catalog.registry import ENTRIES, InputSpec, build_model, make_inputs, resolve_params
+from topoctl.catalog.build import build_model, make_inputs
+from topoctl.catalog.registry import ENTRIES, InputSpec, resolve_params
 from topoctl.graph.flops import backward_flops, forward_flops
 from topoctl.graph.ops import VIEW_KINDS, Op, OpGraph
 

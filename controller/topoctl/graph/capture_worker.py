@@ -21,7 +21,8 @@ from dataclasses import asdict
 import torch
 
 from topoagent.protocol import TopoError
-from topoctl.catalog.registry import InputSpec, make_inputs
+from topoctl.catalog.build import make_inputs
+from topoctl.catalog.registry import InputSpec
 from topoctl.graph.capture import DTYPES, capture, capture_factory, load_factory
 from topoctl.graph.cost import measure_costs, measure_train_costs
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from topoctl.catalog.build import build_model, example_inputs
 from topoctl.catalog.registry import InputSpec as CatalogInput
-from topoctl.catalog.registry import build_model, example_inputs
 from topoctl.graph import cache, sandbox
 from topoctl.graph.capture import DTYPES, capture_catalog
 from topoctl.graph.cost import (

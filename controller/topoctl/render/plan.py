@@ -79,7 +79,7 @@ def model_launch_spec(model) -> dict:
     entry = ENTRIES[model.catalog]
     params = resolve_params(model.catalog, model.params)
     return {"catalog": model.catalog,
-            "factory": f"{entry.cls.__module__}:{entry.cls.__name__}", "kwargs": params,
+            "factory": entry.factory, "kwargs": params,
             "inputs": [{"shape": list(i.shape), "dtype": i.dtype} | ({"high": i.high} if i.high
                                                                      else {})
                        for i in entry.inputs(params)]}

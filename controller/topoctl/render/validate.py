@@ -1,5 +1,5 @@
 """Plan validation without the planner: what `topoctl apply/status/run` check before touching
-any host. Kept apart from topoctl.render.plan, whose catalog import pulls in torch (1.2 s).
+any host, kept apart from the renderer (topoctl.render.plan) that makes plans.
 The checks themselves are the agent's (`topoagent.state.wire.plan_problems`): one schema, two
 users."""
 
