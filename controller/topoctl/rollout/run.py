@@ -235,6 +235,12 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
     return run.result()
 
 
+def _idle(stats: RankStats) -> bool:
+    """A pipeline rank whose host the placement left without a stage (its `done` event's
+    stage is negative): it joins the process group and ends without iterations, by design."""
+    return stats.stage is not None and stats.stage < 0
+
+
 def _split_line(line: str) -> tuple[int | None, dict | None]:
     """(rank, JSON event) of one launcher line: ``[event N] body`` from rank N's event
     channel, a bare body from the launcher itself; ``[rank N] body`` is a rank's output,
@@ -432,7 +438,8 @@ class _Supervision:
             self.out(f"training was complete when {', '.join(result.failed_cables)} failed")
         elif self.failures:
             result.exit_code, result.failure = 1, "\n".join(self.failures)
-        elif silent := sorted(r for r, s in self.ranks.items() if not s.iterations):
+        elif silent := sorted(r for r, s in self.ranks.items()
+                              if not s.iterations and not _idle(s)):
             result.exit_code = 1
             result.failure = (f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} "
                               "ended without reporting an iteration (is job.command a "
