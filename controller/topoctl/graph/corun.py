@@ -11,35 +11,30 @@ time as timed, so the step is timed with the other ranks' work running beside it
     with co_running(model, inputs, copies=7):
         whole = whole_step_times(model, inputs)
 
-Each copy is a process forked from a `multiprocessing` fork server that imported torch once
-(set up on first use, kept for the life of the process): seven copies started as fresh
-interpreters imported torch seven times, about 10 s of CPU on the 2-core VM before the first
-step. A copy loads the pickled model and inputs, runs training steps (one torch thread, loss
+Each copy is a process forked from the timing's fork server (`graph.forks`: torch imported
+once). A copy loads the pickled model and inputs, runs training steps (one torch thread, loss
 ``mean(out^2)``, SGD) until the parent says stop, and says ``ready`` after two warm-up steps;
 the context waits for every copy to be ready, and stops and reaps them on exit, also on error.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from topoctl.graph.forks import FORKS
+
 __all__ = ["co_running"]
 
 READY_TIMEOUT_S = 120.0  # torch's import and the model's first steps, on a busy machine
-
-
-_FORKS = multiprocessing.get_context("forkserver")
-# the server imports torch once; without a list it would import the caller's __main__ instead
-_FORKS.set_forkserver_preload(["torch", __name__])
 
 
 @contextmanager
@@ -53,11 +48,11 @@ def co_running(model: nn.Module, inputs: tuple[torch.Tensor, ...], copies: int
     with tempfile.TemporaryDirectory(prefix="tp-corun-") as tmp:
         path = Path(tmp, "step.pt")
         torch.save({"model": model, "inputs": tuple(inputs)}, path)
-        procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+        procs: list[tuple[BaseProcess, Connection]] = []
         try:
             for _ in range(copies):
-                mine, theirs = _FORKS.Pipe()
-                p = _FORKS.Process(target=_run, args=(str(path), theirs), daemon=True)
+                mine, theirs = FORKS.Pipe()
+                p = FORKS.Process(target=_run, args=(str(path), theirs), daemon=True)
                 p.start()
                 theirs.close()
                 procs.append((p, mine))
@@ -67,7 +62,7 @@ def co_running(model: nn.Module, inputs: tuple[torch.Tensor, ...], copies: int
             _stop(procs)
 
 
-def _wait_ready(procs: list[tuple[multiprocessing.process.BaseProcess, Connection]]) -> None:
+def _wait_ready(procs: list[tuple[BaseProcess, Connection]]) -> None:
     """Return once every copy said ``ready``; RuntimeError when one died or hangs."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     for p, conn in procs:
@@ -84,7 +79,7 @@ def _wait_ready(procs: list[tuple[multiprocessing.process.BaseProcess, Connectio
                                f"{line or f'not ready after {READY_TIMEOUT_S:.0f} s'}")
 
 
-def _stop(procs: list[tuple[multiprocessing.process.BaseProcess, Connection]]) -> None:
+def _stop(procs: list[tuple[BaseProcess, Connection]]) -> None:
     """Tell every copy to stop (they stop at their next step) and reap them."""
     for _, conn in procs:
         conn.close()  # the copy sees EOF

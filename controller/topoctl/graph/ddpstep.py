@@ -11,25 +11,24 @@ predicted the rest of the iteration beside the AllReduce at 37 ms where it took 
 
     fwd, bwd, step = ddp_step_times(model, inputs, bucket_bytes=4_000_000, threads=1)
 
-The step runs in a child process (``python -m topoctl.graph.ddpstep FILE``): a process group
-of one (gloo over an in-memory store; the planner's own process never joins one) and a
-communication hook that hands each bucket back as it is, since the collective is costed on
-its own (strategies); the model is wrapped as the trainer wraps it
+The step runs in a child process forked from the timing's fork server (`graph.forks`: torch
+already imported): a process group of one (gloo over an in-memory store; the planner's own
+process never joins one) and a communication hook that hands each bucket back as it is, since
+the collective is costed on its own (strategies); the model is wrapped as the trainer wraps it
 (`topotrain.train.data_parallel`) and `graph.steptime.whole_step_times` times it.
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
-import json
-import os
-import subprocess
-import sys
 import tempfile
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from topoctl.graph.forks import FORKS
 from topoctl.graph.steptime import whole_step_times
 from topotrain.timing import data_parallel
 
@@ -49,16 +48,33 @@ def ddp_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], bucket_by
         path = Path(tmp, "step.pt")
         torch.save({"model": model, "inputs": tuple(inputs), "bucket_bytes": int(bucket_bytes),
                     "threads": int(threads), "warmup": warmup, "repeats": repeats}, path)
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        reply, theirs = FORKS.Pipe(duplex=False)
+        child = FORKS.Process(target=_child, args=(str(path), theirs), daemon=True)
+        child.start()
+        theirs.close()
         try:
-            r = subprocess.run([sys.executable, "-m", "topoctl.graph.ddpstep", str(path)],
-                               capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"timing the DDP step took over {TIMEOUT_S:.0f} s") from None
-    if r.returncode:
-        raise RuntimeError(f"timing the DDP step failed: {r.stderr.strip()[-500:] or r.returncode}")
-    fwd, bwd, step = json.loads(r.stdout.strip().splitlines()[-1])
+            ok, answer = _reply(reply, child)
+        finally:
+            child.join(5)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    if not ok:
+        raise RuntimeError(f"timing the DDP step failed: {answer}")
+    fwd, bwd, step = answer
     return float(fwd), float(bwd), float(step)
+
+
+def _reply(conn: Connection, child: BaseProcess) -> tuple[bool, object]:
+    """The child's (ok, times or error text); RuntimeError when it hangs or dies silently."""
+    if not conn.poll(TIMEOUT_S):
+        raise RuntimeError(f"timing the DDP step took over {TIMEOUT_S:.0f} s")
+    try:
+        return conn.recv()
+    except EOFError:
+        child.join(5)
+        raise RuntimeError(f"timing the DDP step failed: its process exited {child.exitcode}"
+                           ) from None
 
 
 def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -68,20 +84,20 @@ def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Futur
     return fut
 
 
-def _child(path: str) -> int:
-    """The child: time the step of the request in file `path`, print its times as JSON."""
-    req = torch.load(path, weights_only=False)
-    torch.set_num_threads(req["threads"])
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+def _child(path: str, conn: Connection) -> None:
+    """The child: time the step of the request in file `path`, send (True, times) or (False,
+    the error) on `conn`."""
     try:
-        ddp = data_parallel(req["model"], req["bucket_bytes"] / 2**20)  # as the trainer does
-        ddp.register_comm_hook(None, _bucket_as_is)
-        times = whole_step_times(ddp, req["inputs"], req["warmup"], req["repeats"])
-    finally:
-        dist.destroy_process_group()
-    print(json.dumps(list(times)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+        req = torch.load(path, weights_only=False)
+        torch.set_num_threads(req["threads"])
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            ddp = data_parallel(req["model"], req["bucket_bytes"] / 2**20)  # as the trainer
+            ddp.register_comm_hook(None, _bucket_as_is)
+            times = whole_step_times(ddp, req["inputs"], req["warmup"], req["repeats"])
+        finally:
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - the caller raises it with the step's context
+        conn.send((False, f"{type(e).__name__}: {e}"[-500:]))
+        return
+    conn.send((True, list(times)))
