@@ -7,10 +7,12 @@ in 10.231.0.0/16, which nothing else on the machine uses."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,6 +55,33 @@ def remove_leftovers(prefix: str = PREFIX) -> None:
         pid = name[len(prefix):].split("-")[0]
         if pid.isdigit() and (int(pid) == os.getpid() or not os.path.exists(f"/proc/{pid}")):
             sh(["ip", "netns", "del", name], check=False)
+
+
+def pid_tag(pid: int | None = None) -> str:
+    """This process's pid (or `pid`) in base 36: at most 5 characters for any Linux pid
+    (pid_max <= 4194304 < 36**5), so a lab name can carry the whole pid and a leftover check
+    can tell a live test process's lab (another pytest worker's) from a dead one's."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    n, out = os.getpid() if pid is None else pid, ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+@contextlib.contextmanager
+def machine_lock(what: str) -> Iterator[None]:
+    """Held by one test process on this machine at a time (an flock on a file in the temporary
+    directory): for what several pytest processes (pytest-xdist workers) must not do at once,
+    such as reading then changing something machine-wide. Not reentrant within a process."""
+    path = Path(tempfile.gettempdir()) / f"topoctl-tests-{what}.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def is_root() -> bool:

@@ -73,6 +73,7 @@ def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  
     assert dumps(lab) == applied
 
 
+@pytest.mark.serial
 def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa: F811
     # 20 s: each confirmation is two agent calls and half a megabyte each way (the probe of the
     # management path), 8 hosts at once on 2 shared cores (at 6 s a loaded machine, load 15,
@@ -89,6 +90,7 @@ def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa:
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0
 
 
+@pytest.mark.serial
 def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
     """h2 applies, then its management path dies (every packet it sends goes to a blackhole):
     topoctl cannot confirm it, says so, rolls every other host back; h2's own watchdog reverts
@@ -253,6 +255,7 @@ def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # n
     assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0
 
 
+@pytest.mark.serial
 def test_a_stream_to_a_host_cut_off_ends_within_seconds(lab):  # noqa: F811
     """`topoctl run` streams its ranks' lines over SSH for minutes: when the host's management
     path dies the stream ends UNREACHABLE within seconds (keepalives), naming why, instead of

@@ -163,6 +163,7 @@ def test_heal_resumes_training_around_a_cut_cable(lab_plan, capsys):
     assert cli.main(["status", heal["plan_file"], "--lab", lab.name]) == 0  # in sync
 
 
+@pytest.mark.serial
 def test_without_heal_the_run_stops_within_seconds_naming_the_cable(ssh_lab_plan, capsys):
     lab, plan, _ = ssh_lab_plan
     assert cli.main(["apply", plan, "--lab", lab.name, "--ssh"]) == 0

@@ -225,6 +225,7 @@ def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0
 
 
+@pytest.mark.serial
 def test_a_host_cut_off_by_its_own_apply_is_reported_within_seconds(lab):  # noqa: F811
     """h2's state sends the controller's address into table 100, whose route leads out of a
     fabric port where nobody answers: applied with --force-mgmt (the path check off), the apply

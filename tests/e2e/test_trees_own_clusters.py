@@ -40,6 +40,7 @@ def test_generator_is_deterministic_and_unlike_the_examples():
         own_clusters.suite("huge")
 
 
+@pytest.mark.serial  # measured against predicted, a calibration
 @pytest.mark.netns
 def test_small_suite_through_the_users_path(tmp_path):
     # `--retime` measures the ops and the runtime calibration again and caches them: into a

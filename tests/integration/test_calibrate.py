@@ -24,6 +24,9 @@ from topoctl.collective.trees.pipeline import runtime_costs
 from topotrain.collectives import calibration_path, load_calibration
 from topotrain.collectives.calibrate import TCP_CONGESTION
 
+# a CPU micro-benchmark, under the machine's TCP congestion control set to reno (machine-wide)
+pytestmark = pytest.mark.serial
+
 KEYS = ("per_message_s", "per_message_shared_s", "wire_bytes_per_s", "reduce_bytes_per_s",
         "copy_bytes_per_s", "per_piece_s", "cores")
 

@@ -67,6 +67,7 @@ def consistent(h: Host, history: int) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["recovered"] is False, r.stdout
 
 
+@pytest.mark.serial
 def test_unconfirmed_apply_reverts_by_itself(confirm_host: Host):
     h = confirm_host
     assert h.apply(full_state()).returncode == 0
@@ -88,6 +89,7 @@ def test_unconfirmed_apply_reverts_by_itself(confirm_host: Host):
     assert (h.state_dir / "confirm.json").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.serial
 def test_confirmed_apply_stays(confirm_host: Host):
     h = confirm_host
     assert h.apply(full_state()).returncode == 0
@@ -122,6 +124,7 @@ def test_one_pending_confirmation_at_a_time_and_rollback_ends_it(confirm_host: H
     consistent(h, history=2)
 
 
+@pytest.mark.serial
 def test_a_killed_watchdog_reverts_at_the_next_agent_start(confirm_host: Host):
     h = confirm_host
     assert h.apply(full_state()).returncode == 0

@@ -42,6 +42,7 @@ def _cpu_ticks(pid: int) -> int:
     return int(f[11]) + int(f[12])
 
 
+@pytest.mark.serial  # CPU time in 0.5 s
 def test_copies_train_during_the_context_and_are_reaped():
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
     x = (torch.randn(32, 64),)

@@ -31,16 +31,17 @@ PLANS = Path(__file__).resolve().parents[2] / "plans"
 
 
 def _name(tag: str) -> str:
-    return f"it{tag}{os.getpid() % 10000}"
+    return f"it{tag}{nsutil.pid_tag()}"  # the whole pid: see the leftover check below
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_leftover_test_labs():
-    """Labs of crashed earlier runs of these tests (`it<tag><pid>`, pid no longer alive)."""
+    """Labs of crashed earlier runs of these tests (`it<tag><pid in base 36>`, pid no longer
+    alive); a live pid's labs are another pytest process's (a `make test` worker's)."""
     for lab in labmod.list_labs("/nonexistent"):
-        m = re.fullmatch(r"it[a-z](\d+)", lab)
-        if m and int(m.group(1)) != os.getpid() % 10000 and \
-                not os.path.exists(f"/proc/{m.group(1)}"):
+        m = re.fullmatch(r"it[a-z]([0-9a-z]{1,5})", lab)
+        if m and int(m.group(1), 36) != os.getpid() and \
+                not os.path.exists(f"/proc/{int(m.group(1), 36)}"):
             labmod.down(lab, "/nonexistent")
     yield
 
@@ -203,6 +204,7 @@ def test_switched_leaf_spine(tmp_path):
     assert _gone(name) == []
 
 
+@pytest.mark.serial  # sets the machine's TCP congestion control
 def test_hosts_use_cubic_whatever_the_machine_uses(tmp_path):
     """The hosts' TCP congestion control is cubic even when the machine's (which a new
     namespace inherits) is another and the kernel does not allow namespaces to choose cubic:
@@ -290,6 +292,7 @@ def test_cli_up_with_plan_then_rewire(tmp_path):
     assert _gone(name) == []
 
 
+@pytest.mark.serial  # a time budget
 def test_32_hosts_degree_4_within_budget(tmp_path):
     """The performance budget (issue: up <= 30 s, down <= 10 s on 2 cores), with sshd."""
     n = 32

@@ -43,6 +43,7 @@ def _received(p: subprocess.Popen) -> float:
     return json.loads(out)["end"]["sum_received"]["bits_per_second"]
 
 
+@pytest.mark.serial  # iperf3 rates
 def test_per_destination_rates_through_ovs_in_the_lab(tmp_path):
     cluster = parse_cluster(CLUSTER)
     doc, _ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)

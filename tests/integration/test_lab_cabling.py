@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def _cli(*args: str, root: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def mesh4(tmp_path):
-    name = f"itc{os.getpid() % 10000}"
+    name = f"itc{nsutil.pid_tag()}"  # as test_lab.py's names: its leftover check reads them
     lab = labmod.up(load_cluster(PLANS / "mesh4-cluster.yaml"), name, tmp_path,
                     with_ssh=False)
     try:

@@ -258,6 +258,7 @@ def _received(p: subprocess.Popen) -> float:
     return json.loads(out)["end"]["sum_received"]["bits_per_second"]
 
 
+@pytest.mark.serial  # iperf3 rates
 def test_per_destination_rates_measured_with_iperf3(host: OvsHost):
     assert host.apply(state(CLASSES)).returncode == 0
     plan = {"10.231.9.2": 20e6, "10.231.9.3": 40e6}
