@@ -7,12 +7,10 @@ in 10.231.0.0/16, which nothing else on the machine uses."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,20 +66,6 @@ def pid_tag(pid: int | None = None) -> str:
         out = digits[r] + out
         if n == 0:
             return out
-
-
-@contextlib.contextmanager
-def machine_lock(what: str) -> Iterator[None]:
-    """Held by one test process on this machine at a time (an flock on a file in the temporary
-    directory): for what several pytest processes (pytest-xdist workers) must not do at once,
-    such as reading then changing something machine-wide. Not reentrant within a process."""
-    path = Path(tempfile.gettempdir()) / f"topoctl-tests-{what}.lock"
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def is_root() -> bool:

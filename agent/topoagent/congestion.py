@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
+from topoagent.machinelock import machine_lock
 from topoagent.target import Target
 
 __all__ = ["ALLOWED_SYSCTL", "AVAILABLE_SYSCTL", "CONGESTION_SYSCTL", "allowed_for_namespaces",
@@ -30,7 +31,15 @@ AVAILABLE_SYSCTL = "net/ipv4/tcp_available_congestion_control"  # machine-wide
 @contextlib.contextmanager
 def allowed_for_namespaces(algorithm: str) -> Iterator[None]:
     """While inside, `algorithm` is on the machine's allowed list if this kernel has it and
-    the list can be written (root); the list is restored on exit, also on error."""
+    the list can be written (root); the list is restored on exit, also on error. One process
+    at a time (a machine lock): a second one reading the widened list, then losing it when the
+    first puts the old one back, would leave its namespaces on the machine's default."""
+    with machine_lock("congestion"):
+        yield from _widened(algorithm)
+
+
+def _widened(algorithm: str) -> Iterator[None]:
+    """`allowed_for_namespaces`' body, under its lock."""
     root = Target()
     allowed = root.read_sysctl(ALLOWED_SYSCTL)
     available = (root.read_sysctl(AVAILABLE_SYSCTL) or "").split()

@@ -7,7 +7,6 @@ the quickstart writes into the checkout is removed (a file that was there before
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -18,8 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests import netns as nsutil
 
 pytestmark = pytest.mark.netns
 
@@ -85,14 +82,6 @@ def _lab_name(commands: list[str]) -> str:
     return yaml.safe_load((ROOT / cluster).read_text())["name"]
 
 
-@contextlib.contextmanager
-def _lab_up_locks():
-    """The locks the suite's own `lab.up` calls take (tests/conftest.py says why), held around
-    a `topoctl lab up` process, which cannot take them itself."""
-    with nsutil.machine_lock("lab-up"), nsutil.machine_lock("congestion"):
-        yield
-
-
 def _labs() -> list[str]:
     out = _topoctl("lab", "list")
     return out.stdout.split() if out.returncode == 0 else []
@@ -133,9 +122,8 @@ def test_quickstart_runs_as_written(quickstart):
     for command in commands:
         argv = shlex.split(command)
         argv[0] = str(VENV_BIN / argv[0])
-        with _lab_up_locks() if argv[1:3] == ["lab", "up"] else contextlib.nullcontext():
-            done = subprocess.run(argv, cwd=ROOT, env=_env(), text=True, capture_output=True,
-                                  timeout=COMMAND_TIMEOUT_S)
+        done = subprocess.run(argv, cwd=ROOT, env=_env(), text=True, capture_output=True,
+                              timeout=COMMAND_TIMEOUT_S)
         assert done.returncode == 0, (
             f"`{command}` exited {done.returncode}\n--- stdout\n{done.stdout}\n"
             f"--- stderr\n{done.stderr}")

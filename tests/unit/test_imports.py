@@ -26,7 +26,7 @@ SOURCES = (ROOT / "controller", ROOT / "agent")
 
 # The agent's public contract: what the controller (and the runtime) may import of it.
 PUBLIC_AGENT = ("topoagent", "topoagent.protocol", "topoagent.cliutil", "topoagent.target",
-                "topoagent.congestion", "topoagent.state")
+                "topoagent.congestion", "topoagent.machinelock", "topoagent.state")
 
 
 @dataclass(frozen=True)

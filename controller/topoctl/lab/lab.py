@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.congestion import set_congestion_control
+from topoagent.machinelock import machine_lock
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoagent.target import drop_netns_etc, give_files_only_names
 from topoctl.lab import cabling, commands, names, netops, ovs, ssh
@@ -196,7 +197,16 @@ def pick_mgmt_net(hosts: int, wanted: str | None = None, source: str = "--mgmt-n
 
 def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None,
        mgmt_net: str | None = None, fabric: Any = None, with_ssh: bool = True) -> Lab:
-    """Build the lab; on any failure remove whatever was created and re-raise."""
+    """Build the lab; on any failure remove whatever was created and re-raise. One lab comes
+    up at a time on a machine (a machine lock): the management block is the first that no
+    address on the machine overlaps, and two labs picking at once could pick the same one."""
+    with machine_lock("lab-up"):
+        return _up(cluster, name, root, mgmt_net, fabric, with_ssh)
+
+
+def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: str | None,
+        fabric: Any, with_ssh: bool) -> Lab:
+    """`up`'s steps, under its lock."""
     name = names.check_lab_name(name or cluster.name, "--name" if name else "")
     if fabric is not None:
         cluster = cluster.with_fabric(fabric, prefix="plan.fabric")
