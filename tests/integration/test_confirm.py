@@ -203,3 +203,39 @@ def test_a_watch_loop_reverts_when_the_watchdog_is_gone(confirm_host: Host):
         _, err = loop.communicate(timeout=30)
     assert "Traceback" not in err, err
     consistent(h, history=2)
+
+
+def test_a_running_launcher_reverts_when_the_watchdog_is_gone(confirm_host: Host):
+    """Training runs (a launcher supervising a rank) when the watchdog is killed: the
+    launcher, a long-running agent process, notices at the deadline and reverts, with no other
+    agent start; the rank keeps running."""
+    h = confirm_host
+    assert h.apply(full_state()).returncode == 0
+    old = dump(h.ns)
+    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
+    rec = record(h)
+    marker = f"tpt-rank-{os.getpid()}-{time.monotonic_ns()}"
+    job = {"name": "t", "command": ["python3", "-c", "import time; time.sleep(120)", marker],
+           "world_size": 1, "master": {"address": "127.0.0.1", "port": 29999},
+           "batch": {"global": 1, "per_rank": 1}, "model": {},
+           "processes": {"h0": [{"rank": 0, "local_rank": 0, "env": {"RANK": "0"}}]}}
+    launcher = subprocess.Popen([sys.executable, "-m", "topoagent.cli", "--netns", h.ns,
+                                 "--state-dir", str(h.state_dir), "launch", "--host", "h0",
+                                 "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    launcher.stdin.write(json.dumps(job))
+    launcher.stdin.close()
+    try:
+        os.kill(rec["watchdog"], signal.SIGKILL)
+        past_deadline(rec)
+        assert wait_for(lambda: record(h)["state"] == "reverted", 20), record(h)
+        assert dump(h.ns) == old
+        assert launcher.poll() is None  # training goes on
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=30)
+        err = launcher.stderr.read()
+        launcher.stderr.close()
+        subprocess.run(["pkill", "-9", "-f", marker], check=False)
+    assert "Traceback" not in err, err
+    consistent(h, history=2)

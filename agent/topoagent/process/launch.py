@@ -27,6 +27,7 @@ empties it first."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -41,6 +42,8 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
+from topoagent.apply.confirm import expired_orphan
+from topoagent.apply.store import Store
 from topoagent.observe import nldump
 from topoagent.process.linkwatch import LinkDown, LinkWatch
 from topoagent.process.pidfile import PidFileError, live, read_pids, write_pids
@@ -59,6 +62,7 @@ from topoagent.target import Target
 
 TAIL = 15  # last lines of a failed rank worth showing
 CHECKPOINTS = "checkpoints"  # under the ranks' directory (topotrain.checkpoint writes it)
+ORPHAN_LOOK_S = 2.0  # how often a launcher looks for an unconfirmed apply whose watchdog is gone
 CLONE_NEWUTS = 0x04000000
 PR_SET_PDEATHSIG = 1
 EVENT_FD_ENV = "TOPOCTL_EVENT_FD"  # the rank's end of its event pipe (topotrain.events)
@@ -159,7 +163,7 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
         for spec in job.processes[host]:
             children.append(_start(job, spec, target, ranks_dir, job_file, user, out))
         write_pids(pidfile, [p.pid for _, p, _ in children])
-        return _supervise(children, out, timeout, tripped)
+        return _supervise(children, out, timeout, tripped, target)
     except _Stopped:
         return EXIT_INTERRUPTED
     finally:
@@ -300,9 +304,13 @@ def _pump(stream: IO[bytes], prefix: str, out: _Output, tail: deque | None) -> N
 
 
 def _supervise(children, out: _Output, timeout: float | None,
-               tripped: threading.Event) -> int:
+               tripped: threading.Event, target: Target) -> int:
     deadline = time.monotonic() + timeout if timeout else None
+    next_look = time.monotonic()
     while True:
+        if time.monotonic() >= next_look:
+            _revert_orphan(target)
+            next_look = time.monotonic() + ORPHAN_LOOK_S
         if tripped.is_set():  # a watched link is down: the link-down event says which
             return 1
         if out.reader_left():  # the controller is gone: nobody supervises the ranks any more
@@ -324,6 +332,14 @@ def _supervise(children, out: _Output, timeout: float | None,
                                  "last": ["timed out"]}))
             return 1
         time.sleep(0.1)
+
+
+def _revert_orphan(target: Target) -> None:
+    """An apply left unconfirmed past its deadline whose watchdog is gone is reverted now: the
+    launcher is a long-running agent process, as `watch` is (`apply.confirm.expired_orphan`).
+    A state directory it cannot use does not stop the training: the next agent verb names it."""
+    with contextlib.suppress(TopoError, OSError):
+        expired_orphan(target, Store(target.store_dir, target=target))
 
 
 def _stop_all(children) -> None:
