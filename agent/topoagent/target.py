@@ -182,3 +182,16 @@ def drop_netns_etc(pattern: str, etc: Path = NETNS_ETC_DIR) -> None:
         etc.rmdir()
     except OSError:
         pass
+
+
+def usable_by_any_user(path: str | Path) -> bool:
+    """Every directory on the way to `path` searchable by any user, and `path` itself readable
+    and (for a program) executable by any user: what another user needs to run it (a pyenv
+    under /root is not)."""
+    real = Path(path).resolve()
+    try:
+        if real.stat().st_mode & 0o005 != 0o005:
+            return False
+        return all(d.stat().st_mode & 0o001 for d in real.parents)
+    except OSError:
+        return False

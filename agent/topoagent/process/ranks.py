@@ -26,6 +26,7 @@ from pathlib import Path
 
 import topoagent
 from topoagent.protocol import TopoError
+from topoagent.target import usable_by_any_user
 
 DEFAULT_USER = "nobody"
 RANK_ROOT = Path("/run/topo-agent/ranks")  # root-owned: no other user can create entries
@@ -143,24 +144,12 @@ def remove_if_unused(directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _world_usable(path: str) -> bool:
-    """Every directory on the way to `path` searchable by any user, and `path` itself readable
-    and (for a file) executable by any user."""
-    real = Path(path).resolve()
-    try:
-        if real.stat().st_mode & 0o005 != 0o005:
-            return False
-        return all(d.stat().st_mode & 0o001 for d in real.parents)
-    except OSError:
-        return False
-
-
 def python_for(user: RankUser, factory: str | None) -> tuple[str, dict[str, str]]:
     """(interpreter, extra environment) for a `python` command run as `user`: this one, or
     when `user` could not run it, $TOPO_RANK_PYTHON or the system's python of the same version
     given this installation's import path (its site-packages, the agent's packages and the
     package of the job's model factory)."""
-    if user.is_me() or (_world_usable(sys.executable) and _world_usable(os.__file__)):
+    if user.is_me() or (usable_by_any_user(sys.executable) and usable_by_any_user(os.__file__)):
         return sys.executable, {}
     python = (os.environ.get("TOPO_RANK_PYTHON")
               or f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")

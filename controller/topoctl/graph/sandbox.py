@@ -24,6 +24,7 @@ from pathlib import Path
 
 import topoagent
 import topoctl
+from topoagent.target import usable_by_any_user
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import OpCost, TrainCost
 from topoctl.graph.ops import Op, OpGraph
@@ -41,18 +42,6 @@ def capture_user() -> str | None:
     return os.environ.get("TOPOCTL_CAPTURE_USER") or DEFAULT_USER
 
 
-def _readable_by_all(path: str) -> bool:
-    """Every directory on the way to `path` searchable, and `path` itself readable and
-    executable, by any user (what another user needs to run it)."""
-    real = Path(path).resolve()
-    try:
-        if real.stat().st_mode & 0o005 != 0o005:
-            return False
-        return all(d.stat().st_mode & 0o001 for d in real.parents)
-    except OSError:
-        return False
-
-
 def worker_python(user: str | None) -> tuple[str, list[str]]:
     """The interpreter for the capture child and its import path. This interpreter, unless the
     capture user could not read it (a pyenv under /root): then $TOPOCTL_CAPTURE_PYTHON or the
@@ -63,7 +52,7 @@ def worker_python(user: str | None) -> tuple[str, list[str]]:
     # which a bare PYTHONPATH does not have
     roots = [str(Path(m.__file__).resolve().parents[1]) for m in (topoctl, topoagent)]
     python = os.environ.get("TOPOCTL_CAPTURE_PYTHON")
-    if python is None and (user is None or _readable_by_all(sys.executable)):
+    if python is None and (user is None or usable_by_any_user(sys.executable)):
         return sys.executable, roots + here
     if python is None:
         python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
