@@ -37,7 +37,7 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(VENV)/bin/ruff check controller agent tests bench
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"; a=$$?; \
-	$(VENV)/bin/pytest -q -m serial; b=$$?; \
+	$(VENV)/bin/pytest -q -m serial $$(grep -rl 'mark\.serial' tests --include='test_*.py'); b=$$?; \
 	exit $$(( a ? a : b ))
 
 # the fast loop while coding: lint and the unit tests (no root, no labs), stop at the first failure
