@@ -59,6 +59,15 @@ def confirm_host(host: Host):  # noqa: F811
         os.kill(pid, signal.SIGKILL)
 
 
+def pending_apply(h: Host) -> tuple[dict, dict]:
+    """A first state applied and confirmed, then a second one applied awaiting confirmation
+    within `WINDOW`: (the host as after the first, the pending confirmation's record)."""
+    assert h.apply(full_state()).returncode == 0
+    old = dump(h.ns)
+    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
+    return old, record(h)
+
+
 def consistent(h: Host, history: int) -> None:
     """No journal left, the lock free (an apply can take it), the history as expected."""
     assert not (h.state_dir / "journal").exists()
@@ -127,10 +136,7 @@ def test_one_pending_confirmation_at_a_time_and_rollback_ends_it(confirm_host: H
 @pytest.mark.serial
 def test_a_killed_watchdog_reverts_at_the_next_agent_start(confirm_host: Host):
     h = confirm_host
-    assert h.apply(full_state()).returncode == 0
-    old = dump(h.ns)
-    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
-    rec = record(h)
+    old, rec = pending_apply(h)
     os.kill(rec["watchdog"], signal.SIGKILL)
     past_deadline(rec)
     assert dump(h.ns) != old  # nobody reverted yet
@@ -162,10 +168,7 @@ def test_a_reused_watchdog_pid_does_not_block_the_revert(confirm_host: Host):
     watchdog by pid and start time, so the next agent start after the deadline reverts (by the
     pid alone the bystander passed for the watchdog and nothing ever reverted)."""
     h = confirm_host
-    assert h.apply(full_state()).returncode == 0
-    old = dump(h.ns)
-    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
-    rec = record(h)
+    old, rec = pending_apply(h)
     os.kill(rec["watchdog"], signal.SIGKILL)
     assert wait_for(lambda: not Path(f"/proc/{rec['watchdog']}").exists(), 10)
     bystander = _reuse_pid(rec["watchdog"])
@@ -186,10 +189,7 @@ def test_a_watch_loop_reverts_when_the_watchdog_is_gone(confirm_host: Host):
     """The watchdog killed while a `watch` loop runs with a long interval: the loop wakes at
     the deadline and reverts, with no other agent start."""
     h = confirm_host
-    assert h.apply(full_state()).returncode == 0
-    old = dump(h.ns)
-    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
-    rec = record(h)
+    old, rec = pending_apply(h)
     os.kill(rec["watchdog"], signal.SIGKILL)
     loop = subprocess.Popen([sys.executable, "-m", "topoagent.cli", "--netns", h.ns,
                              "--state-dir", str(h.state_dir), "watch", "--interval", "600"],
@@ -210,10 +210,7 @@ def test_a_running_launcher_reverts_when_the_watchdog_is_gone(confirm_host: Host
     launcher, a long-running agent process, notices at the deadline and reverts, with no other
     agent start; the rank keeps running."""
     h = confirm_host
-    assert h.apply(full_state()).returncode == 0
-    old = dump(h.ns)
-    assert h.apply(new_state(), "--confirm-within", WINDOW, "--no-probe").returncode == 0
-    rec = record(h)
+    old, rec = pending_apply(h)
     marker = f"tpt-rank-{os.getpid()}-{time.monotonic_ns()}"
     job = {"name": "t", "command": ["python3", "-c", "import time; time.sleep(120)", marker],
            "world_size": 1, "master": {"address": "127.0.0.1", "port": 29999},

@@ -10,12 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_confirm import wait_for
 from topoagent.process.ranks import rank_dir
 
 pytestmark = pytest.mark.netns
@@ -79,15 +79,6 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 pass
     return out
-
-
-def wait_for(cond, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def test_ranks_run_unprivileged_with_a_private_job_spec(agent):
