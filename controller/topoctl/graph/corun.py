@@ -34,7 +34,7 @@ from topoctl.graph.forks import FORKS
 
 __all__ = ["co_running"]
 
-READY_TIMEOUT_S = 120.0  # torch's import and the model's first steps, on a busy machine
+READY_TIMEOUT_S = 120.0  # the fork server starting (torch imported), the first steps
 
 
 @contextmanager

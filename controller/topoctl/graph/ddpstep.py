@@ -34,7 +34,7 @@ from topotrain.timing import data_parallel
 
 __all__ = ["ddp_step_times"]
 
-TIMEOUT_S = 300.0  # torch's import, the group and a few steps, on a machine the copies load
+TIMEOUT_S = 300.0  # the group and a few steps beside the copies, the fork server starting
 
 
 def ddp_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], bucket_bytes: int,
