@@ -206,7 +206,7 @@ def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inven
     """apply.yml confirms each apply through a probe of the host's management path: h3's own
     state starves its SSH (an HTB class holding the controller's address at 64 kbit/s on its
     management NIC, past the guard with topo_force_mgmt) and h5 is cut off (everything it
-    sends blackholed) right after its apply. Neither is confirmed; every other host is
+    sends blackholed) right after the applies. Neither is confirmed; every other host is
     confirmed, then rolled back; h3 and h5 revert by themselves at their deadline. Afterwards
     every host is as before, h3's management NIC included (tc)."""
     doc = yaml.safe_load(PLAN.read_text())
@@ -221,10 +221,16 @@ def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inven
     cut = [["ip", "-n", ns5, "route", "add", "blackhole", "default", "table", "77"],
            ["ip", "-n", ns5, "rule", "add", "priority", "7", "lookup", "77"]]
 
+    applied: set[str] = set()
+
     def progress(e) -> None:
-        if e.host == "h5" and e.phase == "apply" and e.result == "changed":
-            for cmd in cut:
-                sh(cmd)
+        # h5 cut once every host has applied: a neighbour routing via h5 and probing its next
+        # hops in its own apply would otherwise fail too, whenever it applied after the cut
+        if e.phase == "apply" and e.result == "changed":
+            applied.add(e.host)
+            if len(applied) == len(HOSTS):
+                for cmd in cut:
+                    sh(cmd)
 
     try:
         r = run(lab, inventory, "apply.yml", progress=progress, extravars={
