@@ -151,6 +151,10 @@ class Host(Model):
     # inventory.ovsdb, else the agent's own default); only for hosts that run OVS
     ovsdb: OvsdbRemote | None = None
     nics: Annotated[list[Nic], Field(min_length=1)]
+    # relative compute speed of this host's ranks (1: as fast as the job's step was timed; 0.5:
+    # half as fast). The lab enforces it with a CPU quota; the planner scales `cpu` hosts' op
+    # times by 1/speed; batch shares follow it. Default 1.
+    speed: Annotated[float, Field(gt=0, le=16)] | None = None
 
 
 class Inventory(Model):
