@@ -144,6 +144,8 @@ def main(job: LaunchSpec) -> int:
     coll = job.collective
     stages = coll["stages"]
     where = [(s, r) for s, st in enumerate(stages) for r, x in enumerate(st["ranks"]) if x == rank]
+    if not where:  # the renderer launches only stage ranks: a plan edited by hand
+        raise PipelineSpecError(f"rank {rank} is in no stage of the plan's collective")
     k, g = len(stages), len(stages[0]["ranks"])
     micro, m_count = int(coll["micro_batch"]), int(coll["microbatches"])
     # generous: under load, importing torch in every rank takes a while
@@ -152,12 +154,6 @@ def main(job: LaunchSpec) -> int:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     groups = [dist.new_group(st["ranks"]) for st in stages]  # every rank creates every group
-    if not where:  # the placement left this host without a stage: nothing to run
-        _emit(event="start", rank=rank, world=world, bind=bind, algorithm="pipeline",
-              stage=None, idle=True)
-        _emit(event="done", rank=rank, checksum=None, stage=-1 - rank)
-        dist.destroy_process_group()
-        return 0
     s, r = where[0]
     spec = job.model
     inputs_spec = [i.model_dump() for i in spec.inputs]

@@ -135,3 +135,21 @@ def test_the_coarse_search_plans_the_same_stages_twice(method):
     stages = [[s["ops"] for s in d["job"]["collective"]["stages"]] for d in runs]
     assert stages[0] == stages[1] and len(stages[0]) >= 3  # memory still forces the split
     assert runs[0]["metadata"]["prediction"] == runs[1]["metadata"]["prediction"]
+
+
+def test_the_launch_holds_only_the_stage_ranks_renumbered_in_stage_host_order():
+    # 5 hosts, at most four stages fit: the fifth host runs nothing and gets no process
+    doc, _, _ = plan(5, 0.7 * 4 * PARAMS, "placement", batch={"global": 40})
+    job = doc["job"]
+    stages = job["collective"]["stages"]
+    staged = [h for h in doc["hosts"] if any(h in s["hosts"] for s in stages)]
+    assert len(staged) < 5 and sorted(job["processes"]) == sorted(staged)
+    procs = [p for h in staged for p in job["processes"][h]]
+    assert [p["rank"] for p in procs] == list(range(len(procs))) == sorted(
+        r for s in stages for r in s["ranks"])
+    assert job["world_size"] == len(procs)
+    assert {p["env"]["WORLD_SIZE"] for p in procs} == {str(len(procs))}
+    rank0 = next(h for h in staged if job["processes"][h][0]["rank"] == 0)
+    assert job["master"]["address"] == doc["metadata"]["addressing"]["training"][rank0]
+    for s in stages:  # a stage's ranks are the processes of its hosts
+        assert [job["processes"][h][0]["rank"] for h in s["hosts"]] == s["ranks"]

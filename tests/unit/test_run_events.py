@@ -110,18 +110,6 @@ def test_ranks_that_report_no_iteration_are_a_failure_not_a_bug():
     assert result.iteration_time is None
 
 
-def test_a_pipeline_rank_left_without_a_stage_may_end_without_iterations():
-    """A one-host placement: the other hosts' ranks join the group and end (negative stage)."""
-    stage0 = ["[event 0] " + ev(event="iter", rank=0, iter=0, seconds=0.1, stage=0),
-              "[event 0] " + ev(event="done", rank=0, checksum="c", stage=0)]
-    idle = ["[event 1] " + ev(event="start", rank=1, idle=True, stage=None),
-            "[event 1] " + ev(event="done", rank=1, checksum=None, stage=-2)]
-    result = run_job(plan(), Replay({"h0": stage0, "h1": idle}), iterations=1,
-                     out=lambda s: None, watch=False)
-    assert result.exit_code == 0, result.failure
-    assert result.iteration_time == pytest.approx(0.1)
-
-
 def test_a_plan_cannot_ask_for_root_ranks_but_the_operator_can():
     p = plan()
     p["job"]["user"] = "root"

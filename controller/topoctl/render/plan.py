@@ -46,10 +46,11 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
     per host its processes (rank, local rank, bind address, environment), the command, the
     model as an import path. `job` is the validated Job; `ranks` host -> global ranks;
     `bucket_cap` the DDP bucket cap in bytes the strategy chose (None: the job's)."""
+    if collective.get("algorithm") == "pipeline":  # which training addresses talk to which
+        hosts, ranks, collective = stage_ranks_only(collective, hosts, ranks)
+        collective = pipeline_addresses(collective, addr.training)
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
-    if collective.get("algorithm") == "pipeline":  # which training addresses talk to which
-        collective = pipeline_addresses(collective, addr.training)
     procs: dict[str, list[dict]] = {}
     for h in hosts:
         rs = ranks[h]
@@ -68,6 +69,21 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
         "bucket_cap_mb": round((bucket_cap or job.sync.bucket) / 2**20, 6),
         "collective": collective | {"buckets": buckets}, "processes": procs,
     }).to_dict(exclude_unset=True)
+
+
+def stage_ranks_only(collective: dict, hosts: list[str], ranks: dict[str, list[int]]
+                     ) -> tuple[list[str], dict[str, list[int]], dict]:
+    """A pipeline's launch without the ranks no stage uses (a host the placement left out
+    would only join the process group and leave, after importing torch on the shared cores):
+    the hosts that run a stage in their order, their stage ranks renumbered 0.. in that order,
+    and `collective` with each stage's `ranks` renumbered the same way."""
+    used = {r for st in collective["stages"] for r in st["ranks"]}
+    kept = [(h, [r for r in ranks[h] if r in used]) for h in hosts]
+    kept = [(h, rs) for h, rs in kept if rs]
+    new_rank = {r: i for i, r in enumerate(r for _, rs in kept for r in rs)}
+    stages = [st | {"ranks": [new_rank[r] for r in st["ranks"]]} for st in collective["stages"]]
+    return ([h for h, _ in kept], {h: [new_rank[r] for r in rs] for h, rs in kept},
+            collective | {"stages": stages})
 
 
 def model_launch_spec(model) -> dict:

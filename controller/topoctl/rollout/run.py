@@ -53,7 +53,7 @@ class RankStats:
     host: str
     iterations: list[float] = field(default_factory=list)  # seconds per iteration
     checksum: str | None = None
-    # pipeline plans: ranks of one stage hold the same parameters; < 0: a host without a stage
+    # pipeline plans: ranks of one stage hold the same parameters
     stage: int | None = None
     losses: list[float] = field(default_factory=list)  # as reported (pipeline: last stage)
     # tree plans: per iteration, per gradient bucket (bytes, s waiting for the runtime's
@@ -114,8 +114,7 @@ class RunResult:
         groups: dict[int | None, set] = {}
         for r in self.ranks.values():
             groups.setdefault(r.stage, set()).add(r.checksum)
-        return bool(groups) and all(len(v) == 1 and (None not in v or (s is not None and s < 0))
-                                    for s, v in groups.items())
+        return bool(groups) and all(len(v) == 1 and None not in v for v in groups.values())
 
     @property
     def allreduce_seconds(self) -> list[dict] | None:
@@ -233,12 +232,6 @@ def run_job(plan: dict, transport: Transport, iterations: int = 10,
     run = _Supervision(plan, transport, hosts, ranks, iterations, out, verbose)
     run.launch_all(json.dumps(job), timeout)
     return run.result()
-
-
-def _idle(stats: RankStats) -> bool:
-    """A pipeline rank whose host the placement left without a stage (its `done` event's
-    stage is negative): it joins the process group and ends without iterations, by design."""
-    return stats.stage is not None and stats.stage < 0
 
 
 def _split_line(line: str) -> tuple[int | None, dict | None]:
@@ -438,8 +431,7 @@ class _Supervision:
             self.out(f"training was complete when {', '.join(result.failed_cables)} failed")
         elif self.failures:
             result.exit_code, result.failure = 1, "\n".join(self.failures)
-        elif silent := sorted(r for r, s in self.ranks.items()
-                              if not s.iterations and not _idle(s)):
+        elif silent := sorted(r for r, s in self.ranks.items() if not s.iterations):
             result.exit_code = 1
             result.failure = (f"rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} "
                               "ended without reporting an iteration (is job.command a "
