@@ -346,11 +346,6 @@ def main(argv: list[str] | None = None) -> int:
     strategies = args.strategies or ["baseline"] + sorted(max(v, key=len)
                                                           for v in names.values())
     t_start = time.perf_counter()
-    if {"trees", "topoopt"} & set(strategies):  # the tree runtime's CPU cost model: calibration
-        from topotrain.timing import calibration_path, ensure_calibration
-
-        log("runtime CPU calibration (cached): " + str(calibration_path()))
-        ensure_calibration()
     runs = args.runs if args.careful else 1
     log(f"{JOB.name} on {cluster.name} with: {', '.join(strategies)}; " + (
         f"careful: {runs} runs, each strategy planned (its step timed again) right before "

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import resource
@@ -50,6 +51,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
@@ -212,23 +214,38 @@ def _worker(rank: int, port: int, out: str, rounds: int, small: int, big: int,
     dist.destroy_process_group()
 
 
-def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 << 20
-            ) -> dict[str, Any]:
+def measure(rounds: int = 5, small: int = 500, big: int = 8, big_bytes: int = 4 << 20,
+            context: BaseContext | None = None) -> dict[str, Any]:
     """Run the micro-benchmark (2 processes over gloo on loopback; medians of ``rounds``) and
-    return its figures; the two processes' per-message and wire figures are averaged."""
+    return its figures; the two processes' per-message and wire figures are averaged.
+    ``context``: the multiprocessing context that starts the measuring processes (default
+    ``spawn``: fresh interpreters; a caller that keeps a fork server with torch imported passes
+    it, and the ten processes start without importing torch each)."""
+    ctx = context or multiprocessing.get_context("spawn")
     with _scratch_netns() as netns:
-        return _measure(rounds, small, big, big_bytes, netns)
+        return _measure(rounds, small, big, big_bytes, netns, ctx)
 
 
-def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | None
-             ) -> dict[str, Any]:
-    import torch.multiprocessing as mp  # as in _worker: only when measuring
+def _run_workers(ctx: BaseContext, nprocs: int, args: tuple) -> None:
+    """`_worker(rank, *args)` in `nprocs` processes of `ctx`, waited for; an error names the
+    ranks that failed."""
+    procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True)
+             for rank in range(nprocs)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+    if failed:
+        raise RuntimeError(f"calibration processes failed (rank: exit code): {failed}")
 
+
+def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | None,
+             ctx: BaseContext) -> dict[str, Any]:
     # the rendezvous port is free in a fresh namespace; in the current one, ask the kernel
     port = 29517 if netns else _free_port()
     with tempfile.TemporaryDirectory(prefix="tp-calibrate-") as tmp:
-        mp.spawn(_worker, args=(port, tmp, rounds, small, big, big_bytes, 2, netns), nprocs=2,
-                 join=True)
+        _run_workers(ctx, 2, (port, tmp, rounds, small, big, big_bytes, 2, netns))
         r0 = json.loads(Path(tmp, "0.json").read_text())
         r1 = json.loads(Path(tmp, "1.json").read_text())
     # oversubscribed: 4 ranks per core in pairs (the lab: 8 ranks on 2 cores); blocking
@@ -236,8 +253,7 @@ def _measure(rounds: int, small: int, big: int, big_bytes: int, netns: str | Non
     shared = 4 * _cores()
     port = port + 1 if netns else _free_port()
     with tempfile.TemporaryDirectory(prefix="tp-calibrate-") as tmp:
-        mp.spawn(_worker, args=(port, tmp, rounds, small // 4, big, big_bytes, shared, netns),
-                 nprocs=shared, join=True)
+        _run_workers(ctx, shared, (port, tmp, rounds, small // 4, big, big_bytes, shared, netns))
         rs = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(shared)]
     per_shared = statistics.median(r["per_message_s"] for r in rs)
     wire_shared = statistics.median(r["wire_bytes_per_s"] for r in rs)
@@ -265,13 +281,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_calibration(force: bool = False) -> dict[str, Any]:
-    """The cached calibration; measured (and stored) first if missing or ``force``."""
+def ensure_calibration(force: bool = False, context: BaseContext | None = None
+                       ) -> dict[str, Any]:
+    """The cached calibration; measured (and stored) first if missing or ``force``
+    (``context``: as for :func:`measure`)."""
     if not force:
         cached = load_calibration()
         if cached is not None:
             return cached
-    data = measure()
+    data = measure(context=context)
     path = calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

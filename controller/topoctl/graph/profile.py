@@ -22,6 +22,7 @@ from topoctl.graph.cost import (
     scale_costs,
 )
 from topoctl.graph.devices import DEVICES, Device
+from topoctl.graph.forks import FORKS
 from topoctl.graph.ops import OpGraph
 from topotrain.timing import ensure_calibration
 
@@ -94,7 +95,7 @@ def retime_runtime_calibration() -> None:
     moved from 34 to 44 us within a day, with the op times within 2%."""
     if _RUNTIME in _RETIMED:
         return
-    ensure_calibration(force=True)
+    ensure_calibration(force=True, context=FORKS)  # its processes fork with torch imported
     _RETIMED.add(_RUNTIME)
 
 
