@@ -28,16 +28,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m bench.demo
 
-# Two passes, both always run: most tests side by side in $(TEST_WORKERS) processes (pytest-xdist;
-# a module stays in one process, so its lab is built once; modules start in file order, which
-# puts the long e2e ones first, where xdist's default would start the modules with the most
-# tests first and the long few-test ones last), then the `serial` ones alone (they time
-# something on this CPU or change something machine-wide: pyproject.toml's markers).
+# Two passes, both always run, each listing its slowest tests: most tests side by side in
+# $(TEST_WORKERS) processes (pytest-xdist; a module stays in one process, so its lab is built
+# once; modules start in file order, which puts the long e2e ones first, where xdist's default
+# would start the modules with the most tests first and the long few-test ones last), then the
+# `serial` ones alone (they time something on this CPU or change something machine-wide:
+# pyproject.toml's markers).
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(VENV)/bin/ruff check controller agent tests bench
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"; a=$$?; \
-	$(VENV)/bin/pytest -q -m serial $$(grep -rl 'mark\.serial' tests --include='test_*.py'); b=$$?; \
+	$(VENV)/bin/pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"; a=$$?; \
+	$(VENV)/bin/pytest -q --durations=20 -m serial $$(grep -rl 'mark\.serial' tests --include='test_*.py'); b=$$?; \
 	exit $$(( a ? a : b ))
 
 # the fast loop while coding: lint and the unit tests (no root, no labs), stop at the first failure
