@@ -40,7 +40,8 @@ def test_generator_is_deterministic_and_unlike_the_examples():
         own_clusters.suite("huge")
 
 
-@pytest.mark.serial  # measured against predicted, a calibration
+# not serial: it asserts bounds that hold on a busy machine too (nothing beats the optimum;
+# the error is what the figures say), and its timings go to a cache of its own
 @pytest.mark.netns
 def test_small_suite_through_the_users_path(tmp_path):
     # `--retime` measures the ops and the runtime calibration again and caches them: into a

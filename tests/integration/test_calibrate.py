@@ -44,9 +44,13 @@ PLANNER_RETIME = ("import json; from topoctl.graph.profile import retime_runtime
                   "print(json.dumps(load_calibration()))")
 
 
-def planner_retime(env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PLANNER_RETIME], capture_output=True,
-                          text=True, env=env, timeout=600)
+def planner_retime(env) -> tuple[subprocess.CompletedProcess, int]:
+    """The planner's retiming in a process of its own; (its result, its pid: the calibration
+    names its namespace after it)."""
+    with subprocess.Popen([sys.executable, "-c", PLANNER_RETIME], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as p:
+        out, err = p.communicate(timeout=600)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err), p.pid
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +66,12 @@ def measured(tmp_path_factory):
     allowed_during = None
     if nsutil.is_root():
         with nsutil.restricted_congestion():
-            r = planner_retime(env)
+            r, pid = planner_retime(env)
             allowed_during = nsutil.CC_ALLOWED.read_text().split()
     else:
-        r = planner_retime(env)
-    left = [n for n in nsutil.list_netns() if n.startswith("tpc-")] if nsutil.is_root() else []
+        r, pid = planner_retime(env)
+    # its own namespace only: another process may be calibrating beside the test
+    left = [n for n in nsutil.list_netns() if n == f"tpc-{pid}"] if nsutil.is_root() else []
     return SimpleNamespace(cache=cache, env=env, result=r, empty_before=empty_before,
                            allowed_during=allowed_during, netns_left=left)
 
@@ -118,4 +123,3 @@ def test_calibration_runs_under_the_lab_hosts_congestion_control(measured):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["tcp_congestion"] == TCP_CONGESTION
     assert measured.netns_left == []
-    assert [n for n in nsutil.list_netns() if n.startswith("tpc-")] == []
