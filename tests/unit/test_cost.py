@@ -73,3 +73,28 @@ def test_timed_steps_runs_until_enough_time_is_timed():
     calls.clear()
     steptime.timed_steps(step(steptime.MIN_TIMED_S), warmup=1, repeats=3)
     assert len(calls) == 4
+
+
+def test_a_stage_timing_counts_whole_steps_towards_the_timed_seconds(monkeypatch):
+    """`stage_step_times` hands `timed_steps` whole passes (all micro-batches), so it stops
+    after MIN_TIMED_S of real stepping, and reports per micro-batch figures."""
+    seen: list[tuple[float, float]] = []  # (sum of the parts, the step's own CPU seconds)
+    real = steptime.timed_steps
+
+    def recording(step, warmup, repeats):
+        def timed():
+            t0 = steptime.step_clock()()
+            parts = step()
+            seen.append((sum(parts), steptime.step_clock()() - t0))
+            return parts
+        return real(timed, warmup, repeats)
+
+    monkeypatch.setattr(steptime, "timed_steps", recording)
+    torch.manual_seed(0)
+    params = {"layers": 2, "hidden": 256, "features": 256}
+    m = build_model("mlp", params)
+    x = example_inputs("mlp", params, 32)
+    fwd, bwd, _ = steptime.stage_step_times(m, tuple(x), microbatches=4, warmup=1, repeats=3)
+    parts, whole = map(sum, zip(*seen, strict=True))
+    assert parts == pytest.approx(whole, rel=0.3)  # a quarter with per micro-batch parts
+    assert 0 < fwd < parts / len(seen) / 4

@@ -102,11 +102,13 @@ def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microba
         _, fwd, bwd = gpipe_passes(stage, micro, None, None, microbatches, clock=clock)
         t0 = clock()
         opt.step()
-        return fwd / microbatches, bwd / microbatches, clock() - t0
+        # whole passes, so that `timed_steps` counts the seconds really timed towards
+        # MIN_TIMED_S (per micro-batch figures made it run MAX_STEP_REPEATS steps every time)
+        return fwd, bwd, clock() - t0
 
-    times = timed_steps(step, warmup, repeats)
+    fwd, bwd, opt_s = timed_steps(step, warmup, repeats)
     _restore(params, saved)
-    return times
+    return fwd / microbatches, bwd / microbatches, opt_s
 
 
 def _restore(params: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
