@@ -113,13 +113,15 @@ def test_a_launcher_killed_with_9_leaves_no_rank_and_no_block(agent):
     """Its ranks die with it (PR_SET_PDEATHSIG); the stale pid file neither blocks the next
     launch nor lets `stop` signal whoever has that pid now."""
     marker = uuid.uuid4().hex
+    argv, state = agent
+    pidfile = state / "run" / "job.pids"
     p = start(agent, spec(with_marker(marker), ranks=2))
-    assert wait_for(lambda: len(processes_with(marker)) == 2, 30)
+    # both ranks up and recorded (the launcher writes the file once every rank started: a
+    # kill before that, on a busy machine, leaves no file, which is no test of a stale one)
+    assert wait_for(lambda: len(processes_with(marker)) == 2 and pidfile.exists(), 30)
     p.kill()
     p.wait()
     assert wait_for(lambda: not processes_with(marker), 5), "ranks outlived their launcher"
-    argv, state = agent
-    pidfile = state / "run" / "job.pids"
     assert pidfile.exists()  # stale: its processes are gone
     bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
