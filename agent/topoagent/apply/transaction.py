@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from topoagent.apply.batch import execute
 from topoagent.apply.diff import check_host, diff
 from topoagent.apply.journal import Journal, complete_history, crash_point, recover, restore
-from topoagent.apply.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
+from topoagent.apply.kernel_ops import Driver, Op, SetLink, SetSysctl
 from topoagent.apply.mgmt import Mgmt, guard, guard_state, route_get
 from topoagent.apply.probe import ping_many
 from topoagent.apply.store import Store, sysctl_with_baseline
@@ -34,7 +35,6 @@ from topoagent.state.host import HostState, Interface, Sysctl
 from topoagent.target import Target
 
 VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (rarely)
-COMPOSITE = (AddQdisc, RestoreQdisc)  # several kernel requests: may fail half-done
 
 
 class Interrupted(TopoError):
@@ -173,8 +173,11 @@ def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op
     from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
 
     done: list[Op] = []
-    with contextlib.closing(target.iproute()) as ipr, _term_as_exception():
+    with contextlib.ExitStack() as stack:
+        ipr = stack.enter_context(contextlib.closing(target.iproute()))
+        stack.enter_context(_term_as_exception())
         drv = NetlinkDriver(target, ipr)
+        stack.callback(drv.close)
         paths = {(ip, src): route_get(ipr, ip, src) for ip, src in watch or ()}
         try:
             _run(drv, desired, before, ops, probes, done, journal, paths)
@@ -214,17 +217,11 @@ def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
          paths: dict | None = None) -> None:
     target = drv.target
     crash_point(0)
-    for op in ops:
-        if journal is not None:
-            journal.record(op)
-        try:
-            op.apply(drv)
-        except Exception as e:  # the kernel said no: undo everything done so far
-            if isinstance(op, COMPOSITE):
-                done.append(op)
-            _fail(f"{op.describe()}: {_reason(e)}", drv, before, done)
-        done.append(op)
-        crash_point(len(done))
+    record = journal.record_all if journal is not None else None
+    failures = execute(drv, ops, done, before=record, after=crash_point)
+    if failures:  # the kernel said no: undo everything done so far
+        f = failures[0]
+        _fail(f"{f.op.describe()}: {f.reason}", drv, before, done)
 
     left: list[Op] = []
     for delay in VERIFY_DELAYS:
@@ -261,14 +258,6 @@ def revert(drv: Driver, before: Observed, done: list[Op]) -> list[str]:
     what is left against `before` (topoagent.apply.journal.restore); returns what still differs."""
     routes = [(o.route, o.proto) for o in before.routes.values()]
     return restore(drv, [op.inverse() for op in reversed(done)], to_host_state(before), routes)
-
-
-def _reason(e: Exception) -> str:
-    # NetlinkError carries (code, message); the message alone reads best
-    args = getattr(e, "args", ())
-    if len(args) >= 2 and isinstance(args[0], int):
-        return f"{args[1]} (errno {args[0]})"
-    return str(e) or type(e).__name__
 
 
 def _choose_probes(target: Target, desired: HostState, obs: Observed) -> list[str]:

@@ -274,7 +274,7 @@ def htb_rates(tc: RawTc) -> tuple[int, int]:
 
 
 @functools.cache
-def _ticks_per_us() -> float:
+def ticks_per_us() -> float:
     """The kernel's packet-scheduler clock (``/proc/net/psched``: ticks <-> microseconds, as
     tc computes it): HTB keeps a class's credit as a transmit time in these ticks."""
     try:
@@ -296,7 +296,7 @@ def htb_credit_bytes(tc: RawTc) -> tuple[int, int]:
         return 0, 0
     buffer, cbuffer = struct.unpack_from("=II", parms, 24)
     rate, ceil = htb_rates(tc)
-    per_us = _ticks_per_us()
+    per_us = ticks_per_us()
     return (round(buffer / per_us * 1e-6 * rate / 8),
             round(cbuffer / per_us * 1e-6 * ceil / 8))
 
