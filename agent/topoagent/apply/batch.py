@@ -95,7 +95,7 @@ def _send(drv: Driver, run: list[Op], reqs: list[list], done: list[Op], stop: bo
     for op, rs in zip(run, reqs, strict=True):
         mine = acks[k: k + len(rs)]
         k += len(rs)
-        if any(a.ok for a in mine):
+        if any(a.ok or a.maybe for a in mine):
             took.append(op)
         bad = next((a for a in mine if not a.ok and a.error != -1), None)
         if bad is not None:

@@ -93,6 +93,7 @@ def check_host(desired: HostState, obs: Observed) -> None:
                              "this kernel does not have; use mode kernel here"))
 
     subnets = _subnets_after(desired, obs)
+    links_of: dict[str, list[str]] = {}  # gateway -> links it is on (few gateways, many routes)
     for i, route in enumerate(desired.routes):
         hops = route.nexthops or [route]
         for j, hop in enumerate(hops):
@@ -102,8 +103,11 @@ def check_host(desired: HostState, obs: Observed) -> None:
                 continue
             if hop.via is None:
                 continue
-            gw = ipaddress.IPv4Address(hop.via)
-            on = [dev for dev, nets in subnets.items() for n in nets if gw in n]
+            if hop.via not in links_of:
+                gw = ipaddress.IPv4Address(hop.via)
+                links_of[hop.via] = [dev for dev, nets in subnets.items() for n in nets
+                                     if gw in n]
+            on = links_of[hop.via]
             if not on:
                 problems.append((f"{where}.via", f"gateway {hop.via} is not on any link"))
             elif hop.dev is not None and hop.dev not in on:
@@ -186,8 +190,12 @@ def _subnets_after(desired: HostState, obs: Observed) -> dict[str, list]:
 def _same_route(want: Route, have: Route) -> bool:
     """`have` (observed) satisfies `want`: a next hop given without dev matches whatever dev the
     kernel resolved its gateway to."""
+    if want.src != have.src:
+        return False
+    if not want.nexthops and not have.nexthops:  # the common case, without building lists
+        return want.via == have.via and want.dev in (None, have.dev)
     w, h = want.hops(), have.hops()
-    if len(w) != len(h) or want.src != have.src:
+    if len(w) != len(h):
         return False
     if all(x.dev is not None for x in w):
         return w == h

@@ -56,6 +56,7 @@ from topoagent.apply.store import (
     read_file,
     remove_file,
 )
+from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
 from topoagent.observe.host import Observed, observe, to_host_state
 from topoagent.protocol import TopoError
@@ -348,15 +349,12 @@ def recover(target, store: Store) -> Recovery | None:
         complete_history(store, history)
         _drop(store)
         return Recovery(started, 0, [], committed=True)
-    # pyroute2's request builders (~0.2 s) load only when a journal is there to replay
-    from topoagent.drivers.netlink import NetlinkDriver
-
-    with contextlib.closing(target.iproute()) as ipr:
-        drv = NetlinkDriver(target, ipr)
-        try:
-            problems = restore(drv, list(reversed(log.undo)), before, routes)
-        finally:
-            drv.close()
+    target.check()
+    drv = NetlinkDriver(target)
+    try:
+        problems = restore(drv, list(reversed(log.undo)), before, routes)
+    finally:
+        drv.close()
     rewind_history(store, history)
     _drop(store)
     return Recovery(started, len(log.undo), problems)

@@ -81,6 +81,9 @@ class Driver(Protocol):
     def run(self, requests: list) -> None:
         """Send `requests`; an exception naming the first the kernel refused."""
 
+    def link_request(self, dev: str, mtu: int | None, up: bool | None) -> Any:
+        """The request setting `dev`'s MTU and/or up state."""
+
     def address_request(self, delete: bool, dev: str, address: str, proto: int = 0,
                         nodad: bool = False) -> Any:
         """The request adding or deleting `address` on `dev`."""
@@ -183,8 +186,8 @@ class SetLink(Op):
         """`link-down` when the link goes down (late in the order), else `link`."""
         return "link-down" if self.up is False else "link"
 
-    def apply(self, drv: Driver) -> None:
-        drv.set_link(self.dev, self.mtu, self.up)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.link_request(self.dev, self.mtu, self.up)]
 
     def inverse(self) -> Op:
         return SetLink(self.dev, self.old_mtu, self.old_up, self.mtu, self.up)

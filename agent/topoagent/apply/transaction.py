@@ -22,6 +22,7 @@ from topoagent.apply.kernel_ops import Driver, Op, SetLink, SetSysctl
 from topoagent.apply.mgmt import Mgmt, guard, guard_state, route_get
 from topoagent.apply.probe import ping_many
 from topoagent.apply.store import Store, sysctl_with_baseline
+from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.observe.host import (
     IP_FORWARD,
     MULTIPATH_HASH,
@@ -170,15 +171,12 @@ def _commit(target: Target, store: Store, journal: Journal | None, history: dict
 def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],
               probes: list[str], journal: Journal | None = None,
               watch: list[tuple[str, str | None]] | None = None) -> None:
-    from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
-
     done: list[Op] = []
     with contextlib.ExitStack() as stack:
-        ipr = stack.enter_context(contextlib.closing(target.iproute()))
         stack.enter_context(_term_as_exception())
-        drv = NetlinkDriver(target, ipr)
+        drv = NetlinkDriver(target)
         stack.callback(drv.close)
-        paths = {(ip, src): route_get(ipr, ip, src) for ip, src in watch or ()}
+        paths = {(ip, src): route_get(drv.ipr, ip, src) for ip, src in watch or ()}
         try:
             _run(drv, desired, before, ops, probes, done, journal, paths)
         except ApplyError:

@@ -1,5 +1,7 @@
 """The kernel driver: each operation as rtnetlink requests (`topoagent.drivers.nlwrite`, many
-per send), link changes through pyroute2, sysctls as /proc/sys writes.
+per send), sysctls as /proc/sys writes. pyroute2 (0.15 s to import) only for `ipr`, opened on
+first use by the callers that ask the kernel a question (`ip route get` of the management
+guard).
 
 Idempotent verbs where the kernel has them (route replace, class replace); the diff never asks
 for an add of something already present. Rates go to the kernel in bytes/s, weights as hops.
@@ -8,13 +10,14 @@ the single-operation methods here send one batch of their own."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
-
-from pyroute2 import IPRoute
+from typing import Any
 
 from topoagent.drivers import nlwrite
 from topoagent.drivers.nlwrite import ADD, REPLACE, Ack, Request
+from topoagent.observe import nldump
 from topoagent.observe.host import U32_PRIO
 from topoagent.state.host import TC_MAJOR, QosClass, Route, Rule, htb_credit
 from topoagent.target import Target
@@ -41,12 +44,21 @@ class KernelError(OSError):
 class NetlinkDriver:
     """The kernel driver: rtnetlink requests (and /proc/sys writes) in the target."""
 
-    def __init__(self, target: Target, ipr: IPRoute, channel: nlwrite.Channel | None = None):
+    def __init__(self, target: Target, ipr: Any = None, channel: nlwrite.Channel | None = None):
         self.target = target
-        self.ipr = ipr
+        self._ipr = ipr
+        self._own_ipr = False
         self._channel = channel
         self._index: dict[str, int] = {}
-        self._mtu: dict[str, int] = {}  # read once per device (set_link keeps it current)
+        self._mtu: dict[str, int] = {}  # read with the links (set_link keeps it current)
+
+    @property
+    def ipr(self) -> Any:
+        """A pyroute2 IPRoute in the target (opened, and pyroute2 imported, on first use)."""
+        if self._ipr is None:
+            self._ipr = self.target.iproute()
+            self._own_ipr = True
+        return self._ipr
 
     @property
     def channel(self) -> nlwrite.Channel:
@@ -56,10 +68,13 @@ class NetlinkDriver:
         return self._channel
 
     def close(self) -> None:
-        """Close the write socket (the caller closes `ipr`)."""
+        """Close the write socket, and `ipr` when this driver opened it."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        if self._own_ipr and self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
 
     def call(self, requests: list[Request], stop: bool = False) -> list[Ack]:
         """Send `requests` (many per send); one Ack per request (see nlwrite.Channel.call)."""
@@ -74,27 +89,33 @@ class NetlinkDriver:
     def index(self, dev: str) -> int:
         """The ifindex of `dev` (cached); LookupError when there is no such link."""
         if dev not in self._index:
-            found = self.ipr.link_lookup(ifname=dev)
-            if not found:
+            self._read_links()  # again: a link an earlier operation made (an OVS port)
+            if dev not in self._index:
                 raise LookupError(f"no such link: {dev}")
-            self._index[dev] = found[0]
         return self._index[dev]
+
+    def _read_links(self) -> None:
+        sock = nldump.open_in(self.target.inside)
+        with contextlib.closing(sock):
+            for link in nldump.dump_links(sock):
+                self._index[link.name] = link.index
+                self._mtu.setdefault(link.name, link.mtu or 1500)
 
     # --- sysctl and links -------------------------------------------------------------------------
     def set_sysctl(self, path: str, value: str) -> None:
         """Write a /proc/sys value in the target."""
         self.target.write_sysctl(path, value)
 
-    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None:
-        """Set a link's MTU and/or state."""
-        kw: dict = {}
-        if mtu is not None:
-            kw["mtu"] = mtu
-        if up is not None:
-            kw["state"] = "up" if up else "down"
-        self.ipr.link("set", index=self.index(dev), **kw)
+    def link_request(self, dev: str, mtu: int | None, up: bool | None) -> Request:
+        """Set a link's MTU and/or state (the HTB classes built after it use the new MTU)."""
+        req = nlwrite.link(self.index(dev), mtu, up)
         if mtu is not None:
             self._mtu[dev] = mtu
+        return req
+
+    def set_link(self, dev: str, mtu: int | None, up: bool | None) -> None:
+        """Set a link's MTU and/or state."""
+        self.run([self.link_request(dev, mtu, up)])
 
     # --- addresses --------------------------------------------------------------------------------
     def address_request(self, delete: bool, dev: str, address: str, proto: int = 0,
@@ -127,8 +148,9 @@ class NetlinkDriver:
     # --- routes -----------------------------------------------------------------------------------
     def route_request(self, delete: bool, route: Route, proto: int) -> Request:
         """Replace (create or change) or delete `route` with protocol `proto`."""
-        hops = [(h.via, self.index(h.dev) if h.dev else None, h.weight)
-                for h in (route.nexthops or [route.hops()[0]])]
+        hops = ([(h.via, self.index(h.dev) if h.dev else None, h.weight)
+                 for h in route.nexthops] if route.nexthops else
+                [(route.via, self.index(route.dev) if route.dev else None, 1)])
         return nlwrite.route(delete, route.dst, route.table, route.metric, proto,
                              [] if delete else hops, bool(route.nexthops), route.src)
 
@@ -161,11 +183,9 @@ class NetlinkDriver:
              ) -> Request:
         """An HTB class request for `rate`/`ceil` bit/s: bytes/s to the kernel, with the
         agent's token credit at each (`topoagent.state.host.htb_credit`, bytes)."""
-        if dev not in self._mtu:  # one request per device, not per class (256 classes: 0.8 s)
-            link = self.ipr.link("get", index=self.index(dev))[0]
-            self._mtu[dev] = link.get_attr("IFLA_MTU") or 1500
+        idx = self.index(dev)  # reads the MTU with the links
         mtu = self._mtu[dev]
-        return nlwrite.htb_class(flags, self.index(dev), handle, parent, rate // 8, ceil // 8,
+        return nlwrite.htb_class(flags, idx, handle, parent, rate // 8, ceil // 8,
                                  htb_credit(rate, mtu), htb_credit(ceil, mtu))
 
     def qdisc_requests(self, dev: str, rate: int) -> list[Request]:
@@ -213,8 +233,7 @@ class NetlinkDriver:
 
     def filter_request(self, delete: bool, dev: str, minor: int, dst: str) -> Request:
         """Add or delete the u32 filter sending packets for `dst` to class `minor`."""
-        net = ipaddress.ip_network(dst)
-        keys = [] if delete else nlwrite.prefix_keys(net, IPV4_DST_OFFSET)
+        keys = [] if delete else nlwrite.prefix_keys(dst, IPV4_DST_OFFSET)
         return nlwrite.u32_filter(delete, self.index(dev), ROOT, U32_PRIO, ETH_P_IP,
                                   u32_handle(minor), (TC_MAJOR << 16) | minor, keys)
 

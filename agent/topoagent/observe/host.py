@@ -8,6 +8,7 @@ from foreign ones. `to_host_state` turns the representable part back into a Host
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,17 +206,38 @@ def _route(r: RawRoute, names: dict[int, str]) -> Route | None:
     hops = r.multipath or [(r.gateway, r.oif, 1)]
     if any(oif is not None and not is_ifname(names.get(oif)) for _, oif, _ in hops):
         return None
-    fields: dict = dict(dst=r.dst, table=r.table, metric=r.metric, src=r.prefsrc)
+    # every field given: model_construct looks a default factory's signature up each time
+    fields: dict = dict(dst=r.dst, table=r.table, metric=r.metric, src=r.prefsrc, via=None,
+                        dev=None, nexthops=[])
     if r.multipath:
-        fields["nexthops"] = [Nexthop(via=gw, dev=names.get(oif), weight=w)
-                              for gw, oif, w in r.multipath]
+        fields["nexthops"] = [(gw, names.get(oif), w) for gw, oif, w in r.multipath]
     else:
         fields["via"] = r.gateway
         fields["dev"] = names.get(r.oif) if r.oif is not None else None
+    if _plain(fields):
+        # the kernel's values are canonical already (inet_ntop text, host bits clear, names
+        # checked above): validating 10,000 routes again cost 0.1 s per observe
+        if r.multipath:
+            fields["nexthops"] = [Nexthop.model_construct(via=gw, dev=dev, weight=w)
+                                  for gw, dev, w in fields["nexthops"]]
+        return Route.model_construct(**fields)
+    if r.multipath:
+        fields["nexthops"] = [dict(via=gw, dev=dev, weight=w) for gw, dev, w in fields["nexthops"]]
     try:
         return Route(**fields)
     except ValueError:
         return None
+
+
+def _plain(fields: dict) -> bool:
+    """Whether a route read from the kernel is one the schema takes as it is: one next hop
+    with a gateway or a device, or two or more distinct ones with weights in range."""
+    hops = fields["nexthops"]
+    if not hops:
+        return fields["via"] is not None or fields["dev"] is not None
+    return (len(hops) >= 2 and len({(gw, dev) for gw, dev, _ in hops}) == len(hops)
+            and all((gw is not None or dev is not None) and 1 <= w <= 256
+                    for gw, dev, w in hops))
 
 
 def _raw_route_text(r: RawRoute, names: dict[int, str]) -> str:
@@ -245,13 +267,32 @@ def _rules(raw: list[RawRule], obs: Observed) -> None:
                  and r.suppress_ifgroup in (None, UNSET)
                  and r.table not in (0, LOCAL_TABLE))
         rule = None
-        if plain:
+        if plain and _plain_rule(r):  # canonical already: no second validation (5,000 rules)
+            rule = Rule.model_construct(priority=r.priority, table=r.table, fwmark=r.fwmark,
+                                        iif=r.iif, oif=r.oif, to=r.dst, from_=r.src)
+        elif plain:
             try:
                 rule = Rule(priority=r.priority, table=r.table, fwmark=r.fwmark, iif=r.iif,
                             oif=r.oif, to=r.dst, **{"from": r.src})
             except ValueError:
                 rule = None
         obs.rules.append(ObsRule(rule=rule, proto=r.proto, priority=r.priority))
+
+
+def _plain_rule(r: RawRule) -> bool:
+    """Whether the schema takes a rule's values as the kernel gives them: names it can spell,
+    a mark of at least 1, networks without host bits."""
+    return (all(n is None or is_ifname(n) for n in (r.iif, r.oif))
+            and (r.fwmark is None or r.fwmark >= 1)
+            and all(n is None or host_bits_clear(n) for n in (r.src, r.dst)))
+
+
+def host_bits_clear(net: str) -> bool:
+    """Whether network text `a.b.c.d/len` (or IPv6) has no bits set past its prefix."""
+    ip, _, plen = net.partition("/")
+    raw = socket.inet_pton(socket.AF_INET6 if ":" in ip else socket.AF_INET, ip)
+    bits = len(raw) * 8
+    return int.from_bytes(raw, "big") & ((1 << (bits - int(plen))) - 1) == 0
 
 
 def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
@@ -273,7 +314,8 @@ def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
             if minor == 1:
                 tree.rate = rate
             else:
-                tree.classes[minor] = QosClass(id=minor, dst="0.0.0.0/0", rate=rate, ceil=ceil)
+                tree.classes[minor] = QosClass.model_construct(id=minor, dst="0.0.0.0/0",
+                                                               rate=rate, ceil=ceil)
         for f in dump_tc(sock, RTM_GETTFILTER, ifindex, TC_MAJOR << 16):
             parsed = _u32_dst_filter(f)
             if parsed is not None:

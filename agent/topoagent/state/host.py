@@ -149,7 +149,8 @@ class Route(_Model):
         """Next hops in one canonical form (single-hop routes as a one-element list)."""
         if self.nexthops:
             return sorted(self.nexthops, key=lambda n: (n.via or "", n.dev or ""))
-        return [Nexthop(via=self.via, dev=self.dev)]
+        # via and dev are validated already: no second validation (diff calls this per route)
+        return [Nexthop.model_construct(via=self.via, dev=self.dev, weight=1)]
 
 
 class Rule(_Model):
@@ -225,7 +226,9 @@ class Qos(_Model):
                 while nxt in used:
                     nxt += 1
                 cid, nxt = nxt, nxt + 1
-            out.append(QosClass(id=cid, dst=c.dst, rate=c.rate, ceil=c.ceil or self.rate))
+            # validated values: no second validation (the diff resolves 2,560 classes twice)
+            out.append(QosClass.model_construct(id=cid, dst=c.dst, rate=c.rate,
+                                                ceil=c.ceil or self.rate))
         return out
 
 
