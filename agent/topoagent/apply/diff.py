@@ -12,6 +12,7 @@ MACs match, gateways sit on a link, no foreign qdisc in the way, tc offload avai
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from pathlib import Path
@@ -38,9 +39,27 @@ from topoagent.apply.kernel_ops import (
     rule_text,
 )
 from topoagent.apply.ovs import check_ovs, diff_ovs, internal_ports
-from topoagent.observe.host import IP_FORWARD, MULTIPATH_HASH, Observed, ObsQos, rp_filter_path
-from topoagent.state.host import RT_PROTO, HostState, QosClass, Route, StateError, htb_credit
-from topoagent.state.values import is_ifname, name_text
+from topoagent.observe.host import (
+    IP6_FORWARD,
+    IP_FORWARD,
+    MULTIPATH_HASH,
+    MULTIPATH_HASH6,
+    U32_PRIO,
+    U32_PRIO6,
+    Observed,
+    ObsQos,
+    rp_filter_path,
+)
+from topoagent.state.host import (
+    RT_PROTO,
+    HostState,
+    Interface,
+    QosClass,
+    Route,
+    StateError,
+    htb_credit,
+)
+from topoagent.state.values import is_ifname, is_link_local, name_text
 
 
 def tc_offload_available() -> bool:
@@ -65,7 +84,20 @@ def desired_sysctls(desired: HostState) -> dict[str, str]:
         out[rp_filter_path(dev)] = str(value)
     if desired.sysctl.multipath_hash_policy is not None:
         out[MULTIPATH_HASH] = str(desired.sysctl.multipath_hash_policy)
+    forward6 = desired.sysctl.ipv6_forwarding
+    if desired.forwarding is not None and forward6 is None and _speaks_ipv6(desired):
+        forward6 = True  # as ip_forward: a forwarding host forwards each family it has
+    if forward6 is not None:
+        out[IP6_FORWARD] = "1" if forward6 else "0"
+    if desired.sysctl.ipv6_multipath_hash_policy is not None:
+        out[MULTIPATH_HASH6] = str(desired.sysctl.ipv6_multipath_hash_policy)
     return out
+
+
+def _speaks_ipv6(desired: HostState) -> bool:
+    """Whether the state has an IPv6 address or route."""
+    return (any(":" in a for i in desired.interfaces for a in i.addresses)
+            or any(":" in r.dst for r in desired.routes))
 
 
 def check_host(desired: HostState, obs: Observed) -> None:
@@ -103,10 +135,12 @@ def check_host(desired: HostState, obs: Observed) -> None:
                 continue
             if hop.via is None:
                 continue
+            if hop.dev is not None and is_link_local(hop.via):
+                continue  # on its link by definition (fe80::/64 is on every IPv6 link)
             if hop.via not in links_of:
-                gw = ipaddress.IPv4Address(hop.via)
+                gw = ipaddress.ip_address(hop.via)
                 links_of[hop.via] = [dev for dev, nets in subnets.items() for n in nets
-                                     if gw in n]
+                                     if n.version == gw.version and gw in n]
             on = links_of[hop.via]
             if not on:
                 problems.append((f"{where}.via", f"gateway {hop.via} is not on any link"))
@@ -149,12 +183,12 @@ def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str
             problems.append((f"routes[{i}]", f"a route the agent does not own has the same "
                              f"table/dst/metric: {route_text(have.route)} (proto "
                              f"{have.proto}); remove it or change the metric"))
-    foreign: dict[int, list] = {}  # priority -> rules not the agent's (no 5,000 x 5,000 scan)
+    foreign: dict[tuple, list] = {}  # (family, priority) -> rules not the agent's
     for o in obs.rules:
         if o.proto != RT_PROTO:
-            foreign.setdefault(o.priority, []).append(o)
+            foreign.setdefault((o.family, o.priority), []).append(o)
     for i, rule in enumerate(desired.rules):
-        for o in foreign.get(rule.priority, ()):
+        for o in foreign.get(rule.key, ()):
             if o.rule != rule:
                 what = rule_text(o.rule) if o.rule is not None else "(not expressible here)"
                 problems.append((f"rules[{i}].priority", f"a rule the agent does not own has "
@@ -182,11 +216,19 @@ def _subnets_after(desired: HostState, obs: Observed) -> dict[str, list]:
     for dev, addrs in obs.addresses.items():
         for a, proto in addrs.items():
             if proto != RT_PROTO or a in wanted.get(dev, ()):
-                out.setdefault(dev, []).append(ipaddress.IPv4Interface(a).network)
+                out.setdefault(dev, []).append(ipaddress.ip_interface(a).network)
     for dev, addrs in wanted.items():
         for a in addrs:
-            out.setdefault(dev, []).append(ipaddress.IPv4Interface(a).network)
+            out.setdefault(dev, []).append(ipaddress.ip_interface(a).network)
     return out
+
+
+def _nodad(iface: Interface, address: str) -> bool:
+    """Whether an IPv6 address goes on without duplicate address detection: `dad: false`, and
+    always on the loopback (detection there is a formality, but until the kernel's work queue
+    has run it the address is tentative: a route in the same batch could not use it as its
+    source)."""
+    return ":" in address and (iface.dad is False or (iface.name == "lo" and iface.dad is None))
 
 
 def _same_route(want: Route, have: Route) -> bool:
@@ -239,7 +281,8 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
             if iface.name in internal_ports(desired):  # an OVS internal port made by this apply
                 if iface.mtu is not None or iface.up is not None:
                     ops.append(SetLink(iface.name, iface.mtu, iface.up, None, None))
-                ops += [AddAddress(iface.name, a) for a in iface.addresses]
+                ops += [AddAddress(iface.name, a, nodad=_nodad(iface, a))
+                        for a in iface.addresses]
             continue  # else check_host reports it
         mtu = iface.mtu if iface.mtu is not None and iface.mtu != link.mtu else None
         up = iface.up if iface.up is not None and iface.up != link.up else None
@@ -247,7 +290,8 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
             ops.append(SetLink(iface.name, mtu, up, link.mtu if mtu else None,
                                link.up if up is not None else None))
         have = obs.addresses.get(iface.name, {})
-        ops += [AddAddress(iface.name, a) for a in iface.addresses if a not in have]
+        ops += [AddAddress(iface.name, a, nodad=_nodad(iface, a))
+                for a in iface.addresses if a not in have]
     wanted_addrs = {(i.name, a) for i in desired.interfaces for a in i.addresses}
     for dev, addrs in obs.addresses.items():
         ops += [DelAddress(dev, a, proto) for a, proto in addrs.items()
@@ -292,19 +336,19 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
                 ops.append(DelQdisc(dev, 0, ()))
             ops.append(AddQdisc(dev, q.rate))
             ops += [SetClass(dev, c) for c in classes.values()]
-            ops += [AddFilter(dev, c.id, c.dst) for c in classes.values()]
+            ops += _with_prefs([AddFilter(dev, c.id, c.dst) for c in classes.values()], set())
             continue
         # the device's MTU once the interfaces are applied: the credit is two frames at least
         mtu = next((i.mtu for i in desired.interfaces if i.name == dev and i.mtu), None) or (
             obs.links[dev].mtu if dev in obs.links else 1500)
         if tree.rate // 8 != q.rate // 8 or _starved(tree, 1, q.rate, mtu):
             ops.append(SetRootRate(dev, q.rate, tree.rate))
-        for minor, (dst, target) in tree.filters.items():
-            c = classes.get(minor)
-            if c is None or c.dst != dst or target != minor:
-                ops.append(DelFilter(dev, minor, dst))
+        dels = [DelFilter(dev, minor, dst) for minor, (dst, target) in tree.filters.items()
+                if (c := classes.get(minor)) is None or c.dst != dst or target != minor]
+        ops += _last_of_family(dels, tree, classes.values())
         ops += [DelClass(dev, c) for minor, c in tree.recreatable().items()
                 if minor not in classes]
+        adds: list[AddFilter] = []
         for minor, c in classes.items():
             have = tree.classes.get(minor)
             if have is None:
@@ -314,5 +358,35 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
                                                      ceil=have.ceil)))
             f = tree.filters.get(minor)
             if f is None or f != (c.dst, minor):
-                ops.append(AddFilter(dev, minor, c.dst))
+                adds.append(AddFilter(dev, minor, c.dst))
+        ops += _with_prefs(adds, tree.prefs)
     return ops
+
+
+def _family_pref(dst: str) -> int:
+    return U32_PRIO6 if ":" in dst else U32_PRIO
+
+
+def _with_prefs(adds: list[AddFilter], prefs: set[int]) -> list[AddFilter]:
+    """`adds`, the first of each family whose u32 preference is not there yet marked as
+    making it (its inverse deletes the preference: see kernel_ops.AddFilter)."""
+    out, seen = [], set(prefs)
+    for op in adds:
+        pref = _family_pref(op.dst)
+        out.append(op if pref in seen else dataclasses.replace(op, new_pref=True))
+        seen.add(pref)
+    return out
+
+
+def _last_of_family(dels: list[DelFilter], tree: ObsQos, wanted) -> list[DelFilter]:
+    """`dels`, the last of each family that keeps no filter on the device marked as deleting
+    its u32 preference (the kernel keeps an emptied one beside the other family's)."""
+    keep = {_family_pref(f[0]) for node, f in tree.filters.items()
+            if not any(d.minor == node for d in dels)}
+    keep |= {_family_pref(c.dst) for c in wanted}
+    out = list(dels)
+    for pref in tree.prefs - keep:
+        last = max((k for k, d in enumerate(out) if _family_pref(d.dst) == pref), default=None)
+        if last is not None:
+            out[last] = dataclasses.replace(out[last], whole_pref=True)
+    return out

@@ -112,6 +112,9 @@ class Driver(Protocol):
     def filter_request(self, delete: bool, dev: str, minor: int, dst: str) -> Any:
         """The request adding or deleting the u32 filter of class `minor` (for `dst`)."""
 
+    def filter_pref_request(self, dev: str, dst: str) -> Any:
+        """The request deleting the u32 preference of `dst`'s family on `dev`."""
+
 
 @dataclass(frozen=True)
 class Op:
@@ -210,15 +213,16 @@ class AddAddress(Op):
     dev: str
     address: str
     proto: int = RT_PROTO
+    nodad: bool = False  # IPv6: usable at once, without duplicate address detection
 
     def requests(self, drv: Driver) -> list | None:
-        return [drv.address_request(False, self.dev, self.address, self.proto)]
+        return [drv.address_request(False, self.dev, self.address, self.proto, self.nodad)]
 
     def inverse(self) -> Op:
         return DelAddress(self.dev, self.address, self.proto)
 
     def describe(self) -> str:
-        return f"add address {self.address} dev {self.dev}"
+        return f"add address {self.address} dev {self.dev}" + " nodad" * self.nodad
 
 
 @dataclass(frozen=True)
@@ -239,7 +243,9 @@ class DelAddress(Op):
         drv.del_address(self.dev, self.address)
 
     def inverse(self) -> Op:
-        return AddAddress(self.dev, self.address, self.proto)
+        # an IPv6 address put back was on the link a moment ago: no second detection (it
+        # would be tentative, unusable as a route's source, for a second or two)
+        return AddAddress(self.dev, self.address, self.proto, nodad=":" in self.address)
 
     def describe(self) -> str:
         return f"delete address {self.address} dev {self.dev}"
@@ -311,7 +317,7 @@ def rule_text(r: Rule) -> str:
     if r.oif:
         parts.append(f"oif {r.oif}")
     parts.append(f"lookup {r.table}")
-    return " ".join(parts)
+    return ("-6 " if r.family == "ipv6" else "") + " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -477,18 +483,22 @@ class DelClass(Op):
 
 @dataclass(frozen=True)
 class AddFilter(Op):
-    """Add the u32 filter sending traffic for `dst` to class `minor`."""
+    """Add the u32 filter sending traffic for `dst` to class `minor`. `new_pref`: the first
+    filter of its family on the device, which makes the family's u32 preference (the kernel
+    keeps it when its last filter goes while the other family's is there: the inverse deletes
+    the preference, so the host reads exactly as before)."""
 
     phase: ClassVar[str] = "filter-add"
     dev: str
     minor: int
     dst: str
+    new_pref: bool = False
 
     def requests(self, drv: Driver) -> list | None:
         return [drv.filter_request(False, self.dev, self.minor, self.dst)]
 
     def inverse(self) -> Op:
-        return DelFilter(self.dev, self.minor, self.dst)
+        return DelFilter(self.dev, self.minor, self.dst, whole_pref=self.new_pref)
 
     def describe(self) -> str:
         return f"add filter dev {self.dev} dst {self.dst} -> class {self.minor}"
@@ -496,21 +506,26 @@ class AddFilter(Op):
 
 @dataclass(frozen=True)
 class DelFilter(Op):
-    """Delete the u32 filter of class `minor`."""
+    """Delete the u32 filter of class `minor`. `whole_pref`: the last filter of its family on
+    the device: its u32 preference is deleted with it (the filter and its hash table)."""
 
     phase: ClassVar[str] = "filter-del"
     dev: str
     minor: int
     dst: str
+    whole_pref: bool = False
 
     def requests(self, drv: Driver) -> list | None:
+        if self.whole_pref:
+            return [drv.filter_pref_request(self.dev, self.dst)]
         return [drv.filter_request(True, self.dev, self.minor, self.dst)]
 
     def inverse(self) -> Op:
-        return AddFilter(self.dev, self.minor, self.dst)
+        return AddFilter(self.dev, self.minor, self.dst, new_pref=self.whole_pref)
 
     def describe(self) -> str:
-        return f"delete filter dev {self.dev} dst {self.dst} -> class {self.minor}"
+        last = " (the last of its family)" if self.whole_pref else ""
+        return f"delete filter dev {self.dev} dst {self.dst} -> class {self.minor}{last}"
 
 
 def ordered(ops: list[Op]) -> list[Op]:

@@ -24,8 +24,10 @@ from topoagent.apply.probe import ping_many
 from topoagent.apply.store import Store, sysctl_with_baseline
 from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.observe.host import (
+    IP6_FORWARD,
     IP_FORWARD,
     MULTIPATH_HASH,
+    MULTIPATH_HASH6,
     Observed,
     observe,
     rp_filter_path,
@@ -33,6 +35,7 @@ from topoagent.observe.host import (
 )
 from topoagent.protocol import TopoError
 from topoagent.state.host import HostState, Interface, Sysctl
+from topoagent.state.values import is_link_local
 from topoagent.target import Target
 
 VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (rarely)
@@ -262,10 +265,15 @@ def _choose_probes(target: Target, desired: HostState, obs: Observed) -> list[st
     """Planned next hops that answer now: the ones a change must not break. Only gateways in
     a subnet the host is on now can answer, so only those are pinged (no timeout wasted on a
     fresh host)."""
-    nets = [ipaddress.IPv4Interface(a).network for addrs in obs.addresses.values()
+    nets = [ipaddress.ip_interface(a).network for addrs in obs.addresses.values()
             for a in addrs]
+
+    def answers_now(via: str) -> bool:
+        gw = ipaddress.ip_address(via)
+        return any(gw.version == n.version and gw in n for n in nets)
+    # link-local gateways need their link named to ping (ping -I); they are left unprobed
     gateways = sorted({h.via for r in desired.routes for h in r.hops()
-                       if h.via and any(ipaddress.IPv4Address(h.via) in n for n in nets)})
+                       if h.via and not is_link_local(h.via) and answers_now(h.via)})
     return sorted(ping_many(target, gateways)) if gateways else []
 
 
@@ -287,7 +295,7 @@ def _baseline(ops: list[Op]) -> HostState:
     """The original values of sysctls and link attributes these operations overwrite."""
     links: dict[str, Interface] = {}
     rp: dict[str, int] = {}
-    forward = mp_hash = None
+    forward = mp_hash = forward6 = mp_hash6 = None
     for op in ops:
         if isinstance(op, SetLink):
             links[op.dev] = Interface(name=op.dev, mtu=op.old_mtu, up=op.old_up)
@@ -300,5 +308,10 @@ def _baseline(ops: list[Op]) -> HostState:
                 mp_hash = int(op.old)
             elif op.path == IP_FORWARD:
                 forward = op.old == "1"
+            elif op.path == MULTIPATH_HASH6:
+                mp_hash6 = int(op.old)
+            elif op.path == IP6_FORWARD:
+                forward6 = op.old == "1"
     return HostState(interfaces=list(links.values()), sysctl=Sysctl(
-        ip_forward=forward, rp_filter=rp, multipath_hash_policy=mp_hash))
+        ip_forward=forward, rp_filter=rp, multipath_hash_policy=mp_hash,
+        ipv6_forwarding=forward6, ipv6_multipath_hash_policy=mp_hash6))

@@ -18,19 +18,19 @@ from typing import Any
 from topoagent.drivers import nlwrite
 from topoagent.drivers.nlwrite import ADD, REPLACE, Ack, Request
 from topoagent.observe import nldump
-from topoagent.observe.host import U32_PRIO
+from topoagent.observe.host import (
+    ETH_P_IP,
+    ETH_P_IPV6,
+    IPV4_DST_OFFSET,
+    IPV6_DST_OFFSET,
+    U32_PRIO,
+    U32_PRIO6,
+)
 from topoagent.state.host import TC_MAJOR, QosClass, Route, Rule, htb_credit
 from topoagent.target import Target
 
-ETH_P_IP = 0x0800
-IPV4_DST_OFFSET = 16  # the destination address in the IPv4 header
 U32_HT = 0x800  # the default hash table every u32 filter of a prio lands in
 ROOT, ROOT_CLASS = TC_MAJOR << 16, (TC_MAJOR << 16) | 1
-
-
-def u32_handle(minor: int) -> int:
-    """Filter handle 800::<minor>: one filter per class, so deleting one needs no lookup."""
-    return (U32_HT << 20) | minor
 
 
 class KernelError(OSError):
@@ -51,6 +51,7 @@ class NetlinkDriver:
         self._channel = channel
         self._index: dict[str, int] = {}
         self._mtu: dict[str, int] = {}  # read with the links (set_link keeps it current)
+        self._u32_tables: dict[str, dict[int, int]] = {}  # dev -> {prio: htid << 20}
 
     @property
     def ipr(self) -> Any:
@@ -78,7 +79,10 @@ class NetlinkDriver:
 
     def call(self, requests: list[Request], stop: bool = False) -> list[Ack]:
         """Send `requests` (many per send); one Ack per request (see nlwrite.Channel.call)."""
-        return self.channel.call(requests, stop)
+        try:
+            return self.channel.call(requests, stop)
+        finally:
+            self._u32_tables.clear()  # u32 tables come and go with their filters
 
     def run(self, requests: list[Request]) -> None:
         """Send `requests`; KernelError with the first refusal."""
@@ -165,7 +169,7 @@ class NetlinkDriver:
     # --- rules ------------------------------------------------------------------------------------
     def rule_request(self, delete: bool, rule: Rule, proto: int) -> Request:
         """Add or delete policy rule `rule` (protocol `proto`)."""
-        family = socket.AF_INET6 if ":" in (rule.from_ or rule.to or "") else socket.AF_INET
+        family = socket.AF_INET6 if rule.family == "ipv6" else socket.AF_INET
         return nlwrite.rule(delete, family, rule.priority,
                             rule.table, proto, rule.from_, rule.to, rule.fwmark, rule.iif,
                             rule.oif)
@@ -232,15 +236,47 @@ class NetlinkDriver:
         self.run([self.del_class_request(dev, minor)])
 
     def filter_request(self, delete: bool, dev: str, minor: int, dst: str) -> Request:
-        """Add or delete the u32 filter sending packets for `dst` to class `minor`."""
-        keys = [] if delete else nlwrite.prefix_keys(dst, IPV4_DST_OFFSET)
-        return nlwrite.u32_filter(delete, self.index(dev), ROOT, U32_PRIO, ETH_P_IP,
-                                  u32_handle(minor), (TC_MAJOR << 16) | minor, keys)
+        """Add or delete the u32 filter sending packets for `dst` to class `minor`: IPv4
+        destinations at preference U32_PRIO, IPv6 at U32_PRIO6 (one protocol per preference).
+
+        Node id `minor` in the preference's own hash table: an add names no table (the kernel
+        puts it in the preference's root table, 800: for the first preference made on a qdisc,
+        801: for the next...), a delete names the table it is in, read from the kernel."""
+        six = ":" in dst
+        prio, proto, offset = ((U32_PRIO6, ETH_P_IPV6, IPV6_DST_OFFSET) if six
+                               else (U32_PRIO, ETH_P_IP, IPV4_DST_OFFSET))
+        idx = self.index(dev)
+        if delete:
+            handle = self._u32_table(dev, idx, prio) | minor
+            keys: list = []
+        else:
+            handle, keys = minor, nlwrite.prefix_keys(dst, offset)
+        return nlwrite.u32_filter(delete, idx, ROOT, prio, proto, handle,
+                                  (TC_MAJOR << 16) | minor, keys)
+
+    def filter_pref_request(self, dev: str, dst: str) -> Request:
+        """Delete the whole u32 preference of `dst`'s family on `dev` (`tc filter del dev DEV
+        parent 7470: pref P protocol ipv6`): its filters and its hash table."""
+        prio, proto = (U32_PRIO6, ETH_P_IPV6) if ":" in dst else (U32_PRIO, ETH_P_IP)
+        return nlwrite.u32_filter(True, self.index(dev), ROOT, prio, proto, 0)
+
+    def _u32_table(self, dev: str, idx: int, prio: int) -> int:
+        """The root hash table (htid << 20) of u32 preference `prio` on `dev` (800: when there
+        is none: the delete is then refused, as it should be). Read once per batch."""
+        if dev not in self._u32_tables:
+            tables: dict[int, int] = {}
+            sock = nldump.open_in(self.target.inside)
+            with contextlib.closing(sock):
+                for f in nldump.dump_tc(sock, nldump.RTM_GETTFILTER, idx, ROOT):
+                    if f.kind == "u32" and f.handle and f.handle & 0xFFFFF == 0:
+                        tables.setdefault(f.info >> 16, f.handle & 0xFFF00000)
+            self._u32_tables[dev] = tables
+        return self._u32_tables[dev].get(prio, U32_HT << 20)
 
     def add_filter(self, dev: str, minor: int, dst: str) -> None:
         """Add the u32 filter sending packets for `dst` to class `minor`."""
         self.run([self.filter_request(False, dev, minor, dst)])
 
-    def del_filter(self, dev: str, minor: int) -> None:
-        """Delete the u32 filter of class `minor`."""
-        self.run([self.filter_request(True, dev, minor, "0.0.0.0/0")])
+    def del_filter(self, dev: str, minor: int, dst: str = "0.0.0.0/0") -> None:
+        """Delete the u32 filter of class `minor` (for an IPv6 `dst`: at its preference)."""
+        self.run([self.filter_request(True, dev, minor, dst)])
