@@ -200,6 +200,8 @@ def _routes(raw: list[RawRoute], obs: Observed, names: dict[int, str]) -> None:
         # with one is never in the way of the agent's (which have none)
         if r.table == LOCAL_TABLE or r.tos:
             continue
+        if r.dst.startswith("fe80:") and is_link_local(r.dst):
+            continue  # the kernel's link-local prefix (it comes and goes with the link): left alone
         route = _route(r, names) if r.type == RTN_UNICAST else None
         if route is None:
             obs.opaque_routes[(r.table, r.dst, r.metric)] = OpaqueRoute(
