@@ -17,7 +17,8 @@ import sys
 import pytest
 import yaml
 
-from tests.integration.test_agent import Host, dump, full_state, host  # noqa: F401
+from tests.integration.test_agent import Host, full_state, host  # noqa: F401
+from tests.integration.test_agent import dump as dump4
 from tests.integration.test_agent_batch import same_host
 from tests.netns import ip_json, ns_exec, sh, tc_json
 
@@ -75,6 +76,30 @@ def mixed_state() -> dict:
 def host6(host: Host) -> Host:  # noqa: F811
     sh(["ip", "-n", host.peer, "addr", "add", "2001:db8:1::2/64", "dev", "tpb0", "nodad"])
     return host
+
+
+def dump6(ns: str) -> dict:
+    """The IPv6 half of a host dump (tests.netns.host_dump reads IPv4), as iproute2 and /proc
+    report it, without what the kernel makes by itself and on its own schedule (link-local
+    addresses and their routes, which appear once a link is up, and the local table)."""
+    addrs = [{"ifname": a["ifname"],
+              "addr_info": sorted((i["local"], i["prefixlen"]) for i in a.get("addr_info", [])
+                                  if not i["local"].startswith("fe80:"))}
+             for a in ip_json(ns, "-6", "addr", "show")]
+    routes = [r for r in ip_json(ns, "-6", "route", "show", "table", "all")
+              if r.get("table") != "local" and not r["dst"].startswith("fe80:")]
+    for r in routes:
+        r.pop("pref", None)
+        r.pop("expires", None)
+    sysctl = ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv6/conf/all/forwarding "
+                     "/proc/sys/net/ipv6/fib_multipath_hash_policy").stdout
+    return {"addr6": addrs, "route6": routes, "rule6": ip_json(ns, "-6", "rule", "show"),
+            "sysctl6": sysctl}
+
+
+def dump(ns: str) -> dict:  # noqa: F811
+    """Both families: tests.netns.host_dump's IPv4 and tc, and dump6."""
+    return {**dump4(ns), **dump6(ns)}
 
 
 def agent_env(h: Host, env: dict, *args: str, stdin: str) -> subprocess.CompletedProcess:

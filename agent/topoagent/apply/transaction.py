@@ -124,6 +124,9 @@ def rollback(target: Target, store: Store, *, dry_run: bool = False, probe: bool
     previous = store.previous()
     if previous is None:
         return None
+    # a global sysctl an apply after that state set (say ipv6_forwarding, which the older
+    # state never mentions) goes back to the host's original value too
+    previous = with_original_sysctls(previous, store.baseline())
     before, ops = plan(target, previous, mgmt)
     if dry_run:
         return Result(ops, time.perf_counter() - t0, dry_run=True)
