@@ -12,7 +12,6 @@ MACs match, gateways sit on a link, no foreign qdisc in the way, tc offload avai
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import os
 from pathlib import Path
@@ -44,8 +43,6 @@ from topoagent.observe.host import (
     IP_FORWARD,
     MULTIPATH_HASH,
     MULTIPATH_HASH6,
-    U32_PRIO,
-    U32_PRIO6,
     Observed,
     ObsQos,
     rp_filter_path,
@@ -336,19 +333,17 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
                 ops.append(DelQdisc(dev, 0, ()))
             ops.append(AddQdisc(dev, q.rate))
             ops += [SetClass(dev, c) for c in classes.values()]
-            ops += _with_prefs([AddFilter(dev, c.id, c.dst) for c in classes.values()], set())
+            ops += [AddFilter(dev, c.id, c.dst) for c in classes.values()]
             continue
         # the device's MTU once the interfaces are applied: the credit is two frames at least
         mtu = next((i.mtu for i in desired.interfaces if i.name == dev and i.mtu), None) or (
             obs.links[dev].mtu if dev in obs.links else 1500)
         if tree.rate // 8 != q.rate // 8 or _starved(tree, 1, q.rate, mtu):
             ops.append(SetRootRate(dev, q.rate, tree.rate))
-        dels = [DelFilter(dev, minor, dst) for minor, (dst, target) in tree.filters.items()
+        ops += [DelFilter(dev, minor, dst) for minor, (dst, target) in tree.filters.items()
                 if (c := classes.get(minor)) is None or c.dst != dst or target != minor]
-        ops += _last_of_family(dels, tree, classes.values())
         ops += [DelClass(dev, c) for minor, c in tree.recreatable().items()
                 if minor not in classes]
-        adds: list[AddFilter] = []
         for minor, c in classes.items():
             have = tree.classes.get(minor)
             if have is None:
@@ -358,35 +353,5 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
                                                      ceil=have.ceil)))
             f = tree.filters.get(minor)
             if f is None or f != (c.dst, minor):
-                adds.append(AddFilter(dev, minor, c.dst))
-        ops += _with_prefs(adds, tree.prefs)
+                ops.append(AddFilter(dev, minor, c.dst))
     return ops
-
-
-def _family_pref(dst: str) -> int:
-    return U32_PRIO6 if ":" in dst else U32_PRIO
-
-
-def _with_prefs(adds: list[AddFilter], prefs: set[int]) -> list[AddFilter]:
-    """`adds`, the first of each family whose u32 preference is not there yet marked as
-    making it (its inverse deletes the preference: see kernel_ops.AddFilter)."""
-    out, seen = [], set(prefs)
-    for op in adds:
-        pref = _family_pref(op.dst)
-        out.append(op if pref in seen else dataclasses.replace(op, new_pref=True))
-        seen.add(pref)
-    return out
-
-
-def _last_of_family(dels: list[DelFilter], tree: ObsQos, wanted) -> list[DelFilter]:
-    """`dels`, the last of each family that keeps no filter on the device marked as deleting
-    its u32 preference (the kernel keeps an emptied one beside the other family's)."""
-    keep = {_family_pref(f[0]) for node, f in tree.filters.items()
-            if not any(d.minor == node for d in dels)}
-    keep |= {_family_pref(c.dst) for c in wanted}
-    out = list(dels)
-    for pref in tree.prefs - keep:
-        last = max((k for k, d in enumerate(out) if _family_pref(d.dst) == pref), default=None)
-        if last is not None:
-            out[last] = dataclasses.replace(out[last], whole_pref=True)
-    return out

@@ -112,9 +112,6 @@ class Driver(Protocol):
     def filter_request(self, delete: bool, dev: str, minor: int, dst: str) -> Any:
         """The request adding or deleting the u32 filter of class `minor` (for `dst`)."""
 
-    def filter_pref_request(self, dev: str, dst: str) -> Any:
-        """The request deleting the u32 preference of `dst`'s family on `dev`."""
-
 
 @dataclass(frozen=True)
 class Op:
@@ -483,22 +480,18 @@ class DelClass(Op):
 
 @dataclass(frozen=True)
 class AddFilter(Op):
-    """Add the u32 filter sending traffic for `dst` to class `minor`. `new_pref`: the first
-    filter of its family on the device, which makes the family's u32 preference (the kernel
-    keeps it when its last filter goes while the other family's is there: the inverse deletes
-    the preference, so the host reads exactly as before)."""
+    """Add the u32 filter sending traffic for `dst` to class `minor`."""
 
     phase: ClassVar[str] = "filter-add"
     dev: str
     minor: int
     dst: str
-    new_pref: bool = False
 
     def requests(self, drv: Driver) -> list | None:
         return [drv.filter_request(False, self.dev, self.minor, self.dst)]
 
     def inverse(self) -> Op:
-        return DelFilter(self.dev, self.minor, self.dst, whole_pref=self.new_pref)
+        return DelFilter(self.dev, self.minor, self.dst)
 
     def describe(self) -> str:
         return f"add filter dev {self.dev} dst {self.dst} -> class {self.minor}"
@@ -506,26 +499,22 @@ class AddFilter(Op):
 
 @dataclass(frozen=True)
 class DelFilter(Op):
-    """Delete the u32 filter of class `minor`. `whole_pref`: the last filter of its family on
-    the device: its u32 preference is deleted with it (the filter and its hash table)."""
+    """Delete the u32 filter of class `minor` (the last of its family takes its u32
+    preference along: drivers.netlink.NetlinkDriver.filter_request)."""
 
     phase: ClassVar[str] = "filter-del"
     dev: str
     minor: int
     dst: str
-    whole_pref: bool = False
 
     def requests(self, drv: Driver) -> list | None:
-        if self.whole_pref:
-            return [drv.filter_pref_request(self.dev, self.dst)]
         return [drv.filter_request(True, self.dev, self.minor, self.dst)]
 
     def inverse(self) -> Op:
-        return AddFilter(self.dev, self.minor, self.dst, new_pref=self.whole_pref)
+        return AddFilter(self.dev, self.minor, self.dst)
 
     def describe(self) -> str:
-        last = " (the last of its family)" if self.whole_pref else ""
-        return f"delete filter dev {self.dev} dst {self.dst} -> class {self.minor}{last}"
+        return f"delete filter dev {self.dev} dst {self.dst} -> class {self.minor}"
 
 
 def ordered(ops: list[Op]) -> list[Op]:

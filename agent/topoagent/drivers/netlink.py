@@ -51,7 +51,7 @@ class NetlinkDriver:
         self._channel = channel
         self._index: dict[str, int] = {}
         self._mtu: dict[str, int] = {}  # read with the links (set_link keeps it current)
-        self._u32_tables: dict[str, dict[int, int]] = {}  # dev -> {prio: htid << 20}
+        self._u32_tables: dict[str, dict[int, list[int]]] = {}  # dev -> {prio: [htid, n]}
 
     @property
     def ipr(self) -> Any:
@@ -241,37 +241,41 @@ class NetlinkDriver:
 
         Node id `minor` in the preference's own hash table: an add names no table (the kernel
         puts it in the preference's root table, 800: for the first preference made on a qdisc,
-        801: for the next...), a delete names the table it is in, read from the kernel."""
+        801: for the next...), a delete names the table it is in, read from the kernel; the
+        last filter of a preference is deleted with its preference."""
         six = ":" in dst
         prio, proto, offset = ((U32_PRIO6, ETH_P_IPV6, IPV6_DST_OFFSET) if six
                                else (U32_PRIO, ETH_P_IP, IPV4_DST_OFFSET))
         idx = self.index(dev)
-        if delete:
-            handle = self._u32_table(dev, idx, prio) | minor
-            keys: list = []
-        else:
-            handle, keys = minor, nlwrite.prefix_keys(dst, offset)
-        return nlwrite.u32_filter(delete, idx, ROOT, prio, proto, handle,
-                                  (TC_MAJOR << 16) | minor, keys)
+        table = self._u32_table(dev, idx, prio)
+        if not delete:
+            table[1] += 1
+            return nlwrite.u32_filter(False, idx, ROOT, prio, proto, minor,
+                                      (TC_MAJOR << 16) | minor, nlwrite.prefix_keys(dst, offset))
+        table[1] -= 1
+        if table[1] <= 0:
+            # the last filter of the family: the whole preference goes (`tc filter del dev
+            # DEV parent 7470: pref P protocol ipv6`), as it came with the first. The kernel
+            # drops an emptied preference by itself only when it is the qdisc's only one
+            return nlwrite.u32_filter(True, idx, ROOT, prio, proto, 0)
+        return nlwrite.u32_filter(True, idx, ROOT, prio, proto, table[0] | minor)
 
-    def filter_pref_request(self, dev: str, dst: str) -> Request:
-        """Delete the whole u32 preference of `dst`'s family on `dev` (`tc filter del dev DEV
-        parent 7470: pref P protocol ipv6`): its filters and its hash table."""
-        prio, proto = (U32_PRIO6, ETH_P_IPV6) if ":" in dst else (U32_PRIO, ETH_P_IP)
-        return nlwrite.u32_filter(True, self.index(dev), ROOT, prio, proto, 0)
-
-    def _u32_table(self, dev: str, idx: int, prio: int) -> int:
-        """The root hash table (htid << 20) of u32 preference `prio` on `dev` (800: when there
-        is none: the delete is then refused, as it should be). Read once per batch."""
+    def _u32_table(self, dev: str, idx: int, prio: int) -> list[int]:
+        """[root hash table (htid << 20), filters in it] of u32 preference `prio` on `dev`,
+        read from the kernel once per batch and kept current as the batch's requests are
+        built (800: and none when there is no such preference)."""
         if dev not in self._u32_tables:
-            tables: dict[int, int] = {}
+            tables: dict[int, list[int]] = {}
             sock = nldump.open_in(self.target.inside)
             with contextlib.closing(sock):
                 for f in nldump.dump_tc(sock, nldump.RTM_GETTFILTER, idx, ROOT):
-                    if f.kind == "u32" and f.handle and f.handle & 0xFFFFF == 0:
-                        tables.setdefault(f.info >> 16, f.handle & 0xFFF00000)
+                    if f.kind != "u32" or not f.handle:
+                        continue
+                    entry = tables.setdefault(f.info >> 16, [f.handle & 0xFFF00000, 0])
+                    if f.handle & 0xFFF:  # a filter (node), not a hash table
+                        entry[1] += 1
             self._u32_tables[dev] = tables
-        return self._u32_tables[dev].get(prio, U32_HT << 20)
+        return self._u32_tables[dev].setdefault(prio, [U32_HT << 20, 0])
 
     def add_filter(self, dev: str, minor: int, dst: str) -> None:
         """Add the u32 filter sending packets for `dst` to class `minor`."""

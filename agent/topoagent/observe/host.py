@@ -122,7 +122,6 @@ class ObsQos:
     classes: dict[int, QosClass] = field(default_factory=dict)  # minor -> class (dst unset)
     credit: dict[int, int] = field(default_factory=dict)  # minor -> burst bytes (1: the root)
     filters: dict[int, tuple[str, int]] = field(default_factory=dict)  # node -> (dst, class minor)
-    prefs: set[int] = field(default_factory=set)  # u32 preferences present (U32_PRIO, U32_PRIO6)
 
     def classified(self) -> dict[int, QosClass]:
         """Classes with the destination their filter matches (minor -> class); classes no
@@ -329,8 +328,6 @@ def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
                 tree.classes[minor] = QosClass.model_construct(id=minor, dst="0.0.0.0/0",
                                                                rate=rate, ceil=ceil)
         for f in dump_tc(sock, RTM_GETTFILTER, ifindex, TC_MAJOR << 16):
-            if f.kind == "u32":
-                tree.prefs.add(f.info >> 16)
             parsed = _u32_dst_filter(f)
             if parsed is not None:
                 node, dst, minor = parsed
