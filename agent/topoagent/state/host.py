@@ -152,7 +152,8 @@ class Route(_Model):
     def _ipv6_metric(cls, data: Any) -> Any:
         """The kernel gives an IPv6 route without a metric (or with 0) metric 1024: the route's
         key says so too, or the agent would never find the route it made."""
-        if (isinstance(data, dict) and ":" in str(data.get("dst", ""))
+        dst = str(data.get("dst", "")) if isinstance(data, dict) else ""
+        if ((":" in dst or dst == "default6")
                 and data.get("metric", 0) in (0, None)
                 and not isinstance(data.get("metric"), bool)):
             data = {**data, "metric": IP6_DEFAULT_METRIC}
