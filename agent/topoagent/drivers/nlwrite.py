@@ -138,18 +138,22 @@ def attr(kind: int, payload: bytes) -> bytes:
 
 
 def u8(kind: int, v: int) -> bytes:
+    """An 8-bit attribute."""
     return attr(kind, struct.pack("=B", v))
 
 
 def u32(kind: int, v: int) -> bytes:
+    """A 32-bit attribute (host byte order)."""
     return attr(kind, struct.pack("=I", v))
 
 
 def u64(kind: int, v: int) -> bytes:
+    """A 64-bit attribute (host byte order)."""
     return attr(kind, struct.pack("=Q", v))
 
 
 def string(kind: int, v: str) -> bytes:
+    """A NUL-terminated string attribute."""
     return attr(kind, v.encode("utf-8", "surrogateescape") + b"\0")
 
 
