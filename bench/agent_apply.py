@@ -4,8 +4,11 @@ Workload (scale 1): 1,000 routes (a quarter weighted multipath over two next hop
 rules, 256 HTB classes each with its u32 destination filter, on a host namespace wired to a
 peer namespace that answers the probes. Measured per scale, `--repeat` times on fresh
 namespaces: the first apply, a no-op re-apply, and a diff, through the library (what a
-long-lived agent pays) and through the `topo-agent` CLI (adds interpreter start-up). Prints
-medians. Targets at scale 1 (issue 2): first apply <= 2 s, no-op re-apply and diff <= 0.3 s.
+long-lived agent pays) and through the `topo-agent` CLI (adds interpreter start-up); and, as
+the bound, `ip -batch` + `tc -batch` creating the same objects on fresh namespaces (no
+observe, no journal, no verify: the kernel's cost plus iproute2's parsing). Prints medians.
+Targets at scale 1: no-op re-apply and diff <= 0.3 s (issue 2); first apply <= 0.3 s at
+scale 1 and <= 3 s at scale 10 (issue 38).
 
     python -m bench.agent_apply [--scales 1 10] [--repeat 3]
 """
@@ -74,6 +77,51 @@ def workload(scale: int) -> dict:
     }
 
 
+def batch_files(data: dict, tmp: Path) -> tuple[Path, Path]:
+    """The workload as `ip -batch` and `tc -batch` input: the same objects the agent makes."""
+    ip_lines = []
+    for iface in data["interfaces"]:
+        ip_lines.append(f"link set {iface['name']} up")
+        ip_lines += [f"address add {a} dev {iface['name']}"
+                     for a in iface["addresses"]]
+    for r in data["routes"]:
+        where = (" ".join(f"nexthop via {h['via']} dev {h['dev']} weight {h['weight']}"
+                          for h in r["nexthops"]) if "nexthops" in r else f"via {r['via']}")
+        ip_lines.append(f"route replace {r['dst']} table {r['table']} proto 76 {where}")
+    ip_lines += [f"rule add priority {u['priority']} from {u['from']} table {u['table']} "
+                 f"proto 76" for u in data["rules"]]
+    q = data["qos"][0]
+    dev = q["dev"]
+    tc_lines = [f"qdisc add dev {dev} root handle 7470: htb default 0",
+                f"class add dev {dev} parent 7470: classid 7470:1 htb rate {q['rate']} "
+                f"ceil {q['rate']} burst 5000000 cburst 5000000"]
+    for c in data["qos"][0]["classes"]:
+        tc_lines.append(f"class replace dev {dev} parent 7470:1 classid 7470:{c['id']:x} htb "
+                        f"rate {c['rate']} ceil {c['ceil']} burst 3028 cburst 50000")
+        tc_lines.append(f"filter add dev {dev} parent 7470: protocol ip prio 10 "
+                        f"handle 800::{c['id']:x} u32 match ip dst {c['dst']} "
+                        f"flowid 7470:{c['id']:x}")
+    ip_file, tc_file = tmp / "ip.batch", tmp / "tc.batch"
+    ip_file.write_text("\n".join(ip_lines) + "\n")
+    tc_file.write_text("\n".join(tc_lines) + "\n")
+    return ip_file, tc_file
+
+
+def ip_batch_once(scale: int, tmp: Path) -> float:
+    """Seconds for `ip -batch` and `tc -batch` to create the workload on fresh namespaces."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ip_file, tc_file = batch_files(workload(scale), tmp)
+    make_hosts()
+    try:
+        t = time.perf_counter()
+        sh("ip", "-n", NS, "-batch", str(ip_file))
+        sh("ip", "netns", "exec", NS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        sh("tc", "-n", NS, "-batch", str(tc_file))
+        return time.perf_counter() - t
+    finally:
+        drop_hosts()
+
+
 def run_once(scale: int, tmp: Path) -> dict[str, float]:
     data = workload(scale)
     desired = parse_host_state(data)
@@ -106,6 +154,7 @@ def run_once(scale: int, tmp: Path) -> dict[str, float]:
             assert rc == 0, f"{label}: exit {rc}"
     finally:
         drop_hosts()
+    out["ip -batch (bound)"] = ip_batch_once(scale, tmp / "ipbatch")
     return out
 
 
@@ -117,13 +166,15 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print(f"{'scale':>5} {'routes':>7} {'rules':>6} {'classes':>7}  "
           + "  ".join(f"{k:>15}" for k in ("first apply", "no-op re-apply", "diff",
-                                              "cli no-op apply", "cli diff")))
+                                              "cli no-op apply", "cli diff",
+                                              "ip -batch")))
     with tempfile.TemporaryDirectory() as tmpdir:
         for scale in args.scales:
             runs = [run_once(scale, Path(tmpdir) / f"{scale}-{k}") for k in range(args.repeat)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             print(f"{scale:>5} {1000 * scale:>7} {500 * scale:>6} {256 * scale:>7}  "
                   + "  ".join(f"{med[k]:>14.3f}s" for k in med), flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,18 @@ def maybe(valid: st.SearchStrategy) -> st.SearchStrategy:
 
 
 ipv4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda t: ".".join(map(str, t)))
-net = st.tuples(ipv4, st.integers(0, 33)).map(lambda t: f"{t[0]}/{t[1]}")
-addr = st.one_of(st.sampled_from(["10.231.7.1/24", "10.231.7.9/32", "10.231.7.1"]), net)
+# IPv6: documentation, link-local, v4-mapped and odd spellings (upper case, zeros, ::)
+ipv6 = st.one_of(
+    st.sampled_from(["2001:db8:7::2", "2001:db8:8::2", "fe80::1", "::", "::1",
+                     "::ffff:10.231.7.2", "2001:DB8:7:0:0:0:0:2", "2001:db8::7::1", "ff02::1"]),
+    st.lists(st.integers(0, 0xFFFF), min_size=8, max_size=8).map(
+        lambda w: ":".join(f"{x:x}" for x in w)))
+ip = st.one_of(ipv4, ipv6)
+net = st.one_of(st.tuples(ipv4, st.integers(0, 33)).map(lambda t: f"{t[0]}/{t[1]}"),
+                st.tuples(ipv6, st.integers(0, 130)).map(lambda t: f"{t[0]}/{t[1]}"))
+addr = st.one_of(st.sampled_from(["10.231.7.1/24", "10.231.7.9/32", "10.231.7.1",
+                                  "2001:db8:7::1/64", "2001:db8:7::9/128", "2001:db8:7::1",
+                                  "fe80::9/64"]), net)
 link = st.sampled_from(LINKS)
 rate = st.sampled_from(["100mbit", "1gbit", "8bit", "0bit", "1kbit", "fast", "10gbit", "1"])
 table = st.one_of(st.sampled_from([254, 100, 255, 0, 253, 2**32]), st.integers(-5, 2**33))
@@ -61,18 +71,21 @@ interface = st.fixed_dictionaries(
     optional={"addresses": maybe(st.lists(maybe(addr), max_size=3)),
               "mtu": maybe(st.sampled_from([1500, 9000, 68, 67, 65536, 70000, True])),
               "up": maybe(st.booleans()), "mac": maybe(st.sampled_from(["02:00:00:00:00:01",
-                                                                          "zz"]))})
-nexthop = st.fixed_dictionaries({}, optional={"via": maybe(ipv4), "dev": maybe(link),
+                                                                          "zz"])),
+              "dad": maybe(st.booleans())})
+nexthop = st.fixed_dictionaries({}, optional={"via": maybe(ip), "dev": maybe(link),
                                               "weight": maybe(st.integers(-1, 300))})
 route = st.fixed_dictionaries(
     {"dst": maybe(net)},
-    optional={"via": maybe(st.sampled_from(["10.231.7.2", "10.231.8.2"]) | ipv4),
+    optional={"via": maybe(st.sampled_from(["10.231.7.2", "10.231.8.2", "2001:db8:7::2",
+                                            "fe80::2"]) | ip),
               "dev": maybe(link), "table": maybe(table), "metric": maybe(st.integers(-1, 2**33)),
-              "src": maybe(ipv4), "nexthops": maybe(st.lists(nexthop, max_size=3))})
+              "src": maybe(ip), "nexthops": maybe(st.lists(nexthop, max_size=3))})
 rule = st.fixed_dictionaries(
     {"priority": maybe(st.integers(0, 40000)), "table": maybe(table)},
     optional={"from": maybe(net), "to": maybe(net), "fwmark": maybe(st.integers(-1, 2**33)),
-              "iif": maybe(link), "oif": maybe(link)})
+              "iif": maybe(link), "oif": maybe(link),
+              "family": maybe(st.sampled_from(["ipv4", "ipv6", "inet6"]))})
 qos = st.fixed_dictionaries(
     {"dev": maybe(link), "rate": maybe(rate)},
     optional={"classes": maybe(st.lists(st.fixed_dictionaries(
@@ -81,7 +94,9 @@ qos = st.fixed_dictionaries(
         "driver": maybe(st.sampled_from(["tc", "ovs", "nft"]))})
 sysctl = st.fixed_dictionaries({}, optional={
     "ip_forward": maybe(st.booleans()),
-    "rp_filter": maybe(st.dictionaries(link, maybe(st.integers(-1, 3)), max_size=3))})
+    "rp_filter": maybe(st.dictionaries(link, maybe(st.integers(-1, 3)), max_size=3)),
+    "ipv6_forwarding": maybe(st.booleans()),
+    "ipv6_multipath_hash_policy": maybe(st.integers(-1, 4))})
 host_state = st.fixed_dictionaries({}, optional={
     "interfaces": maybe(st.lists(interface, max_size=3)), "sysctl": maybe(sysctl),
     "routes": maybe(st.lists(route, max_size=4)), "rules": maybe(st.lists(rule, max_size=3)),
@@ -96,27 +111,43 @@ v_host = st.integers(3, 250)
 v_net = st.tuples(st.integers(0, 255), st.sampled_from([24, 32])).map(
     lambda t: f"10.232.{t[0]}.0/24" if t[1] == 24 else f"10.232.{t[0]}.9/32")
 v_via = v_host.map(lambda i: f"10.231.7.{i}")
+# IPv6 beside IPv4 (the fixture's tpa0 has 2001:db8:7::1/64 too): mixed and IPv6-only docs
+v_net6 = st.tuples(st.integers(0, 255), st.sampled_from([64, 128])).map(
+    lambda t: f"2001:db8:{t[0]:x}::/64" if t[1] == 64 else f"2001:db8:{t[0]:x}::9/128")
+v_via6 = v_host.map(lambda i: f"2001:db8:7::{i:x}")
 v_rate = st.sampled_from(["10mbit", "100mbit", "300mbit"])  # 3 classes fit in 1gbit
+V_ADDRS = (["10.231.7.1/24"], ["10.231.7.1/24", "2001:db8:7::1/64"], ["2001:db8:7::1/64"])
 valid_state = st.fixed_dictionaries({}, optional={
-    "interfaces": st.just([{"name": "tpa0", "addresses": ["10.231.7.1/24"], "up": True}])
-    | st.fixed_dictionaries({"mtu": st.sampled_from([1400, 1500, 9000])}).map(
-        lambda d: [{"name": "tpa0", "addresses": ["10.231.7.1/24"], "up": True, **d}]),
+    "interfaces": st.fixed_dictionaries(
+        {"addresses": st.sampled_from(V_ADDRS)},
+        optional={"mtu": st.sampled_from([1400, 1500, 9000]), "dad": st.booleans()}).map(
+        lambda d: [{"name": "tpa0", "up": True, **d}]),
     "sysctl": st.fixed_dictionaries({}, optional={
         "ip_forward": st.booleans(),
         "rp_filter": st.dictionaries(st.sampled_from(["all", "tpa0"]), st.integers(0, 2),
-                                     max_size=2)}),
-    "routes": st.lists(st.fixed_dictionaries(
-        {"dst": v_net, "via": v_via},
-        optional={"table": st.sampled_from([254, 100, 200]),
-                  "metric": st.integers(0, 1000)}), max_size=4, unique_by=lambda r: (
-        r.get("table", 254), r["dst"], r.get("metric", 0))),
-    "rules": st.lists(st.fixed_dictionaries(
-        {"priority": st.integers(1000, 1100), "table": st.sampled_from([100, 200])},
-        optional={"to": v_net, "fwmark": st.integers(1, 99)}), max_size=3,
+                                     max_size=2),
+        "ipv6_forwarding": st.booleans(), "ipv6_multipath_hash_policy": st.integers(0, 1)}),
+    "routes": st.lists(st.one_of(
+        st.fixed_dictionaries({"dst": v_net, "via": v_via}, optional={
+            "table": st.sampled_from([254, 100, 200]), "metric": st.integers(0, 1000)}),
+        st.fixed_dictionaries({"dst": v_net6, "via": v_via6}, optional={
+            "table": st.sampled_from([254, 100, 200]), "metric": st.integers(1, 1000)}),
+        st.fixed_dictionaries({"dst": v_net6, "nexthops": st.tuples(v_via6, v_via6).filter(
+            lambda t: t[0] != t[1]).map(lambda t: [{"via": t[0], "weight": 2},
+                                                   {"via": t[1], "dev": "tpa0"}])})),
+        max_size=4, unique_by=lambda r: (r.get("table", 254), r["dst"])),
+    "rules": st.lists(st.one_of(
+        st.fixed_dictionaries(
+            {"priority": st.integers(1000, 1100), "table": st.sampled_from([100, 200])},
+            optional={"to": v_net, "fwmark": st.integers(1, 99)}),
+        st.fixed_dictionaries(
+            {"priority": st.integers(1000, 1100), "table": st.sampled_from([100, 200]),
+             "family": st.just("ipv6")},
+            optional={"to": v_net6, "fwmark": st.integers(1, 99)})), max_size=3,
         unique_by=lambda r: r["priority"]),
     "qos": st.lists(st.fixed_dictionaries(
         {"dev": st.just("tpa0"), "rate": st.just("1gbit"),
-         "classes": st.lists(st.fixed_dictionaries({"dst": v_net, "rate": v_rate}),
+         "classes": st.lists(st.fixed_dictionaries({"dst": v_net | v_net6, "rate": v_rate}),
                              max_size=3, unique_by=lambda c: c["dst"])}), max_size=1)})
 
 
@@ -143,6 +174,7 @@ def target(tmp_path_factory):
     try:
         sh(["ip", "-n", ns, "link", "add", "tpa0", "type", "veth", "peer", "name", "tpb0"])
         sh(["ip", "-n", ns, "addr", "add", "10.231.7.1/24", "dev", "tpa0"])
+        sh(["ip", "-n", ns, "addr", "add", "2001:db8:7::1/64", "dev", "tpa0", "nodad"])
         sh(["ip", "-n", ns, "link", "set", "tpa0", "up"])
         BEFORE["dump"] = host_dump(ns, ["tpa0", "lo"])  # for the last test of this module
         yield ns, tmp_path_factory.mktemp("fuzz")
@@ -251,6 +283,29 @@ REGRESSIONS: list[tuple[bytes, str]] = [
     (b"interfaces: [{name: tpa0, up: yes}]\n", "interfaces[0].up: yes is a boolean in YAML 1.1"),
     (b"qos: [{dev: tpa0, rate: 1gbit, classes: [{dst: 0.0.0.0/0, rate: 1mbit}]}]\n",
      "classes[0].dst: 0.0.0.0/0 is all traffic"),
+    # IPv6 (issue 38): families mixed in one object, prefixes over /128, link-local
+    (b"routes: [{dst: 10.232.0.0/24, via: '2001:db8:7::2'}]\n",
+     "routes[0].via: an IPv6 next hop on an IPv4 route"),
+    (b"routes: [{dst: '2001:db8:9::/64', nexthops: [{via: '2001:db8:7::2'}, "
+     b"{via: 10.231.7.2}]}]\n", "routes[0].nexthops[1].via: an IPv4 next hop on an IPv6"),
+    (b"routes: [{dst: '2001:db8:9::/129', via: '2001:db8:7::2'}]\n",
+     "routes[0].dst: prefix length /129 is over /128"),
+    (b"interfaces: [{name: tpa0, addresses: ['2001:db8:7::1/200']}]\n",
+     "interfaces[0].addresses[0]: prefix length /200 is over /128"),
+    (b"routes: [{dst: '2001:db8:9::/64', via: 'fe80::1'}]\n",
+     "routes[0].via: link-local next hop fe80::1 needs dev"),
+    (b"interfaces: [{name: tpa0, addresses: ['fe80::5/64']}]\n",
+     "interfaces[0].addresses[0]: fe80::5/64 is link-local"),
+    (b"rules: [{priority: 1000, family: ipv4, to: '2001:db8::/32', table: 100}]\n",
+     "rules[0].to: an IPv6 network in an ipv4 rule"),
+    (b"routes: [{dst: '2001:db8:9::/64', via: '2001:db8:7::2', src: 10.231.7.1}]\n",
+     "routes[0].src: an IPv4 source on an IPv6 route"),
+    (b"routes: [{dst: '2001:db8:9::/64', via: '2001:db8:99::2'}]\n",
+     "routes[0].via: gateway 2001:db8:99::2 is not on any link"),
+    (b"qos: [{dev: tpa0, rate: 1gbit, classes: [{dst: '::/0', rate: 1mbit}]}]\n",
+     "classes[0].dst: ::/0 is all traffic"),
+    (b"routes: [{dst: '2001:db8:9::1/64', via: '2001:db8:7::2'}]\n",
+     "routes[0].dst: 2001:db8:9::1/64 has host bits set"),
 ]
 
 

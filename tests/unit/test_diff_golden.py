@@ -13,7 +13,9 @@ import pytest
 
 from topoagent.apply.diff import diff
 from topoagent.observe.host import (
+    IP6_FORWARD,
     IP_FORWARD,
+    MULTIPATH_HASH6,
     Observed,
     ObsLink,
     ObsQos,
@@ -29,7 +31,8 @@ CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir())
 
 def observed(owned: HostState, foreign: HostState, links: set[str]) -> Observed:
     """What observe() would return for a host holding these objects."""
-    obs = Observed(sysctl={IP_FORWARD: "0", rp_filter_path("all"): "0"})
+    obs = Observed(sysctl={IP_FORWARD: "0", IP6_FORWARD: "0", MULTIPATH_HASH6: "0",
+                           rp_filter_path("all"): "0"})
     for i, name in enumerate(sorted(links)):
         obs.links[name] = ObsLink(index=i + 1, name=name, mac=None, mtu=1500, up=False)
     for state, proto in ((foreign, 3), (owned, RT_PROTO)):
@@ -42,9 +45,14 @@ def observed(owned: HostState, foreign: HostState, links: set[str]) -> Observed:
         for r in state.routes:
             obs.routes[r.key] = ObsRoute(route=r, proto=proto)
         for r in state.rules:
-            obs.rules.append(ObsRule(rule=r, proto=proto))
+            obs.rules.append(ObsRule(rule=r, proto=proto, priority=r.priority,
+                                     family=r.family))
         if state.sysctl.ip_forward is not None:
             obs.sysctl[IP_FORWARD] = "1" if state.sysctl.ip_forward else "0"
+        if state.sysctl.ipv6_forwarding is not None:
+            obs.sysctl[IP6_FORWARD] = "1" if state.sysctl.ipv6_forwarding else "0"
+        if state.sysctl.ipv6_multipath_hash_policy is not None:
+            obs.sysctl[MULTIPATH_HASH6] = str(state.sysctl.ipv6_multipath_hash_policy)
         for dev, v in state.sysctl.rp_filter.items():
             obs.sysctl[rp_filter_path(dev)] = str(v)
         for q in state.qos:

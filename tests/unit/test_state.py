@@ -89,3 +89,53 @@ def test_prefix_for_plans():
 
 def test_empty_document_is_empty_state():
     assert load_host_state("") == HostState()
+
+
+def test_ipv6_canonical_values():
+    s = parse_host_state({
+        "interfaces": [{"name": "eth1", "addresses": ["2001:DB8:0:0::1/64", "10.0.0.1/24"],
+                        "dad": False}],
+        "routes": [{"dst": "default6", "via": "2001:db8::2"},
+                   {"dst": "2001:db8:9::1", "dev": "eth1", "metric": 5},
+                   {"dst": "2001:db8:a::/48", "via": "fe80::1", "dev": "eth1"}],
+        "rules": [{"priority": 1000, "from": "2001:db8::/32", "table": 100},
+                  {"priority": 1000, "from": "10.0.0.0/24", "table": 100},
+                  {"priority": 1001, "fwmark": 3, "family": "ipv6", "table": 100}],
+        "qos": [{"dev": "eth1", "rate": "1gbit",
+                 "classes": [{"dst": "2001:db8:9::9", "rate": "250mbit"}]}],
+    })
+    assert s.interfaces[0].addresses[0] == "2001:db8::1/64"
+    # the kernel's metric for an IPv6 route asked with none: the key says it too
+    assert s.routes[0].dst == "::/0" and s.routes[0].metric == 1024
+    assert s.routes[1].dst == "2001:db8:9::1/128" and s.routes[1].metric == 5
+    assert [r.family for r in s.rules] == ["ipv6", "ipv4", "ipv6"]
+    assert s.qos[0].resolved_classes()[0].dst == "2001:db8:9::9/128"
+    assert load_host_state(s.to_yaml()) == s
+
+
+@pytest.mark.parametrize("text,path,message", [
+    ("routes: [{dst: 10.0.0.0/8, via: '2001:db8::1'}]\n", "routes[0].via",
+     "an IPv6 next hop on an IPv4 route"),
+    ("routes: [{dst: '2001:db8::/32', nexthops: [{via: 10.0.0.1}, {via: '2001:db8::2'}]}]\n",
+     "routes[0].nexthops[0].via", "an IPv4 next hop on an IPv6 route"),
+    ("routes: [{dst: '2001:db8::/129', dev: eth0}]\n", "routes[0].dst", "over /128"),
+    ("routes: [{dst: '2001:db8::/32', via: 'fe80::1'}]\n", "routes[0].via",
+     "link-local next hop fe80::1 needs dev"),
+    ("routes: [{dst: '2001:db8::/32', via: '2001:db8::1', src: 10.0.0.1}]\n", "routes[0].src",
+     "an IPv4 source on an IPv6 route"),
+    ("interfaces: [{name: eth0, addresses: ['fe80::1/64']}]\n", "interfaces[0].addresses[0]",
+     "link-local"),
+    ("interfaces: [{name: eth0, addresses: ['2001:db8::1']}]\n", "interfaces[0].addresses[0]",
+     "with prefix length"),
+    ("rules: [{priority: 1000, to: 10.0.0.0/8, family: ipv6, table: 5}]\n", "rules[0].to",
+     "an IPv4 network in an ipv6 rule"),
+    ("rules: [{priority: 1000, to: '2001:db8::/32', table: 5}, "
+     "{priority: 1000, from: '2001:db8:1::/48', table: 6}]\n", "rules[1]",
+     "same priority as rules[0]"),
+    ("routes: [{dst: '2001:db8::1/32', dev: eth0}]\n", "routes[0].dst", "host bits set"),
+    ("routes: [{dst: '2001:db8::zz/64', dev: eth0}]\n", "routes[0].dst",
+     "not an IPv6 network"),
+])
+def test_ipv6_errors_name_the_path(text, path, message):
+    found = problems(text)
+    assert any(p == path and message in m for p, m in found), found

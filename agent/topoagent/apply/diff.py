@@ -38,9 +38,25 @@ from topoagent.apply.kernel_ops import (
     rule_text,
 )
 from topoagent.apply.ovs import check_ovs, diff_ovs, internal_ports
-from topoagent.observe.host import IP_FORWARD, MULTIPATH_HASH, Observed, ObsQos, rp_filter_path
-from topoagent.state.host import RT_PROTO, HostState, QosClass, Route, StateError, htb_credit
-from topoagent.state.values import is_ifname, name_text
+from topoagent.observe.host import (
+    IP6_FORWARD,
+    IP_FORWARD,
+    MULTIPATH_HASH,
+    MULTIPATH_HASH6,
+    Observed,
+    ObsQos,
+    rp_filter_path,
+)
+from topoagent.state.host import (
+    RT_PROTO,
+    HostState,
+    Interface,
+    QosClass,
+    Route,
+    StateError,
+    htb_credit,
+)
+from topoagent.state.values import is_ifname, is_link_local, name_text
 
 
 def tc_offload_available() -> bool:
@@ -65,7 +81,20 @@ def desired_sysctls(desired: HostState) -> dict[str, str]:
         out[rp_filter_path(dev)] = str(value)
     if desired.sysctl.multipath_hash_policy is not None:
         out[MULTIPATH_HASH] = str(desired.sysctl.multipath_hash_policy)
+    forward6 = desired.sysctl.ipv6_forwarding
+    if desired.forwarding is not None and forward6 is None and _speaks_ipv6(desired):
+        forward6 = True  # as ip_forward: a forwarding host forwards each family it has
+    if forward6 is not None:
+        out[IP6_FORWARD] = "1" if forward6 else "0"
+    if desired.sysctl.ipv6_multipath_hash_policy is not None:
+        out[MULTIPATH_HASH6] = str(desired.sysctl.ipv6_multipath_hash_policy)
     return out
+
+
+def _speaks_ipv6(desired: HostState) -> bool:
+    """Whether the state has an IPv6 address or route."""
+    return (any(":" in a for i in desired.interfaces for a in i.addresses)
+            or any(":" in r.dst for r in desired.routes))
 
 
 def check_host(desired: HostState, obs: Observed) -> None:
@@ -93,6 +122,7 @@ def check_host(desired: HostState, obs: Observed) -> None:
                              "this kernel does not have; use mode kernel here"))
 
     subnets = _subnets_after(desired, obs)
+    links_of: dict[str, list[str]] = {}  # gateway -> links it is on (few gateways, many routes)
     for i, route in enumerate(desired.routes):
         hops = route.nexthops or [route]
         for j, hop in enumerate(hops):
@@ -102,8 +132,13 @@ def check_host(desired: HostState, obs: Observed) -> None:
                 continue
             if hop.via is None:
                 continue
-            gw = ipaddress.IPv4Address(hop.via)
-            on = [dev for dev, nets in subnets.items() for n in nets if gw in n]
+            if hop.dev is not None and is_link_local(hop.via):
+                continue  # on its link by definition (fe80::/64 is on every IPv6 link)
+            if hop.via not in links_of:
+                gw = ipaddress.ip_address(hop.via)
+                links_of[hop.via] = [dev for dev, nets in subnets.items() for n in nets
+                                     if n.version == gw.version and gw in n]
+            on = links_of[hop.via]
             if not on:
                 problems.append((f"{where}.via", f"gateway {hop.via} is not on any link"))
             elif hop.dev is not None and hop.dev not in on:
@@ -145,11 +180,13 @@ def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str
             problems.append((f"routes[{i}]", f"a route the agent does not own has the same "
                              f"table/dst/metric: {route_text(have.route)} (proto "
                              f"{have.proto}); remove it or change the metric"))
+    foreign: dict[tuple, list] = {}  # (family, priority) -> rules not the agent's
+    for o in obs.rules:
+        if o.proto != RT_PROTO:
+            foreign.setdefault((o.family, o.priority), []).append(o)
     for i, rule in enumerate(desired.rules):
-        for o in obs.rules:
-            if o.proto == RT_PROTO or o.rule == rule:
-                continue
-            if o.priority == rule.priority:
+        for o in foreign.get(rule.key, ()):
+            if o.rule != rule:
                 what = rule_text(o.rule) if o.rule is not None else "(not expressible here)"
                 problems.append((f"rules[{i}].priority", f"a rule the agent does not own has "
                                  f"priority {o.priority}: {what} (protocol {o.proto})"))
@@ -176,18 +213,30 @@ def _subnets_after(desired: HostState, obs: Observed) -> dict[str, list]:
     for dev, addrs in obs.addresses.items():
         for a, proto in addrs.items():
             if proto != RT_PROTO or a in wanted.get(dev, ()):
-                out.setdefault(dev, []).append(ipaddress.IPv4Interface(a).network)
+                out.setdefault(dev, []).append(ipaddress.ip_interface(a).network)
     for dev, addrs in wanted.items():
         for a in addrs:
-            out.setdefault(dev, []).append(ipaddress.IPv4Interface(a).network)
+            out.setdefault(dev, []).append(ipaddress.ip_interface(a).network)
     return out
+
+
+def _nodad(iface: Interface, address: str) -> bool:
+    """Whether an IPv6 address goes on without duplicate address detection: `dad: false`, and
+    always on the loopback (detection there is a formality, but until the kernel's work queue
+    has run it the address is tentative: a route in the same batch could not use it as its
+    source)."""
+    return ":" in address and (iface.dad is False or (iface.name == "lo" and iface.dad is None))
 
 
 def _same_route(want: Route, have: Route) -> bool:
     """`have` (observed) satisfies `want`: a next hop given without dev matches whatever dev the
     kernel resolved its gateway to."""
+    if want.src != have.src:
+        return False
+    if not want.nexthops and not have.nexthops:  # the common case, without building lists
+        return want.via == have.via and want.dev in (None, have.dev)
     w, h = want.hops(), have.hops()
-    if len(w) != len(h) or want.src != have.src:
+    if len(w) != len(h):
         return False
     if all(x.dev is not None for x in w):
         return w == h
@@ -229,7 +278,8 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
             if iface.name in internal_ports(desired):  # an OVS internal port made by this apply
                 if iface.mtu is not None or iface.up is not None:
                     ops.append(SetLink(iface.name, iface.mtu, iface.up, None, None))
-                ops += [AddAddress(iface.name, a) for a in iface.addresses]
+                ops += [AddAddress(iface.name, a, nodad=_nodad(iface, a))
+                        for a in iface.addresses]
             continue  # else check_host reports it
         mtu = iface.mtu if iface.mtu is not None and iface.mtu != link.mtu else None
         up = iface.up if iface.up is not None and iface.up != link.up else None
@@ -237,7 +287,8 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
             ops.append(SetLink(iface.name, mtu, up, link.mtu if mtu else None,
                                link.up if up is not None else None))
         have = obs.addresses.get(iface.name, {})
-        ops += [AddAddress(iface.name, a) for a in iface.addresses if a not in have]
+        ops += [AddAddress(iface.name, a, nodad=_nodad(iface, a))
+                for a in iface.addresses if a not in have]
     wanted_addrs = {(i.name, a) for i in desired.interfaces for a in i.addresses}
     for dev, addrs in obs.addresses.items():
         ops += [DelAddress(dev, a, proto) for a, proto in addrs.items()
@@ -289,10 +340,8 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
             obs.links[dev].mtu if dev in obs.links else 1500)
         if tree.rate // 8 != q.rate // 8 or _starved(tree, 1, q.rate, mtu):
             ops.append(SetRootRate(dev, q.rate, tree.rate))
-        for minor, (dst, target) in tree.filters.items():
-            c = classes.get(minor)
-            if c is None or c.dst != dst or target != minor:
-                ops.append(DelFilter(dev, minor, dst))
+        ops += [DelFilter(dev, minor, dst) for minor, (dst, target) in tree.filters.items()
+                if (c := classes.get(minor)) is None or c.dst != dst or target != minor]
         ops += [DelClass(dev, c) for minor, c in tree.recreatable().items()
                 if minor not in classes]
         for minor, c in classes.items():

@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from topoagent.apply import kernel_ops, ovs
+from topoagent.apply.batch import execute
 from topoagent.apply.diff import diff
-from topoagent.apply.kernel_ops import Driver, Op
+from topoagent.apply.kernel_ops import Driver, Op, SetRoute
 from topoagent.apply.store import (
     Store,
     StoreError,
@@ -55,6 +56,7 @@ from topoagent.apply.store import (
     read_file,
     remove_file,
 )
+from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
 from topoagent.observe.host import Observed, observe, to_host_state
 from topoagent.protocol import TopoError
@@ -172,18 +174,25 @@ class Journal:
 
     def record(self, op: Op) -> None:
         """Log the inverse of `op` (the original values) before `op` runs."""
-        self._n += 1
-        self._line({"n": self._n, "undo": op_to_json(op.inverse())})
+        self.record_all([op])
+
+    def record_all(self, ops: list[Op]) -> None:
+        """Log the inverses of `ops` (one fsync) before any of them runs (a batch)."""
+        lines = []
+        for op in ops:
+            self._n += 1
+            lines.append({"n": self._n, "undo": op_to_json(op.inverse())})
+        self._line(*lines)
 
     def commit(self) -> None:
         """The host is in the new state and the history entry is written: from this line on
         recovery completes the transaction's history change instead of undoing it."""
         self._line({"commit": True})
 
-    def _line(self, obj: dict) -> None:
+    def _line(self, *objs: dict) -> None:
         assert self._f is not None
         try:
-            self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self._f.write("".join(json.dumps(o, separators=(",", ":")) + "\n" for o in objs))
             self._f.flush()
             os.fsync(self._f.fileno())
         except OSError as e:  # a full disk: the operation this line announces never runs
@@ -340,11 +349,12 @@ def recover(target, store: Store) -> Recovery | None:
         complete_history(store, history)
         _drop(store)
         return Recovery(started, 0, [], committed=True)
-    # pyroute2's request builders (~0.2 s) load only when a journal is there to replay
-    from topoagent.drivers.netlink import NetlinkDriver
-
-    with contextlib.closing(target.iproute()) as ipr:
-        problems = restore(NetlinkDriver(target, ipr), list(reversed(log.undo)), before, routes)
+    target.check()
+    drv = NetlinkDriver(target)
+    try:
+        problems = restore(drv, list(reversed(log.undo)), before, routes)
+    finally:
+        drv.close()
     rewind_history(store, history)
     _drop(store)
     return Recovery(started, len(log.undo), problems)
@@ -384,20 +394,13 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
     Each step tolerates errors: after a crash the newest inverse may undo a change that never
     reached the kernel, and an inverse may need a later one first (a route's preferred source
     address comes back after the route); the final diff settles both, and decides."""
-    failed = []
-    for op in undo:
-        try:
-            op.apply(drv)
-        except Exception:  # noqa: BLE001 - retried below, then judged by the diff
-            failed.append(op)
-    for op in failed:
-        with contextlib.suppress(Exception):
-            op.apply(drv)
+    # refusals are retried below, then judged by the diff
+    failed = [f.op for f in execute(drv, undo, [], stop=False)]
+    execute(drv, failed, [], stop=False)
     now = observe(drv.target).routes
-    for route, proto in routes:
-        if route.key not in now:
-            with contextlib.suppress(Exception):
-                drv.set_route(route, proto)
+    execute(drv, [SetRoute(route, proto) for route, proto in routes if route.key not in now],
+            [], stop=False)
+
     def left() -> list[Op]:
         # a HostState snapshot does not carry the OVS rows, flows and filters (its diff would
         # delete them): those are put back by their inverses alone, which are exact (each
@@ -409,7 +412,5 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
         ops = left()
         if not ops:
             return []
-        for op in ops:
-            with contextlib.suppress(Exception):
-                op.apply(drv)
+        execute(drv, ops, [], stop=False)
     return [op.describe() for op in left()]

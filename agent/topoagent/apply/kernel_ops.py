@@ -11,7 +11,7 @@ through a link that goes down, and the agent's own deletions must find them firs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from topoagent.state.host import RT_PROTO, QosClass, Route, Rule
 from topoagent.state.values import format_rate
@@ -74,6 +74,44 @@ class Driver(Protocol):
     def del_filter(self, dev: str, minor: int) -> None:
         """Delete the u32 filter of class `minor` on `dev`."""
 
+    # requests: what the batched path sends (topoagent.drivers.nlwrite.Request each)
+    def call(self, requests: list, stop: bool = False) -> list:
+        """Send `requests` many per send; one acknowledgement (`.ok`, `.reason()`) each."""
+
+    def run(self, requests: list) -> None:
+        """Send `requests`; an exception naming the first the kernel refused."""
+
+    def link_request(self, dev: str, mtu: int | None, up: bool | None) -> Any:
+        """The request setting `dev`'s MTU and/or up state."""
+
+    def address_request(self, delete: bool, dev: str, address: str, proto: int = 0,
+                        nodad: bool = False) -> Any:
+        """The request adding or deleting `address` on `dev`."""
+
+    def route_request(self, delete: bool, route: Route, proto: int) -> Any:
+        """The request replacing or deleting `route`."""
+
+    def rule_request(self, delete: bool, rule: Rule, proto: int) -> Any:
+        """The request adding or deleting `rule`."""
+
+    def qdisc_requests(self, dev: str, rate: int) -> list:
+        """The requests adding the agent's HTB root and root class on `dev`."""
+
+    def root_rate_request(self, dev: str, rate: int) -> Any:
+        """The request changing the root class rate on `dev`."""
+
+    def del_qdisc_request(self, dev: str) -> Any:
+        """The request deleting the agent's root qdisc on `dev`."""
+
+    def class_request(self, dev: str, cls: QosClass) -> Any:
+        """The request creating or replacing HTB class `cls` on `dev`."""
+
+    def del_class_request(self, dev: str, minor: int) -> Any:
+        """The request deleting HTB class `minor` on `dev`."""
+
+    def filter_request(self, delete: bool, dev: str, minor: int, dst: str) -> Any:
+        """The request adding or deleting the u32 filter of class `minor` (for `dst`)."""
+
 
 @dataclass(frozen=True)
 class Op:
@@ -82,9 +120,18 @@ class Op:
 
     phase: ClassVar[str]
 
+    def requests(self, drv: Driver) -> list | None:
+        """The netlink requests that perform the operation, in order, or None when it is not
+        (only) requests (a sysctl, a link, OVS): then `apply` performs it. Operations that are
+        requests are sent many per send (topoagent.apply.batch)."""
+        return None
+
     def apply(self, drv: Driver) -> None:
         """Perform the operation through `drv`."""
-        raise NotImplementedError
+        reqs = self.requests(drv)
+        if reqs is None:
+            raise NotImplementedError
+        drv.run(reqs)
 
     def inverse(self) -> Op:
         """The operation that undoes this one (it carries the values it restores)."""
@@ -139,8 +186,8 @@ class SetLink(Op):
         """`link-down` when the link goes down (late in the order), else `link`."""
         return "link-down" if self.up is False else "link"
 
-    def apply(self, drv: Driver) -> None:
-        drv.set_link(self.dev, self.mtu, self.up)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.link_request(self.dev, self.mtu, self.up)]
 
     def inverse(self) -> Op:
         return SetLink(self.dev, self.old_mtu, self.old_up, self.mtu, self.up)
@@ -163,15 +210,16 @@ class AddAddress(Op):
     dev: str
     address: str
     proto: int = RT_PROTO
+    nodad: bool = False  # IPv6: usable at once, without duplicate address detection
 
-    def apply(self, drv: Driver) -> None:
-        drv.add_address(self.dev, self.address, self.proto)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.address_request(False, self.dev, self.address, self.proto, self.nodad)]
 
     def inverse(self) -> Op:
         return DelAddress(self.dev, self.address, self.proto)
 
     def describe(self) -> str:
-        return f"add address {self.address} dev {self.dev}"
+        return f"add address {self.address} dev {self.dev}" + " nodad" * self.nodad
 
 
 @dataclass(frozen=True)
@@ -183,11 +231,18 @@ class DelAddress(Op):
     address: str
     proto: int = RT_PROTO
 
+    def requests(self, drv: Driver) -> list | None:
+        if "." in self.address:  # IPv4: the promote_secondaries dance (drivers.netlink)
+            return None
+        return [drv.address_request(True, self.dev, self.address)]
+
     def apply(self, drv: Driver) -> None:
         drv.del_address(self.dev, self.address)
 
     def inverse(self) -> Op:
-        return AddAddress(self.dev, self.address, self.proto)
+        # an IPv6 address put back was on the link a moment ago: no second detection (it
+        # would be tentative, unusable as a route's source, for a second or two)
+        return AddAddress(self.dev, self.address, self.proto, nodad=":" in self.address)
 
     def describe(self) -> str:
         return f"delete address {self.address} dev {self.dev}"
@@ -216,8 +271,8 @@ class SetRoute(Op):
     old: Route | None = None
     old_proto: int = 0
 
-    def apply(self, drv: Driver) -> None:
-        drv.set_route(self.route, self.proto)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.route_request(False, self.route, self.proto)]
 
     def inverse(self) -> Op:
         if self.old is None:
@@ -237,8 +292,8 @@ class DelRoute(Op):
     route: Route
     proto: int = RT_PROTO
 
-    def apply(self, drv: Driver) -> None:
-        drv.del_route(self.route, self.proto)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.route_request(True, self.route, self.proto)]
 
     def inverse(self) -> Op:
         return SetRoute(self.route, self.proto)
@@ -259,7 +314,7 @@ def rule_text(r: Rule) -> str:
     if r.oif:
         parts.append(f"oif {r.oif}")
     parts.append(f"lookup {r.table}")
-    return " ".join(parts)
+    return ("-6 " if r.family == "ipv6" else "") + " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -270,8 +325,8 @@ class AddRule(Op):
     rule: Rule
     proto: int = RT_PROTO
 
-    def apply(self, drv: Driver) -> None:
-        drv.add_rule(self.rule, self.proto)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.rule_request(False, self.rule, self.proto)]
 
     def inverse(self) -> Op:
         return DelRule(self.rule, self.proto)
@@ -288,8 +343,8 @@ class DelRule(Op):
     rule: Rule
     proto: int = RT_PROTO
 
-    def apply(self, drv: Driver) -> None:
-        drv.del_rule(self.rule, self.proto)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.rule_request(True, self.rule, self.proto)]
 
     def inverse(self) -> Op:
         return AddRule(self.rule, self.proto)
@@ -306,8 +361,8 @@ class AddQdisc(Op):
     dev: str
     rate: int
 
-    def apply(self, drv: Driver) -> None:
-        drv.add_qdisc(self.dev, self.rate)
+    def requests(self, drv: Driver) -> list | None:
+        return drv.qdisc_requests(self.dev, self.rate)
 
     def inverse(self) -> Op:
         return DelQdisc(self.dev, self.rate)
@@ -325,8 +380,8 @@ class SetRootRate(Op):
     rate: int
     old: int
 
-    def apply(self, drv: Driver) -> None:
-        drv.set_root_rate(self.dev, self.rate)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.root_rate_request(self.dev, self.rate)]
 
     def inverse(self) -> Op:
         return SetRootRate(self.dev, self.old, self.rate)
@@ -345,8 +400,8 @@ class DelQdisc(Op):
     rate: int
     classes: tuple[QosClass, ...] = field(default=())  # with dst filled in from the filters
 
-    def apply(self, drv: Driver) -> None:
-        drv.del_qdisc(self.dev)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.del_qdisc_request(self.dev)]
 
     def inverse(self) -> Op:
         return RestoreQdisc(self.dev, self.rate, self.classes)
@@ -364,11 +419,12 @@ class RestoreQdisc(Op):
     rate: int
     classes: tuple[QosClass, ...] = field(default=())
 
-    def apply(self, drv: Driver) -> None:
-        drv.add_qdisc(self.dev, self.rate)
+    def requests(self, drv: Driver) -> list | None:
+        out = drv.qdisc_requests(self.dev, self.rate)
         for c in self.classes:
-            drv.set_class(self.dev, c)
-            drv.add_filter(self.dev, c.id, c.dst)
+            out += [drv.class_request(self.dev, c),
+                    drv.filter_request(False, self.dev, c.id, c.dst)]
+        return out
 
     def inverse(self) -> Op:
         return DelQdisc(self.dev, self.rate, self.classes)
@@ -392,8 +448,8 @@ class SetClass(Op):
     cls: QosClass
     old: QosClass | None = None
 
-    def apply(self, drv: Driver) -> None:
-        drv.set_class(self.dev, self.cls)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.class_request(self.dev, self.cls)]
 
     def inverse(self) -> Op:
         if self.old is None:
@@ -412,8 +468,8 @@ class DelClass(Op):
     dev: str
     cls: QosClass
 
-    def apply(self, drv: Driver) -> None:
-        drv.del_class(self.dev, self.cls.id)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.del_class_request(self.dev, self.cls.id)]
 
     def inverse(self) -> Op:
         return SetClass(self.dev, self.cls)
@@ -431,8 +487,8 @@ class AddFilter(Op):
     minor: int
     dst: str
 
-    def apply(self, drv: Driver) -> None:
-        drv.add_filter(self.dev, self.minor, self.dst)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.filter_request(False, self.dev, self.minor, self.dst)]
 
     def inverse(self) -> Op:
         return DelFilter(self.dev, self.minor, self.dst)
@@ -443,15 +499,16 @@ class AddFilter(Op):
 
 @dataclass(frozen=True)
 class DelFilter(Op):
-    """Delete the u32 filter of class `minor`."""
+    """Delete the u32 filter of class `minor` (the last of its family takes its u32
+    preference along: drivers.netlink.NetlinkDriver.filter_request)."""
 
     phase: ClassVar[str] = "filter-del"
     dev: str
     minor: int
     dst: str
 
-    def apply(self, drv: Driver) -> None:
-        drv.del_filter(self.dev, self.minor)
+    def requests(self, drv: Driver) -> list | None:
+        return [drv.filter_request(True, self.dev, self.minor, self.dst)]
 
     def inverse(self) -> Op:
         return AddFilter(self.dev, self.minor, self.dst)

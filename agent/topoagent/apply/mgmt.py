@@ -1,7 +1,8 @@
 """Management-connection guard: a plan must not cut off the operator who applies it.
 
-The connection the agent was reached over is known from SSH_CONNECTION ("client_ip client_port
-server_ip server_port", set by sshd) or given explicitly (--mgmt CLIENT_IP,SERVER_IP). An
+The connection the agent was reached over (IPv4 or IPv6) is known from SSH_CONNECTION
+("client_ip client_port server_ip server_port", set by sshd) or given explicitly (--mgmt
+CLIENT_IP,SERVER_IP). An
 operation that would remove the server address, take down or re-MTU its link, or change the
 route the host uses to reach the client is refused unless the operator forces it.
 
@@ -55,18 +56,18 @@ class Mgmt:
         """The connection from `CLIENT_IP,SERVER_IP` (--mgmt); StateError when malformed."""
         client, _, server = text.partition(",")
         try:
-            return cls(str(ipaddress.IPv4Address(client)), str(ipaddress.IPv4Address(server)))
+            return cls(str(ipaddress.ip_address(client)), str(ipaddress.ip_address(server)))
         except ValueError:
             raise StateError([("--mgmt", f"expected CLIENT_IP,SERVER_IP, got {text!r}")]) from None
 
 
 def _main_route_to(obs: Observed, ip: str) -> tuple | None:
     """Key of the main-table route the kernel would pick for `ip` (longest prefix, then metric)."""
-    addr = ipaddress.IPv4Address(ip)
+    addr = ipaddress.ip_address(ip)
     best = None
     for key in obs.routes:
         table, dst, metric = key
-        net = ipaddress.IPv4Network(dst)
+        net = ipaddress.ip_network(dst)
         if table == 254 and addr in net:
             rank = (net.prefixlen, -metric)
             if best is None or rank > best[0]:
@@ -102,7 +103,7 @@ def guard(ops: list[Op], obs: Observed, mgmt: Mgmt) -> None:
     dev, _ = _links(obs, mgmt)
     deleted = {(op.dev, op.address) for op in ops if isinstance(op, DelAddress)}
     server_stays = any(h not in deleted for h in holders)
-    client = ipaddress.IPv4Address(mgmt.client)
+    client = ipaddress.ip_address(mgmt.client)
     problems = []
     for op in ops:
         hit = (
@@ -111,10 +112,10 @@ def guard(ops: list[Op], obs: Observed, mgmt: Mgmt) -> None:
             or (isinstance(op, SetLink) and op.dev == dev)
             or (isinstance(op, DelRoute) and op.route.key == route_key)
             or (isinstance(op, SetRoute) and op.route.table == 254
-                and client in ipaddress.IPv4Network(op.route.dst)
+                and client in ipaddress.ip_network(op.route.dst)
                 and (route_key is None
-                     or ipaddress.IPv4Network(op.route.dst).prefixlen
-                     >= ipaddress.IPv4Network(route_key[1]).prefixlen))
+                     or ipaddress.ip_network(op.route.dst).prefixlen
+                     >= ipaddress.ip_network(route_key[1]).prefixlen))
         )
         if hit:
             problems.append(("", f"refusing to {op.describe()}: it carries the management "
@@ -135,10 +136,10 @@ def guard_state(desired: HostState, obs: Observed, mgmt: Mgmt) -> None:
     conn = f"the management connection {mgmt.client} -> {mgmt.server}"
     fix = "use --force-mgmt to do it anyway"
     problems = _class_problems(desired, mgmt, nics)
-    server = ipaddress.IPv4Address(mgmt.server)
+    server = ipaddress.ip_address(mgmt.server)
     rules = desired.forwarding.rules if desired.forwarding else []
     for k, rule in enumerate(rules):
-        if (not nics or rule.dev in nics) and server in ipaddress.IPv4Network(rule.dst):
+        if (not nics or rule.dev in nics) and server in ipaddress.ip_network(rule.dst):
             problems.append((f"forwarding.rules[{k}].dst", f"{rule.dst} on {rule.dev} holds "
                              f"the server address of {conn}: its packets would be redirected "
                              f"to {rule.redirect}; {fix}"))
@@ -157,13 +158,13 @@ def _class_problems(desired: HostState, mgmt: Mgmt, nics: set[str]
                     ) -> list[tuple[str, str]]:
     """A QoS class (tc or ovs) on the management NIC whose dst holds the client and whose
     guaranteed rate is below the floor."""
-    client = ipaddress.IPv4Address(mgmt.client)
+    client = ipaddress.ip_address(mgmt.client)
     out = []
     for i, q in enumerate(desired.qos):
         if nics and q.dev not in nics:
             continue
         for j, c in enumerate(q.classes):
-            if client in ipaddress.IPv4Network(c.dst) and c.rate < mgmt.floor:
+            if client in ipaddress.ip_network(c.dst) and c.rate < mgmt.floor:
                 out.append((f"qos[{i}].classes[{j}].rate",
                             f"{format_rate(c.rate)} for {_short(c.dst)} holds the management "
                             f"peer {mgmt.client} (the connection {mgmt.client} -> "
@@ -174,8 +175,8 @@ def _class_problems(desired: HostState, mgmt: Mgmt, nics: set[str]
 
 
 def _short(net: str) -> str:
-    """A /32 as its address, as the state usually spells it."""
-    return net[:-3] if net.endswith("/32") else net
+    """A /32 (or IPv6 /128) as its address, as the state usually spells it."""
+    return net.removesuffix("/128") if ":" in net else net.removesuffix("/32")
 
 
 def route_get(ipr, ip: str, src: str | None = None) -> str:
@@ -210,12 +211,12 @@ def route_get(ipr, ip: str, src: str | None = None) -> str:
 
 
 def resolve(names: list[str]) -> list[str]:
-    """Probe addresses: IPv4 literals as they are, DNS names resolved now (before any change,
-    while the resolver is reachable)."""
+    """Probe addresses: IPv4 and IPv6 literals as they are, DNS names resolved now (before any
+    change, while the resolver is reachable)."""
     out = []
     for name in names:
         try:
-            out.append(str(ipaddress.IPv4Address(name)))
+            out.append(str(ipaddress.ip_address(name)))
         except ValueError:
             try:
                 out.append(socket.gethostbyname(name))

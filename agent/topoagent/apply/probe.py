@@ -40,44 +40,64 @@ def _checksum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def _echo(ident: int, seq: int) -> bytes:
-    header = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
+def _echo(ident: int, seq: int, kind: int = 8) -> bytes:
+    """An ICMP (kind 8) or ICMPv6 (kind 128: the kernel fills in its checksum) echo request."""
+    header = struct.pack("!BBHHH", kind, 0, 0, ident, seq)
     payload = b"topo-agent probe"
-    return struct.pack("!BBHHH", 8, 0, _checksum(header + payload), ident, seq) + payload
+    check = _checksum(header + payload) if kind == 8 else 0
+    return struct.pack("!BBHHH", kind, 0, check, ident, seq) + payload
 
 
 def ping_many(target: Target, addresses: list[str], timeout: float = 0.5,
               tries: int = 2) -> set[str]:
-    """The subset of `addresses` that answered an ICMP echo within `timeout` seconds."""
-    if not addresses:
-        return set()
+    """The subset of `addresses` (IPv4 and IPv6) that answered an ICMP echo within `timeout`
+    seconds (both families at once: one timeout)."""
+    v4 = [a for a in addresses if ":" not in a]
+    v6 = [a for a in addresses if ":" in a]
+    socks = []
     with target.inside():  # the socket belongs to the namespace it was created in
-        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        if v4:
+            socks.append((socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+                          v4, 8, 0))
+        if v6:
+            socks.append((socket.socket(socket.AF_INET6, socket.SOCK_RAW,
+                                        socket.IPPROTO_ICMPV6), v6, 128, 129))
     ident = os.getpid() & 0xFFFF
     answered: set[str] = set()
     try:
         for attempt in range(tries):
-            pending = [a for a in addresses if a not in answered]
-            if not pending:
-                break
-            for seq, addr in enumerate(pending):
-                try:
-                    sock.sendto(_echo(ident, attempt * 10000 + seq), (addr, 0))
-                except OSError:
-                    pass  # unreachable now: simply no answer
+            for sock, addrs, kind, _ in socks:
+                for seq, addr in enumerate(a for a in addrs if a not in answered):
+                    try:
+                        sock.sendto(_echo(ident, attempt * 10000 + seq, kind), (addr, 0))
+                    except OSError:
+                        pass  # unreachable now: simply no answer
             deadline = time.monotonic() + timeout / tries
             while len(answered) < len(addresses):
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([sock], [], [], left)[0]:
+                ready = select.select([s for s, *_ in socks], [], [], left)[0] if left > 0 else []
+                if not ready:
                     break
-                packet, (src, _) = sock.recvfrom(2048)
-                ihl = (packet[0] & 0x0F) * 4
-                kind, _, _, rid, _ = struct.unpack_from("!BBHHH", packet, ihl)
-                if kind == 0 and rid == ident and src in addresses:
-                    answered.add(src)
+                for sock, addrs, _, reply in socks:
+                    if sock in ready:
+                        _answer(sock, addrs, ident, reply, answered)
     finally:
-        sock.close()
+        for sock, *_ in socks:
+            sock.close()
     return answered
+
+
+def _answer(sock: socket.socket, addrs: list[str], ident: int, reply: int,
+            answered: set[str]) -> None:
+    """Read one packet; add its source to `answered` when it is our echo reply."""
+    packet, peer = sock.recvfrom(2048)
+    src = peer[0]
+    ihl = (packet[0] & 0x0F) * 4 if sock.family == socket.AF_INET else 0  # v6: no header
+    if len(packet) < ihl + 8:
+        return
+    kind, _, _, rid, _ = struct.unpack_from("!BBHHH", packet, ihl)
+    if kind == reply and rid == ident and src in addrs:
+        answered.add(src)
 
 
 def probe_payload(nbytes: int) -> str:

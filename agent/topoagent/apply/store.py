@@ -430,11 +430,15 @@ def merge_baseline(base: HostState, add: HostState) -> HostState:
             up=old.up if old and old.up is not None else i.up,
         )
     rp = {**add.sysctl.rp_filter, **base.sysctl.rp_filter}
-    fwd = base.sysctl.ip_forward if base.sysctl.ip_forward is not None else add.sysctl.ip_forward
-    mp = base.sysctl.multipath_hash_policy
-    mp = mp if mp is not None else add.sysctl.multipath_hash_policy
+
+    def first(name: str):
+        v = getattr(base.sysctl, name)
+        return v if v is not None else getattr(add.sysctl, name)
     return HostState(interfaces=list(links.values()), sysctl=Sysctl(
-        ip_forward=fwd, rp_filter=rp, multipath_hash_policy=mp))
+        ip_forward=first("ip_forward"), rp_filter=rp,
+        multipath_hash_policy=first("multipath_hash_policy"),
+        ipv6_forwarding=first("ipv6_forwarding"),
+        ipv6_multipath_hash_policy=first("ipv6_multipath_hash_policy")))
 
 
 def with_baseline(state: HostState, base: HostState) -> HostState:
@@ -455,8 +459,12 @@ def with_baseline(state: HostState, base: HostState) -> HostState:
 def sysctl_with_baseline(sysctl: Sysctl, base: Sysctl, rp_filter: bool = True) -> Sysctl:
     """`sysctl`, with the baseline's value for each sysctl it does not set (`rp_filter` False:
     the per-interface ones stay as they are)."""
-    fwd, mp = sysctl.ip_forward, sysctl.multipath_hash_policy
-    return Sysctl(ip_forward=fwd if fwd is not None else base.ip_forward,
+    def pick(name: str):
+        v = getattr(sysctl, name)
+        return v if v is not None else getattr(base, name)
+    return Sysctl(ip_forward=pick("ip_forward"),
                   rp_filter={**base.rp_filter, **sysctl.rp_filter} if rp_filter
                   else dict(sysctl.rp_filter),
-                  multipath_hash_policy=mp if mp is not None else base.multipath_hash_policy)
+                  multipath_hash_policy=pick("multipath_hash_policy"),
+                  ipv6_forwarding=pick("ipv6_forwarding"),
+                  ipv6_multipath_hash_policy=pick("ipv6_multipath_hash_policy"))

@@ -15,15 +15,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from topoagent.apply.batch import execute
 from topoagent.apply.diff import check_host, diff
 from topoagent.apply.journal import Journal, complete_history, crash_point, recover, restore
-from topoagent.apply.kernel_ops import AddQdisc, Driver, Op, RestoreQdisc, SetLink, SetSysctl
+from topoagent.apply.kernel_ops import Driver, Op, SetLink, SetSysctl
 from topoagent.apply.mgmt import Mgmt, guard, guard_state, route_get
 from topoagent.apply.probe import ping_many
 from topoagent.apply.store import Store, sysctl_with_baseline
+from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.observe.host import (
+    IP6_FORWARD,
     IP_FORWARD,
     MULTIPATH_HASH,
+    MULTIPATH_HASH6,
     Observed,
     observe,
     rp_filter_path,
@@ -31,10 +35,10 @@ from topoagent.observe.host import (
 )
 from topoagent.protocol import TopoError
 from topoagent.state.host import HostState, Interface, Sysctl
+from topoagent.state.values import is_link_local
 from topoagent.target import Target
 
 VERIFY_DELAYS = (0.0, 0.05, 0.2, 0.5)  # netlink changes settle asynchronously (rarely)
-COMPOSITE = (AddQdisc, RestoreQdisc)  # several kernel requests: may fail half-done
 
 
 class Interrupted(TopoError):
@@ -120,6 +124,9 @@ def rollback(target: Target, store: Store, *, dry_run: bool = False, probe: bool
     previous = store.previous()
     if previous is None:
         return None
+    # a global sysctl an apply after that state set (say ipv6_forwarding, which the older
+    # state never mentions) goes back to the host's original value too
+    previous = with_original_sysctls(previous, store.baseline())
     before, ops = plan(target, previous, mgmt)
     if dry_run:
         return Result(ops, time.perf_counter() - t0, dry_run=True)
@@ -170,12 +177,12 @@ def _commit(target: Target, store: Store, journal: Journal | None, history: dict
 def _transact(target: Target, desired: HostState, before: Observed, ops: list[Op],
               probes: list[str], journal: Journal | None = None,
               watch: list[tuple[str, str | None]] | None = None) -> None:
-    from topoagent.drivers.netlink import NetlinkDriver  # pyroute2: only when writing
-
     done: list[Op] = []
-    with contextlib.closing(target.iproute()) as ipr, _term_as_exception():
-        drv = NetlinkDriver(target, ipr)
-        paths = {(ip, src): route_get(ipr, ip, src) for ip, src in watch or ()}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_term_as_exception())
+        drv = NetlinkDriver(target)
+        stack.callback(drv.close)
+        paths = {(ip, src): route_get(drv.ipr, ip, src) for ip, src in watch or ()}
         try:
             _run(drv, desired, before, ops, probes, done, journal, paths)
         except ApplyError:
@@ -214,17 +221,11 @@ def _run(drv: Driver, desired: HostState, before: Observed, ops: list[Op],
          paths: dict | None = None) -> None:
     target = drv.target
     crash_point(0)
-    for op in ops:
-        if journal is not None:
-            journal.record(op)
-        try:
-            op.apply(drv)
-        except Exception as e:  # the kernel said no: undo everything done so far
-            if isinstance(op, COMPOSITE):
-                done.append(op)
-            _fail(f"{op.describe()}: {_reason(e)}", drv, before, done)
-        done.append(op)
-        crash_point(len(done))
+    record = journal.record_all if journal is not None else None
+    failures = execute(drv, ops, done, before=record, after=crash_point)
+    if failures:  # the kernel said no: undo everything done so far
+        f = failures[0]
+        _fail(f"{f.op.describe()}: {f.reason}", drv, before, done)
 
     left: list[Op] = []
     for delay in VERIFY_DELAYS:
@@ -263,22 +264,19 @@ def revert(drv: Driver, before: Observed, done: list[Op]) -> list[str]:
     return restore(drv, [op.inverse() for op in reversed(done)], to_host_state(before), routes)
 
 
-def _reason(e: Exception) -> str:
-    # NetlinkError carries (code, message); the message alone reads best
-    args = getattr(e, "args", ())
-    if len(args) >= 2 and isinstance(args[0], int):
-        return f"{args[1]} (errno {args[0]})"
-    return str(e) or type(e).__name__
-
-
 def _choose_probes(target: Target, desired: HostState, obs: Observed) -> list[str]:
     """Planned next hops that answer now: the ones a change must not break. Only gateways in
     a subnet the host is on now can answer, so only those are pinged (no timeout wasted on a
     fresh host)."""
-    nets = [ipaddress.IPv4Interface(a).network for addrs in obs.addresses.values()
+    nets = [ipaddress.ip_interface(a).network for addrs in obs.addresses.values()
             for a in addrs]
+
+    def answers_now(via: str) -> bool:
+        gw = ipaddress.ip_address(via)
+        return any(gw.version == n.version and gw in n for n in nets)
+    # link-local gateways need their link named to ping (ping -I); they are left unprobed
     gateways = sorted({h.via for r in desired.routes for h in r.hops()
-                       if h.via and any(ipaddress.IPv4Address(h.via) in n for n in nets)})
+                       if h.via and not is_link_local(h.via) and answers_now(h.via)})
     return sorted(ping_many(target, gateways)) if gateways else []
 
 
@@ -300,7 +298,7 @@ def _baseline(ops: list[Op]) -> HostState:
     """The original values of sysctls and link attributes these operations overwrite."""
     links: dict[str, Interface] = {}
     rp: dict[str, int] = {}
-    forward = mp_hash = None
+    forward = mp_hash = forward6 = mp_hash6 = None
     for op in ops:
         if isinstance(op, SetLink):
             links[op.dev] = Interface(name=op.dev, mtu=op.old_mtu, up=op.old_up)
@@ -313,5 +311,10 @@ def _baseline(ops: list[Op]) -> HostState:
                 mp_hash = int(op.old)
             elif op.path == IP_FORWARD:
                 forward = op.old == "1"
+            elif op.path == MULTIPATH_HASH6:
+                mp_hash6 = int(op.old)
+            elif op.path == IP6_FORWARD:
+                forward6 = op.old == "1"
     return HostState(interfaces=list(links.values()), sysctl=Sysctl(
-        ip_forward=forward, rp_filter=rp, multipath_hash_policy=mp_hash))
+        ip_forward=forward, rp_filter=rp, multipath_hash_policy=mp_hash,
+        ipv6_forwarding=forward6, ipv6_multipath_hash_policy=mp_hash6))

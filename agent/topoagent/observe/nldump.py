@@ -1,5 +1,5 @@
-"""Fast read-only rtnetlink dumps: links, IPv4 addresses, routes and rules, qdiscs, HTB classes
-and u32 filters.
+"""Fast read-only rtnetlink dumps: links, IPv4 and IPv6 addresses, routes and rules, qdiscs, HTB
+classes and u32 filters.
 
 pyroute2 decodes every message into generic objects, about 0.15 ms each: on a host with
 thousands of routes and rules that alone would break the agent's 0.3 s budget for a no-op
@@ -48,7 +48,8 @@ FRA_EXOTIC = {FRA_GOTO, FRA_FLOW, FRA_TUN_ID, FRA_L3MDEV, FRA_UID_RANGE, FRA_IP_
 
 @dataclass
 class RawRoute:
-    """An IPv4 route as dumped by rtnetlink (table, destination, metric, protocol, next hops)."""
+    """An IPv4 or IPv6 route as dumped by rtnetlink: table, destination, metric, protocol,
+    next hops."""
 
     table: int
     dst: str  # a.b.c.d/len
@@ -64,7 +65,7 @@ class RawRoute:
 
 @dataclass
 class RawRule:
-    """An IPv4 policy rule as dumped by rtnetlink."""
+    """An IPv4 or IPv6 policy rule as dumped by rtnetlink."""
 
     priority: int
     action: int
@@ -80,6 +81,7 @@ class RawRule:
     suppress_prefixlen: int | None
     suppress_ifgroup: int | None
     exotic: bool
+    family: int = socket.AF_INET
 
 
 def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
@@ -138,35 +140,43 @@ def _open() -> socket.socket:
 
 
 def _ip(b: bytes) -> str:
-    return socket.inet_ntoa(b)
+    return socket.inet_ntop(socket.AF_INET6 if len(b) == 16 else socket.AF_INET, b)
+
+
+FAMILIES = (socket.AF_INET, socket.AF_INET6)
+ANY = {socket.AF_INET: "0.0.0.0", socket.AF_INET6: "::"}
 
 
 def dump_routes(sock: socket.socket) -> list[RawRoute]:
-    """Every IPv4 route in every table, read with one rtnetlink dump."""
+    """Every IPv4 and IPv6 route in every table, read with one rtnetlink dump per family."""
     out = []
-    for head, a in _dump(sock, RTM_GETROUTE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
-        family, dst_len, _, tos, table, proto, _, rtype, _ = head
-        if family != socket.AF_INET:
-            continue
-        multipath = []
-        if RTA_MULTIPATH in a:
-            mp, p = a[RTA_MULTIPATH], 0
-            while p + 8 <= len(mp):
-                ln, _, hops, ifindex = struct.unpack_from("=HBBi", mp, p)
-                gw = _attrs(mp, p + 8, p + ln).get(RTA_GATEWAY)
-                multipath.append((_ip(gw) if gw else None, ifindex, hops + 1))
-                p += (ln + 3) & ~3
-        out.append(RawRoute(
-            table=struct.unpack("=I", a[RTA_TABLE])[0] if RTA_TABLE in a else table,
-            dst=f"{_ip(a[RTA_DST]) if RTA_DST in a else '0.0.0.0'}/{dst_len}",
-            metric=struct.unpack("=I", a[RTA_PRIORITY])[0] if RTA_PRIORITY in a else 0,
-            proto=proto, type=rtype, tos=tos,
-            gateway=_ip(a[RTA_GATEWAY]) if RTA_GATEWAY in a else None,
-            oif=struct.unpack("=i", a[RTA_OIF])[0] if RTA_OIF in a else None,
-            prefsrc=_ip(a[RTA_PREFSRC]) if RTA_PREFSRC in a else None,
-            multipath=multipath,
-        ))
+    for fam in FAMILIES:
+        for head, a in _dump(sock, RTM_GETROUTE, RTMSG, fam, 0, 0, 0, 0, 0, 0, 0, 0):
+            if head[0] == fam:
+                out.append(_raw_route(head, a))
     return out
+
+
+def _raw_route(head: tuple, a: dict[int, bytes]) -> RawRoute:
+    family, dst_len, _, tos, table, proto, _, rtype, _ = head
+    multipath = []
+    if RTA_MULTIPATH in a:
+        mp, p = a[RTA_MULTIPATH], 0
+        while p + 8 <= len(mp):
+            ln, _, hops, ifindex = struct.unpack_from("=HBBi", mp, p)
+            gw = _attrs(mp, p + 8, p + ln).get(RTA_GATEWAY)
+            multipath.append((_ip(gw) if gw else None, ifindex, hops + 1))
+            p += (ln + 3) & ~3
+    return RawRoute(
+        table=struct.unpack("=I", a[RTA_TABLE])[0] if RTA_TABLE in a else table,
+        dst=f"{_ip(a[RTA_DST]) if RTA_DST in a else ANY[family]}/{dst_len}",
+        metric=struct.unpack("=I", a[RTA_PRIORITY])[0] if RTA_PRIORITY in a else 0,
+        proto=proto, type=rtype, tos=tos,
+        gateway=_ip(a[RTA_GATEWAY]) if RTA_GATEWAY in a else None,
+        oif=struct.unpack("=i", a[RTA_OIF])[0] if RTA_OIF in a else None,
+        prefsrc=_ip(a[RTA_PREFSRC]) if RTA_PREFSRC in a else None,
+        multipath=multipath,
+    )
 
 
 @dataclass
@@ -193,15 +203,17 @@ def dump_links(sock: socket.socket) -> list[RawLink]:
 
 
 def dump_addrs(sock: socket.socket) -> list[tuple[int, str, int]]:
-    """(ifindex, a.b.c.d/len, protocol) of every IPv4 address."""
+    """(ifindex, address/len, protocol) of every IPv4 and IPv6 address."""
     out = []
-    for head, a in _dump(sock, RTM_GETADDR, IFADDRMSG, socket.AF_INET, 0, 0, 0, 0):
-        family, prefixlen, _, _, index = head
-        if family != socket.AF_INET:
-            continue
-        raw = a.get(IFA_LOCAL) or a.get(IFA_ADDRESS)
-        if raw:
-            out.append((index, f"{_ip(raw)}/{prefixlen}", a[IFA_PROTO][0] if IFA_PROTO in a else 0))
+    for fam in FAMILIES:
+        for head, a in _dump(sock, RTM_GETADDR, IFADDRMSG, fam, 0, 0, 0, 0):
+            family, prefixlen, _, _, index = head
+            if family != fam:
+                continue
+            raw = a.get(IFA_LOCAL) or a.get(IFA_ADDRESS)
+            if raw:
+                out.append((index, f"{_ip(raw)}/{prefixlen}",
+                            a[IFA_PROTO][0] if IFA_PROTO in a else 0))
     return out
 
 
@@ -216,24 +228,25 @@ def _name(a: dict[int, bytes], key: int) -> str | None:
 
 
 def dump_rules(sock: socket.socket) -> list[RawRule]:
-    """Every IPv4 policy rule, read with one rtnetlink dump."""
+    """Every IPv4 and IPv6 policy rule, read with one rtnetlink dump per family."""
     out = []
-    for head, a in _dump(sock, RTM_GETRULE, RTMSG, socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0):
-        family, dst_len, src_len, tos, table, _, _, action, _ = head
-        if family != socket.AF_INET:
-            continue
-        out.append(RawRule(
-            priority=_u32(a, FRA_PRIORITY) or 0, action=action,
-            table=_u32(a, FRA_TABLE) or table, tos=tos,
-            src=f"{_ip(a[FRA_SRC])}/{src_len}" if FRA_SRC in a else None,
-            dst=f"{_ip(a[FRA_DST])}/{dst_len}" if FRA_DST in a else None,
-            fwmark=_u32(a, FRA_FWMARK), fwmask=_u32(a, FRA_FWMASK),
-            iif=_name(a, FRA_IIFNAME), oif=_name(a, FRA_OIFNAME),
-            proto=a[FRA_PROTOCOL][0] if FRA_PROTOCOL in a else 0,
-            suppress_prefixlen=_u32(a, FRA_SUPPRESS_PREFIXLEN),
-            suppress_ifgroup=_u32(a, FRA_SUPPRESS_IFGROUP),
-            exotic=bool(FRA_EXOTIC & set(a)),
-        ))
+    for fam in FAMILIES:
+        for head, a in _dump(sock, RTM_GETRULE, RTMSG, fam, 0, 0, 0, 0, 0, 0, 0, 0):
+            family, dst_len, src_len, tos, table, _, _, action, _ = head
+            if family != fam:
+                continue
+            out.append(RawRule(
+                priority=_u32(a, FRA_PRIORITY) or 0, action=action,
+                table=_u32(a, FRA_TABLE) or table, tos=tos,
+                src=f"{_ip(a[FRA_SRC])}/{src_len}" if FRA_SRC in a else None,
+                dst=f"{_ip(a[FRA_DST])}/{dst_len}" if FRA_DST in a else None,
+                fwmark=_u32(a, FRA_FWMARK), fwmask=_u32(a, FRA_FWMASK),
+                iif=_name(a, FRA_IIFNAME), oif=_name(a, FRA_OIFNAME),
+                proto=a[FRA_PROTOCOL][0] if FRA_PROTOCOL in a else 0,
+                suppress_prefixlen=_u32(a, FRA_SUPPRESS_PREFIXLEN),
+                suppress_ifgroup=_u32(a, FRA_SUPPRESS_IFGROUP),
+                exotic=bool(FRA_EXOTIC & set(a)), family=family,
+            ))
     return out
 
 
@@ -274,7 +287,7 @@ def htb_rates(tc: RawTc) -> tuple[int, int]:
 
 
 @functools.cache
-def _ticks_per_us() -> float:
+def ticks_per_us() -> float:
     """The kernel's packet-scheduler clock (``/proc/net/psched``: ticks <-> microseconds, as
     tc computes it): HTB keeps a class's credit as a transmit time in these ticks."""
     try:
@@ -296,24 +309,38 @@ def htb_credit_bytes(tc: RawTc) -> tuple[int, int]:
         return 0, 0
     buffer, cbuffer = struct.unpack_from("=II", parms, 24)
     rate, ceil = htb_rates(tc)
-    per_us = _ticks_per_us()
+    per_us = ticks_per_us()
     return (round(buffer / per_us * 1e-6 * rate / 8),
             round(cbuffer / per_us * 1e-6 * ceil / 8))
 
 
 def u32_single_key(tc: RawTc) -> tuple[int, int, int, int] | None:
-    """(classid, mask, value, offset) of a u32 filter with exactly one 32-bit key.
+    """(classid, mask, value, offset) of a u32 filter with exactly one 32-bit key."""
+    parsed = u32_keys(tc)
+    if parsed is None or len(parsed[1]) != 1:
+        return None
+    classid, ((mask, val, off),) = parsed
+    return classid, mask, val, off
+
+
+def u32_keys(tc: RawTc) -> tuple[int, list[tuple[int, int, int]]] | None:
+    """(classid, [(mask, value, offset)...]) of a u32 filter with a class and plain keys.
 
     tc_u32_sel: flags, offshift, nkeys (u8 each), pad, offmask (be16), off (u16), offoff,
     hoff (s16), hmask (be32) = 16 bytes, then nkeys tc_u32_key {__be32 mask, __be32 val,
     int off, int offmask} with off in host byte order."""
     sel = tc.options.get(TCA_U32_SEL)
     classid = tc.options.get(TCA_U32_CLASSID)
-    if sel is None or classid is None or len(sel) < 32 or sel[2] != 1:
+    if sel is None or classid is None or len(sel) < 16 + 16 * sel[2] or sel[2] == 0:
         return None
-    mask, val = struct.unpack_from(">II", sel, 16)
-    (off,) = struct.unpack_from("=i", sel, 24)
-    return struct.unpack("=I", classid)[0], mask, val, off
+    keys = []
+    for k in range(sel[2]):
+        mask, val = struct.unpack_from(">II", sel, 16 + 16 * k)
+        off, offmask = struct.unpack_from("=ii", sel, 24 + 16 * k)
+        if offmask:
+            return None
+        keys.append((mask, val, off))
+    return struct.unpack("=I", classid)[0], keys
 
 
 def open_in(inside) -> socket.socket:

@@ -4,7 +4,9 @@ Typed pydantic models that reject unknown keys. Every value is parsed and range-
 the rest of the agent works on canonical values: addresses as `a.b.c.d/len` strings, networks
 with host bits clear, rates as integer bit/s, tables and priorities as integers. Errors come out
 of `load_host_state` as `StateError`, one line per problem, each naming its YAML path
-(`routes[3].nexthops[0].via: not an IPv4 address`).
+(`routes[3].nexthops[0].via: not an IPv4 address`). Every address, network, next hop, rule
+and QoS destination may be IPv4 or IPv6; one object keeps to one family (a route's next hops
+and source are of its destination's family, a rule's from and to of its family).
 
 The controller imports this module to render plans: one schema, two users.
 """
@@ -28,16 +30,19 @@ from pydantic import (
 from topoagent.protocol import TopoError
 from topoagent.state import yamlload
 from topoagent.state.ovs import OvsState, ovs_problems
-from topoagent.state.schema import Model, validation_problems
+from topoagent.state.schema import FieldProblems, Model, validation_problems
 from topoagent.state.values import (
+    IP,
     IfName,
-    IPv4,
-    IPv4Iface,
+    IPIface,
+    IPNet,
     IPv4Net,
     Mac,
     Rate,
     Table,
+    family,
     format_rate,
+    is_link_local,
 )
 
 # --- ownership marks: everything the agent creates carries one of these -------------------------
@@ -45,6 +50,7 @@ from topoagent.state.values import (
 RT_PROTO = 76
 RULE_PRIORITY_MIN, RULE_PRIORITY_MAX = 1000, 32765  # 0, 32766, 32767 are the kernel's defaults
 TC_MAJOR = 0x7470  # HTB root handle "7470:" ("tp"), only on interfaces listed under qos
+IP6_DEFAULT_METRIC = 1024  # what the kernel gives an IPv6 route asked with metric 0
 MAX_CLASSES = 0xFFF - 1  # HTB minors 2..0xFFF (1 is the root class; u32 node ids are 12 bits)
 
 
@@ -79,14 +85,23 @@ class Interface(_Model):
 
     name: IfName
     mac: Mac | None = None  # asserted: the link called `name` must have this MAC
-    addresses: list[IPv4Iface] = Field(default_factory=list)
+    addresses: list[IPIface] = Field(default_factory=list)
     mtu: Annotated[int, Field(ge=68, le=65536)] | None = None  # lo has 65536
     up: bool | None = None
+    # IPv6 duplicate address detection for the addresses the agent adds here: false adds them
+    # usable at once (IFA_F_NODAD: a lab, or a cable whose far end the plan addresses too);
+    # unset or true lets the kernel probe first (the address is tentative for a second or two)
+    dad: bool | None = None
 
     @model_validator(mode="after")
     def _unique_addresses(self) -> Interface:
         if len(set(self.addresses)) != len(self.addresses):
             raise ValueError("addresses: listed twice")
+        local = [(f"addresses[{j}]", f"{a} is link-local (fe80::/10): the kernel makes one per "
+                  f"link and the agent leaves it alone")
+                 for j, a in enumerate(self.addresses) if is_link_local(a)]
+        if local:
+            raise FieldProblems(local)
         return self
 
 
@@ -100,12 +115,17 @@ class Sysctl(_Model):
     ip_forward: bool | None = None
     rp_filter: dict[IfName, Annotated[int, Field(ge=0, le=2)]] = Field(default_factory=dict)
     multipath_hash_policy: Annotated[int, Field(ge=0, le=3)] | None = None
+    # IPv6 (net.ipv6.conf.all.forwarding, net.ipv6.fib_multipath_hash_policy: the same values
+    # as IPv4's). The kernel has no IPv6 rp_filter (reverse-path filtering of IPv6 is
+    # netfilter's rpfilter match, which the agent does not manage)
+    ipv6_forwarding: bool | None = None
+    ipv6_multipath_hash_policy: Annotated[int, Field(ge=0, le=3)] | None = None
 
 
 class Nexthop(_Model):
     """One next hop of a multipath route: gateway, device and weight."""
 
-    via: IPv4 | None = None
+    via: IP | None = None
     dev: IfName | None = None
     weight: Annotated[int, Field(ge=1, le=256)] = 1
 
@@ -119,13 +139,45 @@ class Nexthop(_Model):
 class Route(_Model):
     """One route: a single next hop (`via`/`dev`) or weighted multipath (`nexthops`)."""
 
-    dst: IPv4Net
+    dst: IPNet
     table: Table = 254
-    metric: Annotated[int, Field(ge=0, lt=2**32)] = 0
-    via: IPv4 | None = None
+    metric: Annotated[int, Field(ge=0, lt=2**32)] = 0  # IPv6: 0 is the kernel's 1024
+    via: IP | None = None
     dev: IfName | None = None
     nexthops: list[Nexthop] = Field(default_factory=list)
-    src: IPv4 | None = None
+    src: IP | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ipv6_metric(cls, data: Any) -> Any:
+        """The kernel gives an IPv6 route without a metric (or with 0) metric 1024: the route's
+        key says so too, or the agent would never find the route it made."""
+        dst = str(data.get("dst", "")) if isinstance(data, dict) else ""
+        if ((":" in dst or dst == "default6")
+                and data.get("metric", 0) in (0, None)
+                and not isinstance(data.get("metric"), bool)):
+            data = {**data, "metric": IP6_DEFAULT_METRIC}
+        return data
+
+    @model_validator(mode="after")
+    def _one_family(self) -> Route:
+        """Next hops and source of the destination's family; a link-local gateway with its
+        link (it is ambiguous without one)."""
+        fam = family(self.dst)
+        problems = []
+        hops = [(f"nexthops[{j}].", h) for j, h in enumerate(self.nexthops)] or [("", self)]
+        for where, h in hops:
+            if h.via is not None and family(h.via) != fam:
+                problems.append((f"{where}via", f"an IPv{family(h.via)} next hop on an IPv{fam} "
+                                 f"route ({self.dst})"))
+            elif h.via is not None and is_link_local(h.via) and h.dev is None:
+                problems.append((f"{where}via", f"link-local next hop {h.via} needs dev (the "
+                                 f"link it is on)"))
+        if self.src is not None and family(self.src) != fam:
+            problems.append(("src", f"an IPv{family(self.src)} source on an IPv{fam} route"))
+        if problems:
+            raise FieldProblems(problems)
+        return self
 
     @model_validator(mode="after")
     def _one_form(self) -> Route:
@@ -149,7 +201,8 @@ class Route(_Model):
         """Next hops in one canonical form (single-hop routes as a one-element list)."""
         if self.nexthops:
             return sorted(self.nexthops, key=lambda n: (n.via or "", n.dev or ""))
-        return [Nexthop(via=self.via, dev=self.dev)]
+        # via and dev are validated already: no second validation (diff calls this per route)
+        return [Nexthop.model_construct(via=self.via, dev=self.dev, weight=1)]
 
 
 class Rule(_Model):
@@ -158,12 +211,38 @@ class Rule(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     priority: Annotated[int, Field(ge=RULE_PRIORITY_MIN, le=RULE_PRIORITY_MAX)]
-    from_: IPv4Net | None = Field(default=None, alias="from")
-    to: IPv4Net | None = None
+    from_: IPNet | None = Field(default=None, alias="from")
+    to: IPNet | None = None
     fwmark: Annotated[int, Field(ge=1, lt=2**32)] | None = None
     iif: IfName | None = None
     oif: IfName | None = None
     table: Table
+    # the kernel keeps IPv4 and IPv6 rules apart (one list each): given by from/to when they
+    # are, else ipv4 unless said
+    family: Literal["ipv4", "ipv6"] = "ipv4"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_from_networks(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "family" not in data and any(
+                ":" in str(data.get(k) or "") for k in ("from", "from_", "to")):
+            data = {**data, "family": "ipv6"}
+        return data
+
+    @model_validator(mode="after")
+    def _one_family(self) -> Rule:
+        want = 6 if self.family == "ipv6" else 4
+        problems = [(key, f"an IPv{family(net)} network in an {self.family} rule")
+                    for key, net in (("from", self.from_), ("to", self.to))
+                    if net is not None and family(net) != want]
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(family, priority): what identifies an agent rule (each family has its own list)."""
+        return (self.family, self.priority)
 
 
 class QosClass(_Model):
@@ -171,7 +250,7 @@ class QosClass(_Model):
 
     # HTB minor and u32 node id (12 bits), so at most 4094 classes per interface
     id: Annotated[int, Field(ge=2, le=0xFFF)] | None = None  # default: position + 2
-    dst: IPv4Net
+    dst: IPNet
     rate: Rate
     ceil: Rate | None = None  # default: the link rate
 
@@ -195,8 +274,8 @@ class Qos(_Model):
         if len(set(dsts)) != len(dsts):
             problems.append("classes: two classes share a dst")
         for i, c in enumerate(self.classes):
-            if c.dst == "0.0.0.0/0":  # a u32 key with mask 0; observe reads it as no filter
-                problems.append(f"classes[{i}].dst: 0.0.0.0/0 is all traffic, which the link "
+            if c.dst in ("0.0.0.0/0", "::/0"):  # a u32 filter without keys: read as none
+                problems.append(f"classes[{i}].dst: {c.dst} is all traffic, which the link "
                                 f"rate (qos rate) already shapes; a class is for some "
                                 f"destinations")
             if c.rate > self.rate:
@@ -225,7 +304,9 @@ class Qos(_Model):
                 while nxt in used:
                     nxt += 1
                 cid, nxt = nxt, nxt + 1
-            out.append(QosClass(id=cid, dst=c.dst, rate=c.rate, ceil=c.ceil or self.rate))
+            # validated values: no second validation (the diff resolves 2,560 classes twice)
+            out.append(QosClass.model_construct(id=cid, dst=c.dst, rate=c.rate,
+                                                ceil=c.ceil or self.rate))
         return out
 
 
@@ -275,7 +356,7 @@ class HostState(_Model):
         problems = _duplicates("interfaces", [i.name for i in self.interfaces], "name")
         problems += ovs_problems(self)
         problems += _duplicates("routes", [r.key for r in self.routes], "table/dst/metric")
-        problems += _duplicates("rules", [r.priority for r in self.rules], "priority")
+        problems += _duplicates("rules", [r.key for r in self.rules], "priority")
         problems += _duplicates("qos", [q.dev for q in self.qos], "dev")
         if problems:
             raise StateError(problems)

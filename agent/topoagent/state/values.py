@@ -1,6 +1,7 @@
-"""Scalar values of the HostState schema: interface names, MAC and IPv4 addresses, networks,
-rates and routing tables, each a parser that raises ValueError with a message naming the value
-(pydantic turns it into a problem at the value's YAML path). Used by every section's model."""
+"""Scalar values of the HostState schema: interface names, MAC addresses, IPv4 and IPv6
+addresses and networks, rates and routing tables, each a parser that raises ValueError with a
+message naming the value (pydantic turns it into a problem at the value's YAML path). Used by
+every section's model."""
 
 from __future__ import annotations
 
@@ -86,6 +87,64 @@ def ipv4_network(v: Any) -> str:
         raise ValueError(f"not an IPv4 network: {v!r}") from None
 
 
+def ip(v: Any) -> str:
+    """An IPv4 or IPv6 address in its canonical spelling (IPv6 compressed, lower case)."""
+    s = str(v)
+    if ":" not in s:
+        return ipv4(v)
+    try:
+        return str(ipaddress.IPv6Address(s))
+    except ValueError:
+        raise ValueError(f"not an IPv6 address: {v!r}") from None
+
+
+def ip_interface(v: Any) -> str:
+    """`a.b.c.d/len` or `x:y::z/len` (host address plus prefix length)."""
+    if not isinstance(v, str) or ":" not in v:
+        return ipv4_interface(v)
+    if "/" not in v:
+        raise ValueError(f"not an IPv6 address with prefix length (x::y/len): {v!r}")
+    _prefix_in_range(v, 128)
+    try:
+        return str(ipaddress.IPv6Interface(v))
+    except ValueError:
+        raise ValueError(f"not an IPv6 address with prefix length: {v!r}") from None
+
+
+def _prefix_in_range(s: str, most: int) -> None:
+    plen = s.rpartition("/")[2]
+    if plen.isdigit() and int(plen) > most:
+        raise ValueError(f"prefix length /{plen} is over /{most}: {s!r}")
+
+
+def ip_network(v: Any) -> str:
+    """An IPv4 or IPv6 network with host bits clear; `default` is 0.0.0.0/0 and `default6`
+    ::/0; a bare address means /32 or /128."""
+    s = str(v)
+    if s == "default6":
+        return "::/0"
+    if ":" not in s:
+        return ipv4_network(v)
+    _prefix_in_range(s, 128)
+    try:
+        return str(ipaddress.IPv6Network(s, strict=True))
+    except ValueError as e:
+        if "host bits set" in str(e):
+            raise ValueError(f"{s} has host bits set") from None
+        raise ValueError(f"not an IPv6 network: {v!r}") from None
+
+
+def family(text: str) -> int:
+    """4 or 6: the family of an address or network in canonical text."""
+    return 6 if ":" in text else 4
+
+
+def is_link_local(text: str) -> bool:
+    """Whether an IPv6 address (or address/len) is link-local (fe80::/10): the kernel's, one
+    per link, never the agent's."""
+    return ":" in text and ipaddress.IPv6Address(text.partition("/")[0]).is_link_local
+
+
 def parse_rate(v: Any) -> int:
     """Rates as tc writes them (`100mbit`, `1.5gbit`, `800kbit`) or integers, in bit/s.
 
@@ -131,5 +190,8 @@ Mac = Annotated[str, AfterValidator(mac)]
 IPv4 = Annotated[str, AfterValidator(ipv4)]
 IPv4Iface = Annotated[str, AfterValidator(ipv4_interface)]
 IPv4Net = Annotated[str, AfterValidator(ipv4_network)]
+IP = Annotated[str, AfterValidator(ip)]  # IPv4 or IPv6
+IPIface = Annotated[str, AfterValidator(ip_interface)]
+IPNet = Annotated[str, AfterValidator(ip_network)]
 Rate = Annotated[int, BeforeValidator(parse_rate), PlainSerializer(format_rate, return_type=str)]
 Table = Annotated[int, BeforeValidator(routing_table)]
