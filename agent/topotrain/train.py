@@ -46,6 +46,7 @@ from topotrain import checkpoint
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.events import emit
 from topotrain.pipeline import main as pipeline_main
+from topotrain.shares import loss_weight
 from topotrain.workload import (
     check_same_weights,
     checksum,
@@ -164,7 +165,8 @@ def _train(run: _Run) -> None:
           algorithm=job.collective.get("algorithm", "default"), first=run.start)
     for it in range(run.start, job.iterations):
         gen.manual_seed(data_seed(job.seed, rank, it))
-        inputs = random_inputs(specs, job.batch.per_rank, gen)
+        # batch shares by speed: this rank's own share of the global batch
+        inputs = random_inputs(specs, job.batch.samples(rank), gen)
         _emit(event="iter", rank=rank, iter=it, **_timed_iteration(run, inputs))
         done = it + 1
         if writer and done % every == 0 and done < job.iterations:
@@ -184,8 +186,9 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
     out = run.ddp(*inputs)
     out = out[0] if isinstance(out, (tuple, list)) else out
     loss = out.float().pow(2).mean()
+    weight = loss_weight(run.job.batch, run.rank, run.world)  # 1.0 unless batch shares
     t1, m1 = time.perf_counter(), time.thread_time()
-    loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
+    (loss * weight if weight != 1.0 else loss).backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
     t2, m2 = time.perf_counter(), time.thread_time()
     run.opt.step()
     m3 = time.thread_time()
