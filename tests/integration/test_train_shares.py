@@ -51,7 +51,7 @@ def single_process(weighted: bool) -> list[float]:
             train = loss
         else:
             means = [model(x).pow(2).mean() for x in parts]
-            loss = sum(m * n for m, n in zip(means, SHARES)) / sum(SHARES)
+            loss = sum(m * n for m, n in zip(means, SHARES, strict=True)) / sum(SHARES)
             train = sum(means) / len(means)
         train.backward()
         opt.step()
@@ -71,4 +71,4 @@ def test_shares_train_as_one_process_on_the_whole_batch(tmp_path):
     assert len(done) == 3 and len(set(done)) == 1  # the ranks stayed in step
     # the test can fail: without the weights the ranks would have trained another model
     plain = single_process(weighted=False)
-    assert max(abs(a - b) / abs(b) for a, b in zip(plain[1:], want[1:])) > 1e-3
+    assert max(abs(a - b) / abs(b) for a, b in zip(plain[1:], want[1:], strict=True)) > 1e-3

@@ -132,6 +132,9 @@ class LaunchSpec(Model):
         if shares is not None and len(shares) != self.world_size:
             raise ValueError(f"batch.shares: {len(shares)} shares for world_size "
                              f"{self.world_size}")
+        if shares is not None and self.sfb:
+            raise ValueError("sfb: the ranks all-gather equal factor rows; not with "
+                             "batch.shares")
         return self
 
     def to_dict(self, exclude_unset: bool = False) -> dict:
