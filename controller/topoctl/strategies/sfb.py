@@ -125,22 +125,28 @@ def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float
     return body, sizes
 
 
-def with_sfb(ctx: PlanContext, base: Strategy) -> Strategy:
+def with_sfb(ctx: PlanContext, base: Strategy, layers: list[str] | None = None) -> Strategy:
     """`base` (a data-parallel ring plan) with the layers the 0/1 program picks synchronised by
-    SFB: its tasks rebuilt, the modules in its collective, the choice in its notes."""
+    SFB: its tasks rebuilt, the modules in its collective, the choice in its notes. `layers`
+    (op names) overrides the program's choice (benchmarks measure a forced choice with it);
+    StrategyError names one that is not a candidate."""
     if base.collective.get("algorithm") != "ring" or "shares" in base.collective:
         raise StrategyError("SFB is planned on data-parallel ring plans with even batches "
                             f"(not {base.name})")
     if ctx.world_size != len(ctx.hosts):
         raise StrategyError("one rank per host only (the factors are gathered over hosts)")
     choice, info = _program(ctx, base.network)
-    chosen = list(choice.layers)
+    chosen = list(choice.layers) if layers is None else list(layers)
+    unknown = [op for op in chosen if op not in info]
+    if unknown:
+        raise StrategyError(f"not a fully connected layer with a weight: {', '.join(unknown)}")
     tasks, sizes = sfb_tasks(ctx, chosen, {op: info[op][4] for op in info})
     modules = [info[op][0] for op in chosen]
     notes = dict(base.notes) | {"sfb": {
         "layers": {info[op][0]: {"op": op, "k": info[op][1], "m": info[op][2],
                                  "n": info[op][3]} for op in chosen},
         "candidates": len(info), "objective_s": choice.objective,
+        **({"forced": True} if layers is not None else {}),
         "gathered_bytes_per_replica": sum(info[op][4] for op in chosen)}}
     return replace(base, name=f"{base.name}+sfb", tasks=tasks, buckets=sizes,
                    collective=base.collective | {"sfb": modules}, notes=notes)
