@@ -115,3 +115,16 @@ def test_cli_plans_and_explains_sfb(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "sufficient-factor broadcasting: 4 of 5 fully connected layer(s)" in text
     assert "SFB layer net.2: 1024 -> 1024, 8 rows per replica" in text
+
+
+def test_sfb_on_hosts_with_several_ranks_is_refused_at_the_strategy(tmp_path):
+    from topoctl.spec.cluster_load import parse_cluster
+    from topoctl.spec.job import JobError
+
+    doc = yaml.safe_load((PLANS / "mesh4-cluster.yaml").read_text())
+    doc["defaults"]["gpus"] = {"count": 2, "type": "cpu"}
+    job = JOB | {"strategies": ["baseline", "baseline+sfb"]}
+    with pytest.raises(JobError) as e:
+        make_plan(parse_cluster(doc), parse_job(job), use_cache=False)
+    assert e.value.problems == [("strategies[1]", "baseline+sfb: one rank per host only (the "
+                                                  "factors are gathered over hosts)")]
