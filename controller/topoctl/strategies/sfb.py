@@ -5,9 +5,11 @@ The candidates are the job's `linear` ops (an M x N weight, K rows of input per 
 per-rank batch). Each is costed on the plan's own network and op costs:
 - saved: the ring AllReduce time of its gradient bytes (the marginal seconds per byte of the
   plan's ring, simulated on its network);
-- extra: (P - 1) times its forward time (rebuilding the summed weight gradient from all P
-  replicas' factors is P products of the size of its forward; the replica's own product, which
-  autograd computed before, is no longer computed);
+- extra: rebuilding the summed weight gradient from all P replicas' factors (one product over
+  P K rows) less the replica's own weight gradient, which autograd no longer computes. On lab
+  hosts (ops timed on this CPU) both are the layer's timed parameter backward, at the global
+  batch and at the per-rank batch (one large product runs faster per row than P small ones);
+  elsewhere (P - 1) times its forward time (the same FLOPs as one replica's product);
 - gather: the all-gather of its input x (K x M) and of its output gradient d (K x N), each the
   simulated ring all-gather of P pieces (seconds per byte and per call).
 `topoctl.collective.sfb.choose_layers` picks the layers (TAG's 0/1 program, HiGHS). The
@@ -77,19 +79,38 @@ def ring_rates(order: list[str], network: Network) -> tuple[tuple[float, float],
     return ar, ag
 
 
+def extra_seconds(ctx: PlanContext, ops: list[str]) -> dict[tuple[str, str], float]:
+    """(op, host) -> seconds a replica adds to rebuild the op's weight gradient from every
+    replica's factors (see the module's docstring)."""
+    p = ctx.world_size
+    timed = ctx.train_costs is not None and ctx.cpu_pool is not None  # `planner._on_lab_cpu`
+    at_k = ctx.train_costs(ctx.local_batch) if timed else None
+    at_all = ctx.train_costs(ctx.local_batch * p) if at_k else None
+    out = {}
+    for op in ops:
+        for h in ctx.hosts:
+            if at_k and at_all:
+                grow = at_all[op].bwd_params - at_k[op].bwd_params
+                out[(op, h)] = ctx.job.cost.scale * max(0.0, grow)
+            else:
+                out[(op, h)] = (p - 1) * ctx.host_costs(h)[op].fwd
+    return out
+
+
 def _program(ctx: PlanContext, network: Network) -> tuple[SfbChoice, dict[str, tuple]]:
     """The candidates, their costs on the plan's network and op costs, and the program's
     choice; also op name -> (module, K, M, N, factor bytes per replica)."""
-    order, p = list(ctx.hosts), ctx.world_size
-    (_, ar_b), (ag_c, ag_b) = ring_rates(order, network)
+    (_, ar_b), (ag_c, ag_b) = ring_rates(list(ctx.hosts), network)
     width = ctx.graph.dtype_bytes
     cands, gather, info = [], {}, {}
-    for op, module, k, m, n in linear_layers(ctx.graph):
-        fwd = max(ctx.host_costs(h)[op.name].fwd for h in ctx.hosts)
+    layers = linear_layers(ctx.graph)
+    extra = extra_seconds(ctx, [op.name for op, *_ in layers])
+    for op, module, k, m, n in layers:
+        more = max(extra[(op.name, h)] for h in ctx.hosts)
         x, d = f"x:{op.name}", f"d:{op.name}"
         gather[x] = ag_c + ag_b * k * m * width
         gather[d] = ag_c + ag_b * k * n * width
-        cands.append(SfbLayer(op.name, (x, d), (p - 1) * fwd, ar_b * op.param_bytes))
+        cands.append(SfbLayer(op.name, (x, d), more, ar_b * op.param_bytes))
         info[op.name] = (module, k, m, n, k * (m + n) * width)
     return choose_layers(cands, gather), info
 
@@ -118,9 +139,9 @@ def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float
         # x and d of one layer: one gather task of both (the runtime gathers them back to back)
         body.append(Collective(f"sfb{i}", ring_allgather(order, p * factor_bytes[op]), prev))
         prev = (f"sfb{i}",)
+    extra = extra_seconds(ctx, chosen)
     for h in ctx.hosts:
-        extra = (p - 1) * sum(ctx.host_costs(h)[op].fwd for op in chosen)
-        body.append(Compute(f"sfb@{h}", h, extra, prev))
+        body.append(Compute(f"sfb@{h}", h, sum(extra[(op, h)] for op in chosen), prev))
         body.append(Compute(f"step@{h}", h, _baseline.step_time(ctx, h), (f"sfb@{h}",)))
     return body, sizes
 
