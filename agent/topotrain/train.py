@@ -10,6 +10,9 @@ Gloo binds the host's training address (a /32 routed over the fabric), not the f
 of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hostname is that
 address, and gloo's default device binds what the hostname resolves to.
 With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
+With `batch.shares` each rank draws its own share of the global batch and weights its loss by it
+(`topotrain.shares`); the `sfb` layers are synchronised by sufficient-factor broadcasting
+(`topotrain.sfb`).
 
 One JSON line per event on the event channel (`topotrain.events`: the pipe the launcher
 gives the rank, stdout without one): `start`, `resume` (rank 0, when continuing from a
