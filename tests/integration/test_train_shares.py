@@ -7,6 +7,7 @@ would do) does not."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,27 +32,28 @@ JOB = {
 }
 
 
-def single_process(weighted: bool) -> list[float]:
-    """The losses of one process on the ranks' batches concatenated (`weighted`: the
-    whole-batch mean; else the even average of the ranks' means, training without shares'
-    weights)."""
-    torch.manual_seed(JOB["seed"])
-    model = load_factory(JOB["model"]["factory"])(**KWARGS)
-    opt = torch.optim.SGD(model.parameters(), lr=JOB["lr"])
+def single_process(weighted: bool, job: dict = JOB) -> list[float]:
+    """The losses of one process on the ranks' batches of launch spec `job` concatenated
+    (`weighted`: the whole-batch mean; else the even average of the ranks' means, training
+    without shares' weights)."""
+    shares, seed = job["batch"]["shares"], job.get("seed", 0)
+    torch.manual_seed(seed)
+    model = load_factory(job["model"]["factory"])(**job["model"]["kwargs"])
+    opt = torch.optim.SGD(model.parameters(), lr=job.get("lr", 1e-3))
     gen = torch.Generator()
     losses = []
-    for it in range(STEPS):
+    for it in range(job["iterations"]):
         parts = []
-        for r, n in enumerate(SHARES):
-            gen.manual_seed(data_seed(JOB["seed"], r, it))
-            parts.append(random_inputs([{"shape": [16]}], n, gen)[0])
+        for r, n in enumerate(shares):
+            gen.manual_seed(data_seed(seed, r, it))
+            parts.append(random_inputs(job["model"]["inputs"], n, gen)[0])
         opt.zero_grad()
         if weighted:
             loss = model(torch.cat(parts)).pow(2).mean()
             train = loss
         else:
             means = [model(x).pow(2).mean() for x in parts]
-            loss = sum(m * n for m, n in zip(means, SHARES, strict=True)) / sum(SHARES)
+            loss = sum(m * n for m, n in zip(means, shares, strict=True)) / sum(shares)
             train = sum(means) / len(means)
         train.backward()
         opt.step()
@@ -72,3 +74,32 @@ def test_shares_train_as_one_process_on_the_whole_batch(tmp_path):
     # the test can fail: without the weights the ranks would have trained another model
     plain = single_process(weighted=False)
     assert max(abs(a - b) / abs(b) for a, b in zip(plain[1:], want[1:], strict=True)) > 1e-3
+
+
+def test_a_planned_shares_job_trains_as_one_process(tmp_path):
+    """The chain: `baseline+shares` planned on a cluster whose hosts differ in speed, its
+    rendered `job` run as it is by real ranks, against one process on the whole batch."""
+    import yaml
+
+    from topoctl.planner import make_plan
+    from topoctl.spec.cluster_load import parse_cluster
+    from topoctl.spec.job import parse_job
+
+    plans = Path(__file__).resolve().parents[2] / "plans"
+    doc = yaml.safe_load((plans / "fast4-cluster.yaml").read_text())
+    for h, speed in zip(doc["hosts"], [2, 1, 1, 0.5], strict=True):
+        h["speed"] = speed
+    job = parse_job({"apiVersion": "topoctl/v1", "kind": "Job", "name": "sh4",
+                     "model": {"catalog": "mlp", "params": {"layers": 1, "hidden": 32,
+                                                            "features": 16, "classes": 4}},
+                     "batch": {"global": 36}, "cost": {"method": "roofline"},
+                     "launch": {"iterations": STEPS}, "strategies": ["baseline+shares"]})
+    plan, _ctx, _ = make_plan(parse_cluster(doc), job, use_cache=False)
+    spec = plan["job"]
+    assert spec["batch"]["shares"] == [16, 8, 8, 4]
+    events = run_local(spec, tmp_path)
+    iters = sorted((e["iter"], e["rank"], e["loss"]) for e in events if e["event"] == "iter")
+    shares = spec["batch"]["shares"]
+    got = [sum(shares[r] * loss for i, r, loss in iters if i == it) / sum(shares)
+           for it in range(STEPS)]
+    assert got == pytest.approx(single_process(True, spec), rel=1e-5, abs=1e-7)
