@@ -95,3 +95,30 @@ def test_sfb_trains_to_the_same_losses(tmp_path):
     assert len(done) == 1  # every rank holds the same parameters
     iters = [e for e in sfb if e["event"] == "iter"]
     assert all(e["sfb_seconds"] > 0 for e in iters)
+
+
+def test_a_planned_sfb_job_trains_as_the_allreduce(tmp_path):
+    """The chain: `baseline+sfb` planned on hetero8 at 8 rows per replica names the wide
+    layers as the model's modules, and its rendered `job`, run as it is by 8 real ranks,
+    trains to the losses of the same job without SFB."""
+    from pathlib import Path
+
+    from topoctl.planner import make_plan
+    from topoctl.spec.cluster_load import load_cluster
+    from topoctl.spec.job import parse_job
+
+    plans = Path(__file__).resolve().parents[2] / "plans"
+    job = parse_job({"apiVersion": "topoctl/v1", "kind": "Job", "name": "sfb8",
+                     "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 1024}},
+                     "batch": {"global": 64}, "cost": {"method": "roofline"},
+                     "launch": {"iterations": 6}, "strategies": ["baseline+sfb"]})
+    plan, _ctx, _ = make_plan(load_cluster(plans / "hetero8-cluster.yaml"), job,
+                              use_cache=False)
+    spec = plan["job"] | {"lr": 0.05}
+    assert spec["sfb"] == ["net.0", "net.2"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    got = _losses(run_local(spec, tmp_path / "a"))
+    want = _losses(run_local({k: v for k, v in spec.items() if k != "sfb"}, tmp_path / "b"))
+    assert len(got) == 8 * 6
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-8)
