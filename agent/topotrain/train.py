@@ -10,6 +10,9 @@ Gloo binds the host's training address (a /32 routed over the fabric), not the f
 of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hostname is that
 address, and gloo's default device binds what the hostname resolves to.
 With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
+With `batch.shares` each rank draws its own share of the global batch and weights its loss by it
+(`topotrain.shares`); the `sfb` layers are synchronised by sufficient-factor broadcasting
+(`topotrain.sfb`).
 
 One JSON line per event on the event channel (`topotrain.events`: the pipe the launcher
 gives the rank, stdout without one): `start`, `resume` (rank 0, when continuing from a
@@ -46,6 +49,8 @@ from topotrain import checkpoint
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.events import emit
 from topotrain.pipeline import main as pipeline_main
+from topotrain.sfb import SfbLayers, attach_sfb
+from topotrain.shares import loss_weight
 from topotrain.workload import (
     check_same_weights,
     checksum,
@@ -121,6 +126,7 @@ class _Run:
     tree_hook: Any  # the tree AllReduce hook (its per-bucket timings), None for DDP's own
     ckpt: checkpoint.CheckpointDir | None
     start: int
+    sfb: SfbLayers | None = None  # the layers synchronised by SFB (`job.sfb`), None: none
     local0: bool = field(default_factory=lambda: os.environ.get("LOCAL_RANK", "0") == "0")
 
 
@@ -138,6 +144,8 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
             checkpoint.restore_model(model, state, src)
     if not start:  # a resumed model came from one rank's checkpoint (`restore_model`)
         check_same_weights(model)
+    # SFB layers first: their parameters then stay out of DDP's buckets
+    sfb = attach_sfb(model, job.sfb) if job.sfb else None
     ddp = data_parallel(model, job.bucket_cap_mb)
     tree_hook = None
     if job.collective.get("algorithm") == "trees":
@@ -147,7 +155,7 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
         checkpoint.restore_optimizer(opt, state, src)
         if rank == 0:
             _emit(event="resume", rank=rank, iteration=start, source=src)
-    return _Run(job, rank, world, model, ddp, opt, tree_hook, ckpt, start)
+    return _Run(job, rank, world, model, ddp, opt, tree_hook, ckpt, start, sfb=sfb)
 
 
 def _train(run: _Run) -> None:
@@ -164,7 +172,8 @@ def _train(run: _Run) -> None:
           algorithm=job.collective.get("algorithm", "default"), first=run.start)
     for it in range(run.start, job.iterations):
         gen.manual_seed(data_seed(job.seed, rank, it))
-        inputs = random_inputs(specs, job.batch.per_rank, gen)
+        # batch shares by speed: this rank's own share of the global batch
+        inputs = random_inputs(specs, job.batch.samples(rank), gen)
         _emit(event="iter", rank=rank, iter=it, **_timed_iteration(run, inputs))
         done = it + 1
         if writer and done % every == 0 and done < job.iterations:
@@ -184,8 +193,12 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
     out = run.ddp(*inputs)
     out = out[0] if isinstance(out, (tuple, list)) else out
     loss = out.float().pow(2).mean()
+    weight = loss_weight(run.job.batch, run.rank, run.world)  # 1.0 unless batch shares
     t1, m1 = time.perf_counter(), time.thread_time()
-    loss.backward()  # DDP's AllReduces run inside it (the tree hook waits for its buckets)
+    # DDP's AllReduces run inside the backward (the tree hook waits for its buckets)
+    (loss * weight if weight != 1.0 else loss).backward()
+    if run.sfb is not None:  # the SFB layers' gradients from all ranks' factors
+        run.sfb.sync()
     t2, m2 = time.perf_counter(), time.thread_time()
     run.opt.step()
     m3 = time.thread_time()
@@ -197,6 +210,8 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
     # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
     extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
                             run.tree_hook.take_timings()]} if run.tree_hook is not None else {})
+    if run.sfb is not None:  # seconds of the SFB gathers and products (inside `backward`)
+        extra["sfb_seconds"] = round(run.sfb.seconds, 6)
     # phases: wall seconds of forward (with zero_grad and the loss), backward (with the
     # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
     phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),

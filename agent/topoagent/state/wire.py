@@ -15,9 +15,9 @@ them; errors name the YAML path (`job.processes.h3[0].rank: ...`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from topoagent.protocol import API_VERSION
 from topoagent.state.host import StateError, load_yaml, parse_host_state, read_text
@@ -32,10 +32,25 @@ class Master(Model):
 
 
 class Batch(Model):
-    """Samples per iteration: over all ranks, and per rank."""
+    """Samples per iteration: over all ranks, and per rank. `shares` (batch shares by speed):
+    rank r's samples per iteration, indexed by global rank, summing to `global`; the ranks
+    weight their gradients by them so the average equals one process on the whole batch.
+    Without it every rank takes `per_rank`."""
 
     global_: int = Field(alias="global", ge=1)
     per_rank: int = Field(ge=1)
+    shares: list[Annotated[int, Field(ge=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _shares_add_up(self) -> Batch:
+        if self.shares is not None and sum(self.shares) != self.global_:
+            raise ValueError(f"shares: {sum(self.shares)} samples, not the global batch "
+                             f"{self.global_}")
+        return self
+
+    def samples(self, rank: int) -> int:
+        """Samples per iteration of global rank `rank`: its share, else `per_rank`."""
+        return self.shares[rank] if self.shares is not None else self.per_rank
 
 
 class InputSpec(Model):
@@ -95,6 +110,10 @@ class LaunchSpec(Model):
     # how gradients are synchronised: {"algorithm": "ring" | "trees", ...}; the trees schedule
     # is validated by topocontract.schedule when the trainer loads it
     collective: dict[str, Any] = Field(default_factory=dict)
+    # sufficient-factor broadcasting: the nn.Linear modules (qualified names, as
+    # `model.named_modules()` gives them) whose weight gradients the ranks rebuild from
+    # all-gathered inputs and output gradients instead of all-reducing them
+    sfb: list[str] = Field(default_factory=list)
     processes: dict[str, list[Process]]
     seed: int = 0
     lr: float = 1e-3
@@ -106,6 +125,17 @@ class LaunchSpec(Model):
     # `link-down` event), and checkpointing
     watch: dict[str, list[str]] = Field(default_factory=dict)
     checkpoint: Checkpointing = Field(default_factory=Checkpointing)
+
+    @model_validator(mode="after")
+    def _one_share_per_rank(self) -> LaunchSpec:
+        shares = self.batch.shares
+        if shares is not None and len(shares) != self.world_size:
+            raise ValueError(f"batch.shares: {len(shares)} shares for world_size "
+                             f"{self.world_size}")
+        if shares is not None and self.sfb:
+            raise ValueError("sfb: the ranks all-gather equal factor rows; not with "
+                             "batch.shares")
+        return self
 
     def to_dict(self, exclude_unset: bool = False) -> dict:
         """Plain data for YAML/JSON, keys as written in plans (`batch.global`); with

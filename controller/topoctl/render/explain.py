@@ -53,6 +53,28 @@ def headline(doc: dict) -> list[str]:
                    f"{'on' if mp else 'off' if mp is not None else '?'} "
                    f"({bw.get('multipath_pairs')} pair(s) split), LP communication time "
                    f"{_ms(bw.get('lp_comm_time'))}, HTB ceiling = {bw.get('ceil')}")
+    return out + post_pass_lines(doc)
+
+
+def post_pass_lines(doc: dict) -> list[str]:
+    """What the ``+shares`` (samples per host) and ``+sfb`` (layers synchronised by
+    sufficient-factor broadcasting) post-passes chose."""
+    c = doc.get("metadata", {}).get("collective")
+    c = c if isinstance(c, dict) else {}
+    out = []
+    sh = c.get("shares")
+    if isinstance(sh, dict):  # docs/shares-sfb.md
+        out.append("batch shares by speed: " + ", ".join(
+            f"{h} {sh.get('samples', {}).get(h)} (speed {v:g})"
+            for h, v in (sh.get("speeds") or {}).items()))
+    sfb = c.get("sfb")
+    if isinstance(sfb, dict):
+        layers = sfb.get("layers") or {}
+        out.append(f"sufficient-factor broadcasting: {len(layers)} of {sfb.get('candidates')} "
+                   f"fully connected layer(s), program objective {_ms(sfb.get('objective_s'))}"
+                   f", {_mb(sfb.get('gathered_bytes_per_replica'))} gathered per replica")
+        out += [f"  SFB layer {name}: {v.get('m')} -> {v.get('n')}, {v.get('k')} rows per "
+                "replica" for name, v in layers.items()]
     return out
 
 

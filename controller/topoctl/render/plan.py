@@ -51,6 +51,11 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
         collective = pipeline_addresses(collective, addr.training)
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
+    # batch shares (`+shares`) and the layers synchronised by SFB (`+sfb`) travel in the
+    # strategy's collective and have their own fields in the launch spec
+    collective = dict(collective)
+    shares, sfb = collective.pop("shares", None), collective.pop("sfb", None)
+    batch = {"global": job.batch.global_, "per_rank": local_batch}
     procs: dict[str, list[dict]] = {}
     for h in hosts:
         rs = ranks[h]
@@ -64,10 +69,11 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
         "name": job.name, "backend": job.launch.backend, "command": list(job.launch.command),
         "world_size": world, "master": {"address": master, "port": job.launch.port},
         "threads": job.launch.threads, "iterations": job.launch.iterations,
-        "batch": {"global": job.batch.global_, "per_rank": local_batch},
+        "batch": batch | ({"shares": list(shares)} if shares is not None else {}),
         "model": model_launch_spec(job.model), "dtype": job.dtype,
         "bucket_cap_mb": round((bucket_cap or job.sync.bucket) / 2**20, 6),
         "collective": collective | {"buckets": buckets}, "processes": procs,
+        **({"sfb": list(sfb)} if sfb is not None else {}),
     }).to_dict(exclude_unset=True)
 
 
