@@ -62,6 +62,22 @@ def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
     return plan
 
 
+# post-passes with nothing to do on this cluster and job: its hosts are equally fast (no batch
+# shares), and SFB has its own lab check (bench/sfb_crossover.py, docs/results.md)
+NOT_IN_DEMO = ("shares", "sfb")
+
+
+def default_strategies(registry: dict) -> list[str]:
+    """The demo's rows: the baseline, then one row per strategy function of `registry` (an
+    alias, "bandwidth" = "baseline+bandwidth", runs once under its longest, most descriptive
+    name), without the post-passes of :data:`NOT_IN_DEMO`."""
+    names: dict = {}
+    for s, fn in sorted(registry.items()):
+        if s != "baseline" and not any(p in s.split("+") for p in NOT_IN_DEMO):
+            names.setdefault(fn, []).append(s)
+    return ["baseline"] + sorted(max(v, key=len) for v in names.values())
+
+
 def allreduce_optimum(plans: dict[str, dict]) -> float | None:
     """Seconds of the fastest AllReduce the fabric allows for the job's gradients: the packed
     trees' LP optimum (bytes/s, a property of the fabric, not of a strategy) when the planner
@@ -337,14 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             "planning the cluster as the lab emulates it (no latency, no loss)")
         cluster = parse_cluster(doc, f"{CLUSTER} (as emulated)")
     job_doc = yaml.safe_load(JOB.read_text())
-    # one row per strategy function: an alias ("bandwidth" = "baseline+bandwidth") runs once,
-    # under its longest, most descriptive name
-    names: dict = {}
-    for s, fn in sorted(available().items()):
-        if s != "baseline":
-            names.setdefault(fn, []).append(s)
-    strategies = args.strategies or ["baseline"] + sorted(max(v, key=len)
-                                                          for v in names.values())
+    strategies = args.strategies or default_strategies(available())
     t_start = time.perf_counter()
     runs = args.runs if args.careful else 1
     log(f"{JOB.name} on {cluster.name} with: {', '.join(strategies)}; " + (

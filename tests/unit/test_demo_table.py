@@ -67,3 +67,13 @@ def test_table_without_a_plan_or_a_baseline_says_so():
     (line,) = table([{"strategy": "trees", "predicted": 1.0, "measured": 1.0}],
                     optimum=None).splitlines()[2:]
     assert line.split(" | ")[1] == "-" and line.split(" | ")[5:] == ["-", "-"]
+
+
+def test_the_demo_rows_are_one_per_strategy_without_the_post_passes_with_nothing_to_do():
+    from bench.demo import default_strategies
+    from topoctl.strategies import available
+
+    rows = default_strategies(available())
+    assert rows == ["baseline", "baseline+bandwidth", "pipeline", "placement", "topoopt",
+                    "trees", "trees+bandwidth"]
+    assert "bandwidth" not in rows and not [r for r in rows if "shares" in r or "sfb" in r]
