@@ -153,9 +153,10 @@ def test_the_server_wins_on_a_fat_star_and_the_ring_on_a_ring():
 # --- through the planner --------------------------------------------------------------------
 
 def _ring_cluster(n: int, memory: float) -> dict:
+    # slow devices: compute dominates, so the planner replicates two stages over 4 hosts each
     return {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": f"ring{n}",
             "defaults": {"nic_speed": "1gbit", "gpus": {"count": 1, "type": "small"}},
-            "gpu_types": {"small": {"peak_flops": 1e11, "memory_bandwidth": 1e10,
+            "gpu_types": {"small": {"peak_flops": 1e9, "memory_bandwidth": 1e10,
                                     "memory": memory}},
             "hosts": [{"name": f"h{i}", "nics": [{"name": "eth0"}, {"name": "eth1"}]}
                       for i in range(n)],
@@ -179,9 +180,36 @@ def hybrid_plan():
     return doc
 
 
+def _two_stars() -> dict:
+    """8 hosts, two fat stars (hubs h0 and h4, 10 Gbit/s to their leaves, the leaves joined by
+    100 Mbit/s cables), replica r of each star cabled to replica r of the other."""
+    links = []
+    for b in (0, 4):
+        h = [f"h{b + i}" for i in range(4)]
+        links += [(h[0], h[1], "10gbit"), (h[0], h[2], "10gbit"), (h[0], h[3], "10gbit"),
+                  (h[1], h[2], "100mbit"), (h[2], h[3], "100mbit"), (h[3], h[1], "100mbit")]
+    links += [(f"h{i}", f"h{i + 4}", "10gbit") for i in range(4)]
+    doc = _cluster(links, "tss-stars8", 8)
+    doc["gpu_types"]["small"].update(peak_flops=1e9, memory=0.7 * 4 * PARAMS)
+    return doc
+
+
+def test_the_planner_puts_servers_on_the_star_hubs_and_rings_on_a_ring(hybrid_plan):
+    doc, _, _ = make_plan(parse_cluster(_two_stars()), parse_job(JOB), use_cache=False)
+    stages = doc["job"]["collective"]["stages"]
+    assert [st["hosts"] for st in stages] == [["h0", "h1", "h2", "h3"], ["h4", "h5", "h6", "h7"]]
+    assert [st["sync"] for st in stages] == [{"kind": "ps", "server": "h0"},
+                                             {"kind": "ps", "server": "h4"}]
+    for note in doc["metadata"]["collective"]["sync"]:  # the server beats the ring by far
+        assert note["options_s"][f"ps@{note['server']}"] < note["options_s"]["ring"] / 10
+    ring = hybrid_plan["job"]["collective"]["stages"]
+    assert len(ring) == 2 and [st["sync"] for st in ring] == [{"kind": "ring"}] * 2
+
+
 def test_the_plan_states_each_stage_sync_and_explain_shows_it(hybrid_plan):
     doc = hybrid_plan
     stages = doc["job"]["collective"]["stages"]
+    assert max(len(st["hosts"]) for st in stages) > 1  # a hybrid
     assert validate_plan(doc) == []
     notes = doc["metadata"]["collective"]["sync"]
     assert len(notes) == len(stages)
