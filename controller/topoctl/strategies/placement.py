@@ -305,8 +305,12 @@ def _coarse(ctx: PlanContext) -> tuple[CoarseGraph, dict]:
     return coarse, stats.to_dict()
 
 
-def search(ctx: PlanContext, method: str, name: str) -> Strategy:
-    """All candidates (module docstring), the fastest as a Strategy."""
+def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None,
+           split: bool = False, sync: str | None = None) -> Strategy:
+    """All candidates (module docstring), the fastest as a Strategy. For lab checks of one
+    shape (`bench/hybrid_lab_check.py`): `replicas` keeps only that group size, `split` drops
+    the no-split candidate, `sync="ring"` states today's ring on every replicated stage
+    instead of choosing by simulation; the planner's strategies use none of them."""
     hosts = list(ctx.hosts)
     if ctx.world_size != len(hosts):
         raise JobError([("strategies", f"strategy {name}: one rank per host (gpus.count: 1); "
@@ -324,7 +328,8 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
     global_batch = ctx.job.batch.global_
     cands: list[Candidate] = []
     errors: list[str] = []
-    for g in [d for d in range(1, len(hosts) // 2 + 1) if len(hosts) % d == 0]:
+    for g in [d for d in range(1, len(hosts) // 2 + 1) if len(hosts) % d == 0
+              and replicas in (None, d)]:
         if global_batch % (g * micro):
             errors.append(f"{len(hosts) // g} stages x {g} replicas: batch.global "
                           f"{global_batch} does not split into {g} x {micro} micro-batches")
@@ -344,7 +349,7 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
             errors.append(str(e))
             continue
         one = serial(p)  # no split at all: the simulator decides whether the split pays
-        if one is not None and all(t.assign != one.assign for t in tries):
+        if not split and one is not None and all(t.assign != one.assign for t in tries):
             tries.append(one)
         found: list[Candidate] = []
         for pl in tries:
@@ -357,7 +362,10 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                       for d in order]
             sgroups = [groups[d] for d in order]
             net = lab_network(network, hosts, meas)
-            syncs, sync_times = choose_syncs(ctx, stages, sgroups, net, meas)
+            if sync == "ring":
+                syncs, sync_times = [default_sync(grp) for grp in sgroups], [{}] * len(sgroups)
+            else:
+                syncs, sync_times = choose_syncs(ctx, stages, sgroups, net, meas)
             tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas, syncs)
             res = simulate(tasks, net, record=False)
             strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
