@@ -5,8 +5,8 @@ parameter server on one of the stage's hosts) and once with the ring on every st
 measure both plans in the lab side by side with `bench.planner_lab_check` (round by round,
 medians of `--repeats`).
 
-    python -m bench.hybrid_lab_check bench/hybrid/stars6-cluster.yaml bench/hybrid/mlp-hybrid-job.yaml
-        [iters] [--replicas 3] [--repeats 3] [--keep DIR]
+    python -m bench.hybrid_lab_check bench/hybrid/stars6-cluster.yaml \
+        bench/hybrid/mlp-hybrid-job.yaml [iters] [--replicas 3] [--repeats 3] [--keep DIR]
 
 The planner itself would keep the whole model on one host for these small lab jobs (the
 shared cores make a split pay little, docs/placement.md); this checks the prediction of the
