@@ -14,11 +14,14 @@ Candidates: every g dividing the host count with H/g >= 2 stage groups of g cons
 (g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
 s + 1). Each is scored by the simulator: per replica, a GPipe iteration of `microbatches`
 micro-batches (every forward, then every backward in reverse, one compute stream per host),
-activations and their gradients crossing consecutive stages as flows on the fabric, then one
-ring AllReduce of the stage's gradients over its group and the optimiser step. The fastest
-candidate is returned. Stages are the placement's devices in the order of the acyclic graph
-between them; values produced before a boundary and read after it cross it (the runtime,
-`topotrain.pipeline`, forwards them stage by stage), which is what the simulator charges.
+activations and their gradients crossing consecutive stages as flows on the fabric, then the
+stage's gradient sync over its group and the optimiser step. Each replicated stage's sync
+(gloo's ring, or a parameter server on one of its hosts; `none` for one replica) is chosen by
+simulating every option alone on the plan's network (`placement.stagesync.choose_sync`) and
+stated per stage in the plan (`topocontract.stages`). The fastest candidate is returned.
+Stages are the placement's devices in the order of the acyclic graph between them; values
+produced before a boundary and read after it cross it (the runtime, `topotrain.pipeline`,
+forwards them stage by stage), which is what the simulator charges.
 
 Bad input: a model that fits on no device, fewer hosts than the memory needs, a batch that
 does not split into micro-batches: `JobError` naming the cause; nothing is written.
