@@ -16,7 +16,7 @@ from topoctl import cli
 from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.placement.runtime import allreduce_cpu, ps_cpu
 from topoctl.placement.stagesync import choose_sync, ps_allreduce, sync_options, sync_tasks
-from topoctl.planner import make_plan
+from topoctl.planner import make_plan, prepare
 from topoctl.render.explain import explain_text
 from topoctl.render.validate import validate_plan
 from topoctl.sim.engine import simulate
@@ -25,6 +25,7 @@ from topoctl.sim.network import star
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
+from topoctl.strategies.placement import search
 
 
 def _stage(hosts, sync=None) -> dict:
@@ -235,3 +236,18 @@ def test_explain_refuses_a_bad_sync_naming_file_and_path(hybrid_plan, tmp_path, 
     err = capsys.readouterr().err
     assert "plan.yaml" in err and "job.collective.stages[0].sync.kind" in err
     assert "allgather" in err and "Traceback" not in err
+
+
+def test_the_whole_iteration_is_faster_with_the_chosen_servers():
+    # the shape restrictions bench/hybrid_lab_check.py uses: the same 2 x 4 split, once with
+    # the chosen syncs and once with rings everywhere, simulated whole
+    ctx = prepare(parse_cluster(_two_stars()), parse_job(JOB), use_cache=False)
+    chosen = search(ctx, "partition", "x", replicas=4, split=True)
+    rings = search(ctx, "partition", "x", replicas=4, split=True, sync="ring")
+    assert [st["sync"]["kind"] for st in chosen.collective["stages"]] == ["ps", "ps"]
+    assert [st["sync"]["kind"] for st in rings.collective["stages"]] == ["ring", "ring"]
+    assert [st["ops"] for st in chosen.collective["stages"]] == [
+        st["ops"] for st in rings.collective["stages"]]
+    t_ps = simulate(chosen.tasks, chosen.network, record=False).iteration_time
+    t_ring = simulate(rings.tasks, rings.network, record=False).iteration_time
+    assert t_ps < 0.8 * t_ring
