@@ -15,6 +15,10 @@ Kinds:
 - ``ps``: a parameter server on ``server`` (one of the stage's hosts): every other replica
   sends its flattened gradient to it (gloo send/recv), the server sums them in rank order and
   sends the sum back to each.
+- ``trees``: packed spanning trees over the stage's group (``schedule``: a tree schedule,
+  `topocontract.schedule`, whose rank i is the stage's i-th replica; the stage's ranks
+  ascending, so that it is also the rank in the stage's process group), run by the tree
+  runtime (`topotrain.collectives.tree_allreduce`) on the stage's group.
 
 A stage without ``sync`` (plans written before it existed) means ``ring`` with several
 replicas and ``none`` with one. Import-light: no torch, nothing of the controller or the
@@ -25,10 +29,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SYNC_KEYS", "SYNC_KINDS", "sync_of", "sync_problems"]
+from pydantic import ValidationError
 
-SYNC_KINDS = ("none", "ring", "ps")
-SYNC_KEYS = {"none": {"kind"}, "ring": {"kind"}, "ps": {"kind", "server"}}
+from topocontract.schedule import TreeSchedule
+
+__all__ = ["SYNC_KEYS", "SYNC_KINDS", "sync_of", "sync_problems", "tree_schedule"]
+
+SYNC_KINDS = ("none", "ring", "ps", "trees")
+SYNC_KEYS = {"none": {"kind"}, "ring": {"kind"}, "ps": {"kind", "server"},
+             "trees": {"kind", "schedule"}}
 
 
 def sync_of(stage: dict) -> tuple[str, int | None]:
@@ -69,7 +78,31 @@ def _stage_problems(stage: Any, at: str) -> list[tuple[str, str]]:
     if kind == "ps" and sync.get("server") not in hosts:
         out.append((f"{at}.sync.server", f"{sync.get('server')!r} is not one of the stage's "
                                          f"hosts ({', '.join(map(str, hosts))})"))
+    if kind == "trees":
+        out += _trees_problems(sync.get("schedule"), ranks, f"{at}.sync.schedule")
     return out
+
+
+def _trees_problems(schedule: Any, ranks: list, at: str) -> list[tuple[str, str]]:
+    """A stage's tree schedule: valid, one rank per replica, the stage's ranks ascending."""
+    try:
+        sched = TreeSchedule.model_validate(schedule)
+    except ValidationError as e:
+        return [(".".join([at] + [str(x) for x in err["loc"]]),
+                 err["msg"].removeprefix("Value error, ")) for err in e.errors()]
+    out = []
+    if sched.world_size != len(ranks):
+        out.append((f"{at}.world_size", f"{sched.world_size}: the stage has {len(ranks)} "
+                                        "replicas"))
+    if ranks != sorted(ranks):
+        out.append((at.removesuffix(".sync.schedule") + ".ranks",
+                    "trees: the stage's ranks must ascend (schedule rank = group rank)"))
+    return out
+
+
+def tree_schedule(stage: dict) -> TreeSchedule:
+    """The validated tree schedule of a `trees` stage."""
+    return TreeSchedule.model_validate(stage["sync"]["schedule"])
 
 
 def sync_problems(collective: Any, prefix: str = "job.collective") -> list[tuple[str, str]]:

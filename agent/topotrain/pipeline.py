@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import fx
 
-from topocontract.stages import sync_of, sync_problems
+from topocontract.stages import sync_of, sync_problems, tree_schedule
 from topotrain.events import emit
 from topotrain.stagesync import sync_grads
 from topotrain.workload import checksum, load_factory, random_inputs
@@ -178,6 +178,7 @@ def main(job: LaunchSpec) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=job.lr)
     kind, server = sync_of(stages[s])
     server_rank = stages[s]["ranks"][server] if server is not None else None
+    trees = tree_schedule(stages[s]) if kind == "trees" else None
     global_batch = micro * m_count * g
     iters = job.iterations
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
@@ -191,7 +192,7 @@ def main(job: LaunchSpec) -> int:
         loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt, g * m_count, dist)
         t_fwd = t0 + fwd_s
         t_bwd = time.perf_counter()
-        sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist)
+        sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist, trees)
         t_ar = time.perf_counter()
         opt.step()
         seconds = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """Gradient synchronisation of a pipeline stage's replicas, as the plan's per-stage `sync`
 says (`topocontract.stages`): ``none`` (one replica), ``ring`` (one gloo all_reduce over the
-stage's group) or ``ps`` (a parameter server on one of the stage's ranks, gloo send/recv).
+stage's group), ``ps`` (a parameter server on one of the stage's ranks, gloo send/recv) or
+``trees`` (the tree runtime's packed spanning trees over the stage's group).
 
 Every replica's loss is already divided by (micro-batches x replicas)
 (`topotrain.pipeline`), so the *sum* of the replicas' gradients is the gradient of the mean
@@ -62,9 +63,10 @@ def ps_sum(flat: torch.Tensor, ranks: list[int], server: int, rank: int, dist) -
 
 
 def sync_grads(model, kind: str, ranks: list[int], server: int | None, rank: int, group,
-               dist) -> None:
+               dist, schedule=None) -> None:
     """Sum the stage's gradients over its replicas (`ranks`, stage order) by `kind`; `group`:
-    the stage's process group (ring), `server`: the server's rank (ps)."""
+    the stage's process group (ring, trees), `server`: the server's rank (ps), `schedule`:
+    the stage's `TreeSchedule` (trees: the tree runtime over the group's ranks)."""
     if kind == "none" or len(ranks) < 2:
         return
     params, flat = flat_grads(model)
@@ -74,6 +76,10 @@ def sync_grads(model, kind: str, ranks: list[int], server: int | None, rank: int
         dist.all_reduce(flat, group=group)
     elif kind == "ps":
         ps_sum(flat, ranks, server, rank, dist)
+    elif kind == "trees":
+        from topotrain.collectives import tree_allreduce  # the tree runtime: only for trees
+
+        tree_allreduce(flat, schedule, group=group)
     else:  # the plan was validated (topocontract.stages); a hand-edited one
         raise ValueError(f"unknown stage sync kind {kind!r}")
     unflatten_into(params, flat)

@@ -60,11 +60,18 @@ def launch(syncs: list[dict | None], replicas: int) -> dict:
     return parse_launch_spec(spec).to_dict(exclude_unset=True)
 
 
+# two trees over a stage's three replicas (stage ranks 0, 1, 2), a third of the buffer on the
+# first: a star rooted at 0 and a chain 0 -> 1 -> 2; small chunks so that both pipeline
+TREES3 = {"world_size": 3, "chunk_bytes": 4096, "trees": [
+    {"root": 0, "rate": 1.0, "parents": [None, 0, 0]},
+    {"root": 2, "rate": 2.0, "parents": [1, 2, None]}]}
+
 CASES = {
     "ring": ([{"kind": "ring"}, {"kind": "ring"}], 3),
     "ps": ([{"kind": "ps", "server": "s0r1"}, {"kind": "ps", "server": "s1r2"}], 3),
     "mixed": ([{"kind": "ps", "server": "s0r0"}, {"kind": "ring"}], 2),
     "none": ([{"kind": "none"}, {"kind": "none"}], 1),
+    "trees": ([{"kind": "trees", "schedule": TREES3}, {"kind": "ring"}], 3),
     "unstated": ([None, None], 2),  # plans without `sync`: ring
 }
 

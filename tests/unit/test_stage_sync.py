@@ -11,7 +11,7 @@ import copy
 import pytest
 import yaml
 
-from topocontract.stages import sync_of, sync_problems
+from topocontract.stages import sync_of, sync_problems, tree_schedule
 from topoctl import cli
 from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.placement.runtime import allreduce_cpu, ps_cpu
@@ -63,6 +63,21 @@ def test_bad_syncs_name_the_yaml_path(sync, path, words):
     problems = sync_problems(coll)
     assert [p for p, _ in problems] == [path]
     assert words in problems[0][1]
+
+
+def test_tree_syncs_validate_their_schedule():
+    sched = {"world_size": 2, "trees": [{"root": 0, "rate": 1.0, "parents": [None, 0]}]}
+    good = _coll(_stage(["a", "b"], {"kind": "trees", "schedule": sched}))
+    assert sync_problems(good) == []
+    assert tree_schedule(good["stages"][0]).world_size == 2
+    bad = _coll(_stage(["a", "b", "c"], {"kind": "trees", "schedule": sched}))
+    assert sync_problems(bad) == [("job.collective.stages[0].sync.schedule.world_size",
+                                   "2: the stage has 3 replicas")]
+    broken = _coll(_stage(["a", "b"], {"kind": "trees", "schedule": {"world_size": 2}}))
+    assert [p for p, _ in sync_problems(broken)] == ["job.collective.stages[0].sync.schedule"
+                                                      ".trees"]
+    down = _stage(["a", "b"], {"kind": "trees", "schedule": sched}) | {"ranks": [1, 0]}
+    assert [p for p, _ in sync_problems(_coll(down))] == ["job.collective.stages[0].ranks"]
 
 
 def test_one_replica_cannot_ring():
