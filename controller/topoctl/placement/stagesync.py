@@ -12,6 +12,13 @@ its links are fat and the ring's paths thin or shared (a star whose leaves are j
 cables), or where round latency dominates a small gradient; the ring wins on a ring or any
 fabric where each member's path to its ring neighbour is as fast as its path to a server.
 
+Packed spanning trees (Wang et al., INFOCOM'21; `collective.trees`) over the stage's group,
+when the caller passes a tree schedule (`trees`): its AllReduce
+(`collective.trees.simulate.tree_allreduce_schedule`, pipelined in at most 16 chunks per tree),
+network part only. The placement strategies do not offer them yet: the tree runtime's CPU part
+is modelled for whole-cluster trees only, and on the network alone packed trees win nearly
+everywhere (on a ring of equal cables too: they use the direction gloo's ring leaves idle).
+
 `choose_sync` decides by simulation, on the plan's own network (routes, link rates and
 latencies; in the lab the shared cores): each option of a stage as a `Collective` after which
 each member pays its CPU for it, the fastest kept; ties go to the ring, then to the earlier
@@ -22,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from topocontract.schedule import TreeSchedule
+from topoctl.collective.trees.simulate import tree_allreduce_schedule
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import Schedule, Step, ring_allreduce
@@ -29,6 +38,7 @@ from topoctl.sim.tasks import Collective, Compute, Task
 
 __all__ = ["choose_sync", "ps_allreduce", "sync_schedule", "sync_tasks"]
 
+TREE_MAX_CHUNKS = 16  # chunks per tree the simulator models at most (planning speed)
 # (sync kind, bytes, members, is the server) -> CPU seconds of one member; None: not modelled
 CpuCost = Callable[[str, float, int, bool], float]
 
@@ -51,6 +61,9 @@ def sync_schedule(members: Sequence[str], sync: dict, size: float) -> Schedule |
         return None
     if sync["kind"] == "ps":
         return ps_allreduce(members, sync["server"], size)
+    if sync["kind"] == "trees":
+        return tree_allreduce_schedule(members, size, TreeSchedule.model_validate(
+            sync["schedule"]), TREE_MAX_CHUNKS)
     return ring_allreduce(members, size)
 
 
@@ -74,19 +87,26 @@ def sync_tasks(tid: str, members: Sequence[str], sync: dict, size: float,
     return tasks, done
 
 
-def sync_options(members: Sequence[str]) -> list[dict]:
+def sync_options(members: Sequence[str], trees: TreeSchedule | None = None) -> list[dict]:
     """What a stage of `members` may state, in tie-breaking order: ring, then a parameter
-    server on each member in order; `none` alone for one member."""
+    server on each member in order, then `trees` when given; `none` alone for one member."""
     if len(members) < 2:
         return [{"kind": "none"}]
-    return [{"kind": "ring"}] + [{"kind": "ps", "server": h} for h in members]
+    return ([{"kind": "ring"}] + [{"kind": "ps", "server": h} for h in members]
+            + ([{"kind": "trees", "schedule": trees.dump()}] if trees is not None else []))
+
+
+def _key(opt: dict) -> str:
+    return f"ps@{opt['server']}" if opt["kind"] == "ps" else opt["kind"]
 
 
 def choose_sync(network: Network, members: Sequence[str], size: float,
-                cpu: CpuCost | None = None) -> tuple[dict, dict[str, float]]:
+                cpu: CpuCost | None = None, trees: TreeSchedule | None = None
+                ) -> tuple[dict, dict[str, float]]:
     """The fastest sync of a stage (module docstring) and every option's simulated seconds
-    (keys ``ring``, ``ps@<host>``). A stage without gradients keeps the ring (nothing moves)."""
-    options = sync_options(members)
+    (keys ``ring``, ``ps@<host>``, ``trees``). A stage without gradients keeps the ring
+    (nothing moves)."""
+    options = sync_options(members, trees)
     if len(options) == 1 or size <= 0:
         return options[0], {}
     times: dict[str, float] = {}
@@ -94,7 +114,7 @@ def choose_sync(network: Network, members: Sequence[str], size: float,
     for opt in options:
         tasks, _ = sync_tasks("sync", members, opt, size, (), cpu)
         t = simulate(tasks, network, record=False).iteration_time
-        times["ring" if opt["kind"] == "ring" else f"ps@{opt['server']}"] = t
+        times[_key(opt)] = t
         if t < best_t:  # strict: ties keep the earlier option
             best, best_t = opt, t
     return best, times

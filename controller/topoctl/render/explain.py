@@ -106,6 +106,8 @@ def stage_lines(doc: dict) -> list[str]:
         sync = st.get("sync") or {"kind": "ring (unstated)" if len(st.get("hosts", [])) > 1
                                   else "none (unstated)"}
         how = sync.get("kind", "?") + (f" on {sync['server']}" if sync.get("server") else "")
+        if isinstance(sync.get("schedule"), dict):  # trees: how many
+            how += f" ({len(sync['schedule'].get('trees', []))} trees)"
         opts = notes[i].get("options_s") if i < len(notes) and isinstance(notes[i], dict) \
             else None
         tried = (" (simulated: " + ", ".join(f"{k} {_ms(v)}" for k, v in opts.items()) + ")"
