@@ -365,16 +365,11 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
                       for d in order]
             sgroups = [groups[d] for d in order]
             net = lab_network(network, hosts, meas)
-            if sync == "ring":
-                syncs, sync_times = [default_sync(grp) for grp in sgroups], [{}] * len(sgroups)
-            else:
-                syncs, sync_times = choose_syncs(ctx, stages, sgroups, net, meas)
-            tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas, syncs)
-            res = simulate(tasks, net, record=False)
-            strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
-                             tasks=tasks, collective={}, buckets=[b for b in grads if b])
-            found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time,
-                                   syncs, sync_times))
+            syncs, sync_times = (([default_sync(grp) for grp in sgroups], [{}] * len(sgroups))
+                                 if sync == "ring" else
+                                 choose_syncs(ctx, stages, sgroups, net, meas))
+            strat, t = _scored(ctx, name, stages, sgroups, syncs, micro, scale, meas, net, hops)
+            found.append(Candidate(groups, pl, stages, sgroups, strat, t, syncs, sync_times))
         # the fastest; on ties a split before no split, then the better objective
         cands.append(min(found, key=lambda c: (c.iteration_time, len(c.stages) == 1)))
     if not cands:
@@ -410,6 +405,16 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
                               "threads": ctx.job.launch.threads,
                               "runtime_cpu": meas.runtime.source if meas else None}
     return s
+
+
+def _scored(ctx: PlanContext, name: str, stages: list[list[str]], groups: list[list[str]],
+            syncs: list[dict], micro: int, scale: float, meas: Measured | None,
+            net: Network, hops) -> tuple[Strategy, float]:
+    """A candidate's tasks simulated on `net`: (its Strategy, the iteration time)."""
+    tasks, grads = pipeline_tasks(ctx, stages, groups, micro, scale, meas, syncs)
+    res = simulate(tasks, net, record=False)
+    return Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net, tasks=tasks,
+                    collective={}, buckets=[b for b in grads if b]), res.iteration_time
 
 
 def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
