@@ -94,7 +94,7 @@ def _trees_problems(schedule: Any, ranks: list, at: str) -> list[tuple[str, str]
     if sched.world_size != len(ranks):
         out.append((f"{at}.world_size", f"{sched.world_size}: the stage has {len(ranks)} "
                                         "replicas"))
-    if ranks != sorted(ranks):
+    if not all(isinstance(r, int) for r in ranks) or ranks != sorted(ranks):
         out.append((at.removesuffix(".sync.schedule") + ".ranks",
                     "trees: the stage's ranks must ascend (schedule rank = group rank)"))
     return out
