@@ -15,6 +15,10 @@ Boundary b (between stage b and b+1) carries every value produced at a stage <= 
 a stage > b, in fx order: values a later stage needs pass through the stages in between, as
 the planner's simulator charges them. Gradients come back for the floating-point ones.
 
+Replicas of a stage synchronise their gradients as the stage's `sync` says
+(`topocontract.stages`: none, ring, or a parameter server on one of its hosts;
+`topotrain.stagesync` runs it).
+
 Data and loss: iteration i uses the global batch `batch_inputs(specs, global, i, seed)` (the
 same on every rank); replica r takes its contiguous share and splits it into micro-batches;
 the loss is mean(out^2) over the global batch, so the gradients and the losses equal those of
@@ -32,7 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import fx
 
+from topocontract.stages import sync_of, sync_problems, tree_schedule
 from topotrain.events import emit
+from topotrain.stagesync import sync_grads
 from topotrain.workload import checksum, load_factory, random_inputs
 
 if TYPE_CHECKING:
@@ -142,6 +148,9 @@ def main(job: LaunchSpec) -> int:
     bind = os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1")
     torch.set_num_threads(job.threads)
     coll = job.collective
+    bad = sync_problems(coll)
+    if bad:
+        raise PipelineSpecError("; ".join(f"{p}: {m}" for p, m in bad))
     stages = coll["stages"]
     where = [(s, r) for s, st in enumerate(stages) for r, x in enumerate(st["ranks"]) if x == rank]
     if not where:  # the renderer launches only stage ranks: a plan edited by hand
@@ -167,10 +176,13 @@ def main(job: LaunchSpec) -> int:
     prev = stages[s - 1]["ranks"][r] if s else None
     nxt = stages[s + 1]["ranks"][r] if s + 1 < k else None
     opt = torch.optim.SGD(model.parameters(), lr=job.lr)
+    kind, server = sync_of(stages[s])
+    server_rank = stages[s]["ranks"][server] if server is not None else None
+    trees = tree_schedule(stages[s]) if kind == "trees" else None
     global_batch = micro * m_count * g
     iters = job.iterations
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
-          algorithm="pipeline", stage=s, replica=r)
+          algorithm="pipeline", stage=s, replica=r, sync=kind)
     for it in range(iters):
         full = batch_inputs(inputs_spec, global_batch, it, seed)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -180,8 +192,7 @@ def main(job: LaunchSpec) -> int:
         loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt, g * m_count, dist)
         t_fwd = t0 + fwd_s
         t_bwd = time.perf_counter()
-        if g > 1:
-            _allreduce_grads(model, groups[s], dist, torch)
+        sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist, trees)
         t_ar = time.perf_counter()
         opt.step()
         seconds = time.perf_counter() - t0
@@ -288,16 +299,3 @@ def _backward(loss, received, sent, prev, nxt, parts: int, dist, torch) -> None:
         gsend = t.grad if t.grad is not None else torch.zeros_like(t)
         dist.send(gsend.contiguous(), prev)
 
-
-def _allreduce_grads(model, group, dist, torch) -> None:
-    """Sum this stage's gradients over its replicas (one flat buffer, parameter order)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, group=group)
-    off = 0
-    for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[off:off + n].view_as(p.grad))
-        off += n

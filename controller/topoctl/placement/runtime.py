@@ -18,7 +18,8 @@ shaping, TCP at both ends: the ``emulation_bytes_per_s`` of the
 ``topoctl.labprofile.LabProfile`` passed in), and every rank runs on the lab machine's
 ``cores`` cores: the simulator shares them among the ranks' compute (``Network.cpu_pool``,
 processor sharing). A hybrid's replicas all-reduce their stage's gradients with gloo:
-``allreduce_cpu`` is what that costs each of them on top of the ring's network time.
+``allreduce_cpu`` is what that costs each of them on top of the ring's network time, ``ps_cpu``
+what a parameter server's sync (``topotrain.stagesync``) costs the server and each worker.
 O(ops) per stage.
 """
 
@@ -31,7 +32,8 @@ from topoctl.graph.cost import OpCost, TrainCost, whole_step_backward
 from topoctl.graph.ops import OpGraph
 from topoctl.labprofile import LabProfile
 
-__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "rank_op_costs", "stage_costs"]
+__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "ps_cpu", "rank_op_costs",
+           "stage_costs"]
 
 
 def _is_float(graph: OpGraph, name: str) -> bool:
@@ -114,3 +116,18 @@ def allreduce_cpu(nbytes: float, members: int, costs: RuntimeCosts,
     msgs = 2 * steps * message_cpu(chunk, costs, lab, per_message_shared_s)  # sent + received
     return (msgs + (members - 1) / members * nbytes / costs.reduce_bytes_per_s
             + 2 * nbytes / costs.copy_bytes_per_s)
+
+
+def ps_cpu(nbytes: float, members: int, server: bool, costs: RuntimeCosts,
+           lab: LabProfile | None = None, per_message_shared_s: float | None = None) -> float:
+    """CPU seconds one replica spends in its stage's parameter-server sync
+    (``topotrain.stagesync.ps_sum``): a worker sends and receives the whole flat gradient (two
+    messages of ``nbytes``); the server receives and sends ``m - 1`` of them and adds ``m``
+    buffers; both flatten and copy back ``2 nbytes`` (the server one copy more)."""
+    if members < 2 or nbytes <= 0:
+        return 0.0
+    msg = message_cpu(nbytes, costs, lab, per_message_shared_s)
+    if not server:
+        return 2 * msg + 2 * nbytes / costs.copy_bytes_per_s
+    return (2 * (members - 1) * msg + members * nbytes / costs.reduce_bytes_per_s
+            + 3 * nbytes / costs.copy_bytes_per_s)

@@ -44,7 +44,7 @@ def headline(doc: dict) -> list[str]:
         out.append("busiest links: " + ", ".join(f"{k} {100 * u:.0f}%" for k, u in busy.items()))
     for name, s in m.get("strategies", {}).items():
         out.append(f"  strategy {name}: {_ms(s.get('iteration_time'))}")
-    out += collective_lines(doc)
+    out += collective_lines(doc) + stage_lines(doc)
     bw = m.get("collective", {}).get("bandwidth") if isinstance(m.get("collective"), dict) \
         else None
     if isinstance(bw, dict):  # the +bandwidth post-pass (docs/bandwidth.md)
@@ -113,6 +113,30 @@ def collective_lines(doc: dict) -> list[str]:
     if "achieved_over_optimal" in c:
         out.append(f"  {c.get('trees')} trees at {c.get('achieved_over_optimal')} of the optimum "
                    f"[{c.get('bound')}]")
+    return out
+
+
+def stage_lines(doc: dict) -> list[str]:
+    """A pipeline's stages: hosts, ranks and how the replicas sync their gradients
+    (`topocontract.stages`), with each sync option's simulated seconds when the plan has them."""
+    coll = doc.get("job", {}).get("collective", {})
+    if coll.get("algorithm") != "pipeline":
+        return []
+    notes = doc.get("metadata", {}).get("collective", {}).get("sync") or []
+    out = []
+    for i, st in enumerate(coll.get("stages", [])):
+        sync = st.get("sync") or {"kind": "ring (unstated)" if len(st.get("hosts", [])) > 1
+                                  else "none (unstated)"}
+        how = sync.get("kind", "?") + (f" on {sync['server']}" if sync.get("server") else "")
+        if isinstance(sync.get("schedule"), dict):  # trees: how many
+            how += f" ({len(sync['schedule'].get('trees', []))} trees)"
+        opts = notes[i].get("options_s") if i < len(notes) and isinstance(notes[i], dict) \
+            else None
+        tried = (" (simulated: " + ", ".join(f"{k} {_ms(v)}" for k, v in opts.items()) + ")"
+                 if opts else "")
+        out.append(f"  stage {i}: hosts {', '.join(st.get('hosts', []))} (ranks "
+                   f"{', '.join(map(str, st.get('ranks', [])))}), {len(st.get('ops', []))} ops, "
+                   f"sync {how}{tried}")
     return out
 
 

@@ -14,11 +14,14 @@ Candidates: every g dividing the host count with H/g >= 2 stage groups of g cons
 (g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
 s + 1). Each is scored by the simulator: per replica, a GPipe iteration of `microbatches`
 micro-batches (every forward, then every backward in reverse, one compute stream per host),
-activations and their gradients crossing consecutive stages as flows on the fabric, then one
-ring AllReduce of the stage's gradients over its group and the optimiser step. The fastest
-candidate is returned. Stages are the placement's devices in the order of the acyclic graph
-between them; values produced before a boundary and read after it cross it (the runtime,
-`topotrain.pipeline`, forwards them stage by stage), which is what the simulator charges.
+activations and their gradients crossing consecutive stages as flows on the fabric, then the
+stage's gradient sync over its group and the optimiser step. Each replicated stage's sync
+(gloo's ring, or a parameter server on one of its hosts; `none` for one replica) is chosen by
+simulating every option alone on the plan's network (`placement.stagesync.choose_sync`) and
+stated per stage in the plan (`topocontract.stages`). The fastest candidate is returned.
+Stages are the placement's devices in the order of the acyclic graph between them; values
+produced before a boundary and read after it cross it (the runtime, `topotrain.pipeline`,
+forwards them stage by stage), which is what the simulator charges.
 
 Bad input: a model that fits on no device, fewer hosts than the memory needs, a batch that
 does not split into micro-batches: `JobError` naming the cause; nothing is written.
@@ -38,13 +41,13 @@ from topoctl.labprofile import LabProfile
 from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, node_memory, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
-from topoctl.placement.runtime import allreduce_cpu, message_cpu, stage_costs
+from topoctl.placement.runtime import allreduce_cpu, message_cpu, ps_cpu, stage_costs
 from topoctl.placement.search import candidates
+from topoctl.placement.stagesync import choose_sync, sync_schedule
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy
@@ -64,6 +67,8 @@ class Candidate:
     stage_groups: list[list[str]]  # hosts per stage
     strategy: Strategy
     iteration_time: float
+    syncs: list[dict]  # per stage (topocontract.stages)
+    sync_times: list[dict[str, float]]  # per stage: each sync option's simulated seconds
 
 
 def stage_order(p: PlacementProblem, assign: list[int]) -> list[int] | None:
@@ -120,10 +125,48 @@ class Measured:
     lab: LabProfile | None = None
 
 
+def default_sync(group: list[str]) -> dict:
+    """A stage's sync when none was chosen: gloo's ring over several replicas, else none."""
+    return {"kind": "ring"} if len(group) > 1 else {"kind": "none"}
+
+
+def sync_cpu(measured: Measured | None):
+    """The CPU one replica spends in its stage's sync, `placement.stagesync.CpuCost`; None
+    without measured runtime costs (the roofline: the network part only)."""
+    if measured is None:
+        return None
+
+    def cpu(kind: str, nbytes: float, members: int, server: bool) -> float:
+        args = (measured.runtime, measured.lab, measured.per_message_shared_s)
+        if kind == "ps":
+            return ps_cpu(nbytes, members, server, *args)
+        return allreduce_cpu(nbytes, members, *args) if kind == "ring" else 0.0
+
+    return cpu
+
+
+def grad_bytes(ctx: PlanContext, stages: list[list[str]]) -> list[int]:
+    """Gradient bytes of each stage (its ops' parameters)."""
+    ops = ctx.graph.by_name()
+    return [sum(ops[o].param_bytes for o in st) for st in stages]
+
+
+def choose_syncs(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
+                 network: Network, measured: Measured | None
+                 ) -> tuple[list[dict], list[dict[str, float]]]:
+    """Per stage the fastest sync of its replicas by simulation on `network`
+    (`placement.stagesync.choose_sync`) and every option's seconds."""
+    cpu = sync_cpu(measured)
+    picked = [choose_sync(network, grp, float(b), cpu)
+              for grp, b in zip(groups, grad_bytes(ctx, stages), strict=True)]
+    return [p[0] for p in picked], [p[1] for p in picked]
+
+
 def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
-                   micro: int, scale: float, measured: Measured | None = None
-                   ) -> tuple[list[Task], list[int]]:
-    """One GPipe iteration per replica, then per-stage AllReduce and step (module docstring).
+                   micro: int, scale: float, measured: Measured | None = None,
+                   syncs: list[dict] | None = None) -> tuple[list[Task], list[int]]:
+    """One GPipe iteration per replica, then per-stage gradient sync and step (module
+    docstring); `syncs`: each stage's (`topocontract.stages`; default: `default_sync`).
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
     every rank's tasks in its program's order (the runtime is one thread: receive, forward,
     send per micro-batch, then the backwards in reverse), every message's CPU cost on the
@@ -134,9 +177,10 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
     cut = cut_bytes(ctx, stage_of, len(stages), scale)
     nmsg = cut_values(ctx, stage_of, len(stages))
-    ops = ctx.graph.by_name()
-    grads = [sum(ops[o].param_bytes for o in st) for st in stages]
+    grads = grad_bytes(ctx, stages)
     k, g = len(stages), len(groups[0])
+    syncs = syncs or [default_sync(grp) for grp in groups]
+    cpu = sync_cpu(measured)
     per_stage = ([tuple(ctx.job.cost.scale * x for x in
                         stage_costs(ctx.graph, stage_of, s, measured.ops)) for s in range(k)]
                  if measured else None)
@@ -211,15 +255,16 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
                                                s - 1, f"B{s}.{m}.{r}")
     for s in range(k):
         done = tuple(f"B{s}.{m}.{r}" for m in range(micro) for r in range(g))
-        if g > 1 and grads[s]:
-            tasks.append(Collective(f"ar{s}", ring_allreduce(groups[s], float(grads[s])), done))
+        sched = sync_schedule(groups[s], syncs[s], float(grads[s]))
+        if sched is not None:
+            tasks.append(Collective(f"ar{s}", sched, done))
             done = (f"ar{s}",)
         for r in range(g):
             h = groups[s][r]
-            if measured and g > 1 and grads[s]:  # the replicas' CPU for it, then the step
-                compute(f"ar{s}/cpu.{r}", h, allreduce_cpu(
-                    float(grads[s]), g, measured.runtime, measured.lab,
-                    measured.per_message_shared_s), done)
+            if cpu and sched is not None:  # the replicas' CPU for it, then the step
+                server = syncs[s]["kind"] == "ps" and syncs[s]["server"] == h
+                compute(f"ar{s}/cpu.{r}", h, cpu(syncs[s]["kind"], float(grads[s]), g,
+                                                  server), done)
             d = ctx.device[h]
             step = (per_stage[s][2] if per_stage else
                     ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
@@ -263,8 +308,12 @@ def _coarse(ctx: PlanContext) -> tuple[CoarseGraph, dict]:
     return coarse, stats.to_dict()
 
 
-def search(ctx: PlanContext, method: str, name: str) -> Strategy:
-    """All candidates (module docstring), the fastest as a Strategy."""
+def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None,
+           split: bool = False, sync: str | None = None) -> Strategy:
+    """All candidates (module docstring), the fastest as a Strategy. For lab checks of one
+    shape (`bench/hybrid_lab_check.py`): `replicas` keeps only that group size, `split` drops
+    the no-split candidate, `sync="ring"` states today's ring on every replicated stage
+    instead of choosing by simulation; the planner's strategies use none of them."""
     hosts = list(ctx.hosts)
     if ctx.world_size != len(hosts):
         raise JobError([("strategies", f"strategy {name}: one rank per host (gpus.count: 1); "
@@ -282,7 +331,8 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
     global_batch = ctx.job.batch.global_
     cands: list[Candidate] = []
     errors: list[str] = []
-    for g in [d for d in range(1, len(hosts) // 2 + 1) if len(hosts) % d == 0]:
+    for g in [d for d in range(1, len(hosts) // 2 + 1) if len(hosts) % d == 0
+              and replicas in (None, d)]:
         if global_batch % (g * micro):
             errors.append(f"{len(hosts) // g} stages x {g} replicas: batch.global "
                           f"{global_batch} does not split into {g} x {micro} micro-batches")
@@ -302,7 +352,7 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
             errors.append(str(e))
             continue
         one = serial(p)  # no split at all: the simulator decides whether the split pays
-        if one is not None and all(t.assign != one.assign for t in tries):
+        if not split and one is not None and all(t.assign != one.assign for t in tries):
             tries.append(one)
         found: list[Candidate] = []
         for pl in tries:
@@ -314,12 +364,12 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                               for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
                       for d in order]
             sgroups = [groups[d] for d in order]
-            tasks, grads = pipeline_tasks(ctx, stages, sgroups, micro, scale, meas)
             net = lab_network(network, hosts, meas)
-            res = simulate(tasks, net, record=False)
-            strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net,
-                             tasks=tasks, collective={}, buckets=[b for b in grads if b])
-            found.append(Candidate(groups, pl, stages, sgroups, strat, res.iteration_time))
+            syncs, sync_times = (([default_sync(grp) for grp in sgroups], [{}] * len(sgroups))
+                                 if sync == "ring" else
+                                 choose_syncs(ctx, stages, sgroups, net, meas))
+            strat, t = _scored(ctx, name, stages, sgroups, syncs, micro, scale, meas, net, hops)
+            found.append(Candidate(groups, pl, stages, sgroups, strat, t, syncs, sync_times))
         # the fastest; on ties a split before no split, then the better objective
         cands.append(min(found, key=lambda c: (c.iteration_time, len(c.stages) == 1)))
     if not cands:
@@ -335,13 +385,18 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
         "algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
         "micro_batch": global_batch // (g * micro), "replicas": g,
         "stages": [{"hosts": list(grp), "ranks": [ctx.ranks[h][0] for h in grp],
-                    "ops": list(ops), "send_bytes": int(cut[i]) if i < len(cut) else 0}
+                    "ops": list(ops), "send_bytes": int(cut[i]) if i < len(cut) else 0,
+                    "sync": best.syncs[i]}
                    for i, (grp, ops) in enumerate(zip(best.stage_groups, best.stages,
                                                        strict=True))]}
     s.notes = {"search": best.placement.algorithm, "gap": best.placement.gap,
                "stages": len(best.stages), "replicas": g,
                "objective_s": best.placement.objective,
-               "coarsening": cstats, "candidates": {
+               "coarsening": cstats,
+               "sync": [{"kind": sy["kind"], **({"server": sy["server"]} if "server" in sy
+                                                 else {}), "options_s": t}
+                        for sy, t in zip(best.syncs, best.sync_times, strict=True)],
+               "candidates": {
                    f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands}}
     meas = _measured(ctx, global_batch // (g * micro))
     if meas is not None:  # what the lab prediction rests on (docs/placement.md)
@@ -350,6 +405,16 @@ def search(ctx: PlanContext, method: str, name: str) -> Strategy:
                               "threads": ctx.job.launch.threads,
                               "runtime_cpu": meas.runtime.source if meas else None}
     return s
+
+
+def _scored(ctx: PlanContext, name: str, stages: list[list[str]], groups: list[list[str]],
+            syncs: list[dict], micro: int, scale: float, meas: Measured | None,
+            net: Network, hops) -> tuple[Strategy, float]:
+    """A candidate's tasks simulated on `net`: (its Strategy, the iteration time)."""
+    tasks, grads = pipeline_tasks(ctx, stages, groups, micro, scale, meas, syncs)
+    res = simulate(tasks, net, record=False)
+    return Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net, tasks=tasks,
+                    collective={}, buckets=[b for b in grads if b]), res.iteration_time
 
 
 def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
