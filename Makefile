@@ -34,7 +34,7 @@ demo: $(STAMP)
 # would start the modules with the most tests first and the long few-test ones last), then the
 # `serial` ones alone (they time something on this CPU or change something machine-wide:
 # pyproject.toml's markers).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(VENV)/bin/ruff check controller agent tests bench
 	$(VENV)/bin/pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"; a=$$?; \
