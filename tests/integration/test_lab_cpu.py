@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -36,6 +38,20 @@ needs_cpu = pytest.mark.skipif(BACKEND is None, reason="no cgroup cpu controller
 
 def _name(tag: str) -> str:
     return f"it{tag}{nsutil.pid_tag()}"  # as tests/integration/test_lab.py: leftovers by pid
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftover_test_groups():
+    """CPU groups of crashed earlier runs of these tests (lab `it<tag><pid in base 36>`, pid
+    no longer alive), also those whose namespaces are gone already: `down` by the lab's name."""
+    if BACKEND is not None and os.geteuid() == 0:
+        for path in cpu.list_groups("tp-it"):
+            lab = Path(path).name[3:].split("-", 1)[0]
+            m = re.fullmatch(r"it[a-z]([0-9a-z]{1,5})", lab)
+            if m and int(m.group(1), 36) != os.getpid() and \
+                    not os.path.exists(f"/proc/{int(m.group(1), 36)}"):
+                labmod.down(lab, "/nonexistent")
+    yield
 
 
 def _cpu_cgroup(pid: int | str) -> str:
