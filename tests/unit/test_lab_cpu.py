@@ -197,3 +197,36 @@ def test_gpu_hosts_keep_their_roofline():
             "fabric": {"kind": "direct", "links": [{"a": "h0:eth0", "b": "h1:eth0"}]}}
     ctx = prepare(parse_cluster(data), load_job(PLANS / "mlp-job.yaml"), use_cache=False)
     assert host_speeds(ctx) == {}
+
+
+@pytest.mark.parametrize("kind", ["v1", "v2"])
+def test_backend_writes_and_reads_the_kernels_files(kind, tmp_path):
+    """The files each hierarchy's interface has, written to a plain directory (v2 is not
+    mounted with `cpu` on this machine: this is the only run its path gets here)."""
+    b = cpu.CpuBackend(kind, tmp_path)
+    b.create("tp-x-h-h0", 0.2)
+    b.create("tp-x-h-h1", None)
+    g0, g1 = tmp_path / "tp-x-h-h0", tmp_path / "tp-x-h-h1"
+    if kind == "v1":
+        assert (g0 / "cpu.cfs_quota_us").read_text() == "4000"
+        assert (g0 / "cpu.cfs_period_us").read_text() == str(cpu.PERIOD_US)
+        assert (g1 / "cpu.cfs_quota_us").read_text() == "-1"
+    else:
+        assert (g0 / "cpu.max").read_text() == f"4000 {cpu.PERIOD_US}"
+        assert (g1 / "cpu.max").read_text() == f"max {cpu.PERIOD_US}"
+    assert b.limit("tp-x-h-h0") == (4000, cpu.PERIOD_US)
+    assert b.limit("tp-x-h-h1") == (None, cpu.PERIOD_US)
+    assert b.limit("tp-x-h-h9") is None
+    (g0 / "cgroup.procs").write_text("12\n34\n")
+    (g0 / "cpu.stat").write_text("nr_periods 10\nnr_throttled 3\nthrottled_time 99\n")
+    assert b.members("tp-x-h-h0") == [12, 34] and b.members("tp-x-h-h9") == []
+    assert b.stat("tp-x-h-h0")["nr_throttled"] == 3
+    assert b.procs("tp-x-h-h0") == g0 / "cgroup.procs"
+
+
+def test_backend_create_fails_clearly(tmp_path):
+    from topoctl.lab.netops import LabError
+
+    b = cpu.CpuBackend("v1", tmp_path / "missing" / "root")
+    with pytest.raises(LabError, match="cannot set up CPU group"):
+        b.create("tp-x-h-h0", 0.5)
