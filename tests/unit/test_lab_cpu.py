@@ -230,3 +230,20 @@ def test_backend_create_fails_clearly(tmp_path):
     b = cpu.CpuBackend("v1", tmp_path / "missing" / "root")
     with pytest.raises(LabError, match="cannot set up CPU group"):
         b.create("tp-x-h-h0", 0.5)
+
+
+def test_no_cpu_controller_refuses_speeds_but_not_a_plain_cluster():
+    from topoctl.lab.lab import check_cpu
+
+    with pytest.raises(ClusterError) as e:
+        check_cpu(load_cluster(HETERO4), None, 2)
+    assert e.value.path == "hosts[0].speed" and "no cgroup CPU controller" in str(e.value)
+    check_cpu(load_cluster(PLANS / "hetero8-cluster.yaml"), None, 2)  # no speed: allowed
+    with pytest.raises(ClusterError) as e:  # 64 hosts on 2 cores: below the smallest quota
+        check_cpu(parse_cluster({
+            "apiVersion": "topoctl/v1", "kind": "Cluster", "name": "many",
+            "defaults": {"nic_speed": "100mbit"},
+            "hosts": [{"name": f"h{i}", "speed": 1, "nics": [{"name": "eth0"}]}
+                      for i in range(64)],
+            "fabric": {"kind": "direct", "links": []}}), cpu.CpuBackend("v1", Path("/x")), 2)
+    assert e.value.path == "hosts[0].speed" and len(e.value.problems) == 64
