@@ -299,13 +299,22 @@ def make_cpu_groups(cluster: Cluster, lab: str, backend: cpu.CpuBackend | None,
                     cores: int) -> dict | None:
     """One CPU group per host of lab `lab`, limited to its quota (`cpu.quotas`; no limit when
     the cluster states no speed); what `Lab.cpu` keeps. None (no groups) when the machine has
-    no CPU controller, which `check_cpu` allowed only for a cluster without speeds."""
+    no CPU controller, which `check_cpu` allowed only for a cluster without speeds, or when a
+    cluster without speeds cannot have groups (LabError when one with speeds cannot)."""
     if backend is None:
         return None
     q = cpu.quotas({h.name: h.speed for h in cluster.hosts}, cores)
-    cpu.enable_v2_cpu(backend)
-    for h in cluster.hosts:
-        backend.create(names.cpu_group(lab, h.name), None if q is None else q[h.name])
+    try:
+        cpu.enable_v2_cpu(backend)
+        for h in cluster.hosts:
+            backend.create(names.cpu_group(lab, h.name), None if q is None else q[h.name])
+    except LabError:
+        if q is not None:  # the cluster's speeds cannot be enforced: `up` fails
+            raise
+        # groups without a limit are bookkeeping only: a machine that refuses them (a
+        # read-only cgroup mount in a container) still gets its lab, as before
+        cpu.remove_groups(names.prefix(lab))
+        return None
     return {"backend": backend.kind, "root": str(backend.root), "period_us": cpu.PERIOD_US,
             "cores": cores, "quotas": None if q is None else {h: q[h] for h in q}}
 
