@@ -168,8 +168,9 @@ def _up(args: argparse.Namespace) -> int:
         shares = ", ".join(f"{h} {c:.3g}" for h, c in lab.cpu["quotas"].items())
         print(f"CPU quotas (cores of {lab.cpu['cores']}, cgroup {lab.cpu['backend']}): {shares}")
     elif lab.cpu is None:
-        print("note: no cgroup CPU controller on this machine: the hosts' processes share the "
-              "cores unconfined (the cluster states no speed)", file=sys.stderr)
+        print("note: no CPU groups (no usable cgroup CPU controller on this machine): the "
+              "hosts' processes share the cores unconfined (the cluster states no speed)",
+              file=sys.stderr)
     if missing:
         print(f"warning: this kernel has no sch_netem: latency/loss of {len(missing)} cable(s) "
               f"not emulated (rates are)", file=sys.stderr)
