@@ -43,6 +43,7 @@ import yaml
 
 from bench.common import BIN, MIN_TIMED_SECONDS
 from topoagent.cliutil import ArgumentParser
+from topoctl.lab import lab as labmod
 from topoctl.rollout.run import WARMUP, RankStats, RunResult, iterations_for
 
 
@@ -211,9 +212,12 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                 print(f"apply {h}: {r.stdout}{r.stderr}", file=sys.stderr)
                 return None
         (tmp / "job.json").write_text(json.dumps(plan["job"]))
-        procs = {h: subprocess.Popen([str(BIN / "topo-agent"), "--netns", f"tp-{name}-h-{h}",
-                                      "launch", "--host", h, "--timeout", "900",
-                                      str(tmp / "job.json")], stdout=subprocess.PIPE,
+        # each host's launcher (and so its ranks) in the host's CPU group, as the lab
+        # transport starts it: hosts with a `speed` run at their quota
+        lab = labmod.Lab.load(name, labs)
+        procs = {h: subprocess.Popen([*lab.join_prefix(h), str(BIN / "topo-agent"), "--netns",
+                                      f"tp-{name}-h-{h}", "launch", "--host", h, "--timeout",
+                                      "900", str(tmp / "job.json")], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
                  for h in plan["job"]["processes"]}
         seconds: dict[str, list[float]] = {}  # host -> its rank's seconds per iteration

@@ -21,6 +21,7 @@ from topoctl.graph.profile import (
     measure_train_job,
     retime_runtime_calibration,
 )
+from topoctl.lab.cpu import quotas as lab_cpu_quotas
 from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.placement.runtime import rank_op_costs
 from topoctl.render.addressing import AddressingError, assign
@@ -184,6 +185,9 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     t0 = time.perf_counter()
     try:
         s = available()[name](ctx)
+        speeds = host_speeds(ctx)
+        if speeds:  # hosts that differ in compute (`hosts[].speed`); none: as before
+            s.network = replace(s.network, speed=speeds, _cache={})
         res = simulate(s.tasks, s.network, record=False)
         if any(isinstance(t, Collective) and t.member_done for t in s.tasks):
             # ranks leave a collective one by one: the next iteration's compute starts under
@@ -201,13 +205,33 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     return Evaluated(s, res, time.perf_counter() - t0)
 
 
+def host_speeds(ctx: PlanContext) -> dict[str, float]:
+    """Each training host's compute rate for the simulator (`Network.speed`) from the
+    cluster's `hosts[].speed`: {} when no host states one (plans as before). Ranks timed for
+    the lab (`ctx.cpu_pool`): the CPU quota in cores the lab gives the host
+    (`topoctl.lab.cpu.quotas` over all the cluster's hosts and `ctx.lab.cores`, the formula
+    `topoctl lab up` enforces); otherwise hosts of type `cpu` run at their `speed` (their op
+    and step times scale by 1/speed) and other device types keep their roofline."""
+    stated = {h.name: h.speed for h in ctx.cluster.hosts}
+    if all(stated.get(h) is None for h in ctx.hosts):
+        return {}
+    if ctx.cpu_pool is not None:
+        q = lab_cpu_quotas(stated, ctx.lab.cores) or {}
+        return {h: q[h] for h in ctx.hosts if h in q}
+    return {h: float(stated[h]) for h in ctx.hosts
+            if stated.get(h) is not None and ctx.cluster.gpus(h).type == "cpu"}
+
+
 def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
     """max(busiest host's compute, AllReduce bandwidth bound 2(n-1)/n * S / B) where B is the
-    largest total egress goodput of any training host (no AllReduce can beat it)."""
+    largest total egress goodput of any training host (no AllReduce can beat it). A host's
+    compute is at its speed (`host_speeds`)."""
     compute = 0.0
+    speeds = host_speeds(ctx)
     for h in ctx.hosts:
         c = ctx.host_costs(h)
-        compute = max(compute, sum(x.fwd + x.bwd for x in c.values()))
+        work = sum(x.fwd + x.bwd for x in c.values())
+        compute = max(compute, work / speeds[h] if h in speeds else work)
     n = len(ctx.hosts)
     egress: dict[str, float] = {}
     eff = tcp_efficiency(ctx.fabric.mtu)

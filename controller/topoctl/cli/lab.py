@@ -143,8 +143,11 @@ def _up(args: argparse.Namespace) -> int:
         fabric = _plan_fabric(args.plan)
         _check_fabric(cluster, fabric, args.plan)
     t = time.monotonic()
-    lab = labmod.up(cluster, args.name, args.state_dir, args.mgmt_net, fabric,
-                    with_ssh=not args.no_ssh)
+    try:
+        lab = labmod.up(cluster, args.name, args.state_dir, args.mgmt_net, fabric,
+                        with_ssh=not args.no_ssh)
+    except ClusterError as e:  # hosts[i].speed the machine cannot give: the cluster file's
+        raise e.at(args.cluster) from None
     lay = lab.layout
     n = len(lay.cables) + len(lay.switch_ports)
     missing = labmod.unemulated(lab)
@@ -154,12 +157,20 @@ def _up(args: argparse.Namespace) -> int:
                           "mgmt_net": str(lay.mgmt_net), "gateway": str(lay.gateway),
                           "ssh_config": None if args.no_ssh else str(lab.ssh_config),
                           "inventory": None if args.no_ssh else str(lab.inventory),
-                          "unemulated": list(missing), "tcp_congestion": lab.tcp_congestion}))
+                          "unemulated": list(missing), "tcp_congestion": lab.tcp_congestion,
+                          "cpu": lab.cpu}))
         return EXIT_OK
     print(f"lab {lab.name} up in {time.monotonic() - t:.1f}s: {len(lay.hosts)} hosts, {n} "
           f"cables, management {lay.mgmt_net} (root {lay.gateway})")
     if not args.no_ssh:
         print(f"ssh -F {lab.ssh_config} {lay.hosts[0].name}    # Ansible: -i {lab.inventory}")
+    if lab.cpu and lab.cpu.get("quotas"):
+        shares = ", ".join(f"{h} {c:.3g}" for h, c in lab.cpu["quotas"].items())
+        print(f"CPU quotas (cores of {lab.cpu['cores']}, cgroup {lab.cpu['backend']}): {shares}")
+    elif lab.cpu is None:
+        print("note: no CPU groups (no usable cgroup CPU controller on this machine): the "
+              "hosts' processes share the cores unconfined (the cluster states no speed)",
+              file=sys.stderr)
     if missing:
         print(f"warning: this kernel has no sch_netem: latency/loss of {len(missing)} cable(s) "
               f"not emulated (rates are)", file=sys.stderr)
@@ -201,11 +212,15 @@ def _status(args: argparse.Namespace) -> int:
         return _plan_exit(st, report) if report else EXIT_OK
     print(f"lab {st['lab']} ({st['kind']}), management {st['mgmt_net']}, state {st['state_dir']}"
           f", hosts' TCP {st['tcp_congestion']}")
-    print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} {'ovs':<4} ports")
+    print(f"{'host':<10} {'netns':<6} {'mgmt ip':<15} {'sshd':<8} {'ovs':<4} {'speed':>5} "
+          f"{'cpu':>6} ports")
     for h in st["hosts"]:
         print(f"{h['name']:<10} {'ok' if h['netns_exists'] else 'GONE':<6} {h['mgmt_ip']:<15} "
               f"{h['sshd_pid'] or '-'!s:<8} {'yes' if h['ovs_pids'] else '-':<4} "
-              f"{' '.join(h['ports'])}")
+              f"{_speed(h['speed']):>5} {_cpu(h):>6} {' '.join(h['ports'])}")
+    if st.get("cpu"):
+        print(f"cpu: cores the kernel gives each host per {st['cpu']['period_us']} us period "
+              f"(cgroup {st['cpu']['backend']}, {st['cpu']['cores']} cores; -: no limit)")
     print(f"\n{'cable':<32} {'state':<7} {'config':>8} {'kernel':>8} {'measured':>9} ratio")
     bad = 0
     for c in st["cables"]:
@@ -222,7 +237,20 @@ def _status(args: argparse.Namespace) -> int:
     if report:
         _print_cabling(args.plan, report)
         return _plan_exit(st, report)
+    # a lab with CPU groups whose group is gone no longer confines that host's processes
+    bad += sum(1 for h in st["hosts"] if st.get("cpu") and h["cpu_period_us"] is None)
     return EXIT_ERROR if bad or not all(h["netns_exists"] for h in st["hosts"]) else EXIT_OK
+
+
+def _speed(v: float | None) -> str:
+    return "1" if v is None else f"{v:g}"
+
+
+def _cpu(h: dict) -> str:
+    """The host's CPU share as the kernel has it (quota / period, in cores)."""
+    if h["cpu_quota_us"] is None or not h["cpu_period_us"]:
+        return "-" if h["cpu_group"] else "none"
+    return f"{h['cpu_quota_us'] / h['cpu_period_us']:.3g}"
 
 
 def _plan_exit(st: dict, report) -> int:
@@ -315,13 +343,13 @@ def _rewire(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     lab = _load(args)
     try:
-        ns = lab.netns(args.host)
+        lab.netns(args.host)  # an unknown host is an error before anything runs
     except KeyError as e:
         raise LabError(str(e).strip("'\"")) from None
     argv = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not argv:
         raise LabError("exec: no command given")
-    return subprocess.call(["ip", "netns", "exec", ns, *argv])
+    return subprocess.call(lab.netns_argv(args.host, argv))  # in the host's CPU group too
 
 
 def _list(args: argparse.Namespace) -> int:

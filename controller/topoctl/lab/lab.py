@@ -22,10 +22,10 @@ from topoagent.congestion import set_congestion_control
 from topoagent.machinelock import machine_lock
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoagent.target import drop_netns_etc, give_files_only_names
-from topoctl.lab import cabling, commands, names, netops, ovs, ssh
+from topoctl.lab import cabling, commands, cpu, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
-from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster
+from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster, ClusterError
 from topoctl.spec.cluster_load import parse_cluster
 from topotrain.timing import TCP_CONGESTION
 
@@ -57,6 +57,9 @@ class Lab:
     state_dir: Path
     netem: bool = False
     tcp_congestion: str = HOST_TCP_CONGESTION  # in effect on the hosts (read back at `up`)
+    # the hosts' CPU groups (`topoctl.lab.cpu`): backend kind and root, period, the machine's
+    # cores and each host's quota in cores (None: no limit); None: no groups (no controller)
+    cpu: dict | None = None
 
     @property
     def name(self) -> str:
@@ -71,11 +74,31 @@ class Lab:
         """The management address of `host`."""
         return self.layout.host(host).mgmt_ip
 
+    def cpu_backend(self) -> cpu.CpuBackend | None:
+        """Where the hosts' CPU groups live (None: the lab has none)."""
+        if not self.cpu:
+            return None
+        return cpu.CpuBackend(self.cpu["backend"], Path(self.cpu["root"]))
+
+    def cpu_group(self, host: str) -> str:
+        """The name of `host`'s CPU group (its namespace's name)."""
+        return names.cpu_group(self.name, host)
+
+    def join_prefix(self, host: str) -> list[str]:
+        """Argv prefix that puts a command into `host`'s CPU group before it runs
+        (`cpu.join_argv`; [] when the lab has no groups). Its children inherit the group."""
+        b = self.cpu_backend()
+        return cpu.join_argv(b.procs(self.cpu_group(host)), []) if b else []
+
+    def netns_argv(self, host: str, argv: list[str]) -> list[str]:
+        """`argv` as a process of `host`: in its CPU group and, through `ip netns exec`, in its
+        namespace (with its /etc/netns files). How the lab starts everything on a host."""
+        return [*self.join_prefix(host), "ip", "netns", "exec", self.netns(host), *argv]
+
     def exec(self, host: str, argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
-        """Run `argv` inside `host`'s namespace (`ip netns exec`), output captured as text;
-        keyword arguments go to subprocess.run (e.g. check=True, timeout=...)."""
-        return subprocess.run(["ip", "netns", "exec", self.netns(host), *argv],
-                              capture_output=True, text=True, **kw)
+        """Run `argv` inside `host` (`netns_argv`: its namespace and CPU group), output
+        captured as text; keyword arguments go to subprocess.run (e.g. check=True, timeout=...)."""
+        return subprocess.run(self.netns_argv(host, argv), capture_output=True, text=True, **kw)
 
     @property
     def ssh_config(self) -> Path:
@@ -106,7 +129,8 @@ class Lab:
     def ovs_start(self, host: str) -> ovs.Ovs:
         """Start Open vSwitch inside `host` (checksum offload off on its wire ends); the running
         Ovs."""
-        o = ovs.start(self.netns(host), self.state_dir / "ovs" / host)
+        o = ovs.start(self.netns(host), self.state_dir / "ovs" / host,
+                      prefix=self.join_prefix(host))
         # the userspace datapath reads frames through AF_PACKET: a TCP segment whose checksum
         # the sending veth left to offload arrives broken, so the wire ends facing this host's
         # NICs compute checksums in software (the agent does the same on the NICs themselves)
@@ -126,6 +150,7 @@ class Lab:
         """Write lab.json (cluster, layout, netem, TCP congestion control) atomically into the
         state directory."""
         data = {"lab": self.name, "netem": self.netem, "tcp_congestion": self.tcp_congestion,
+                "cpu": self.cpu,
                 "cluster": self.cluster.to_dict(),
                 "layout": self.layout.to_dict()}
         tmp = self.state_dir / "lab.json.tmp"
@@ -146,7 +171,7 @@ class Lab:
         try:
             return cls(parse_cluster(data["cluster"]), Layout.from_dict(data["layout"]), d,
                        data.get("netem", False),
-                       data.get("tcp_congestion", HOST_TCP_CONGESTION))
+                       data.get("tcp_congestion", HOST_TCP_CONGESTION), data.get("cpu"))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             # a hand-edited or truncated state file: say so rather than a traceback
             raise LabError(f"damaged lab state ({type(e).__name__}: {e}); `topoctl lab down "
@@ -210,6 +235,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
     name = names.check_lab_name(name or cluster.name, "--name" if name else "")
     if fabric is not None:
         cluster = cluster.with_fabric(fabric, prefix="plan.fabric")
+    backend, cores = cpu.detect(), cpu.machine_cores()
+    check_cpu(cluster, backend, cores)  # before anything is created
     leftovers = netops.list_netns(names.prefix(name)) + netops.root_links(names.prefix(name))
     if leftovers:
         raise LabError(f"lab {name} exists (or left {leftovers[0]} behind): "
@@ -227,6 +254,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         netops.batch("ip", commands.root_batch(layout))
         for h in layout.hosts:
             netops.batch("ip", commands.host_batch(layout, h.name), ns=h.ns)
+        # before any host process starts: sshd and OVS join their host's group
+        lab.cpu = make_cpu_groups(cluster, name, backend, cores)
         # before sshd starts: `ip netns exec` binds the files when it starts a program
         for h in layout.hosts:  # names resolve in files only (files_only_nsswitch says why)
             give_files_only_names(h.ns)
@@ -238,7 +267,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         lab.save()
         if with_ssh:
             ssh.write_ssh_files(layout, d)
-            ssh.start_sshd(layout, d)
+            ssh.start_sshd(layout, d, prefix={h.name: lab.join_prefix(h.name)
+                                              for h in layout.hosts})
         with ThreadPoolExecutor(4) as ex:  # ovs-vswitchd takes ~1 s to detach
             list(ex.map(lab.ovs_start, [h.name for h in cluster.hosts
                                         if cluster.runs_ovs(h.name)]))
@@ -246,6 +276,47 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         down(name, root)
         raise
     return lab
+
+
+def check_cpu(cluster: Cluster, backend: cpu.CpuBackend | None, cores: int) -> None:
+    """ClusterError at `hosts[i].speed` when the lab cannot give the cluster's hosts their
+    speeds on this machine: no CPU controller (cgroup v1 `cpu` or v2 `cpu.max`), or a host's
+    share below the smallest quota the kernel enforces (`cpu.check_quotas`)."""
+    speeds = {h.name: h.speed for h in cluster.hosts}
+    stated = [(i, h.name) for i, h in enumerate(cluster.hosts) if h.speed is not None]
+    if stated and backend is None:
+        i, h = stated[0]
+        raise ClusterError([(f"hosts[{i}].speed",
+                             f"{h} asks for a compute speed, but this machine has no cgroup CPU "
+                             f"controller (v1 `cpu` with cpu.cfs_quota_us, or v2 with cpu.max; "
+                             f"see `mount | grep cgroup`): the lab cannot enforce it")])
+    problems = cpu.check_quotas(speeds, cores, {h.name: i for i, h in enumerate(cluster.hosts)})
+    if problems:
+        raise ClusterError(problems)
+
+
+def make_cpu_groups(cluster: Cluster, lab: str, backend: cpu.CpuBackend | None,
+                    cores: int) -> dict | None:
+    """One CPU group per host of lab `lab`, limited to its quota (`cpu.quotas`; no limit when
+    the cluster states no speed); what `Lab.cpu` keeps. None (no groups) when the machine has
+    no CPU controller, which `check_cpu` allowed only for a cluster without speeds, or when a
+    cluster without speeds cannot have groups (LabError when one with speeds cannot)."""
+    if backend is None:
+        return None
+    q = cpu.quotas({h.name: h.speed for h in cluster.hosts}, cores)
+    try:
+        cpu.enable_v2_cpu(backend)
+        for h in cluster.hosts:
+            backend.create(names.cpu_group(lab, h.name), None if q is None else q[h.name])
+    except LabError:
+        if q is not None:  # the cluster's speeds cannot be enforced: `up` fails
+            raise
+        # groups without a limit are bookkeeping only: a machine that refuses them (a
+        # read-only cgroup mount in a container) still gets its lab, as before
+        cpu.remove_groups(names.prefix(lab))
+        return None
+    return {"backend": backend.kind, "root": str(backend.root), "period_us": cpu.PERIOD_US,
+            "cores": cores, "quotas": None if q is None else {h: q[h] for h in q}}
 
 
 def unemulated(lab: Lab) -> list[str]:
@@ -277,10 +348,12 @@ def down(name: str, root: str | Path | None = None) -> dict[str, int]:
     for stale in AGENT_STATE_ROOT.glob(f"netns-{pre}*"):
         shutil.rmtree(stale, ignore_errors=True)
     drop_netns_etc(f"{pre}*")  # the hosts' nsswitch.conf (`give_files_only_names`)
-    left = netops.list_netns(pre) + netops.root_links(pre)
+    groups = cpu.list_groups(pre)
+    left = netops.list_netns(pre) + netops.root_links(pre) + cpu.remove_groups(pre)
     if left:
         raise LabError(f"could not remove {', '.join(left)}")
-    return {"processes": len(pids), "namespaces": len(namespaces), "links": len(links)}
+    return {"processes": len(pids), "namespaces": len(namespaces), "links": len(links),
+            "cpu_groups": len(groups)}
 
 
 # --- cut / heal / rewire -------------------------------------------------------------------------
@@ -343,7 +416,7 @@ def status(lab: Lab) -> dict:
     hosts = [{"name": h.name, "netns": h.ns, "netns_exists": h.ns in namespaces,
               "mgmt_ip": h.mgmt_ip, "sshd_pid": sshd.get(h.name),
               "ovs_pids": [p for p in ovs.pids(lab.state_dir / "ovs" / h.name) if _alive(p)],
-              "ports": [p.nic for p in h.ports]} for h in lay.hosts]
+              "ports": [p.nic for p in h.ports]} | cpu_status(lab, h.name) for h in lay.hosts]
     cables = [{"name": c.name, "a": c.a, "b": c.b, "rate": c.rate,
                "kernel_rate": [rates.get(c.a_end), rates.get(c.b_end)],
                "latency": c.latency, "loss": c.loss, "state": state([c.a_end, c.b_end]),
@@ -359,7 +432,31 @@ def status(lab: Lab) -> dict:
     return {"lab": lab.name, "kind": lay.kind, "mgmt_net": lay.mgmt_net,
             "state_dir": str(lab.state_dir), "netem": lab.netem,
             "tcp_congestion": lab.tcp_congestion, "unemulated": unemulated(lab),
+            "cpu": None if not lab.cpu else {k: lab.cpu[k] for k in
+                                             ("backend", "root", "period_us", "cores")},
             "hosts": hosts, "cables": cables}
+
+
+def cpu_status(lab: Lab, host: str) -> dict:
+    """`host`'s compute as configured (`speed`: the cluster's, None meaning 1; `cpu_share`:
+    its quota in cores, None when unlimited) and as the kernel has it (`cpu_quota_us`,
+    `cpu_period_us`, None when the group is gone or unlimited; `cpu_group`, `cpu_procs`:
+    processes in the group; `cpu_throttled`: periods it was throttled in)."""
+    speed = next((h.speed for h in lab.cluster.hosts if h.name == host), None)
+    out: dict[str, Any] = {"speed": speed, "cpu_share": None, "cpu_group": None,
+                           "cpu_quota_us": None, "cpu_period_us": None, "cpu_procs": 0,
+                           "cpu_throttled": None}
+    b = lab.cpu_backend()
+    if b is None or lab.cpu is None:
+        return out
+    g = lab.cpu_group(host)
+    q = (lab.cpu.get("quotas") or {}).get(host)
+    limit = b.limit(g)
+    stat = b.stat(g)
+    return out | {"cpu_share": q, "cpu_group": str(b.group(g)),
+                  "cpu_quota_us": limit[0] if limit else None,
+                  "cpu_period_us": limit[1] if limit else None,
+                  "cpu_procs": len(b.members(g)), "cpu_throttled": stat.get("nr_throttled")}
 
 
 def check_cabling(lab: Lab, fabric: Any) -> cabling.CablingReport:

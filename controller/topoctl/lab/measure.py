@@ -90,13 +90,14 @@ def measure_pair(lab: Lab, p: Pair, k: int, seconds: float) -> Result:
         for ns, nic, ip in ((sns, src_nic, a), (dns, dst_nic, b)):
             netops.run(["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", nic])
             added.append((ns, nic, ip))
-        server = subprocess.Popen(["ip", "netns", "exec", dns, "iperf3", "-s", "-1", "-B", b,
-                                   "-p", port], stdout=subprocess.DEVNULL,
+        iperf_s = ["iperf3", "-s", "-1", "-B", b, "-p", port]
+        server = subprocess.Popen(lab.netns_argv(dst_h, iperf_s), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         data: dict = {}
         for _ in range(40):  # until the server listens
-            out = netops.run(["ip", "netns", "exec", sns, "iperf3", "-c", b, "-B", a, "-p", port,
-                              "-t", f"{seconds:g}", "-O", "1", "-J", "--connect-timeout", "2000"],
+            out = netops.run(lab.netns_argv(src_h, [
+                "iperf3", "-c", b, "-B", a, "-p", port, "-t", f"{seconds:g}", "-O", "1", "-J",
+                "--connect-timeout", "2000"]),
                              check=False, timeout=seconds + 30).stdout
             data = json.loads(out) if out.strip() else {"error": "no output"}
             if "refused" not in data.get("error", "") or server.poll() is not None:

@@ -42,6 +42,11 @@ def host_ns(lab: str, host: str) -> str:
     return f"tp-{lab}-h-{host}"
 
 
+def cpu_group(lab: str, host: str) -> str:
+    """The CPU group (cgroup) of `host` in lab `lab`: named as its namespace."""
+    return host_ns(lab, host)
+
+
 def wire_ns(lab: str) -> str:
     """The lab's wire namespace (the patch panel)."""
     return f"tp-{lab}-wire"

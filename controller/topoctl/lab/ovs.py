@@ -59,8 +59,10 @@ def _run(cmd: list[str], env: dict[str, str]) -> str:
     return p.stdout
 
 
-def start(ns: str, rundir: Path) -> Ovs:
-    """Create a fresh database under `rundir` and start both daemons inside namespace `ns`."""
+def start(ns: str, rundir: Path, prefix: list[str] | None = None) -> Ovs:
+    """Create a fresh database under `rundir` and start both daemons inside namespace `ns`;
+    `prefix`: argv that puts them into the host's CPU group first (`Lab.join_prefix`)."""
+    pre = list(prefix or [])
     rundir.mkdir(parents=True, exist_ok=True)
     o = Ovs(ns, rundir)
     db = rundir / "conf.db"
@@ -68,11 +70,12 @@ def start(ns: str, rundir: Path) -> Ovs:
         db.unlink()
     _run(["ovsdb-tool", "create", str(db), str(SCHEMA)], o.env)
     common = ["--detach", "--no-chdir", "-vconsole:off", "-vsyslog:off", "-vfile:info"]
-    _run(["ip", "netns", "exec", ns, "ovsdb-server", str(db), f"--remote=punix:{rundir}/db.sock",
-          f"--pidfile={rundir}/ovsdb-server.pid", f"--unixctl={rundir}/ovsdb-server.ctl",
+    _run([*pre, "ip", "netns", "exec", ns, "ovsdb-server", str(db),
+          f"--remote=punix:{rundir}/db.sock", f"--pidfile={rundir}/ovsdb-server.pid",
+          f"--unixctl={rundir}/ovsdb-server.ctl",
           f"--log-file={rundir}/ovsdb-server.log", *common], o.env)
     o.vsctl("--no-wait", "init")
-    _run(["ip", "netns", "exec", ns, "ovs-vswitchd", o.db,
+    _run([*pre, "ip", "netns", "exec", ns, "ovs-vswitchd", o.db,
           f"--pidfile={rundir}/ovs-vswitchd.pid", f"--unixctl={rundir}/ovs-vswitchd.ctl",
           f"--log-file={rundir}/ovs-vswitchd.log", *common], o.env)
     return o

@@ -102,12 +102,17 @@ def write_ssh_files(layout: Layout, state_dir: Path) -> None:
     write_private(state_dir / "inventory.ini", "\n".join(inv))
 
 
-def start_sshd(layout: Layout, state_dir: Path, timeout: float = 20.0) -> None:
-    """Start one sshd per host namespace and wait until each accepts TCP connections."""
+def start_sshd(layout: Layout, state_dir: Path, timeout: float = 20.0,
+               prefix: dict[str, list[str]] | None = None) -> None:
+    """Start one sshd per host namespace and wait until each accepts TCP connections.
+    `prefix`: host -> argv that puts its sshd into the host's CPU group first
+    (`Lab.join_prefix`), so every session and what it starts (agent, ranks) inherits it."""
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     ssh_dir = state_dir / "ssh"
+    prefix = prefix or {}
     procs = [(h.name, subprocess.Popen(
-        ["ip", "netns", "exec", h.ns, SSHD, "-f", str(ssh_dir / f"sshd_config.{h.name}")],
+        [*prefix.get(h.name, []), "ip", "netns", "exec", h.ns, SSHD, "-f",
+         str(ssh_dir / f"sshd_config.{h.name}")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)) for h in layout.hosts]
     errors = []
     for name, p in procs:  # sshd forks into the background; the launcher exits at once

@@ -13,6 +13,9 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   "flow" of CPU-seconds at most one core fast, all of them max-min fair over the cores
   (processor sharing, as the kernel schedules single-threaded processes); its device still
   runs one task at a time;
+- `network.speed` gives a device its compute rate (a host's `speed`): its tasks take
+  duration / speed, and on a CPU pool its flows are capped at `speed` cores (the lab host's
+  CPU quota) instead of one;
 - a task starts when all its dependencies are done (a collective's steps when their own step
   dependencies are delivered);
 - a collective with ``member_done`` also completes each member's part (`tasks.member_done`)
@@ -236,8 +239,8 @@ def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
     if network.cpu_pool is not None:
         pooled = network.cpu_pool[0]
         capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
-        for dev in pooled:
-            capacity[("core", dev)] = 1.0
+        for dev in pooled:  # one core, or the device's CPU quota (`Network.speed`)
+            capacity[("core", dev)] = network.speed.get(dev, 1.0)
     return capacity, pooled
 
 
@@ -413,17 +416,20 @@ class _Run:
         node = heapq.heappop(q)
         self.dev_running[dev] = node
         self.start[node] = self.now
-        self.busy[dev] = self.busy.get(dev, 0.0) + g.duration[node]
+        d = g.duration[node]
+        rate = self.network.speed.get(dev)
+        # busy time at the device's speed (its CPU quota on a pool): d CPU-seconds at speed 1
+        wall = d if rate is None else d / rate
+        self.busy[dev] = self.busy.get(dev, 0.0) + wall
         if node not in g.communication:
-            self.compute_busy[dev] = self.compute_busy.get(dev, 0.0) + g.duration[node]
-        if dev in self.pooled and g.duration[node] > 0:  # CPU-seconds on the shared cores
-            d = g.duration[node]
+            self.compute_busy[dev] = self.compute_busy.get(dev, 0.0) + wall
+        if dev in self.pooled and d > 0:  # CPU-seconds on the shared cores
             self._add_flow(node, d, (("core", dev), ("cores",)), 0.0)
             self.subflows_left[node] = 1
             self.cpu_flows += 1
             self.dirty = True
         else:
-            self.push(self.now + g.duration[node], node)
+            self.push(self.now + wall, node)
 
     def send(self, node: int) -> None:
         """Start flow node `node`'s bytes: one flow per path of its route with bytes to carry.

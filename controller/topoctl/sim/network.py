@@ -32,7 +32,8 @@ class Network:
 
     `rate_caps[(src, dst)]` caps the aggregate rate of all traffic from src to dst (bytes/s):
     a per-destination QoS class ceiling on the source host. `cpu_pool`: devices whose compute
-    shares a machine's cores (see the field)."""
+    shares a machine's cores (see the field). `speed`: per-device compute rate (see the
+    field)."""
 
     links: dict[str, Link]
     router: Callable[[str, str], Routes]
@@ -40,6 +41,10 @@ class Network:
     # (devices, cores): these devices' compute tasks share `cores` cores (processor sharing,
     # at most one core per task), e.g. the lab's single-threaded ranks on one machine
     cpu_pool: tuple[frozenset[str], int] | None = None
+    # device -> its compute rate (a host's `speed`): a compute task of d seconds (timed at
+    # speed 1) takes d / speed; on a CPU pool, the device's compute flows at most `speed`
+    # cores (the lab host's CPU quota) instead of one. Devices not listed: 1
+    speed: dict[str, float] = field(default_factory=dict)
     _cache: dict[tuple[str, str], Routes] = field(default_factory=dict, repr=False)
 
     def routes(self, src: str, dst: str) -> Routes:

@@ -20,8 +20,12 @@ class LocalTransport:
     name = "local"
 
     def __init__(self, netns: dict[str, str | None], state_dirs: dict[str, Path] | None = None,
-                 agent: list[str] | None = None, ovsdb: dict[str, str] | None = None):
+                 agent: list[str] | None = None, ovsdb: dict[str, str] | None = None,
+                 prefix: dict[str, list[str]] | None = None):
         self.netns = netns
+        # host -> argv the agent is started under (a lab host's CPU group, `Lab.join_prefix`):
+        # the ranks it launches inherit it
+        self.prefix = prefix or {}
         self.state_dirs = state_dirs or {}
         self.cmd = agent or AGENT
         self.ovsdb = ovsdb or {}  # host -> its ovsdb-server (lab hosts running OVS)
@@ -29,7 +33,7 @@ class LocalTransport:
         self._lock = threading.Lock()
 
     def _argv(self, host: str) -> list[str]:
-        argv = agent_argv(self.cmd, self.state_dirs.get(host))
+        argv = self.prefix.get(host, []) + agent_argv(self.cmd, self.state_dirs.get(host))
         if self.netns.get(host):
             argv += ["--netns", self.netns[host]]
         if self.ovsdb.get(host):
@@ -95,7 +99,8 @@ def lab_transport(lab) -> LocalTransport:
     lab's own state directory (shared with the lab's SSH transport)."""
     hosts = [h.name for h in lab.cluster.hosts]
     ovsdb = {h: db for h in hosts if (db := lab.ovsdb(h))}
-    t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab), ovsdb=ovsdb)
+    t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab), ovsdb=ovsdb,
+                       prefix={h: lab.join_prefix(h) for h in hosts})
     t.name = "lab"
     return t
 
