@@ -9,9 +9,10 @@ its loss by ``world * share / global`` so that the average the AllReduce forms e
 gradient of one process on the whole batch (`topotrain.shares` does it in the ranks).
 
 The simulator's iteration is the base strategy's with each host's forward and backward scaled
-by ``share / per_rank / speed`` (compute linear in the batch: the same op costs, timed at the
-even per-rank batch, on a host `speed` times as fast); the gradients, hence the AllReduce, do not
-change. The shares go into the plan's ``job.batch.shares`` (the renderer moves them there from
+by ``share / per_rank`` (compute linear in the batch: the same op costs, timed at the even
+per-rank batch); the planner runs every strategy's tasks at its hosts' speeds
+(`planner.host_speeds`, `Network.speed`), so a host `speed` times as fast takes 1/speed of that
+time; the gradients, hence the AllReduce, do not change. The shares go into the plan's ``job.batch.shares`` (the renderer moves them there from
 ``collective.shares``) and its ``metadata.collective.shares``.
 
 Registered as ``baseline+shares`` (alias ``shares``) and ``trees+shares``; `with_shares(ctx,
@@ -96,9 +97,9 @@ def with_shares(ctx: PlanContext, base: Strategy) -> Strategy:
         raise StrategyError(f"batch.global {ctx.job.batch.global_} is below the "
                             f"{ctx.world_size} ranks: no share for some")
     shares = rank_shares(ctx)
-    # a host's compute is its slowest rank's: its largest share at its speed
-    factor = {h: max(shares[r] for r in rs) / ctx.local_batch / host_speed(ctx, h)
-              for h, rs in ctx.ranks.items()}
+    # a host's compute is its slowest rank's: its largest share; the host's speed is applied
+    # once, by the planner's simulation of every strategy (`planner.host_speeds`)
+    factor = {h: max(shares[r] for r in rs) / ctx.local_batch for h, rs in ctx.ranks.items()}
     notes = dict(base.notes) | {"shares": {
         "speeds": {h: host_speed(ctx, h) for h in ctx.hosts},
         "samples": {h: [shares[r] for r in ctx.ranks[h]] for h in ctx.hosts}}}
