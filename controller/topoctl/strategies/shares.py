@@ -12,8 +12,9 @@ The simulator's iteration is the base strategy's with each host's forward and ba
 by ``share / per_rank`` (compute linear in the batch: the same op costs, timed at the even
 per-rank batch); the planner runs every strategy's tasks at its hosts' speeds
 (`planner.host_speeds`, `Network.speed`), so a host `speed` times as fast takes 1/speed of that
-time; the gradients, hence the AllReduce, do not change. The shares go into the plan's ``job.batch.shares`` (the renderer moves them there from
-``collective.shares``) and its ``metadata.collective.shares``.
+time; the gradients, hence the AllReduce, do not change. The shares go into the plan's
+``job.batch.shares`` (the renderer moves them there from ``collective.shares``) and its
+``metadata.collective.shares``.
 
 Registered as ``baseline+shares`` (alias ``shares``) and ``trees+shares``; `with_shares(ctx,
 strategy)` applies it to any other data-parallel strategy (one whose hosts' compute tasks are
