@@ -209,9 +209,15 @@ def test_down_removes_a_half_built_labs_groups_and_processes(tmp_path):
         while p.pid not in BACKEND.members(ns) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert p.pid in BACKEND.members(ns)
+        # one that joined its group but never entered the namespace (as a host's process does
+        # for a moment, between the two): only the group knows it
+        q = subprocess.Popen(cpu.join_argv(BACKEND.procs(f"tp-{name}-h-h1"), ["sleep", "600"]))
+        while q.pid not in BACKEND.members(f"tp-{name}-h-h1") and time.monotonic() < deadline:
+            time.sleep(0.02)
         got = labmod.down(name, tmp_path)
         assert got["cpu_groups"] == 2 and got["processes"] >= 1
         assert p.wait(timeout=10) != 0  # killed
+        assert q.wait(timeout=10) != 0
         assert _groups(f"tp-{name}-") == []
     finally:
         with contextlib.suppress(Exception):

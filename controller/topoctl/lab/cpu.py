@@ -255,6 +255,20 @@ def remove_groups(prefix: str, timeout: float = 5.0) -> list[str]:
     return left
 
 
+def group_pids(prefix: str) -> list[int]:
+    """Pids of the processes in the CPU groups whose name starts with `prefix`, in every
+    hierarchy: a host's processes, also one that joined its group but has not entered the
+    host's namespace yet."""
+    pids: set[int] = set()
+    for path in list_groups(prefix):
+        try:
+            text = Path(path, "cgroup.procs").read_text()
+        except OSError:
+            continue
+        pids.update(int(x) for x in text.split())
+    return sorted(pids)
+
+
 def list_groups(prefix: str) -> list[str]:
     """Paths of the CPU groups whose name starts with `prefix`, in every hierarchy."""
     out = []

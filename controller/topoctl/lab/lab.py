@@ -333,8 +333,11 @@ def down(name: str, root: str | Path | None = None) -> dict[str, int]:
     """Remove every process, namespace, root link and file of lab `name`, found by prefix."""
     pre = names.prefix(names.check_lab_name(name))
     namespaces = netops.list_netns(pre)
-    pids = netops.netns_pids(namespaces)
-    netops.kill_pids(list(pids))
+    # the hosts' processes: those in their namespaces and those in their CPU groups (one that
+    # joined its group but had not entered its namespace yet is only there)
+    pids = set(netops.netns_pids(namespaces)) | set(cpu.group_pids(pre))
+    pids.discard(os.getpid())  # `lab down` run from a session on a lab host
+    netops.kill_pids(sorted(pids))
     links = netops.root_links(pre)
     # bridge first: its ports then go with their namespaces or the link del below
     order = sorted(links, key=lambda x: x != names.mgmt_bridge(name))
