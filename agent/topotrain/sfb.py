@@ -83,16 +83,22 @@ class SfbLayers:
         self.seconds = time.perf_counter() - t0
 
 
+class SfbError(ValueError):
+    """The plan's ``job.sfb`` names a module the model does not have as an nn.Linear."""
+
+
 def attach_sfb(model: nn.Module, names: list[str],
                group: dist.ProcessGroup | None = None) -> SfbLayers:
     """Route the named nn.Linear modules of `model` through SFB; call before wrapping it in
-    DDP. ValueError naming a module that is missing or not an nn.Linear."""
+    DDP. SfbError naming the plan's ``job.sfb[i]`` that is missing or not an nn.Linear."""
     mods = dict(model.named_modules())
     layers = SfbLayers([], group)
-    for name in names:
+    for i, name in enumerate(names):
         mod = mods.get(name)
         if not isinstance(mod, nn.Linear):
-            raise ValueError(f"sfb: {name!r} is not an nn.Linear module of the model")
+            kind = "no module" if mod is None else f"a {type(mod).__name__}"
+            raise SfbError(f"job.sfb[{i}]: {name!r} is {kind} of the model, not an nn.Linear "
+                           "(SFB rebuilds only linear layers' gradients)")
         slot = _Slot(mod)
         for p in mod.parameters(recurse=False):
             p.requires_grad_(False)  # out of DDP's buckets; SFB sets its gradient

@@ -49,7 +49,7 @@ from topotrain import checkpoint
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.events import emit
 from topotrain.pipeline import main as pipeline_main
-from topotrain.sfb import SfbLayers, attach_sfb
+from topotrain.sfb import SfbError, SfbLayers, attach_sfb
 from topotrain.shares import loss_weight
 from topotrain.workload import (
     check_same_weights,
@@ -76,7 +76,12 @@ def main() -> int:
     if job.collective.get("algorithm") == "pipeline":  # a placed model: stages
         return pipeline_main(job)
     rank, world = _join_process_group(job)
-    run = _prepare(job, rank, world)
+    try:
+        run = _prepare(job, rank, world)
+    except SfbError as e:  # every rank builds the same model: all of them stop here
+        print(f"topotrain.train: {os.environ['TOPOCTL_JOB']}: {e}", file=sys.stderr)
+        dist.destroy_process_group()
+        return 1
     _train(run)
     if run.ckpt is not None:
         dist.barrier()  # every rank is past its last iteration: nothing can resume any more
