@@ -162,11 +162,12 @@ def _may_settle(op: object) -> bool:
 
 def _read(ns: str, settle: bool = True) -> dict:
     """The host dump, once it is settled where the last operation leaves the kernel work to
-    finish on its own (`settle`: dumped again until two reads agree), in an order-free form: each link's addresses in address order, because
-    the kernel keeps secondary addresses in insertion order (an address deleted and added back
-    comes last; no inverse can restore that short of re-adding every later one, and it matters
-    only for which secondary `promote_secondaries` promotes), and tc's classes and filters in
-    handle order, because tc lists them in the order of its hash buckets' insertion."""
+    finish on its own (`settle`: dumped again until two reads agree), in an order-free form:
+    each link's addresses in address order, because the kernel keeps secondary addresses in
+    insertion order (an address deleted and added back comes last; no inverse can restore that
+    short of re-adding every later one, and it matters only for which secondary
+    `promote_secondaries` promotes), and tc's classes and filters in handle order, because tc
+    lists them in the order of its hash buckets' insertion."""
     d = _ordered({**dump(ns), **dump6(ns)})
     for _ in range(20 if settle else 0):
         time.sleep(0.05)

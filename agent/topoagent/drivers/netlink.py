@@ -17,7 +17,7 @@ from typing import Any
 
 from topoagent.drivers import nlwrite
 from topoagent.drivers.nlwrite import ADD, REPLACE, Ack, Request
-from topoagent.observe import nldump
+from topoagent.observe import nldump, uapi
 from topoagent.observe.host import (
     ETH_P_IP,
     ETH_P_IPV6,
@@ -268,7 +268,7 @@ class NetlinkDriver:
             tables: dict[int, list[int]] = {}
             sock = nldump.open_in(self.target.inside)
             with contextlib.closing(sock):
-                for f in nldump.dump_tc(sock, nldump.RTM_GETTFILTER, idx, ROOT):
+                for f in nldump.dump_tc(sock, uapi.RTM_GETTFILTER, idx, ROOT):
                     if f.kind != "u32" or not f.handle:
                         continue
                     entry = tables.setdefault(f.info >> 16, [f.handle & 0xFFF00000, 0])

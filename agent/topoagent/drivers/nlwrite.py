@@ -24,36 +24,72 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from topoagent.observe.nldump import ticks_per_us
+from topoagent.observe.uapi import (
+    FRA_DST,
+    FRA_FWMARK,
+    FRA_IIFNAME,
+    FRA_OIFNAME,
+    FRA_PRIORITY,
+    FRA_PROTOCOL,
+    FRA_SRC,
+    FRA_TABLE,
+    IFA_ADDRESS,
+    IFA_FLAGS,
+    IFA_LOCAL,
+    IFA_PROTO,
+    IFADDRMSG,
+    IFINFOMSG,
+    IFLA_MTU,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    NLM_F_REPLACE,
+    NLM_F_REQUEST,
+    NLMSG_ERROR,
+    NLMSG_NOOP,
+    RTA_DST,
+    RTA_GATEWAY,
+    RTA_MULTIPATH,
+    RTA_OIF,
+    RTA_PREFSRC,
+    RTA_PRIORITY,
+    RTA_TABLE,
+    RTM_DELADDR,
+    RTM_DELQDISC,
+    RTM_DELROUTE,
+    RTM_DELRULE,
+    RTM_DELTCLASS,
+    RTM_DELTFILTER,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWQDISC,
+    RTM_NEWROUTE,
+    RTM_NEWRULE,
+    RTM_NEWTCLASS,
+    RTM_NEWTFILTER,
+    RTMSG,
+    TCA_HTB_CEIL64,
+    TCA_HTB_INIT,
+    TCA_HTB_PARMS,
+    TCA_HTB_RATE64,
+    TCA_KIND,
+    TCA_OPTIONS,
+    TCA_U32_CLASSID,
+    TCA_U32_SEL,
+    TCMSG,
+)
 
-# message types (linux/rtnetlink.h)
-RTM_NEWADDR, RTM_DELADDR = 20, 21
-RTM_NEWROUTE, RTM_DELROUTE = 24, 25
-RTM_NEWRULE, RTM_DELRULE = 32, 33
-RTM_NEWQDISC, RTM_DELQDISC = 36, 37
-RTM_NEWTCLASS, RTM_DELTCLASS = 40, 41
-RTM_NEWTFILTER, RTM_DELTFILTER = 44, 45
-NLMSG_NOOP, NLMSG_ERROR = 1, 2
-NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
-NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x100, 0x200, 0x400
-NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200
+NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200  # in an acknowledgement (netlink.h)
 ADD = NLM_F_CREATE | NLM_F_EXCL  # fails when the object is there
 REPLACE = NLM_F_CREATE | NLM_F_REPLACE  # creates or replaces
 SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
 NLMSGERR_ATTR_MSG = 1
 
-IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS, IFA_PROTO = 1, 2, 8, 11
 IFA_F_NODAD = 0x02
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC = 1, 4, 5, 6, 7
-RTA_MULTIPATH, RTA_TABLE = 9, 15
-FRA_DST, FRA_SRC, FRA_IIFNAME, FRA_PRIORITY, FRA_FWMARK = 1, 2, 3, 6, 10
-FRA_TABLE, FRA_OIFNAME, FRA_PROTOCOL = 15, 17, 21
 FR_ACT_TO_TBL = 1
 RTN_UNICAST = 1
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 RT_TABLE_UNSPEC = 0
-TCA_KIND, TCA_OPTIONS = 1, 2
-TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
-TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
 TC_U32_TERMINAL = 1
 TC_H_ROOT = 0xFFFFFFFF
 TC_LINKLAYER_ETHERNET = 1  # with a link layer the kernel needs no rate table (sch_htb.c)
@@ -61,9 +97,6 @@ HTB_VERSION, HTB_R2Q = 3, 10  # tc's defaults (and pyroute2's)
 U32_MAX = 0xFFFFFFFF
 
 HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
-RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg and fib_rule_hdr
-IFADDRMSG = struct.Struct("=BBBBI")
-TCMSG = struct.Struct("=BxxxiIII")
 RTNEXTHOP = struct.Struct("=HBBi")
 RATESPEC = "BBHhHI"  # tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
 HTB_OPT = struct.Struct("=" + RATESPEC + RATESPEC + "IIIII")  # + buffer cbuffer quantum level prio
@@ -177,10 +210,7 @@ def split_net(net: str) -> tuple[int, int, bytes]:
 
 
 # --- links -------------------------------------------------------------------------------------
-RTM_NEWLINK = 16
-IFLA_MTU = 4
 IFF_UP = 0x1
-IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 
 
 def link(ifindex: int, mtu: int | None, up: bool | None) -> Request:

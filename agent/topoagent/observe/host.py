@@ -15,9 +15,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from topoagent.observe.nldump import (
-    RTM_GETQDISC,
-    RTM_GETTCLASS,
-    RTM_GETTFILTER,
     RawLink,
     RawRoute,
     RawRule,
@@ -33,6 +30,7 @@ from topoagent.observe.nldump import (
     u32_keys,
 )
 from topoagent.observe.ovs import observe_ovs, observed_sections
+from topoagent.observe.uapi import RTM_GETQDISC, RTM_GETTCLASS, RTM_GETTFILTER
 from topoagent.state.host import (
     RT_PROTO,
     RULE_PRIORITY_MAX,

@@ -17,30 +17,61 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-NETLINK_ROUTE = 0
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-RTM_NEWLINK, RTM_GETLINK = 16, 18
-RTM_NEWADDR, RTM_GETADDR = 20, 22
-RTM_NEWROUTE, RTM_GETROUTE = 24, 26
-RTM_NEWRULE, RTM_GETRULE = 32, 34
-RTM_NEWQDISC, RTM_GETQDISC = 36, 38
-RTM_NEWTCLASS, RTM_GETTCLASS = 40, 42
-RTM_NEWTFILTER, RTM_GETTFILTER = 44, 46
-TCA_KIND, TCA_OPTIONS = 1, 2
-TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 6, 7
-TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
+from topoagent.observe.uapi import (
+    FRA_DPORT_RANGE,
+    FRA_DST,
+    FRA_FLOW,
+    FRA_FWMARK,
+    FRA_FWMASK,
+    FRA_GOTO,
+    FRA_IIFNAME,
+    FRA_IP_PROTO,
+    FRA_L3MDEV,
+    FRA_OIFNAME,
+    FRA_PRIORITY,
+    FRA_PROTOCOL,
+    FRA_SPORT_RANGE,
+    FRA_SRC,
+    FRA_SUPPRESS_IFGROUP,
+    FRA_SUPPRESS_PREFIXLEN,
+    FRA_TABLE,
+    FRA_TUN_ID,
+    FRA_UID_RANGE,
+    IFA_ADDRESS,
+    IFA_LOCAL,
+    IFA_PROTO,
+    IFADDRMSG,
+    IFINFOMSG,
+    IFLA_ADDRESS,
+    IFLA_IFNAME,
+    IFLA_MTU,
+    NETLINK_ROUTE,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    RTA_DST,
+    RTA_GATEWAY,
+    RTA_MULTIPATH,
+    RTA_OIF,
+    RTA_PREFSRC,
+    RTA_PRIORITY,
+    RTA_TABLE,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_GETRULE,
+    RTMSG,
+    TCA_HTB_CEIL64,
+    TCA_HTB_PARMS,
+    TCA_HTB_RATE64,
+    TCA_KIND,
+    TCA_OPTIONS,
+    TCA_U32_CLASSID,
+    TCA_U32_SEL,
+    TCMSG,
+)
 
-IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU = 1, 3, 4
-IFA_ADDRESS, IFA_LOCAL, IFA_PROTO = 1, 2, 11
-# route attributes
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC = 1, 4, 5, 6, 7
-RTA_MULTIPATH, RTA_TABLE = 9, 15
-# rule attributes
-FRA_DST, FRA_SRC, FRA_IIFNAME, FRA_GOTO, FRA_PRIORITY = 1, 2, 3, 4, 6
-FRA_FWMARK, FRA_FLOW, FRA_TUN_ID, FRA_SUPPRESS_IFGROUP, FRA_SUPPRESS_PREFIXLEN = 10, 11, 12, 13, 14
-FRA_TABLE, FRA_FWMASK, FRA_OIFNAME, FRA_L3MDEV, FRA_UID_RANGE = 15, 16, 17, 19, 20
-FRA_PROTOCOL, FRA_IP_PROTO, FRA_SPORT_RANGE, FRA_DPORT_RANGE = 21, 22, 23, 24
 # selectors the schema cannot express: a rule carrying one is foreign and opaque
 FRA_EXOTIC = {FRA_GOTO, FRA_FLOW, FRA_TUN_ID, FRA_L3MDEV, FRA_UID_RANGE, FRA_IP_PROTO,
               FRA_SPORT_RANGE, FRA_DPORT_RANGE}
@@ -95,11 +126,6 @@ def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
     return out
 
 
-# family-specific headers after nlmsghdr; the same layout is sent as the dump request
-RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg, and fib_rule_hdr (same shape)
-IFINFOMSG = struct.Struct("=BxHiII")
-IFADDRMSG = struct.Struct("=BBBBI")
-TCMSG = struct.Struct("=BxxxiIII")
 
 
 def _dump(sock: socket.socket, request: int, header: struct.Struct, *fields: int
