@@ -21,7 +21,7 @@ from typing import Any
 from topoagent.congestion import set_congestion_control
 from topoagent.machinelock import machine_lock
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
-from topoagent.target import drop_netns_etc, give_files_only_names
+from topoagent.target import Target, drop_netns_etc, give_files_only_names
 from topoctl.lab import cabling, commands, cpu, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
@@ -261,6 +261,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
             give_files_only_names(h.ns)
         in_effect = set_congestion_control([h.ns for h in layout.hosts], HOST_TCP_CONGESTION)
         lab.tcp_congestion = ",".join(sorted(set(in_effect.values())))
+        if cluster.addressing.family != "ipv4":
+            enable_ipv6([h.ns for h in layout.hosts], cluster.addressing.family)
         netops.batch("ip", commands.wire_ip_batch(layout), ns=layout.wire_ns)
         lab.netem = netops.has_netem(layout.wire_ns)
         netops.batch("tc", commands.wire_tc_batch(layout, lab.netem), ns=layout.wire_ns)
@@ -276,6 +278,22 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         down(name, root)
         raise
     return lab
+
+
+def enable_ipv6(namespaces: list[str], family: str) -> None:
+    """IPv6 on in every host namespace of a lab whose cluster asks for it (a new namespace
+    takes the kernel's defaults, not the machine's, so a machine booted with IPv6 disabled
+    by sysctl still gets it here); LabError naming `addressing.family` when this kernel has no
+    IPv6. Duplicate address detection is the plan's business (`dad: false` on fabric NICs);
+    the fabric NICs keep `addrgenmode none`: no link-local address, the agent adds all."""
+    for ns in namespaces:
+        t = Target(netns=ns)
+        try:
+            for conf in ("all", "default", "lo"):
+                t.write_sysctl(f"net/ipv6/conf/{conf}/disable_ipv6", "0")
+        except OSError as e:
+            raise LabError(f"addressing.family: {family}: IPv6 cannot be enabled in {ns} "
+                           f"({e.strerror}; a kernel booted with ipv6.disable=1?)") from None
 
 
 def check_cpu(cluster: Cluster, backend: cpu.CpuBackend | None, cores: int) -> None:
