@@ -60,7 +60,7 @@ def test_default_family_is_ipv4_and_the_pools_are_the_projects_ula():
     ({"training6": "fd74::1/64"}, "addressing.training6", "host bits set"),
 ])
 def test_bad_ipv6_pools_name_their_yaml_path(addressing, path, words):
-    probs = problems(cluster_doc("mesh4", family="ipv6", **addressing))
+    probs = problems(cluster_doc("mesh4", **({"family": "ipv6"} | addressing)))
     assert any(p == path and words in m for p, m in probs), probs
 
 
