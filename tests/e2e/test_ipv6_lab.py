@@ -36,7 +36,8 @@ JOB = {
     "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 128, "features": 64,
                                            "classes": 10}},
     "batch": {"global": 64}, "parallelism": {"data": True},
-    "strategies": ["baseline+bandwidth"], "cost": {"method": "roofline"},
+    "strategies": ["baseline+bandwidth"], "bandwidth": {"multipath": True},
+    "cost": {"method": "roofline"},
 }
 STEPS = 40  # small steps: long enough for `ss` to see the connections, seconds in all
 

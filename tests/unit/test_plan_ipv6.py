@@ -104,12 +104,12 @@ def test_ipv6_only_plan_has_no_ipv4_in_hosts_and_parses_as_agent_state(tmp_path)
 
 
 def dual_plan(tmp: Path) -> bytes:
-    """mesh4 dual-stack, the MLP job with baseline+bandwidth: QoS classes, policy-routed
-    multipath and forwarding hosts."""
+    """mesh4 dual-stack, the MLP job with baseline+bandwidth, multipath: QoS classes,
+    policy-routed multipath (an IPv6 rule, IPv6 hash policy) and forwarding hosts."""
     cpath = tmp / "mesh4-dual-cluster.yaml"
     cpath.write_text(yaml.safe_dump(cluster_doc("mesh4", family="dual")))
     job = yaml.safe_load((PLANS / "mlp-job.yaml").read_text()) | {
-        "strategies": ["baseline+bandwidth"]}
+        "strategies": ["baseline+bandwidth"], "bandwidth": {"multipath": True}}
     jpath = tmp / "job.yaml"
     jpath.write_text(yaml.safe_dump(job))
     out = tmp / "plan.yaml"
@@ -133,11 +133,12 @@ def test_dual_stack_plan_is_the_recorded_one(tmp_path, capsys):
             fams[ipaddress.ip_network(r["dst"]).version] += 1
         for q in st.get("qos", []):  # training runs over IPv6: its classes match IPv6
             assert all(":" in c["dst"] for c in q["classes"])
-        for rule in st.get("rules", []):
-            assert rule.get("family") == "ipv6"
-        if st.get("sysctl", {}).get("ip_forward"):
-            assert st["sysctl"]["ipv6_forwarding"] is True
-    assert fams[4] > 0 and fams[6] >= fams[4]  # both reachable; policy routes in IPv6
+        assert [r.get("family") for r in st["rules"]] == ["ipv6"]
+        assert st["sysctl"]["ipv6_multipath_hash_policy"] == 1
+        # the detours carry IPv6 (training) traffic only: IPv6 forwarding, IPv4's untouched
+        assert st["sysctl"]["ipv6_forwarding"] is True and "ip_forward" not in st["sysctl"]
+        assert all(":" in h["via"] for r in st["routes"] for h in r.get("nexthops", []))
+    assert fams[4] > 0 and fams[6] > fams[4]  # both reachable; policy routes in IPv6
     assert ":" in doc["job"]["master"]["address"]
 
 
