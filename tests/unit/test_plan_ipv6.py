@@ -16,6 +16,7 @@ import yaml
 from topoagent.state.host import parse_host_state
 from topoctl.cli import main
 from topoctl.render.addressing import assign_cluster
+from topoctl.render.ovs import INTERNAL, ovs_host
 from topoctl.render.yamlout import scalar
 from topoctl.rollout.links import route_devices
 from topoctl.rollout.renumber import subnet_map
@@ -169,6 +170,20 @@ def test_renumber_and_route_devices_read_both_families():
              "routes": [{"dst": "fd74:6f70:6f63:1::2/128", "via": "fd74:6f70:6f63:8001::2"},
                         {"dst": "10.236.0.2/32", "via": "10.234.0.2"}]}
     assert route_devices(state) == {"eth0", "eth1"}
+
+
+def test_an_ovs_host_moves_dad_false_with_its_ipv6_addresses():
+    state = {"interfaces": [{"name": "lo", "addresses": ["fd74:6f70:6f63:1::1/128"]},
+                            {"name": "eth0", "addresses": ["fd74:6f70:6f63:8000::1/64"],
+                             "mtu": 9000, "up": True, "dad": False}],
+             "routes": [{"dst": "fd74:6f70:6f63:1::2/128", "via": "fd74:6f70:6f63:8000::2",
+                         "dev": "eth0", "src": "fd74:6f70:6f63:1::1"}]}
+    out = ovs_host(state)
+    parse_host_state(out)
+    by = {i["name"]: i for i in out["interfaces"]}
+    assert "dad" not in by["eth0"] and "addresses" not in by["eth0"]
+    assert by[INTERNAL]["dad"] is False
+    assert by[INTERNAL]["addresses"] == ["fd74:6f70:6f63:8000::1/64"]
 
 
 @pytest.mark.parametrize("text, plain", [
