@@ -3,6 +3,10 @@
 u32 QoS classes on IPv6 destinations, forwarding hosts), applied by the agents, and a few
 training steps of a small MLP over gloo between the hosts' IPv6 training addresses.
 
+The controller reaches the hosts' sshd over the lab's IPv6 management addresses (an IPv6-only
+lab), so the agent's management guard judges an IPv6 connection: a plan that would route the
+controller's IPv6 address over the fabric is refused on that host, naming the connection.
+
 Read back independently: `ip -j -6 addr/route/rule` in every host (the plan's addresses, none
 tentative, a /128 route to every other host, no IPv4 but management and loopback), `tc -j
 filter` (u32 on protocol ipv6), and `ss -tn` inside h0's namespace during the run: rank 0's
@@ -23,6 +27,7 @@ import yaml
 from tests import netns as nsutil
 from topoctl import cli
 from topoctl.lab import lab as labmod
+from topoctl.lab.layout import mgmt6
 from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
@@ -87,9 +92,31 @@ def check_kernel_state(lab, plan: dict) -> None:
         v4 = {a["local"] for i in nsutil.ip_json(ns, "-4", "addr", "show")
               for a in i["addr_info"]}
         assert v4 == {"127.0.0.1", lab.mgmt_ip(h.name)}, (h.name, v4)  # no IPv4 fabric
+        assert f"{lab.layout.ssh_ip(h.name)}/{lab.layout.prefixlen6()}" in {
+            f"{a['local']}/{a['prefixlen']}" for i in v6 for a in i["addr_info"]}
         routes = {r["dst"] for r in nsutil.ip_json(ns, "-6", "route", "show", "table", "all")}
         others = {f"{a}" for o, a in training.items() if o != h.name}
         assert others <= routes, (h.name, others - routes)  # /128 routes print bare
+
+
+def refused_over_ipv6_management(lab, plan: dict, tmp_path, capsys) -> None:
+    """A plan whose h0 routes the controller's IPv6 management address over the fabric is
+    refused over SSH by h0's agent (the guard, from SSH_CONNECTION), and h0 is untouched."""
+    client = mgmt6(lab.layout.gateway)
+    bad = json.loads(json.dumps(plan))
+    h0 = bad["hosts"]["h0"]
+    hop = next(r for r in h0["routes"] if "via" in r)
+    h0["routes"].append({"dst": f"{client}/128", "via": hop["via"], "dev": hop["dev"]})
+    path = tmp_path / "cuts-management.yaml"
+    path.write_text(yaml.safe_dump(bad, sort_keys=False))
+    capsys.readouterr()
+    assert cli.main(["apply", str(path), "--lab", lab.name, "--ssh"]) != 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    server = lab.layout.ssh_ip("h0")
+    assert f"the management connection {client} -> {server}" in text, text[-2000:]
+    assert not [a for i in nsutil.ip_json(lab.netns("h0"), "-6", "addr", "show")
+                for a in i["addr_info"] if a["local"].startswith("fd74:6f70:6f63:1:")]
 
 
 def test_demo_cluster_trains_ipv6_only(tmp_path, monkeypatch, capsys):
@@ -100,9 +127,10 @@ def test_demo_cluster_trains_ipv6_only(tmp_path, monkeypatch, capsys):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
     name = f"v6{os.getpid() % 10**6}"
-    lab = labmod.up(cluster, name=name, with_ssh=False)
+    lab = labmod.up(cluster, name=name)
     try:
-        assert cli.main(["apply", str(path), "--lab", name]) == 0
+        refused_over_ipv6_management(lab, plan, tmp_path, capsys)
+        assert cli.main(["apply", str(path), "--lab", name, "--ssh"]) == 0
         check_kernel_state(lab, plan)
         rules = [r for h in lab.cluster.hosts
                  for r in nsutil.ip_json(lab.netns(h.name), "-6", "rule", "show")
@@ -117,7 +145,7 @@ def test_demo_cluster_trains_ipv6_only(tmp_path, monkeypatch, capsys):
         socks.thread.start()
         try:
             code = cli.main(["run", str(path), "--lab", name, "--iterations", str(STEPS),
-                             "--json", "--timeout", "300"])
+                             "--json", "--timeout", "300", "--ssh"])
         finally:
             socks.stop.set()
             socks.thread.join()
@@ -126,9 +154,10 @@ def test_demo_cluster_trains_ipv6_only(tmp_path, monkeypatch, capsys):
         assert result["synchronous"] is True
         assert sorted(result["ranks"]) == [str(r) for r in range(8)]
         assert all(r["iterations"] == STEPS for r in result["ranks"].values())
-        mgmt = ipaddress.ip_address(lab.mgmt_ip("h0"))
+        mgmt = {ipaddress.ip_address(lab.mgmt_ip("h0")),
+                ipaddress.ip_address(lab.layout.ssh_ip("h0"))}  # the controller's SSH
         pairs = [(host_of(a), host_of(b)) for a, b in socks.seen]
-        fabric = [(a, b) for a, b in pairs if not a.is_loopback and a != mgmt]
+        fabric = [(a, b) for a, b in pairs if not a.is_loopback and a not in mgmt]
         assert fabric, "ss saw no connection of rank 0's"
         assert all(a.version == 6 and a in TRAINING6 and b in TRAINING6 for a, b in fabric), \
             sorted(socks.seen)

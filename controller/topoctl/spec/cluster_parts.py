@@ -25,6 +25,8 @@ TOPOCTL_ULA = "fd74:6f70:6f63::/48"
 DEFAULT_FABRIC6_SUBNETS = "fd74:6f70:6f63:8000::/49"
 DEFAULT_TRAINING6_SUBNET = "fd74:6f70:6f63:1::/64"
 FAMILIES = ("ipv4", "ipv6", "dual")
+# an IPv6-only lab's management addresses: its IPv4 management address in the low 32 bits
+LAB_MANAGEMENT6 = "fd74:6f70:6f63:2::/96"
 
 
 class ClusterError(StateError):
