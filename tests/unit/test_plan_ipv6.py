@@ -59,6 +59,7 @@ def test_default_family_is_ipv4_and_the_pools_are_the_projects_ula():
     ({"training6": "fd74:6f70:6f63:1::/126"}, "addressing.training6", "too small for 4 hosts"),
     ({"training6": "fd74:6f70:6f63:8000::/64"}, "addressing.training6", "overlaps the fabric6"),
     ({"training6": "fd74::1/64"}, "addressing.training6", "host bits set"),
+    ({"training6": "fd74:6f70:6f63:2::/64"}, "addressing.training6", "IPv6 management"),
 ])
 def test_bad_ipv6_pools_name_their_yaml_path(addressing, path, words):
     probs = problems(cluster_doc("mesh4", **({"family": "ipv6"} | addressing)))

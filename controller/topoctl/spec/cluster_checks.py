@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from topoagent.state.values import format_rate
 from topoctl.spec.cluster_parts import (
     LAB_MANAGEMENT,
+    LAB_MANAGEMENT6,
     DirectFabric,
     SwitchedFabric,
     parse_port_ref,
@@ -220,8 +221,9 @@ class _Checks:
 
     def pools6(self) -> None:
         """The IPv6 pools (checked whatever the family, so switching it on later is no
-        surprise): apart, outside the special-use ranges, the fabric pool holds /64s (one per
-        cable or switched domain) and the training pool one /128 per host."""
+        surprise): apart, outside the special-use ranges and the lab's IPv6 management block,
+        the fabric pool holds /64s (one per cable or switched domain) and the training pool
+        one /128 per host."""
         a = self.c.addressing
         fab, tr = ipaddress.IPv6Network(a.fabric6), ipaddress.IPv6Network(a.training6)
         for name, net in (("fabric6", fab), ("training6", tr)):
@@ -238,6 +240,11 @@ class _Checks:
         if fab.overlaps(tr):
             self.problems.append(("addressing.training6", f"{tr} overlaps the fabric6 pool "
                                   f"{fab}"))
+        mgmt6 = ipaddress.IPv6Network(LAB_MANAGEMENT6)
+        for name, net in (("fabric6", fab), ("training6", tr)):
+            if net.overlaps(mgmt6):
+                self.problems.append((f"addressing.{name}", f"{net} overlaps {mgmt6}, the "
+                                      "IPv6 management addresses of an IPv6-only lab"))
 
     # --- ports -----------------------------------------------------------------------------------
     def port(self, path: str, ref: str) -> bool:
