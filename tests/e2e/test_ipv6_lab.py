@@ -32,7 +32,7 @@ from topoctl.planner import make_plan
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
 
-pytestmark = [pytest.mark.netns, pytest.mark.serial]
+pytestmark = pytest.mark.netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINING6 = ipaddress.IPv6Network("fd74:6f70:6f63:1::/64")
