@@ -109,9 +109,9 @@ def _render_hosts(graph: FabricGraph, hops: NextHops, addr: Addressing,
             sysctl["rp_filter"] = {nic: 2 for nic in sorted(cabled[h], key=_nic_order)}
         if sysctl:
             state["sysctl"] = sysctl
-        state["routes"] = [r for a, dom in zip(fams, domains, strict=True) for r in
-                           (_routes_of(h, hosts, graph, hops, a, routes) if direct else
-                            _switched_routes(h, hosts, a, dom))]
+        rs = [_routes_of(h, hosts, graph, hops, a, routes) if direct else
+              _switched_routes(h, hosts, a, dom) for a, dom in zip(fams, domains, strict=True)]
+        state["routes"] = rs[0] if len(rs) == 1 else rs[0] + rs[1]
         q = _qos(h, hosts, graph, hops, addr, rates, port_speed)
         if q:
             state["qos"] = q
