@@ -24,7 +24,7 @@ from topoctl.graph.profile import (
 from topoctl.lab.cpu import quotas as lab_cpu_quotas
 from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.placement.runtime import rank_op_costs
-from topoctl.render.addressing import AddressingError, assign
+from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.ovs import ovs_host
 from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
@@ -73,6 +73,11 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
         if not hosts:
             raise ClusterError([("hosts", "no host has GPUs (every gpus.count is 0); nothing "
                                           "can train")])
+    if job.forwarding == "tc-offload" and cluster.addressing.family != "ipv4":
+        # the agent's offload rules match IPv4 destinations only (tc flower dst_ip, protocol ip)
+        raise JobError([("forwarding", f"tc-offload forwards IPv4 only; cluster {cluster.name} "
+                                       f"asks for addressing.family: "
+                                       f"{cluster.addressing.family} (use forwarding: kernel)")])
     known = available()
     for i, s in enumerate(job.strategies):
         if s not in known:
@@ -260,7 +265,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
     prediction and bound); ClusterError when addresses do not fit."""
     s, res = best.strategy, best.result
     try:
-        addr = assign(s.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
+        addr = assign_cluster(s.fabric, ctx.cluster.addressing)
         hosts = render_hosts(s.fabric, s.hops, addr, s.routes, s.rates)
         for h, sections in s.extra.items():
             for key, items in sections.items():
@@ -294,7 +299,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
                   "ratio": _r(it / bound) if bound > 0 else None},
         "model": {"name": ctx.graph.model, "parameters_bytes": ctx.graph.param_bytes,
                   "flops_per_rank_fwd": ctx.graph.flops, "ops": len(ctx.graph.ops)},
-        "addressing": {"training": addr.training, "subnets": addr.subnets},
+        "addressing": addr.summary(),
     }
     job = launch_spec(ctx.job, ctx.hosts, ctx.ranks, addr, ctx.local_batch, s.collective,
                       s.buckets, s.bucket_cap)

@@ -58,7 +58,9 @@ def clusters(draw) -> dict:
     return {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": "fz",
             "defaults": {"nic_speed": draw(st.sampled_from(["100mbit", "10gbit"])),
                          "gpus": {"count": gpus, "type": "A100"}},
-            "hosts": hosts, "fabric": fabric}
+            "hosts": hosts, "fabric": fabric,
+            # either address family (plans in IPv6 and dual-stack too)
+            "addressing": {"family": draw(st.sampled_from(["ipv4", "ipv6", "dual"]))}}
 
 
 @st.composite

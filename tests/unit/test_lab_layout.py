@@ -78,6 +78,11 @@ def test_host_batch_leaves_fabric_ports_unconfigured():
     assert [ln for ln in lines if ln.startswith("addr add")] == \
         ["addr add 10.232.3.6/24 dev tpmgmt"]
     assert "link set eth2 addrgenmode none" in lines and "link set eth2 up" in lines
+    # an IPv6 cluster's ports get their link-local address (neighbour discovery needs it)
+    v6 = commands.host_batch(lay, "h4", ipv6=True)
+    assert "link set eth2 addrgenmode eui64" in v6 and "link set tpmgmt addrgenmode none" in v6
+    assert [ln for ln in v6 if ln.startswith("addr add")] == \
+        ["addr add 10.232.3.6/24 dev tpmgmt"]
 
 
 def test_root_batch_creates_in_place():

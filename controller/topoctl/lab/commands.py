@@ -7,7 +7,7 @@ so what `tc -j` reads back compares exactly with the cluster file.
 
 from __future__ import annotations
 
-from topoctl.lab.layout import Cable, Layout, SwitchPort, Uplink
+from topoctl.lab.layout import Cable, Layout, SwitchPort, Uplink, mgmt6
 from topoctl.lab.names import MGMT_IF, mgmt_bridge
 
 HTB_HANDLE = "1:"
@@ -46,8 +46,10 @@ def root_batch(layout: Layout) -> list[str]:
     out = [f"netns add {w}"] + [f"netns add {h.ns}" for h in layout.hosts]
     out += [f"link add name {br} type bridge",
             f"link set {br} addrgenmode none",
-            f"addr add {layout.gateway}/{layout.prefixlen()} dev {br}",
-            f"link set {br} up"]
+            f"addr add {layout.gateway}/{layout.prefixlen()} dev {br}"]
+    if layout.mgmt_ipv6:  # no duplicate detection: the lab's own, unique block
+        out.append(f"addr add {mgmt6(layout.gateway)}/{layout.prefixlen6()} dev {br} nodad")
+    out += [f"link set {br} up"]
     for h in layout.hosts:
         out += [f"link add name {h.mgmt_root_if} type veth peer name {MGMT_IF} netns {h.ns}",
                 f"link set {h.mgmt_root_if} addrgenmode none",
@@ -58,14 +60,23 @@ def root_batch(layout: Layout) -> list[str]:
     return out
 
 
-def host_batch(layout: Layout, host: str) -> list[str]:
+def host_batch(layout: Layout, host: str, ipv6: bool = False) -> list[str]:
     """Inside one host: lo and the management port up with its address; fabric ports up with
-    no address at all (not even an IPv6 link-local one): configuring them is the agent's job."""
+    no address at all (not even an IPv6 link-local one): configuring them is the agent's job.
+    `ipv6` (a cluster addressed in IPv6): the fabric ports get the kernel's link-local address
+    (EUI-64 from the port's MAC), as every IPv6 interface has (RFC 4291): neighbour discovery
+    for a packet whose source is not on the port (the training address on `lo`, a forwarded
+    packet) sends its solicitation from the port's link-local address, and without one the
+    kernel sends none and the next hop stays unresolved."""
     h = layout.host(host)
     out = ["link set lo up", f"link set {MGMT_IF} addrgenmode none",
-           f"addr add {h.mgmt_ip}/{layout.prefixlen()} dev {MGMT_IF}", f"link set {MGMT_IF} up"]
+           f"addr add {h.mgmt_ip}/{layout.prefixlen()} dev {MGMT_IF}"]
+    if layout.mgmt_ipv6:
+        out.append(f"addr add {mgmt6(h.mgmt_ip)}/{layout.prefixlen6()} dev {MGMT_IF} nodad")
+    out += [f"link set {MGMT_IF} up"]
+    mode = "eui64" if ipv6 else "none"
     for p in h.ports:
-        out += [f"link set {p.nic} addrgenmode none", f"link set {p.nic} up"]
+        out += [f"link set {p.nic} addrgenmode {mode}", f"link set {p.nic} up"]
     return out
 
 

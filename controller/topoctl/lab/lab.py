@@ -21,7 +21,7 @@ from typing import Any
 from topoagent.congestion import set_congestion_control
 from topoagent.machinelock import machine_lock
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
-from topoagent.target import drop_netns_etc, give_files_only_names
+from topoagent.target import Target, drop_netns_etc, give_files_only_names
 from topoctl.lab import cabling, commands, cpu, names, netops, ovs, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
@@ -250,10 +250,11 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         shutil.rmtree(d)
     d.mkdir(parents=True, mode=0o700)
     lab = Lab(cluster, layout, d)
+    ipv6 = cluster.addressing.family != "ipv4"
     try:
         netops.batch("ip", commands.root_batch(layout))
         for h in layout.hosts:
-            netops.batch("ip", commands.host_batch(layout, h.name), ns=h.ns)
+            netops.batch("ip", commands.host_batch(layout, h.name, ipv6), ns=h.ns)
         # before any host process starts: sshd and OVS join their host's group
         lab.cpu = make_cpu_groups(cluster, name, backend, cores)
         # before sshd starts: `ip netns exec` binds the files when it starts a program
@@ -261,6 +262,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
             give_files_only_names(h.ns)
         in_effect = set_congestion_control([h.ns for h in layout.hosts], HOST_TCP_CONGESTION)
         lab.tcp_congestion = ",".join(sorted(set(in_effect.values())))
+        if ipv6:  # before the wire brings the carriers (and the link-local addresses) up
+            enable_ipv6(layout, cluster.addressing.family)
         netops.batch("ip", commands.wire_ip_batch(layout), ns=layout.wire_ns)
         lab.netem = netops.has_netem(layout.wire_ns)
         netops.batch("tc", commands.wire_tc_batch(layout, lab.netem), ns=layout.wire_ns)
@@ -276,6 +279,26 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         down(name, root)
         raise
     return lab
+
+
+def enable_ipv6(layout: Layout, family: str) -> None:
+    """IPv6 on in every host namespace of a lab whose cluster asks for it (a new namespace
+    takes the kernel's defaults, not the machine's, so a machine booted with IPv6 disabled by
+    sysctl still gets it here); LabError naming `addressing.family` when this kernel has no
+    IPv6. The fabric ports' link-local addresses (`commands.host_batch`) skip duplicate
+    address detection: they come from the ports' MACs, unique in the lab, and a tentative
+    one sends no neighbour solicitation for a second or two after a cable comes up. The
+    plan's own addresses carry `dad: false`."""
+    for h in layout.hosts:
+        t = Target(netns=h.ns)
+        try:
+            for conf in ("all", "default", "lo", *(p.nic for p in h.ports)):
+                t.write_sysctl(f"net/ipv6/conf/{conf}/disable_ipv6", "0")
+            for p in h.ports:
+                t.write_sysctl(f"net/ipv6/conf/{p.nic}/accept_dad", "0")
+        except OSError as e:
+            raise LabError(f"addressing.family: {family}: IPv6 cannot be enabled in {h.ns} "
+                           f"({e.strerror}; a kernel booted with ipv6.disable=1?)") from None
 
 
 def check_cpu(cluster: Cluster, backend: cpu.CpuBackend | None, cores: int) -> None:

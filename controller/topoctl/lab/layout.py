@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from topoctl.lab import names
 from topoctl.spec.cluster import Cluster, parse_port_ref
+from topoctl.spec.cluster_parts import LAB_MANAGEMENT6
 
 
 @dataclass
@@ -111,6 +112,8 @@ class Layout:
     switch_ports: list[SwitchPort] = field(default_factory=list)
     bridges: dict[str, str] = field(default_factory=dict)  # switch name -> bridge in wire ns
     uplinks: list[Uplink] = field(default_factory=list)
+    # an IPv6-only cluster's lab: management in IPv6 too (`mgmt6`), sshd reached over it
+    mgmt_ipv6: bool = False
 
     def to_dict(self) -> dict:
         """The layout as plain data (`from_dict` reads it back)."""
@@ -141,6 +144,23 @@ class Layout:
     def prefixlen(self) -> int:
         """Prefix length of the management network."""
         return ipaddress.IPv4Network(self.mgmt_net).prefixlen
+
+    def prefixlen6(self) -> int:
+        """Prefix length of the IPv6 management network (`mgmt6` of the IPv4 one)."""
+        return 96 + self.prefixlen()
+
+    def ssh_ip(self, host: str) -> str:
+        """The address the controller reaches `host`'s sshd at: its IPv6 management address
+        in an IPv6-only lab, else the IPv4 one."""
+        ip = self.host(host).mgmt_ip
+        return mgmt6(ip) if self.mgmt_ipv6 else ip
+
+
+def mgmt6(ipv4: str) -> str:
+    """An IPv6-only lab's management address for IPv4 management address `ipv4`: the IPv4
+    address in the low 32 bits of LAB_MANAGEMENT6 (unique because the IPv4 blocks are)."""
+    base = ipaddress.IPv6Network(LAB_MANAGEMENT6).network_address
+    return str(ipaddress.IPv6Address(int(base) + int(ipaddress.IPv4Address(ipv4))))
 
 
 def mgmt_block_size(hosts: int) -> int:
@@ -176,7 +196,8 @@ def build_layout(cluster: Cluster, lab: str, mgmt_net: str) -> Layout:
             idx += 1
         hosts.append(LabHost(h.name, names.host_ns(lab, h.name), str(addrs[i + 1]),
                              names.mgmt_root_if(lab, i), hp))
-    layout = Layout(lab, g.kind, g.mtu, str(net), str(addrs[0]), names.wire_ns(lab), hosts)
+    layout = Layout(lab, g.kind, g.mtu, str(net), str(addrs[0]), names.wire_ns(lab), hosts,
+                    mgmt_ipv6=cluster.addressing.family == "ipv6")
     if g.kind == "direct":
         layout.cables = cables_of(cluster, ports_by_ref)
         return layout

@@ -54,6 +54,7 @@ def sshd_config(layout: Layout, host: str, ssh_dir: Path, run_dir: Path) -> str:
     return "\n".join([
         f"# topoctl lab {layout.lab}: host {host} (namespace {h.ns})",
         f"ListenAddress {h.mgmt_ip}:22",
+        *([f"ListenAddress [{layout.ssh_ip(host)}]:22"] if layout.mgmt_ipv6 else []),
         f"HostKey {ssh_dir / f'host_{host}'}",
         f"AuthorizedKeysFile {ssh_dir / 'authorized_keys'}",
         f"PidFile {run_dir / f'sshd-{host}.pid'}",
@@ -86,14 +87,16 @@ def write_ssh_files(layout: Layout, state_dir: Path) -> None:
     known, cfg, inv = [], [], ["[lab]"]
     for h in layout.hosts:
         pub = _keypair(ssh_dir / f"host_{h.name}", f"{h.name}@{layout.lab}")
-        known.append(f"{h.mgmt_ip} {' '.join(pub.split()[:2])}")
+        known += [f"{ip} {' '.join(pub.split()[:2])}" for ip in sorted({h.mgmt_ip,
+                                                                        layout.ssh_ip(h.name)})]
         write_private(ssh_dir / f"sshd_config.{h.name}",
                       sshd_config(layout, h.name, ssh_dir, run_dir))
-        cfg += [f"Host {h.name} {h.mgmt_ip}", f"    HostName {h.mgmt_ip}", "    User root",
+        ip = layout.ssh_ip(h.name)  # an IPv6-only lab: its IPv6 management address
+        cfg += [f"Host {h.name} {ip}", f"    HostName {ip}", "    User root",
                 f"    IdentityFile {ssh_dir / 'id_ed25519'}", "    IdentitiesOnly yes",
                 f"    UserKnownHostsFile {ssh_dir / 'known_hosts'}",
                 "    StrictHostKeyChecking yes", "    BatchMode yes", "    LogLevel ERROR", ""]
-        inv.append(f"{h.name} ansible_host={h.mgmt_ip} ansible_user=root "
+        inv.append(f"{h.name} ansible_host={ip} ansible_user=root "
                    f"topoctl_netns={h.ns}")
     write_private(ssh_dir / "known_hosts", "\n".join(known) + "\n")
     write_private(ssh_dir / "config", "\n".join(cfg))
@@ -121,7 +124,7 @@ def start_sshd(layout: Layout, state_dir: Path, timeout: float = 20.0,
             errors.append(f"{name}: sshd exited {p.returncode}: {err.strip()}")
     if errors:
         raise LabError("; ".join(errors))
-    wait_listening([h.mgmt_ip for h in layout.hosts], 22, timeout)
+    wait_listening([layout.ssh_ip(h.name) for h in layout.hosts], 22, timeout)
 
 
 def wait_listening(addrs: list[str], port: int, timeout: float) -> None:

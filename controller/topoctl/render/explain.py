@@ -160,7 +160,8 @@ def host_tables(doc: dict, only: list[str] | None = None) -> list[str]:
         if only is not None and h not in only:
             continue
         ranks = ",".join(str(p["rank"]) for p in procs.get(h, [])) or "-"
-        fwd = "yes" if st.get("sysctl", {}).get("ip_forward") else "no"
+        sysctl = st.get("sysctl", {})
+        fwd = "yes" if sysctl.get("ip_forward") or sysctl.get("ipv6_forwarding") else "no"
         out.append(f"host {h}  ranks {ranks}  forwarding {fwd}")
         rows = [[i["name"], " ".join(i.get("addresses", [])), str(i.get("mtu", ""))]
                 for i in st.get("interfaces", [])]

@@ -10,6 +10,12 @@ destination's address in the shared L2 domain. Hosts that forward for others get
 may be asymmetric). Per-destination bandwidth allocations become one HTB class per destination
 on the egress NIC. The output is plain dicts (fast for 1,024 hosts); tests validate it with
 `topoagent.state.host.parse_host_state`. O(hosts^2) for all hosts.
+
+IPv6 (`addressing.family: ipv6`): the same with /128s, `ipv6_forwarding` and no rp_filter
+(IPv4's only), fabric addresses added without duplicate address detection (`dad: false`: the
+plan numbers both ends of every link, and tentative addresses would not answer next-hop
+discovery at first); dual: both families' addresses and routes on every host, the QoS classes
+for the IPv6 training addresses (the family training runs over).
 """
 
 from __future__ import annotations
@@ -82,27 +88,30 @@ def _render_hosts(graph: FabricGraph, hops: NextHops, addr: Addressing,
                                       if nh != d}
     direct = graph.kind == "direct"
     hosts = list(graph.hosts)
-    domains = _domain_maps(addr) if not direct else {}
+    fams = addr.families()
+    domains = [_domain_maps(a) if not direct else {} for a in fams]
     out = {}
     for h in hosts:
-        me = addr.training[h]
-        ifaces = [{"name": "lo", "addresses": [f"{me}/32"]}]
+        ifaces = [{"name": "lo", "addresses": [a.host_net(h) for a in fams]}]
         for nic in sorted(cabled[h], key=_nic_order):
             i = {"name": nic}
             if macs.get((h, nic)):
                 i["mac"] = macs[(h, nic)]
-            i |= {"addresses": [addr.port[(h, nic)]], "mtu": graph.mtu, "up": True}
+            i |= {"addresses": [a.port[(h, nic)] for a in fams], "mtu": graph.mtu, "up": True}
+            if addr.version == 6:  # the plan numbers both ends of every link: no duplicates
+                i["dad"] = False  # to detect, and the addresses are usable at once
             ifaces.append(i)
         state: dict = {"interfaces": ifaces}
         sysctl: dict = {}
         if h in transit:
-            sysctl["ip_forward"] = True
-        if direct and cabled[h]:
+            sysctl |= {a.forward_sysctl: True for a in fams}
+        if direct and cabled[h] and any(a.version == 4 for a in fams):  # IPv4's only
             sysctl["rp_filter"] = {nic: 2 for nic in sorted(cabled[h], key=_nic_order)}
         if sysctl:
             state["sysctl"] = sysctl
-        state["routes"] = _routes_of(h, hosts, graph, hops, addr, routes) if direct else \
-            _switched_routes(h, hosts, addr, domains)
+        rs = [_routes_of(h, hosts, graph, hops, a, routes) if direct else
+              _switched_routes(h, hosts, a, dom) for a, dom in zip(fams, domains, strict=True)]
+        state["routes"] = rs[0] if len(rs) == 1 else rs[0] + rs[1]
         q = _qos(h, hosts, graph, hops, addr, rates, port_speed)
         if q:
             state["qos"] = q
@@ -119,6 +128,7 @@ def _nic_order(nic: str) -> tuple:
 def _routes_of(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, addr: Addressing,
                routes: dict) -> list[dict]:
     me = addr.training[h]
+    hl = addr.host_len
     column = hops.nxt[[hops.host_pos[d] for d in hosts], hops.index_out[h]].tolist()
     names = hops.names
     templates: dict[int, dict] = {}
@@ -126,7 +136,7 @@ def _routes_of(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, add
     for d, v in zip(hosts, column, strict=True):
         if d == h or v < 0:  # v < 0: an unreachable non-training host (the planner checked)
             continue
-        dst = f"{addr.training[d]}/32"
+        dst = f"{addr.training[d]}/{hl}"
         override = routes.get((h, d)) if routes else None
         if override:
             entries = []
@@ -165,7 +175,7 @@ def _switched_routes(h: str, hosts: list[str], addr: Addressing,
         if dom is None:
             raise AddressingError("fabric", f"{h} and {d} share no switched network (hosts do "
                                             "not forward on switched fabrics)")
-        out.append({"dst": f"{addr.training[d]}/32", "via": theirs[dom][1],
+        out.append({"dst": addr.host_net(d), "via": theirs[dom][1],
                     "dev": mine[dom][0], "src": me})
     return out
 
@@ -182,7 +192,7 @@ def _qos(h: str, hosts: list[str], graph: FabricGraph, hops: NextHops, addr: Add
         c = lead_cable(hops.bundles[(h, nb)]) if graph.kind == "direct" else \
             [c for c in graph.links if c.a == h and c.kind == "access"][0]
         dev = c.a_nic if c.a == h else c.b_nic
-        per_dev.setdefault(dev, []).append({"dst": f"{addr.training[d]}/32",
+        per_dev.setdefault(dev, []).append({"dst": addr.host_net(d),
                                             "rate": format_rate(int(r))})
     return [{"dev": dev, "rate": format_rate(port_speed[(h, dev)]), "classes": cls}
             for dev, cls in per_dev.items()]

@@ -20,16 +20,18 @@ def ovs_host(state: dict, datapath_type: str = "netdev") -> dict:
     if not nics:
         return state
     out = dict(state)
-    addrs, mtu = [], None
+    addrs, mtu, dad = [], None, None
     ifaces = []
     for i in state.get("interfaces", []):
         if i["name"] in nics:
             addrs += i.get("addresses", [])
             mtu = i.get("mtu", mtu)
-            ifaces.append({k: v for k, v in i.items() if k != "addresses"})
+            dad = i.get("dad", dad)  # IPv6: how the addresses are added moves with them
+            ifaces.append({k: v for k, v in i.items() if k not in ("addresses", "dad")})
         else:
             ifaces.append(i)
-    inner = {"name": INTERNAL, "addresses": addrs, **({"mtu": mtu} if mtu else {}), "up": True}
+    inner = {"name": INTERNAL, "addresses": addrs, **({"mtu": mtu} if mtu else {}), "up": True,
+             **({"dad": dad} if dad is not None else {})}
     out["interfaces"] = ifaces + [inner]
 
     def dev(d):

@@ -2,8 +2,8 @@
 of a 1,024-host plan; this needs seconds). Block style for structure, flow style for small flat
 mappings and lists (a route is one line). Only what plans contain: dicts with string keys,
 lists, str, int, float, bool, None. Strings are plain only when YAML 1.1 (PyYAML) reads them
-back as the same string (IPv4 addresses and prefixes, names); otherwise JSON double-quoted,
-which YAML reads identically. O(size of the document)."""
+back as the same string (IPv4 and IPv6 addresses and prefixes, names); otherwise JSON
+double-quoted, which YAML reads identically. O(size of the document)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ import math
 import re
 
 _IPV4ISH = re.compile(r"^\d{1,3}(\.\d{1,3}){3}(/\d{1,2})?$")
+# IPv6 text (8 groups, or `::`) that YAML 1.1 cannot take for a sexagesimal number (a hex letter
+# or `::` in it) and that neither starts nor ends with `:` (a flow mapping would end there); MAC
+# addresses (6 groups) stay quoted
+_IPV6ISH = re.compile(r"^(?!.*:$)(?=[0-9a-f:]*(::|[a-f]))[0-9a-f]{1,4}"
+                      r"(?=(?:[0-9a-f:]*::|(?::[0-9a-f]{1,4}){7}(?:/|$)))(:[0-9a-f]{0,4}){1,7}"
+                      r"(/\d{1,3})?$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 _NUMBERISH = re.compile(r"^[-+]?[0-9_.]*([eE][-+]?[0-9_]+)?$|^0[xob]", re.IGNORECASE)
 _WORDS = {"y", "n", "yes", "no", "true", "false", "on", "off", "null", "nan", "inf"}
@@ -52,7 +58,7 @@ def scalar(v) -> str:
 
 
 def _string(s: str) -> str:
-    if _IPV4ISH.match(s) or (_NAME.match(s) and s.lower() not in _WORDS
+    if _IPV4ISH.match(s) or _IPV6ISH.match(s) or (_NAME.match(s) and s.lower() not in _WORDS
                              and not _NUMBERISH.match(s)):
         return s
     return json.dumps(s)

@@ -58,7 +58,7 @@ def cable_at(fabric: dict, host: str, nic: str) -> Cable | None:
 def route_devices(state: dict) -> set[str]:
     """The interfaces a HostState's routes leave through (`via` resolved to the interface whose
     address subnet holds it)."""
-    nets = [(i["name"], ipaddress.IPv4Interface(a).network)
+    nets = [(i["name"], ipaddress.ip_interface(a).network)
             for i in state.get("interfaces") or [] for a in i.get("addresses") or []]
 
     def dev_of(hop: dict) -> str | None:
@@ -66,9 +66,9 @@ def route_devices(state: dict) -> set[str]:
             return hop["dev"]
         via = hop.get("via")
         if via:
-            ip = ipaddress.IPv4Address(via)
-            for name, net in nets:
-                if ip in net and net.prefixlen < 32:
+            ip = ipaddress.ip_address(via)
+            for name, net in nets:  # a different family's network holds no address
+                if ip in net and net.prefixlen < net.max_prefixlen:
                     return name
         return None
 

@@ -12,16 +12,26 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-def subnet_map(new: dict, old: dict) -> dict[ipaddress.IPv4Network, ipaddress.IPv4Network]:
-    """New subnet -> old subnet of the same cable/domain (`metadata.addressing.subnets`); empty
-    when a cable of the new plan is not in the old one (nothing to keep then)."""
-    a = ((new.get("metadata") or {}).get("addressing") or {}).get("subnets") or {}
-    b = ((old.get("metadata") or {}).get("addressing") or {}).get("subnets") or {}
-    if not a or any(k not in b for k in a):
-        return {}
-    out = {ipaddress.IPv4Network(a[k]): ipaddress.IPv4Network(b[k]) for k in a}
-    if any(n.prefixlen != o.prefixlen for n, o in out.items()):
+
+def _subnets(plan: dict) -> list[dict]:
+    """The plan's subnets per family: `metadata.addressing.subnets`, and a dual plan's IPv4
+    ones (`metadata.addressing.ipv4.subnets`)."""
+    a = (plan.get("metadata") or {}).get("addressing") or {}
+    return [a.get("subnets") or {}, (a.get("ipv4") or {}).get("subnets") or {}]
+
+
+def subnet_map(new: dict, old: dict) -> dict[Net, Net]:
+    """New subnet -> old subnet of the same cable/domain (`metadata.addressing.subnets`, each
+    family's); empty when a cable of the new plan is not in the old one (nothing to keep
+    then)."""
+    out: dict[Net, Net] = {}
+    for a, b in zip(_subnets(new), _subnets(old), strict=True):
+        if any(k not in b for k in a):
+            return {}
+        out |= {ipaddress.ip_network(a[k]): ipaddress.ip_network(b[k]) for k in a}
+    if any(n.prefixlen != o.prefixlen or n.version != o.version for n, o in out.items()):
         return {}
     return out
 
@@ -36,7 +46,7 @@ def keep_addresses(new: dict, old: dict) -> dict:
     def move(text: str) -> str:
         addr, slash, plen = text.partition("/")
         try:
-            ip = ipaddress.IPv4Address(addr)
+            ip = ipaddress.ip_address(addr)
         except ValueError:
             return text
         for n, o in nets.items():
@@ -60,5 +70,8 @@ def keep_addresses(new: dict, old: dict) -> dict:
     out["hosts"] = walk(new["hosts"])
     meta = dict(new["metadata"])
     meta["addressing"] = meta["addressing"] | {"subnets": walk(meta["addressing"]["subnets"])}
+    if "ipv4" in meta["addressing"]:  # a dual plan's IPv4 record
+        v4 = meta["addressing"]["ipv4"]
+        meta["addressing"]["ipv4"] = v4 | {"subnets": walk(v4["subnets"])}
     out["metadata"] = meta
     return out

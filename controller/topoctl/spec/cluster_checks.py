@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from topoagent.state.values import format_rate
 from topoctl.spec.cluster_parts import (
     LAB_MANAGEMENT,
+    LAB_MANAGEMENT6,
     DirectFabric,
     SwitchedFabric,
     parse_port_ref,
@@ -19,6 +20,10 @@ from topoctl.spec.cluster_parts import (
 # RFC 6890: "this network", loopback, link-local, multicast and reserved (with broadcast)
 SPECIAL_USE = [ipaddress.IPv4Network(n) for n in
                ("0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3")]
+# RFC 6890 for IPv6: unspecified and loopback, IPv4-mapped, link-local (the kernel's, one per
+# link) and multicast
+SPECIAL_USE6 = [ipaddress.IPv6Network(n) for n in
+                ("::/127", "::ffff:0:0/96", "fe80::/10", "ff00::/8")]
 
 if TYPE_CHECKING:
     from topoctl.spec.cluster import Cluster
@@ -41,6 +46,7 @@ def check_cluster(c: Cluster) -> list[tuple[str, str]]:
     checks.bandwidth_matrix()
     checks.management()
     checks.pools()
+    checks.pools6()
     return checks.problems
 
 
@@ -212,6 +218,33 @@ class _Checks:
                 if net.overlaps(onet):
                     self.problems.append((f"addressing.{name}", f"{net} overlaps the {other} "
                                           f"pool {onet}"))
+
+    def pools6(self) -> None:
+        """The IPv6 pools (checked whatever the family, so switching it on later is no
+        surprise): apart, outside the special-use ranges and the lab's IPv6 management block,
+        the fabric pool holds /64s (one per cable or switched domain) and the training pool
+        one /128 per host."""
+        a = self.c.addressing
+        fab, tr = ipaddress.IPv6Network(a.fabric6), ipaddress.IPv6Network(a.training6)
+        for name, net in (("fabric6", fab), ("training6", tr)):
+            special = next((s for s in SPECIAL_USE6 if net.overlaps(s)), None)
+            if special is not None:
+                self.problems.append((f"addressing.{name}", f"{net} overlaps {special}, a "
+                                      f"special-use range"))
+        if fab.prefixlen > 64:
+            self.problems.append(("addressing.fabric6", f"{fab} is longer than /64: every cable "
+                                  "or switched domain gets a /64"))
+        if tr.num_addresses - 1 < len(self.c.hosts):
+            self.problems.append(("addressing.training6",
+                                  f"{tr} is too small for {len(self.c.hosts)} hosts"))
+        if fab.overlaps(tr):
+            self.problems.append(("addressing.training6", f"{tr} overlaps the fabric6 pool "
+                                  f"{fab}"))
+        mgmt6 = ipaddress.IPv6Network(LAB_MANAGEMENT6)
+        for name, net in (("fabric6", fab), ("training6", tr)):
+            if net.overlaps(mgmt6):
+                self.problems.append((f"addressing.{name}", f"{net} overlaps {mgmt6}, the "
+                                      "IPv6 management addresses of an IPv6-only lab"))
 
     # --- ports -----------------------------------------------------------------------------------
     def port(self, path: str, ref: str) -> bool:

@@ -13,11 +13,20 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer
 
 from topoagent.state.host import StateError
 from topoagent.state.schema import Model
-from topoagent.state.values import IfName, IPv4, IPv4Net, Mac, Rate
+from topoagent.state.values import IfName, IPv4, IPv4Net, Mac, Rate, ip_network
 
 LAB_MANAGEMENT = "10.232.0.0/16"  # README address table
 DEFAULT_FABRIC_SUBNETS = "10.234.0.0/15"
 DEFAULT_TRAINING_SUBNET = "10.236.0.0/16"
+# IPv6 pools: the unique local range fd74:6f70:6f63::/48 (RFC 4193), whose 40-bit global ID
+# 74 6f 70 6f 63 is ASCII "topoc" (topoctl): one /64 per cable or switched domain from the upper
+# half, one /128 per host from subnet 1 (docs/planner.md "Addressing")
+TOPOCTL_ULA = "fd74:6f70:6f63::/48"
+DEFAULT_FABRIC6_SUBNETS = "fd74:6f70:6f63:8000::/49"
+DEFAULT_TRAINING6_SUBNET = "fd74:6f70:6f63:1::/64"
+FAMILIES = ("ipv4", "ipv6", "dual")
+# an IPv6-only lab's management addresses: its IPv4 management address in the low 32 bits
+LAB_MANAGEMENT6 = "fd74:6f70:6f63:2::/96"
 
 
 class ClusterError(StateError):
@@ -239,9 +248,26 @@ class SwitchedFabric(Model):
     attach: list[Attach] = Field(default_factory=list)
 
 
+def _ipv6_network(v: Any) -> str:
+    """An IPv6 network with host bits clear (the agent's parser), never an IPv4 one."""
+    s = ip_network(v)
+    if ":" not in s:
+        raise ValueError(f"not an IPv6 network: {v!r}")
+    return s
+
+
+IPv6Net = Annotated[str, AfterValidator(_ipv6_network)]
+
+
 class Addressing(Model):
-    """Address pools: the lab's management subnet, the fabric subnets and the training /32s."""
+    """Address pools: the lab's management subnet, the fabric subnets and the training /32s;
+    `family` picks the fabric's and training's address family: ipv4 (default), ipv6 (fabric6
+    and training6 only) or dual (both on every host; training, QoS classes and policy routes
+    in IPv6, the IPv4 routes beside them)."""
 
     management: IPv4Net | None = None  # the lab's management subnet (inside 10.232.0.0/16)
+    family: Literal["ipv4", "ipv6", "dual"] = "ipv4"
     fabric: IPv4Net = DEFAULT_FABRIC_SUBNETS  # planner: one subnet per cable / switch
     training: IPv4Net = DEFAULT_TRAINING_SUBNET  # planner: one /32 per host
+    fabric6: IPv6Net = DEFAULT_FABRIC6_SUBNETS  # planner: one /64 per cable / switch
+    training6: IPv6Net = DEFAULT_TRAINING6_SUBNET  # planner: one /128 per host

@@ -25,7 +25,7 @@ from topoctl.bandwidth.classes import class_rows
 from topoctl.bandwidth.classes import multipath as split_pairs
 from topoctl.bandwidth.lp import allocate
 from topoctl.bandwidth.paths import candidate_paths, traffic_matrix
-from topoctl.render.addressing import assign
+from topoctl.render.addressing import assign_cluster
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
@@ -93,12 +93,12 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     ceil_is_rate = t_hard < t_soft * (1 - 1e-9) and not (bundled and not multipath)
     speed = {(p.host, p.nic): p.speed for p in base.fabric.ports}
     extra: dict[str, dict] = {}
-    addr = assign(base.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
+    addr = assign_cluster(base.fabric, ctx.cluster.addressing)
     per_dev: dict[tuple[str, str], list[dict]] = {}
     order = {h: i for i, h in enumerate(base.fabric.hosts)}
     for r in sorted(rows, key=lambda r: (r.src, r.dev, r.dst)):
         # one class id per destination on every NIC (an OVS queue is chosen before the port)
-        c = {"id": 2 + order[r.dst], "dst": f"{addr.training[r.dst]}/32",
+        c = {"id": 2 + order[r.dst], "dst": addr.host_net(r.dst),
              "rate": format_rate(r.rate)}
         if not ceil_is_rate:
             c["ceil"] = format_rate(speed[(r.src, r.dev)])
@@ -111,18 +111,19 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
         hops = [{"via": addr.ip(r.peer, r.peer_nic), "dev": r.dev, "weight": w}
                 for r, w in zip(lst, ws, strict=True)]
         ex = extra.setdefault(s, {})
-        ex.setdefault("routes", []).append({"dst": f"{addr.training[d]}/32", "table": TABLE,
+        ex.setdefault("routes", []).append({"dst": addr.host_net(d), "table": TABLE,
                                             "src": addr.training[s], "nexthops": hops})
         if "rules" not in ex:
-            ex["rules"] = [{"priority": RULE_PRIORITY, "iif": "lo", "table": TABLE}]
+            ex["rules"] = [{"priority": RULE_PRIORITY, "iif": "lo", "table": TABLE}
+                           | ({"family": "ipv6"} if addr.version == 6 else {})]
         # the kernel's default hash (addresses only) puts every connection between two hosts
         # on one next hop; with the ports hashed too, connections split by the weights
-        ex.setdefault("sysctl", {})["multipath_hash_policy"] = 1
+        ex.setdefault("sysctl", {})[addr.hash_sysctl] = 1
     # hosts in the middle of a detour forward for others
     transit = {ln.split(">", 1)[1] for lst in alloc.rates.values() for path, _ in lst
                for ln in path[:-1]} & set(base.fabric.hosts) - base.hops.transit_hosts()
     for h in sorted(transit):
-        extra.setdefault(h, {}).setdefault("sysctl", {})["ip_forward"] = True
+        extra.setdefault(h, {}).setdefault("sysctl", {})[addr.forward_sysctl] = True
     for h, sections in base.extra.items():
         for k, items in sections.items():
             if isinstance(items, dict):

@@ -44,7 +44,7 @@ from topoctl.fabric.graph import FabricGraph, connection_links
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
 from topoctl.fabric.topology import ArGroup, Topology, distances, find_topology
 from topoctl.fabric.totient import TopologyError
-from topoctl.render.addressing import AddressingError, assign
+from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.offload import OffloadError, offload_rules
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import arc_id, network_from_fabric
@@ -418,7 +418,7 @@ def _plan(ctx: PlanContext) -> Strategy:
 def offload_extra(ctx: PlanContext, d: _Design) -> dict[str, dict]:
     """`forwarding: {mode: tc-offload, rules}` per host (`topoctl.render.offload`)."""
     try:
-        addr = assign(d.fabric, ctx.cluster.addressing.fabric, ctx.cluster.addressing.training)
+        addr = assign_cluster(d.fabric, ctx.cluster.addressing)
         rules = offload_rules(d.fabric, d.hops, addr.training, d.routes, list(ctx.hosts))
     except AddressingError as e:
         raise ClusterError([(e.path, str(e).removeprefix(f"{e.path}: "))]) from None

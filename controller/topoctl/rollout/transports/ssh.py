@@ -181,7 +181,7 @@ class SshTransport:
 def lab_ssh_transport(lab) -> SshTransport:
     """Reach the lab's hosts over their real sshd, as on bare metal."""
     hosts = [h.name for h in lab.cluster.hosts]
-    return SshTransport({h: lab.mgmt_ip(h) for h in hosts},
+    return SshTransport({h: lab.layout.ssh_ip(h) for h in hosts},  # IPv6 in an IPv6-only lab
                         key=lab.ssh_key, known_hosts=lab.known_hosts, agent=AGENT,
                         state_dirs=agent_state_dirs(lab),
                         ovsdb={h: db for h in hosts if (db := lab.ovsdb(h))})
