@@ -127,6 +127,8 @@ def simulate_model(model: str) -> dict:
     return {"model": model, "mbit": mbit, "cluster": cluster, "plans": plans,
             "best_anchor": best_anchor, "units": len(units.size),
             "buckets": {k: len(p) for k, (p, _) in variants.items()},
+            # DisCo's partition is the best anchor's: the two lab figures then differ by noise
+            "disco_is_best_anchor": res.best.cuts == anchors[best_anchor][0],
             "sim": {"t_compute": t_compute, "t_comm": t_comm,
                     "anchors": {k: anchors[k][1] for k in (*ISSUE_ANCHORS, "lb-optimum")},
                     "disco": res.cost, "best_anchor": anchors[best_anchor][1],

@@ -37,7 +37,8 @@ class Candidate:
 
 @dataclass
 class SearchResult:
-    """The best candidate, its cost, the candidates kept within `keep` of it (best first),
+    """The best candidate (of equal costs, the one with fewer buckets), its cost, the
+    candidates kept within `keep` of it (best first),
     evaluations spent, expansions done and the best cost after each expansion."""
 
     best: Candidate
@@ -120,5 +121,8 @@ def best_first(initial: Sequence[Candidate], n: int, fusions: Sequence[str],
             heapq.heapify(heap)
         trace.append(min(seen.values()))
     best = min(seen.values())
-    ranked = sorted((t, c) for c, t in seen.items() if t <= keep * best)
+    # equal costs (to 1e-9 s: the simulator's rounding) go to fewer buckets: each AllReduce
+    # has a per-call cost on a real machine beyond what the cost model sees
+    ranked = sorted(((t, c) for c, t in seen.items() if t <= keep * best),
+                    key=lambda tc: (round(tc[0], 9), len(tc[1].cuts), tc[1]))
     return SearchResult(ranked[0][1], ranked[0][0], ranked, len(seen), expansions, trace)
