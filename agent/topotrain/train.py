@@ -18,7 +18,9 @@ One JSON line per event on the event channel (`topotrain.events`: the pipe the l
 gives the rank, stdout without one): `start`, `resume` (rank 0, when continuing from a
 checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss; tree
 plans: `allreduce`, per gradient bucket [bytes, seconds waiting for the tree runtime's thread,
-seconds of its AllReduce]) and
+seconds of its AllReduce]; plans naming their buckets, `job.collective.bucket_plan`:
+`buckets`, per bucket [index, bytes, ready, start, end] in seconds from its first ready
+gradient, in the order started: `topotrain.buckets`) and
 `done` (checksum of the final parameters, identical on every rank when training was synchronous).
 
 With `checkpoint.every` the run checkpoints (`topotrain.checkpoint`) and with `checkpoint.resume`
@@ -45,7 +47,9 @@ import torch.distributed as dist
 
 from topoagent.state.host import StateError
 from topoagent.state.wire import LaunchSpec, load_launch_spec
+from topocontract.buckets import BUCKET_PLAN_KEY, BucketPlanError
 from topotrain import checkpoint
+from topotrain.buckets import PlannedBuckets, attach_buckets
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.events import emit
 from topotrain.pipeline import main as pipeline_main
@@ -78,7 +82,8 @@ def main() -> int:
     rank, world = _join_process_group(job)
     try:
         run = _prepare(job, rank, world)
-    except SfbError as e:  # every rank builds the same model: all of them stop here
+    except (SfbError, BucketPlanError) as e:  # the plan names what this model does not have:
+        # every rank builds the same model, so all of them stop here
         print(f"topotrain.train: {os.environ['TOPOCTL_JOB']}: {e}", file=sys.stderr)
         dist.destroy_process_group()
         return 1
@@ -132,6 +137,8 @@ class _Run:
     ckpt: checkpoint.CheckpointDir | None
     start: int
     sfb: SfbLayers | None = None  # the layers synchronised by SFB (`job.sfb`), None: none
+    # the plan-named gradient buckets (`job.collective.bucket_plan`), None: DDP's own
+    buckets: PlannedBuckets | None = None
     local0: bool = field(default_factory=lambda: os.environ.get("LOCAL_RANK", "0") == "0")
 
 
@@ -151,16 +158,23 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
         check_same_weights(model)
     # SFB layers first: their parameters then stay out of DDP's buckets
     sfb = attach_sfb(model, job.sfb) if job.sfb else None
-    ddp = data_parallel(model, job.bucket_cap_mb)
-    tree_hook = None
-    if job.collective.get("algorithm") == "trees":
-        tree_hook = register_tree_hook(ddp, load_schedule(job.collective["schedule"]))
+    tree_hook, buckets = None, None
+    trees = job.collective.get("algorithm") == "trees"
+    if BUCKET_PLAN_KEY in job.collective:  # the plan names the buckets: no DDP wrapper
+        ddp = model
+        buckets = attach_buckets(model, job.collective, schedule=load_schedule(
+            job.collective["schedule"]) if trees else None)
+    else:
+        ddp = data_parallel(model, job.bucket_cap_mb)
+        if trees:
+            tree_hook = register_tree_hook(ddp, load_schedule(job.collective["schedule"]))
     opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
     if start:
         checkpoint.restore_optimizer(opt, state, src)
         if rank == 0:
             _emit(event="resume", rank=rank, iteration=start, source=src)
-    return _Run(job, rank, world, model, ddp, opt, tree_hook, ckpt, start, sfb=sfb)
+    return _Run(job, rank, world, model, ddp, opt, tree_hook, ckpt, start, sfb=sfb,
+                buckets=buckets)
 
 
 def _train(run: _Run) -> None:
@@ -202,6 +216,8 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
     t1, m1 = time.perf_counter(), time.thread_time()
     # DDP's AllReduces run inside the backward (the tree hook waits for its buckets)
     (loss * weight if weight != 1.0 else loss).backward()
+    if run.buckets is not None:  # plan-named buckets: started inside the backward, wait here
+        run.buckets.finish()
     if run.sfb is not None:  # the SFB layers' gradients from all ranks' factors
         run.sfb.sync()
     t2, m2 = time.perf_counter(), time.thread_time()
@@ -215,6 +231,8 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
     # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
     extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
                             run.tree_hook.take_timings()]} if run.tree_hook is not None else {})
+    if run.buckets is not None:  # per bucket, in the order started (the plan's)
+        extra["buckets"] = run.buckets.take_events()
     if run.sfb is not None:  # seconds of the SFB gathers and products (inside `backward`)
         extra["sfb_seconds"] = round(run.sfb.seconds, 6)
     # phases: wall seconds of forward (with zero_grad and the loss), backward (with the

@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, model_validator
 from topoagent.protocol import API_VERSION
 from topoagent.state.host import StateError, load_yaml, parse_host_state, read_text
 from topoagent.state.schema import Model, validation_problems
+from topocontract.buckets import BUCKET_PLAN_KEY, shape_problems
 
 
 class Master(Model):
@@ -186,9 +187,15 @@ def parse_launch_spec(data: Any, prefix: str = "job") -> LaunchSpec:
         raise StateError([(prefix, f"expected a job launch spec (a mapping), got "
                                    f"{type(data).__name__}")])
     try:
-        return LaunchSpec.model_validate(data)
+        spec = LaunchSpec.model_validate(data)
     except ValidationError as e:
         raise StateError(validation_problems(e, prefix)) from None
+    if BUCKET_PLAN_KEY in spec.collective:  # plan-named gradient buckets: their shape here
+        problems = shape_problems(spec.collective[BUCKET_PLAN_KEY],
+                                  f"{prefix}.collective.{BUCKET_PLAN_KEY}")
+        if problems:
+            raise StateError(problems)
+    return spec
 
 
 def load_launch_spec(path: str) -> LaunchSpec:

@@ -1,0 +1,254 @@
+"""Post-pass ``+disco``: the gradient buckets (and, given its costs, the operator fusion) of a
+data-parallel ring plan chosen by DisCo's search (`topoctl.disco.search`), every candidate
+scored by the simulator on the plan's own network.
+
+Units are the model's parameters in gradient-ready order (`OpGraph.gradient_order`); a
+bucket is any run of consecutive units; the plan names each bucket's parameters
+(``job.collective.bucket_plan``, `topocontract.buckets`) and the runtime (`topotrain.buckets`)
+starts a bucket's AllReduce once its last gradient is ready. In the simulator one iteration
+is: per host forward, backward in chunks ending where a bucket's last op ends, one ring
+AllReduce per bucket on one communication stream (bucket k after bucket k-1), the step.
+
+The fusion choice is an input of plain data: `fusion_options` maps an option's name to its
+per-op costs (`OpCost`, on the first host's device); a host runs an option at that host's
+"none" costs scaled by the option's total over the reference's. The planner passes only
+``{"none": the context's costs}``; fused-region costs plug in here.
+
+The search starts from the anchors, each also reported in the plan's notes with its
+simulated iteration: DDP's defaults (25 MB, 1 MB first bucket), the job's cap (the
+baseline), every cap of {1, 5, 10, 25, 50, 100} MB, MG-WFBP's merge, a Horovod-style
+autotune of the cap, the exact optimum of the latency-bandwidth model, and one bucket; the
+result is never slower than the best of them in the simulator. Budget: `BUDGET` simulations,
+progress on stderr. Registered as ``baseline+disco`` (alias ``disco``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from topoctl.disco.autotune import autotune_cap
+from topoctl.disco.search import Candidate, best_first
+from topoctl.disco.timeline import (
+    cap_partition,
+    mgwfbp_partition,
+    optimal_partition,
+    ready_times,
+)
+from topoctl.graph.cost import OpCost
+from topoctl.graph.ops import OpGraph
+from topoctl.sim.engine import simulate
+from topoctl.sim.network import Network
+from topoctl.sim.schedules import ALGORITHMS
+from topoctl.sim.tasks import Collective, Compute, Task
+
+from . import PlanContext, Strategy, StrategyError
+from . import baseline as _baseline
+from .sfb import ring_rates
+
+MB = 1 << 20
+CAPS_MB = (1, 5, 10, 25, 50, 100)
+DDP_CAP, DDP_FIRST = 25 * MB, 1 * MB  # torch DDP's defaults (bucket_cap_mb=None)
+BUDGET = 300  # simulations the search may spend
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Units:
+    """The gradient units (parameters) in gradient-ready order: name, owning op, bytes, and the
+    index of the owning op in backward order."""
+
+    params: tuple[str, ...]
+    ops: tuple[str, ...]
+    size: tuple[int, ...]
+    pos: tuple[int, ...]
+
+
+def grad_units(graph: OpGraph) -> Units:
+    """The graph's parameters in the order their gradients become ready."""
+    back = {o.name: i for i, o in enumerate(reversed(graph.ops))}
+    order = graph.gradient_order()
+    return Units(tuple(p for _, p, _ in order), tuple(o for o, _, _ in order),
+                 tuple(b for _, _, b in order), tuple(back[o] for o, _, _ in order))
+
+
+def host_costs(ctx: PlanContext, options: dict[str, dict[str, OpCost]], fusion: str, host: str
+               ) -> dict[str, OpCost]:
+    """`host`'s per-op costs under fusion option `fusion` (module docstring)."""
+    own = ctx.host_costs(host)
+    if fusion == "none":
+        return own
+    ref, opt = options["none"], options[fusion]
+    f = sum(c.fwd + c.bwd for c in opt.values()) / max(
+        1e-12, sum(c.fwd + c.bwd for c in ref.values()))
+    return {k: OpCost(v.fwd * f, v.bwd * f) for k, v in opt.items()}
+
+
+def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
+                    costs: Callable[[str], dict[str, OpCost]]) -> tuple[list[Task], list[int]]:
+    """One iteration's tasks under the partition `cuts` (module docstring); (tasks, bucket
+    bytes). `costs(host)`: that host's per-op costs."""
+    order, algorithm = list(ctx.hosts), ALGORITHMS["ring"]
+    ops = list(reversed(ctx.graph.ops))
+    ends = [units.pos[c] for c in cuts]  # bucket k's chunk ends with this op (backward order)
+    tasks: list[Task] = []
+    for h in ctx.hosts:
+        c = costs(h)
+        tasks.append(Compute(f"fwd@{h}", h, sum(c[o.name].fwd for o in ctx.graph.ops)))
+        bwd = [c[o.name].bwd for o in ops]
+        prev, first = f"fwd@{h}", 0
+        for k, end in enumerate([*ends, len(ops) - 1]):
+            tid = _baseline.backward_task(k, h)
+            tasks.append(Compute(tid, h, sum(bwd[first:end + 1]), (prev,)))
+            prev, first = tid, max(first, end + 1)
+    sizes, first = [], 0
+    for k, last in enumerate(cuts):
+        sizes.append(sum(units.size[first:last + 1]))
+        first = last + 1
+        deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
+        tasks.append(Collective(f"ar{k}", algorithm(order, float(sizes[-1])),
+                                deps + ((f"ar{k - 1}",) if k else ())))
+    for h in ctx.hosts:
+        tasks.append(Compute(f"step@{h}", h, _baseline.step_time(ctx, h),
+                             (_baseline.backward_task(len(cuts), h), f"ar{len(cuts) - 1}")))
+    return tasks, sizes
+
+
+def _network(ctx: PlanContext, base: Strategy) -> Network:
+    """The base plan's network with the hosts' speeds, as the planner simulates it."""
+    from topoctl.planner import host_speeds  # the planner imports the strategies: not at the top
+
+    speeds = host_speeds(ctx)
+    return replace(base.network, speed=speeds, _cache={}) if speeds else base.network
+
+
+class _Scorer:
+    """Simulated iteration of a candidate (memoised: the anchors and the search share it)."""
+
+    def __init__(self, ctx: PlanContext, units: Units, network: Network,
+                 options: dict[str, dict[str, OpCost]]):
+        self.ctx, self.units, self.network, self.options = ctx, units, network, options
+        self.memo: dict[Candidate, float] = {}
+
+    def tasks(self, c: Candidate) -> tuple[list[Task], list[int]]:
+        return partition_tasks(self.ctx, self.units, c.cuts,
+                               lambda h: host_costs(self.ctx, self.options, c.fusion, h))
+
+    def __call__(self, c: Candidate) -> float:
+        if c not in self.memo:
+            self.memo[c] = simulate(self.tasks(c)[0], self.network, record=False).iteration_time
+        return self.memo[c]
+
+
+def model_inputs(ctx: PlanContext, units: Units, network: Network) -> dict:
+    """The latency-bandwidth model of the plan's ring (alpha s, beta s/byte, fitted on its
+    network) and each unit's ready time on the first host (the anchors' model)."""
+    (alpha, beta), _ = ring_rates(list(ctx.hosts), network)
+    c = ctx.host_costs(ctx.hosts[0])
+    back = list(reversed(ctx.graph.ops))
+    op_ready, _ = ready_times([c[o.name].bwd for o in back], [True] * len(back))
+    return {"alpha": alpha, "beta": beta, "ready": [op_ready[p] for p in units.pos]}
+
+
+def anchors(ctx: PlanContext, units: Units, score: _Scorer, model: dict
+            ) -> dict[str, tuple[int, ...]]:
+    """The anchors' partitions (module docstring), by name, for fusion option "none"."""
+    size, n = list(units.size), len(units.size)
+    a, b, ready = model["alpha"], model["beta"], model["ready"]
+    out = {"ddp-default": cap_partition(size, DDP_CAP, DDP_FIRST),
+           "job-cap": cap_partition(size, ctx.job.sync.bucket)}
+    out |= {f"cap-{m}MB": cap_partition(size, m * MB) for m in CAPS_MB}
+    out["mg-wfbp"] = mgwfbp_partition(ready, size, a, b)
+    out["lb-optimum"] = optimal_partition(ready, size, a, b)
+    out["one-bucket"] = (n - 1,)
+    cap, _, _ = autotune_cap(lambda c: score(Candidate("none", cap_partition(size, c))))
+    out["autotune"] = cap_partition(size, cap)
+    return out
+
+
+def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost]],
+           budget: int = BUDGET, seed: int = SEED, progress: bool = True) -> dict:
+    """Anchors and DisCo's search on `base`'s network: a dict with the units, the scorer, the
+    anchors' (partition, seconds), the search result, the lower bound's parts and seconds."""
+    t0 = time.perf_counter()
+    units = grad_units(ctx.graph)
+    if not units.size:
+        raise StrategyError("the model has no parameters to all-reduce")
+    network = _network(ctx, base)
+    score = _Scorer(ctx, units, network, options)
+    model = model_inputs(ctx, units, network)
+    anchor = {k: (p, score(Candidate("none", p))) for k, p in
+              anchors(ctx, units, score, model).items()}
+    initial = [Candidate(f, p) for p, _ in sorted(anchor.values(), key=lambda x: x[1])
+               for f in sorted(options)]
+
+    def report(evals: int, best: float) -> None:  # progress, and the search's wall time
+        print(f"disco: {evals}/{budget} simulations, best {best:.6f} s/it, "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    result = best_first(initial, len(units.size), sorted(options), score, seed=seed,
+                        budget=max(budget, len(initial)), progress=report if progress else None)
+    if progress:
+        print(f"disco: searched {result.evaluations} candidates in "
+              f"{time.perf_counter() - t0:.1f} s (anchors included)", file=sys.stderr)
+    return {"units": units, "score": score, "model": model, "anchors": anchor,
+            "result": result, "seconds": time.perf_counter() - t0}
+
+
+def ideal(ctx: PlanContext, units: Units, score: _Scorer) -> tuple[float, float]:
+    """(T_compute, T_comm): the iteration without any AllReduce (compute alone) and one
+    AllReduce of every gradient alone, both simulated on the plan's network."""
+    c = Candidate("none", (len(units.size) - 1,))
+    tasks, sizes = score.tasks(c)
+    compute = [t for t in tasks if not isinstance(t, Collective)]
+    compute = [replace(t, deps=tuple(d for d in t.deps if not d.startswith("ar")))
+               for t in compute]
+    t_compute = simulate(compute, score.network, record=False).iteration_time
+    ar = [t for t in tasks if isinstance(t, Collective)]
+    t_comm = simulate([replace(ar[0], deps=())], score.network, record=False).iteration_time
+    return t_compute, t_comm
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def with_disco(ctx: PlanContext, base: Strategy,
+               fusion_options: dict[str, dict[str, OpCost]] | None = None,
+               budget: int = BUDGET, seed: int = SEED) -> Strategy:
+    """`base` (a data-parallel ring plan, even batches, no SFB) with the buckets (and fusion
+    option) DisCo's search picks: tasks rebuilt, the bucket plan in its collective, the
+    anchors, search and gap figures in its notes."""
+    if base.collective.get("algorithm") != "ring" or {"shares", "sfb"} & set(base.collective):
+        raise StrategyError(f"DisCo's buckets are planned on data-parallel ring plans with even "
+                            f"batches and no SFB (not {base.name})")
+    options = fusion_options or {"none": ctx.host_costs(ctx.hosts[0])}
+    found = search(ctx, base, options, budget, seed)
+    units, score, res = found["units"], found["score"], found["result"]
+    tasks, sizes = score.tasks(res.best)
+    t_compute, t_comm = ideal(ctx, units, score)
+    t_default = found["anchors"]["ddp-default"][1]
+    gap = t_default - max(t_compute, t_comm)
+    plan, first = [], 0
+    for last, nbytes in zip(res.best.cuts, sizes, strict=True):
+        plan.append({"params": list(units.params[first:last + 1]), "bytes": int(nbytes)})
+        first = last + 1
+    notes = dict(base.notes) | {"disco": {
+        "fusion": res.best.fusion, "buckets": len(sizes),
+        "anchors": {k: _r(t) for k, (_, t) in found["anchors"].items()},
+        "t_compute": _r(t_compute), "t_comm": _r(t_comm),
+        "gap_closed": _r((t_default - res.cost) / gap) if gap > 0 else None,
+        "search": {"simulations": res.evaluations, "expansions": res.expansions,
+                   "kept": len(res.kept), "seed": seed}}}  # no seconds: plans are the same bytes
+    return replace(base, name=f"{base.name}+disco", tasks=tasks, buckets=sizes,
+                   collective=base.collective | {"bucket_plan": plan}, notes=notes)
+
+
+def baseline_disco(ctx: PlanContext) -> Strategy:
+    """The baseline strategy with DisCo's buckets."""
+    return with_disco(ctx, _baseline.plan(ctx))
+
+
+PLANNER_STRATEGIES = {"disco": baseline_disco, "baseline+disco": baseline_disco}
