@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 MODES = ("none", "groups", "whole")
 DEFAULT_BUDGET_S = 600.0  # a plan's default compile budget per rank
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # inductor's own variable: where its cache lives
+OWN_CACHE_ENV = "TOPOCTL_INDUCTOR_CACHE"  # ours: overrides the default of `inductor_cache_dir`
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,12 @@ def region_of(scope: str, regions: tuple[str, ...] | list[str]) -> str | None:
 
 
 def inductor_cache_dir() -> str:
-    """Where inductor caches compiled kernels for topoctl runs: $TORCHINDUCTOR_CACHE_DIR when
-    set, else ``topoctl-inductor-<uid>`` in $XDG_CACHE_HOME or the temporary directory (ranks
-    may run as an account without a home, `nobody`), so that runs of any plan by the same
-    account share it and no other program's cache is touched."""
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
+    """Where inductor caches compiled kernels for topoctl runs (the runtime points
+    $TORCHINDUCTOR_CACHE_DIR there): $TOPOCTL_INDUCTOR_CACHE when set, else
+    ``topoctl-inductor-<uid>`` in $XDG_CACHE_HOME or the temporary directory (ranks may run as
+    an account without a home, `nobody`), so that runs of any plan by the same account share it
+    and no other program's cache is touched."""
+    if os.environ.get(OWN_CACHE_ENV):
+        return os.environ[OWN_CACHE_ENV]
     base = os.environ.get("XDG_CACHE_HOME") or tempfile.gettempdir()
     return os.path.join(base, f"topoctl-inductor-{os.getuid()}")

@@ -73,7 +73,8 @@ def apply_fusion(model: nn.Module, plan: FusionPlan, inputs: list[torch.Tensor],
     forward of `inputs` gives it; one `fusion` event (and a stderr line per fallback). The
     model's buffers (BatchNorm statistics) and gradients are as before the warm-up. `backend`:
     torch.compile's (tests pass one that raises). Nothing is done for mode ``none``."""
-    os.environ.setdefault(CACHE_ENV, inductor_cache_dir())
+    # set, not defaulted: inductor writes its own default into the variable once it has run
+    os.environ[CACHE_ENV] = inductor_cache_dir()
     report = FusionReport(plan.mode, os.environ[CACHE_ENV])
     if plan.mode == "none" or not plan.regions:
         return report
@@ -140,9 +141,10 @@ def _compile_region(mod: nn.Module, path: str, recorded: tuple[tuple, dict] | No
             torch.autograd.backward([t.float().sum() for t in outs])
     except Exception as e:  # noqa: BLE001 - any compiler failure means: run it eager
         del mod.forward  # the class's own forward again
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        # dynamo's wrapper line, then the compiler's own first line
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()][:2]
         return RegionResult(path, "failed", time.perf_counter() - t0,
-                            f"{type(e).__name__}: {first}")
+                            f"{type(e).__name__}: {' '.join(lines)}"[:300])
     return RegionResult(path, "compiled", time.perf_counter() - t0)
 
 

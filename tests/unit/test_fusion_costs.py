@@ -88,7 +88,7 @@ def test_the_plan_field_round_trips(resnet):
             parse_fusion(doc)
 
 
-def _samples(g, regions, r=0.8, a=20e-6, b=1e-10):
+def _samples(g, regions, r=0.8, a=2e-6, b=1e-10):
     out = []
     for i, reg in enumerate(regions):
         ops = region_ops(g, reg)
@@ -102,7 +102,7 @@ def test_the_launch_model_recovers_its_coefficients(resnet):
     g, _ = resnet
     samples = _samples(g, modules_with_ops(g))
     fit = LaunchModel.fit(samples)
-    assert (fit.r, fit.a) == pytest.approx((0.8, 20e-6), rel=1e-3)
+    assert (fit.r, fit.a, fit.b) == pytest.approx((0.8, 2e-6, 1e-10), rel=1e-3)
     assert max(relative_errors(fit.predict, samples)) < 1e-6
     assert max(relative_errors(ConstantModel.fit(samples).predict, samples)) > 0.01
 
