@@ -191,6 +191,8 @@ def main() -> int:
 
     torch.set_num_threads(1)
     doc = json.loads(DATA.read_text())
+    # samples marked invalid (a region that did not really compile) are kept, not used
+    doc["samples"] = [s for s in doc["samples"] if not s.get("invalid")]
     ev = evaluate(doc["samples"])
     print(markdown(doc, ev, write_fitted(doc["samples"])))
     return 0

@@ -78,6 +78,7 @@ def apply_fusion(model: nn.Module, plan: FusionPlan, inputs: list[torch.Tensor],
     report = FusionReport(plan.mode, os.environ[CACHE_ENV])
     if plan.mode == "none" or not plan.regions:
         return report
+    raise_recompile_limit(8 + len(plan.regions))
     buffers = {k: v.detach().clone() for k, v in model.state_dict().items()}
     region_inputs = _record_inputs(model, plan.regions, inputs)
     spent = 0.0
@@ -96,6 +97,18 @@ def apply_fusion(model: nn.Module, plan: FusionPlan, inputs: list[torch.Tensor],
               f"({r.status}: {r.reason})", file=sys.stderr, flush=True)
     emit(**report.event(rank))
     return report
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Let dynamo compile one code object `limit` times: regions of one class with other
+    shapes (a model's nn.Sequential stem, towers and heads; ResNet blocks of each stage) each
+    compile ``forward`` anew, and past dynamo's default of 8 it silently runs the rest eager
+    (measured: CANDLE-Uno's towers, docs/fusion.md)."""
+    cfg = torch._dynamo.config  # public settings module of dynamo
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), limit))
+    if hasattr(cfg, "accumulated_recompile_limit"):
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * limit)
 
 
 def _record_inputs(model: nn.Module, regions: tuple[str, ...], inputs: list[torch.Tensor]

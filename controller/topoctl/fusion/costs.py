@@ -71,7 +71,8 @@ def fused_costs(graph: OpGraph, costs: dict[str, OpCost], option: str, *,
                      / (fwd + bwd)) if fwd + bwd > 0 else 1.0
             f_fwd, f_bwd = fwd * ratio, bwd * ratio
         for n in names:
-            out[n] = OpCost(0.0, 0.0)
+            if n in out:  # the result has the ops of `costs`, no others
+                out[n] = OpCost(0.0, 0.0)
         out[compute[-1]] = OpCost(f_fwd, f_bwd)
     return out
 
