@@ -169,7 +169,7 @@ def markdown(doc: dict, ev: dict, coef: str) -> str:
     for m in ev["models"]:
         rs = [x for x in s if x["model"] == m]
         w = next((x for x in rs if x["region"] == ""), None)
-        whole = ("not measured (over the op cap) | | " if w is None else
+        whole = ("not measured (over the op cap) | - | - | " if w is None else
                  f"{1e3 * w['eager_s']:.2f} / {1e3 * w['fused_s']:.2f} | "
                  f"{w['compile_cpu_s']:.1f} ({w['compile_s']:.1f}) | "
                  f"{w['compile_warm_cpu_s']:.1f} ({w['compile_warm_s']:.1f}) | ")

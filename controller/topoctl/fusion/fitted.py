@@ -3,4 +3,4 @@ regions (`data/regions.json`); written by that program, do not edit."""
 
 from topoctl.fusion.model import LaunchModel
 
-MODEL = LaunchModel(r=1.4058, a=0, b=7.35437e-10)
+MODEL = LaunchModel(r=1.40256, a=2.83652e-06, b=7.3183e-10)
