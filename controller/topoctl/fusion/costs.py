@@ -14,8 +14,8 @@ bytes / bandwidth) forward, backward with twice the bytes (as `graph.cost.roofli
 fusion removes the launches of all ops but one and the memory traffic of the tensors that stay
 inside the region; never more than the eager sum. Otherwise (costs measured on this CPU), the
 learned model `predict(ops, eager_s)` (default: `fitted.MODEL`, the simple launch model fitted
-on the catalog's regions, which did as well as the GNN: docs/results.md) scales the region's
-eager forward and backward alike. Pure; O(ops x regions)."""
+on the catalog's regions, better than the GNN on held-out models: docs/results.md) scales the
+region's eager forward and backward alike. Pure; O(ops x regions)."""
 
 from __future__ import annotations
 
