@@ -48,10 +48,12 @@ import torch.distributed as dist
 from topoagent.state.host import StateError
 from topoagent.state.wire import LaunchSpec, load_launch_spec
 from topocontract.buckets import BUCKET_PLAN_KEY, BucketPlanError
+from topocontract.fusion import parse_fusion
 from topotrain import checkpoint
 from topotrain.buckets import PlannedBuckets, attach_buckets
 from topotrain.collectives import load_schedule, register_tree_hook
 from topotrain.events import emit
+from topotrain.fusion import apply_fusion
 from topotrain.pipeline import main as pipeline_main
 from topotrain.sfb import SfbError, SfbLayers, attach_sfb
 from topotrain.shares import loss_weight
@@ -104,8 +106,12 @@ def _load_job() -> LaunchSpec | None:
         if not job.model.factory:
             raise StateError([("job.model.factory", "missing: the trainer builds the model "
                                                     "from it")]).at(os.environ["TOPOCTL_JOB"])
+        parse_fusion(job.fusion, "job.fusion")  # checked before any rank joins the group
     except StateError as e:
         print(f"topotrain.train: {e}", file=sys.stderr)
+        return None
+    except ValueError as e:  # job.fusion (topocontract.fusion names the YAML path)
+        print(f"topotrain.train: {os.environ['TOPOCTL_JOB']}: {e}", file=sys.stderr)
         return None
     return job
 
@@ -158,6 +164,8 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
         check_same_weights(model)
     # SFB layers first: their parameters then stay out of DDP's buckets
     sfb = attach_sfb(model, job.sfb) if job.sfb else None
+    if job.fusion:  # the plan's regions compiled in place, before DDP or the buckets see it
+        _fuse(job, model, rank)
     tree_hook, buckets = None, None
     trees = job.collective.get("algorithm") == "trees"
     if BUCKET_PLAN_KEY in job.collective:  # the plan names the buckets: no DDP wrapper
@@ -175,6 +183,16 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
             _emit(event="resume", rank=rank, iteration=start, source=src)
     return _Run(job, rank, world, model, ddp, opt, tree_hook, ckpt, start, sfb=sfb,
                 buckets=buckets)
+
+
+def _fuse(job: LaunchSpec, model: torch.nn.Module, rank: int) -> None:
+    """`job.fusion`'s regions compiled (`topotrain.fusion`), warmed up on a batch of this
+    rank's shape drawn from a generator of its own (the training batches stay as they were);
+    `job.fusion` was checked by `_load_job`."""
+    plan = parse_fusion(job.fusion, "job.fusion")
+    gen = torch.Generator().manual_seed(data_seed(job.seed, rank, -1))
+    specs = [i.model_dump() for i in job.model.inputs]
+    apply_fusion(model, plan, random_inputs(specs, job.batch.samples(rank), gen), rank)
 
 
 def _train(run: _Run) -> None:

@@ -115,6 +115,9 @@ class LaunchSpec(Model):
     # `model.named_modules()` gives them) whose weight gradients the ranks rebuild from
     # all-gathered inputs and output gradients instead of all-reducing them
     sfb: list[str] = Field(default_factory=list)
+    # operator fusion: {"mode": none|groups|whole, "regions": [module path], "budget_s": s},
+    # validated by topocontract.fusion when the trainer loads it (topotrain.fusion)
+    fusion: dict[str, Any] = Field(default_factory=dict)
     processes: dict[str, list[Process]]
     seed: int = 0
     lr: float = 1e-3

@@ -148,9 +148,15 @@ def capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], name: str = "mod
         pb = sum(b for _, b in params)
         ops.append(Op(name=node.name, kind=kind, inputs=tuple(ins), out_shape=shape, flops=f,
                       bwd_flops=backward_flops(f, pb > 0), in_bytes=ib, out_bytes=ob,
-                      param_bytes=pb, params=tuple(params)))
+                      param_bytes=pb, params=tuple(params), scopes=_scopes(node)))
         out_bytes[node.name], shapes[node.name] = ob, shape
     return OpGraph(model=name, batch=batch, dtype_bytes=dtype_bytes, ops=ops)
+
+
+def _scopes(node: fx.Node) -> tuple[str, ...]:
+    """The module paths called around `node`, outermost first (fx records the module stack as
+    it traces; operator fusion compiles modules, `topocontract.fusion`)."""
+    return tuple(k for k in (node.meta.get("nn_module_stack") or {}) if k)
 
 
 def _param_shape(gm: fx.GraphModule, qualified: str) -> tuple[int, ...]:

@@ -24,6 +24,14 @@ class Op:
     out_bytes: int
     param_bytes: int = 0
     params: tuple[tuple[str, int], ...] = ()  # (qualified name, bytes)
+    # the module paths called around the op, outermost first (fx's module stack; a container
+    # that is never called, a ModuleList, is not among them): operator fusion compiles modules
+    scopes: tuple[str, ...] = ()
+
+    @property
+    def scope(self) -> str:
+        """The innermost module the op runs in (its path; "" for the root)."""
+        return self.scopes[-1] if self.scopes else ""
 
     @property
     def is_view(self) -> bool:
@@ -82,13 +90,15 @@ class OpGraph:
         """The graph as JSON-ready data (`from_dict` reads it back)."""
         return {"model": self.model, "batch": self.batch, "dtype_bytes": self.dtype_bytes,
                 "ops": [o.__dict__ | {"inputs": list(o.inputs), "out_shape": list(o.out_shape),
-                                      "params": [list(p) for p in o.params]}
+                                      "params": [list(p) for p in o.params],
+                                      "scopes": list(o.scopes)}
                         for o in self.ops]}
 
     @classmethod
     def from_dict(cls, d: dict) -> OpGraph:
         """The graph `to_dict` wrote."""
         ops = [Op(**(o | {"inputs": tuple(o["inputs"]), "out_shape": tuple(o["out_shape"]),
-                          "params": tuple(tuple(p) for p in o["params"])}))
+                          "params": tuple(tuple(p) for p in o["params"]),
+                          "scopes": tuple(o.get("scopes", ()))}))
                for o in d["ops"]]
         return cls(d["model"], d["batch"], d["dtype_bytes"], ops)
