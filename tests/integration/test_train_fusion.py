@@ -15,7 +15,7 @@ from tests.integration.test_pipeline_runtime import run_local
 torch = pytest.importorskip("torch")
 
 from topocontract.fusion import FusionPlan, parse_fusion  # noqa: E402
-from topoctl.catalog.dense import CandleUno  # noqa: E402
+from topoctl.catalog.dense import MLP, CandleUno  # noqa: E402
 from topoctl.catalog.transformer import BertEncoder  # noqa: E402
 from topotrain.fusion import apply_fusion  # noqa: E402
 
@@ -59,6 +59,16 @@ def test_whole_model_compiled_trains_to_the_eager_losses(tmp_path, monkeypatch):
         assert e["cache_dir"] == str(tmp_path / "inductor")
     assert (tmp_path / "inductor").is_dir()  # inductor's cache went where the run said
     assert len({e["checksum"] for e in fused if e["event"] == "done"}) == 1
+    # with the plan's own buckets (`disco` plans both): the compiled model's gradients reach
+    # the bucket hooks as the eager model's do (the cache is warm: no second compile)
+    (tmp_path / "c").mkdir()
+    names = [n for n, _ in MLP(**KWARGS).named_parameters()][::-1]  # gradient-ready order
+    planned = run_local(JOB | {"fusion": {"mode": "whole"}, "collective": {
+        "algorithm": "ring", "bucket_plan": [{"params": names[:1]}, {"params": names[1:]}]}},
+        tmp_path / "c")
+    assert _losses(planned) == pytest.approx(want, rel=1e-4, abs=1e-7)
+    for e in (e for e in planned if e["event"] == "iter"):
+        assert [b[0] for b in e["buckets"]] == [0, 1], e  # both buckets, in the plan's order
 
 
 def _grads(model, inputs) -> list:

@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from topoagent.state.wire import plan_problems
+from topocontract.fusion import parse_fusion
+from topoctl.catalog.transformer import BertEncoder
 from topoctl.disco.autotune import autotune_cap
 from topoctl.disco.search import Candidate, best_first, neighbours
 from topoctl.disco.timeline import (
@@ -126,3 +128,25 @@ def test_the_strategy_plans_named_buckets_no_slower_than_the_anchors():
     assert doc["job"]["collective"]["bucket_plan"] == plan
     again, _, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
     assert yaml.safe_dump(again) == yaml.safe_dump(doc)  # the same bytes
+
+
+def test_a_fusion_that_pays_is_planned_as_regions_the_runtime_compiles():
+    """A transformer on modelled GPUs (roofline: a fused encoder layer saves launches and the
+    memory traffic of its inner tensors): the strategy picks a fusion option with the buckets,
+    and the plan carries its regions as ``job.fusion``, module paths the runtime compiles."""
+    job = parse_job({"apiVersion": "topoctl/v1", "kind": "Job", "name": "fuse",
+                     "model": {"catalog": "bert", "params": {"layers": 4, "hidden": 256,
+                                                            "heads": 4, "seq": 64,
+                                                            "vocab": 1000}},
+                     "batch": {"global": 64}, "strategies": ["disco"],
+                     "cost": {"method": "roofline", "device": "A100"}})
+    doc, ctx, (ev,) = make_plan(load_cluster(PLANS / "fast4-cluster.yaml"), job,
+                                use_cache=False)
+    chosen = ev.strategy.notes["disco"]["fusion"]
+    assert chosen != "none"
+    fusion = parse_fusion(doc["job"]["fusion"])
+    assert fusion.mode == chosen and fusion.regions
+    modules = dict(BertEncoder(layers=4, hidden=256, heads=4, seq=64, vocab=1000)
+                   .named_modules())
+    assert set(fusion.regions) <= set(modules)
+    assert plan_problems(doc) == []

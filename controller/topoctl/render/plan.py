@@ -51,10 +51,12 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
         collective = pipeline_addresses(collective, addr.training)
     world = sum(len(r) for r in ranks.values())
     master = addr.training[hosts[0]]
-    # batch shares (`+shares`) and the layers synchronised by SFB (`+sfb`) travel in the
-    # strategy's collective and have their own fields in the launch spec
+    # batch shares (`+shares`), the layers synchronised by SFB (`+sfb`) and the regions compiled
+    # as one (`disco`'s fusion) travel in the strategy's collective and have their own fields
+    # in the launch spec
     collective = dict(collective)
     shares, sfb = collective.pop("shares", None), collective.pop("sfb", None)
+    fusion = collective.pop("fusion", None)
     batch = {"global": job.batch.global_, "per_rank": local_batch}
     procs: dict[str, list[dict]] = {}
     for h in hosts:
@@ -74,6 +76,7 @@ def launch_spec(job, hosts: list[str], ranks: dict[str, list[int]], addr: Addres
         "bucket_cap_mb": round((bucket_cap or job.sync.bucket) / 2**20, 6),
         "collective": collective | {"buckets": buckets}, "processes": procs,
         **({"sfb": list(sfb)} if sfb is not None else {}),
+        **({"fusion": dict(fusion)} if fusion is not None else {}),
     }).to_dict(exclude_unset=True)
 
 

@@ -11,8 +11,11 @@ AllReduce per bucket on one communication stream (bucket k after bucket k-1), th
 
 The fusion choice is an input of plain data: `fusion_options` maps an option's name to its
 per-op costs (`OpCost`, on the first host's device); a host runs an option at that host's
-"none" costs scaled by the option's total over the reference's. The planner passes only
-``{"none": the context's costs}``; fused-region costs plug in here.
+"none" costs scaled by the option's total over the reference's. The registered strategy
+passes the operator-fusion options of `topoctl.fusion.costs` (none, groups, whole: a fused
+region's cost on its last op, priced by the roofline on a modelled device and by the learned
+model where the ranks' ops were timed on this CPU); the chosen regions travel in the plan as
+``job.fusion`` (`topocontract.fusion`), which the runtime compiles (`topotrain.fusion`).
 
 The search starts from the anchors, each also reported in the plan's notes with its
 simulated iteration: DDP's defaults (25 MB, 1 MB first bucket), the job's cap (the
@@ -37,6 +40,7 @@ from topoctl.disco.timeline import (
     optimal_partition,
     ready_times,
 )
+from topoctl.fusion.costs import fusion_options, fusion_plan
 from topoctl.graph.cost import OpCost
 from topoctl.graph.ops import OpGraph
 from topoctl.sim.engine import simulate
@@ -247,8 +251,17 @@ def with_disco(ctx: PlanContext, base: Strategy,
 
 
 def baseline_disco(ctx: PlanContext) -> Strategy:
-    """The baseline strategy with DisCo's buckets."""
-    return with_disco(ctx, _baseline.plan(ctx))
+    """The baseline strategy with DisCo's buckets and operator fusion chosen together."""
+    costs = ctx.host_costs(ctx.hosts[0])
+    # ranks timed on this CPU (a lab): the learned model prices a fused region; otherwise the
+    # roofline of the device the costs were modelled on
+    device = None if ctx.cpu_pool is not None else ctx.device[ctx.hosts[0]]
+    s = with_disco(ctx, _baseline.plan(ctx),
+                   fusion_options(ctx.graph, costs, device=device, dtype=ctx.job.dtype))
+    chosen = fusion_plan(ctx.graph, costs, s.notes["disco"]["fusion"])
+    if chosen.mode == "none":
+        return s
+    return replace(s, collective=s.collective | {"fusion": chosen.to_dict()})
 
 
 PLANNER_STRATEGIES = {"disco": baseline_disco, "baseline+disco": baseline_disco}
