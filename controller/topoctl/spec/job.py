@@ -236,7 +236,7 @@ class TagSpec(Model):
     `seed` (tie-breaking), `prior` (gnn: the shipped weights; uniform: plain MCTS),
     `max_groups` (op-groups searched, one tree level each)."""
 
-    playouts: Annotated[int, Field(ge=1, le=1_000_000)] = 400
+    playouts: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
     time_limit: Annotated[float, Field(gt=0, le=86400)] = 50.0
     seed: Annotated[int, Field(ge=0)] = 0
     prior: Literal["gnn", "uniform"] = "uniform"

@@ -9,7 +9,7 @@ server / none), restricted to what `topoctl run` executes; `topoctl.tag.mcts` se
 PUCT, every node valued by simulating its default completion on the project's simulator,
 exactly as the planner simulates the emitted plan (host speeds, lab cores, steady period).
 
-Reward (the paper's): r = t_baseline / t, value r^(1/4) - 1 above 1, r - 1 below; -1 when a
+Reward (the paper's, without its fourth root): r - 1, r = t_baseline / t; -1 when a
 host's memory does not hold its part (4 x parameters + activations of every micro-batch in
 flight, `placement.build.node_memory`). Anchors valued before the search: every data-parallel
 kind, the balanced pipeline over all hosts and the whole model on the fastest host, so the
@@ -19,7 +19,7 @@ sync (`topocontract.stages`); `metadata.collective.tag` records each group's dec
 `topoctl explain`). Progress goes to stderr.
 
 Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
-+ simulation)); the budget is `job.tag.playouts` (default 400) capped by `job.tag.time_limit`
++ simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
 seconds (default 50).
 """
 
@@ -216,12 +216,13 @@ def _sync_dict(sync: str) -> dict:
 
 
 def reward(t_base: float, t: float) -> float:
-    """The paper's value: r = t_base / t; r^(1/4) - 1 above 1 (compressed), r - 1 below;
-    -1 when the plan does not fit (t infinite)."""
+    """The speed-up over the baseline less one, r - 1 with r = t_base / t (the paper's
+    reward without its fourth root above 1: the search normalises values to the range it has
+    seen, and the root would hide the differences between good plans); -1 when the plan does
+    not fit (t infinite)."""
     if not math.isfinite(t) or t <= 0:
         return -1.0
-    r = t_base / t
-    return r ** 0.25 - 1.0 if r > 1 else r - 1.0
+    return t_base / t - 1.0
 
 
 def anchors(space: Space, groups: list[Group]) -> list[State]:
@@ -369,8 +370,7 @@ def _notes(out: Outcome) -> dict:
 
 def _stderr_progress(t0: float):
     def show(done: int, total: int, best: float) -> None:
-        r = (best + 1) ** 4 if best > 0 else best + 1  # the reward back to a speed-up
-        print(f"tag: {done}/{total} playouts, best {r:.3g}x the baseline, "
+        print(f"tag: {done}/{total} playouts, best {best + 1:.3g}x the baseline, "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return show
 

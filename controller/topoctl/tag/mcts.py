@@ -7,8 +7,9 @@ the root by PUCT (Silver et al., "Mastering the game of Go without human knowled
 
     Q(s, a) + c * P(s, a) * sqrt(N(s)) / (1 + N(s, a)),
 
-with P the prior (the GNN's, or uniform), Q the mean value of the child's subtree (an unvisited
-child takes its parent's mean: first-play urgency), until it reaches a node not yet expanded;
+with P the prior (the GNN's, or uniform), Q the child subtree's mean value blended with its best
+(`max_mix`; the reward is deterministic and the search wants the best leaf; an unvisited child
+takes its parent's mean: first-play urgency), until it reaches a node not yet expanded;
 that node is expanded (its legal actions and their prior) and valued by simulating the default
 completion of its partial state (`value`), and the value is backed up the path. A terminal
 node is valued again from the caller's cache. The search returns the best complete state it
@@ -46,6 +47,7 @@ class Node:
     order: list[int]  # tie-break permutation of the action indices
     visits: list[int]
     total: list[float]
+    best: list[float]
     children: dict[int, Node] = field(default_factory=dict)
     n: int = 0
     w: float = 0.0
@@ -78,16 +80,19 @@ def _expand(state: State, legal: Legal, prior: Prior, rng: random.Random) -> Nod
     p = [x / total for x in p] if total > 0 else [1.0 / max(1, len(acts))] * len(acts)
     order = list(range(len(acts)))
     rng.shuffle(order)
-    return Node(acts, p, order, [0] * len(acts), [0.0] * len(acts))
+    return Node(acts, p, order, [0] * len(acts), [0.0] * len(acts), [-math.inf] * len(acts))
 
 
-def _pick(node: Node, c: float) -> int:
-    """The PUCT child (ties: the node's permutation order)."""
+def _pick(node: Node, c: float, mix: float, lo: float, hi: float) -> int:
+    """The PUCT child (ties: the node's permutation order); Q normalised to [0, 1] by the
+    lowest and highest value seen (`lo`, `hi`), as MuZero does."""
     sq = math.sqrt(max(1, node.n))
-    fpu = node.w / node.n if node.n else 0.0
+    span = hi - lo if hi > lo else 1.0
+    fpu = (node.w / node.n - lo) / span if node.n else 0.0
     best, best_u = node.order[0], -math.inf
     for i in node.order:
-        q = node.total[i] / node.visits[i] if node.visits[i] else fpu
+        q = (((1 - mix) * node.total[i] / node.visits[i] + mix * node.best[i] - lo) / span
+             if node.visits[i] else fpu)
         u = q + c * node.prior[i] * sq / (1 + node.visits[i])
         if u > best_u:
             best, best_u = i, u
@@ -95,21 +100,24 @@ def _pick(node: Node, c: float) -> int:
 
 
 def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
-           c_puct: float = 1.5, seed: int = 0, time_limit: float | None = None,
+           c_puct: float = 1.0, seed: int = 0, time_limit: float | None = None,
            progress: Progress | None = None, clock: Callable[[], float] = time.perf_counter,
-           start: Sequence[State] = ()) -> SearchResult:
+           start: Sequence[State] = (), max_mix: float = 0.5) -> SearchResult:
     """PUCT search (module docstring) for at most `playouts` playouts (and `time_limit`
     seconds of `clock`). `start`: complete states valued first (anchors: the result is never
-    worse than them). `progress` is called every 10% of the budget."""
+    worse than them). `progress` is called every 10% of the budget. `max_mix`: Q blends the
+    child's mean with the best value below it, (1 - mix) mean + mix max (single-player search
+    of a deterministic reward looks for the best leaf, not the best average)."""
     rng = random.Random(seed)
     t0 = clock()
     best_v, best_s = -math.inf, ()
-    evals = 0
+    evals, lo, hi = 0, math.inf, -math.inf
 
     def val(state: State) -> float:
-        nonlocal best_v, best_s, evals
+        nonlocal best_v, best_s, evals, lo, hi
         v, full = value(state)
         evals += 1
+        lo, hi = min(lo, v), max(hi, v)
         if v > best_v:
             best_v, best_s = v, full
         return v
@@ -128,7 +136,7 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
             if not node.actions:  # terminal: valued from the caller's cache
                 v = val(state)
                 break
-            i = _pick(node, c_puct)
+            i = _pick(node, c_puct, max_mix, lo, hi)
             path.append((node, i))
             state = state + (node.actions[i],)
             child = node.children.get(i)
@@ -141,6 +149,7 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
         for nd, i in path:
             nd.visits[i] += 1
             nd.total[i] += v
+            nd.best[i] = max(nd.best[i], v)
             nd.n += 1
             nd.w += v
         done += 1
