@@ -40,6 +40,7 @@ from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective
 from topoctl.tag import mcts
+from topoctl.tag.features import JointGraph, joint_graph
 from topoctl.tag.space import Plan, Space, State, complete, describe, plan_of
 
 from . import PlanContext, Strategy, StrategyError
@@ -252,16 +253,45 @@ class Outcome:
     space: Space
     groups: list[Group]
     evaluator: Evaluator
+    graph: JointGraph
+
+
+def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> JointGraph:
+    """The job's joint graph (`topoctl.tag.features`): each group's time on each host at its
+    speed, bytes between groups, route bandwidths, memories."""
+    hosts = list(ctx.hosts)
+    times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
+              / ev.speeds.get(h, 1.0) for h in hosts] for g in groups]
+    where = {o: i for i, g in enumerate(groups) for o in g.ops}
+    ops = ctx.graph.by_name()
+    flow: dict[tuple[int, int], float] = {}
+    for o in ctx.graph.ops:
+        for i in o.inputs:
+            if i in where and where[i] != where[o.name]:
+                k = (where[i], where[o.name])
+                flow[k] = flow.get(k, 0.0) + ops[i].out_bytes
+    bw, _ = route_matrix(ev.network, hosts)
+    pos = {h: i for i, h in enumerate(hosts)}
+    return joint_graph(times, [g.param_bytes for g in groups], [g.act_bytes for g in groups],
+                       [bool(g.linear) for g in groups], flow,
+                       {(pos[a], pos[b]): v for (a, b), v in bw.items()},
+                       [ev.memory[h] for h in hosts])
 
 
 def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
-               prior: mcts.Prior | None = None, max_groups: int = 24,
-               progress: mcts.Progress | None = None) -> Outcome:
-    """The search on `ctx` (module docstring); `prior`: None for uniform."""
+               net=None, max_groups: int = 24, progress: mcts.Progress | None = None,
+               use_anchors: bool = True) -> Outcome:
+    """The search on `ctx` (module docstring); `net`: a `topoctl.tag.gnn.TagNet` for the prior,
+    None for uniform; `use_anchors`: value the anchors first (off: to measure the prior)."""
     groups = op_groups(ctx, max_groups)
     ev = Evaluator(ctx, groups)
     kinds = _dp_kinds(ctx, ev)
     space = build_space(ctx, groups, kinds)
+    jg = joint_graph_of(ctx, groups, ev)
+    prior = None
+    if net is not None:
+        from topoctl.tag.prior import net_prior  # lazily: torch
+        prior = net_prior(net, space, jg)
     if not kinds and not space.sizes:
         raise StrategyError("nothing to search: data parallelism is off and the ranks are "
                             "not one per host (stages need that)")
@@ -279,9 +309,10 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
 
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=time_limit,
-                      progress=progress, start=anchors(space, groups))
+                      progress=progress,
+                      start=anchors(space, groups) if use_anchors else ())
     return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
-                   ev)
+                   ev, jg)
 
 
 def _legal(space: Space, state: State) -> list:
@@ -378,12 +409,12 @@ def _stderr_progress(t0: float):
 def plan(ctx: PlanContext) -> Strategy:
     """Strategy ``tag``: the search with the job's `tag` options (budget, seed, prior)."""
     opts = ctx.job.tag
-    prior = None
+    net = None
     if opts.prior == "gnn":
-        from topoctl.tag.prior import gnn_prior  # lazily: torch
-        prior = gnn_prior(ctx)
+        from topoctl.tag.prior import shipped  # lazily: torch
+        net = shipped()
     t0 = time.perf_counter()
-    out = run_search(ctx, opts.playouts, opts.seed, opts.time_limit, prior, opts.max_groups,
+    out = run_search(ctx, opts.playouts, opts.seed, opts.time_limit, net, opts.max_groups,
                      _stderr_progress(t0))
     print(f"tag: {out.result.playouts} playouts, {len(out.evaluator.cache)} plans simulated "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

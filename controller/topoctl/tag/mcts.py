@@ -66,6 +66,8 @@ class SearchResult:
     evaluations: int
     targets: list[tuple[State, list, list[int]]]
     stopped_by_time: bool = False
+    # (playouts done when it was found, value): each improvement of the best value
+    improvements: list[tuple[int, float]] = field(default_factory=list)
 
 
 def uniform(state: State, actions: list) -> list[float]:
@@ -112,6 +114,8 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
     t0 = clock()
     best_v, best_s = -math.inf, ()
     evals, lo, hi = 0, math.inf, -math.inf
+    done = 0
+    improvements: list[tuple[int, float]] = []
 
     def val(state: State) -> float:
         nonlocal best_v, best_s, evals, lo, hi
@@ -120,13 +124,14 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
         lo, hi = min(lo, v), max(hi, v)
         if v > best_v:
             best_v, best_s = v, full
+            improvements.append((done, v))
         return v
 
     for s in start:
         val(s)
     root = _expand((), legal, prior, rng)
     root.n, root.w = 1, val(())
-    done, timed_out, step = 0, False, max(1, playouts // 10)
+    timed_out, step = False, max(1, playouts // 10)
     while done < playouts:
         if time_limit is not None and clock() - t0 > time_limit:
             timed_out = True
@@ -156,7 +161,7 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
         if progress is not None and done % step == 0:
             progress(done, playouts, best_v)
     return SearchResult(best_s, best_v, root.actions, root.visits, done, evals,
-                        _targets(root, ()), timed_out)
+                        _targets(root, ()), timed_out, improvements)
 
 
 def _targets(node: Node, state: State) -> list[tuple[State, list, list[int]]]:
