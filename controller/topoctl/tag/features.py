@@ -56,7 +56,9 @@ def joint_graph(times: list[list[float]], params: list[float], acts: list[float]
            sum(1 for (a, _) in bandwidth if a == h) / max(1, nh - 1)] for h in range(nh)]
     flow = [(u, v, math.log1p(b / bw_med / ref * ng)) for (u, v), b in sorted(flow_bytes.items())]
     link = [(a, b, bw / bw_max) for (a, b), bw in sorted(bandwidth.items())]
-    rel = [[times[g][h] / (min(times[g]) or 1.0) for h in range(nh)] for g in range(ng)]
+    # a group that costs nothing (inputs, views) is as fast everywhere
+    rel = [[times[g][h] / min(times[g]) if min(times[g]) > 0 else 1.0 for h in range(nh)]
+           for g in range(ng)]
     place = [(g, h, 1.0 / rel[g][h]) for g in range(ng) for h in range(nh)]
     return JointGraph(gx, hx, flow, link, place, rel)
 

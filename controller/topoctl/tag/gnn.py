@@ -16,12 +16,15 @@ edges) * hidden^2) per graph, O(actions * hidden^2) per decision.
 
 from __future__ import annotations
 
+import base64
+
+import numpy as np
 import torch
 from torch import nn
 
 from topoctl.tag.features import CTX_DIM, GROUP_DIM, HOST_DIM, TYPES, ActionDesc, JointGraph
 
-HIDDEN = 24
+HIDDEN = 16
 LAYERS = 3
 KINDS = ("flow", "flow_rev", "link", "place", "place_rev")
 
@@ -138,18 +141,26 @@ def fit(graphs: list[JointGraph], samples: list[Sample], seed: int, epochs: int,
     return model, losses
 
 
-def to_plain(net: TagNet) -> dict[str, list]:
-    """The weights as plain lists (JSON), in a fixed key order."""
-    return {k: v.detach().reshape(-1).tolist() for k, v in sorted(net.state_dict().items())}
+def to_plain(net: TagNet) -> dict[str, str]:
+    """The weights as plain data (JSON): per tensor, its float32 little-endian bytes in
+    base64, in a fixed key order (exact, and the same bytes for the same weights)."""
+    return {k: base64.b64encode(v.detach().to(torch.float32).contiguous().numpy()
+                                .astype("<f4").tobytes()).decode()
+            for k, v in sorted(net.state_dict().items())}
 
 
-def from_plain(data: dict[str, list]) -> TagNet:
+def from_plain(data: dict[str, str]) -> TagNet:
     """A TagNet from `to_plain`'s data (ValueError when it does not match the architecture)."""
     net = TagNet()
     sd = net.state_dict()
     if set(sd) != set(data):
         raise ValueError("weights do not match the TAG network (retrain: topoctl tag train)")
-    net.load_state_dict({k: torch.tensor(data[k], dtype=torch.float32).reshape(sd[k].shape)
-                         for k in sd})
+    out = {}
+    for k in sd:
+        arr = np.frombuffer(base64.b64decode(data[k]), dtype="<f4")
+        if arr.size != sd[k].numel():
+            raise ValueError(f"weights for {k} do not match the TAG network (retrain)")
+        out[k] = torch.from_numpy(arr.copy()).reshape(sd[k].shape)
+    net.load_state_dict(out)
     net.eval()
     return net
