@@ -134,7 +134,7 @@ def fit(graphs: list[JointGraph], samples: list[Sample], seed: int, epochs: int,
             loss = loss / len(by_graph[gi])
             loss.backward()
             opt.step()
-            total, n = total + float(loss), n + 1
+            total, n = total + float(loss.detach()), n + 1
         losses.append(total / max(1, n))
         if progress is not None:
             progress(ep + 1, epochs, losses[-1])
