@@ -5,7 +5,7 @@ trained on, in playouts.
 
 Trained (`topoctl.tag.train`): mlp and vgg on generated 4-host clusters (seeds 0-5). Tested
 here: the held-out models (`HELD_OUT_MODELS`: resnet, bert) and also the trained ones, on
-generated clusters of 6 and 8 hosts (seeds 500+, never seen), GPU and CPU. Per case the
+generated clusters of 8 hosts (seeds 500+, never seen), direct and switched, GPU and CPU. Per case the
 uniform-prior search runs with 10 x `budget` playouts; its best is the reference; the number
 of playouts the GNN-prior search needs to come within 2% of it (from `SearchResult.
 improvements`; no anchors in either search, so the prior alone guides them) is reported as a
@@ -25,6 +25,11 @@ from topoctl.strategies import tag as T
 from topoctl.tag.clusters import generated
 from topoctl.tag.prior import shipped
 from topoctl.tag.train import HELD_OUT_MODELS, TRAIN_MODELS, job_doc
+
+
+# held-out cluster shapes: 8 hosts (training saw 4), both fabrics, GPU and CPU hosts
+CLUSTERS = [(8, 501, "gpu", "direct"), (8, 502, "gpu", "switched"), (8, 503, "cpu", "direct"),
+            (8, 504, "cpu", "switched")]
 
 
 def needed(improvements: list[tuple[int, float]], target: float) -> int | None:
@@ -51,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rows = []
-    for n, seed, kind in [(6, 501, "gpu"), (8, 502, "gpu"), (8, 503, "cpu"), (6, 504, "cpu")]:
-        c = parse_cluster(generated(n, seed, compute=kind))
+    for n, seed, kind, shape in CLUSTERS:
+        c = parse_cluster(generated(n, seed, shape=shape, compute=kind))
         for model, batch in HELD_OUT_MODELS + TRAIN_MODELS:
             r = one_case(c, model, batch, a.budget) | {
                 "cluster": f"gen{n}-{kind}-{seed}", "model": model,
