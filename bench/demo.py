@@ -63,8 +63,9 @@ def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
 
 
 # post-passes with nothing to do on this cluster and job: its hosts are equally fast (no batch
-# shares), and SFB has its own lab check (bench/sfb_crossover.py, docs/results.md)
-NOT_IN_DEMO = ("shares", "sfb")
+# shares), and SFB has its own lab check (bench/sfb_crossover.py, docs/results.md); `tag`:
+# one more lab row would take `make demo` (3 min 50 s) past its 4 minutes (docs/tag.md)
+NOT_IN_DEMO = ("shares", "sfb", "tag")
 
 
 def default_strategies(registry: dict) -> list[str]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
+from topoagent.protocol import TopoError
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.placement.build import node_memory, route_matrix
 from topoctl.sim.engine import simulate
@@ -48,6 +49,7 @@ from . import baseline as _baseline
 from . import placement as _placement
 from . import sfb as _sfb
 from . import shares as _shares
+from . import topoopt as _topoopt
 from . import trees as _trees
 
 STEADY_ITERATIONS = 3  # as the planner: ranks leaving a collective one by one
@@ -142,10 +144,11 @@ class Evaluator:
         """The data-parallel strategy of `kind` (None when it cannot plan this job)."""
         if kind not in self._dp:
             base, _, shares = kind.partition("+")
+            plan = {"ring": _baseline.plan, "trees": _trees.plan, "topoopt": _topoopt.plan}
             try:
-                s = _baseline.plan(self.ctx) if base == "ring" else _trees.plan(self.ctx)
+                s = plan[base](self.ctx)
                 self._dp[kind] = _shares.with_shares(self.ctx, s) if shares else s
-            except StrategyError:
+            except (StrategyError, TopoError):  # e.g. topoopt on a switched fabric
                 self._dp[kind] = None
         return self._dp[kind]
 
@@ -330,13 +333,16 @@ def _complete_any(space: Space, state: State) -> State:
 
 def _dp_kinds(ctx: PlanContext, ev: Evaluator) -> tuple[str, ...]:
     """The data-parallel kinds that plan this job (none without `parallelism.data`); the
-    ``+shares`` kinds only when the hosts' speeds differ (otherwise the same plan)."""
+    ``+shares`` kinds only when the hosts' speeds differ (otherwise the same plan); the
+    ``topoopt`` strategy's whole plan on direct-connect fabrics."""
     if not ctx.job.parallelism.data:
         return ()
     differ = len({_shares.host_speed(ctx, h) for h in ctx.hosts}) > 1
     kinds = [k for k in ("ring", "trees") if ev.dp_strategy(k) is not None]
     if differ:
         kinds += [f"{k}+shares" for k in list(kinds) if ev.dp_strategy(f"{k}+shares")]
+    if ctx.fabric.kind == "direct" and ev.dp_strategy("topoopt") is not None:
+        kinds.append("topoopt")  # TopoOpt's rings, routes (and cabling) as one more kind
     return tuple(kinds)
 
 

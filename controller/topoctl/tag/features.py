@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from topoctl.tag.space import Action, Space, State, used_hosts
 
-TYPES = ("dp:ring", "dp:trees", "dp:ring+shares", "dp:trees+shares", "stage:none",
+TYPES = ("dp:ring", "dp:trees", "dp:ring+shares", "dp:trees+shares", "dp:topoopt", "stage:none",
          "stage:ring", "stage:ps", "same", "ar", "sfb")
 GROUP_DIM, HOST_DIM, CTX_DIM = 6, 4, 7
 

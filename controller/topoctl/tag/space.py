@@ -8,8 +8,9 @@ the tuple of decisions taken so far (one per op-group, groups in a topological o
 
 - group 0 only: ``("dp", kind, sfb)``: every group data parallel over all hosts with the
   collective `kind` (``ring``, ``trees``, ``ring+shares``, ``trees+shares``: batch shares by
-  speed); `sfb`: group 0's fully connected layers synchronised by sufficient-factor broadcasting
-  (only on kinds in `Space.sfb_kinds`, only for groups in `Space.sfb_groups`);
+  speed; ``topoopt``: that strategy's whole plan, rings, routes and cabling); `sfb`: group
+  0's fully connected layers synchronised by sufficient-factor broadcasting (only on kinds
+  in `Space.sfb_kinds`, only for groups in `Space.sfb_groups`);
 - group 0, or any later group of a staged state: ``("stage", hosts, sync)``: the group starts a
   new pipeline stage replicated on `hosts` (a tuple in host order, disjoint from the earlier
   stages' hosts), its replicas synchronised by `sync` (``none`` for one replica, ``ring``, or
@@ -42,7 +43,7 @@ Action = tuple
 State = tuple[Action, ...]
 
 MAX_SETS = 128  # host sets per replica count offered at one level (beyond: windows, see below)
-DP_KINDS = ("ring", "trees", "ring+shares", "trees+shares")
+DP_KINDS = ("ring", "trees", "ring+shares", "trees+shares", "topoopt")
 
 
 @dataclass(frozen=True)
