@@ -42,7 +42,16 @@ from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective
 from topoctl.tag import mcts
 from topoctl.tag.features import JointGraph, joint_graph
-from topoctl.tag.space import Plan, Space, State, complete, describe, plan_of
+from topoctl.tag.space import (
+    Plan,
+    Space,
+    State,
+    complete,
+    describe,
+    host_sets,
+    plan_of,
+    used_hosts,
+)
 
 from . import PlanContext, Strategy, StrategyError
 from . import baseline as _baseline
@@ -306,9 +315,12 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
     if not math.isfinite(base):
         raise StrategyError("no plan fits in the hosts' memory")
 
+    times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
+              / ev.speeds.get(h, 1.0) for h in ctx.hosts] for g in groups]
+
     def value(state: State) -> tuple[float, State]:
-        full = _complete_any(space, state)
-        return reward(base, ev.time(plan_of(full))), full
+        fulls = [_complete_any(space, state)] + lookahead(space, state, times)
+        return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
 
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=time_limit,
@@ -316,6 +328,41 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
                       start=anchors(space, groups) if use_anchors else ())
     return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
                    ev, jg)
+
+
+LOOKAHEAD = 3  # next-stage host sets a staged node's value tries besides the default
+
+
+def lookahead(space: Space, state: State, times: list[list[float]]) -> list[State]:
+    """Completions of a staged `state` that give the rest of the model to one more stage:
+    on the free host set (of the stage's replica count) where the remaining groups run
+    fastest, every cut; on the next `LOOKAHEAD` - 1 sets, the cut where the current stage's
+    and the new stage's compute balance (a stage runs at its slowest member's pace; the
+    activations a cut sends are left to the simulator, hence every cut on the best set). The
+    node's value is the best of these and the default (a rollout policy: a partial pipeline is
+    valued by what it can become, not only by running the rest on the current stage).
+    O(LOOKAHEAD * groups) completions, most of them shared with the node's neighbours (the
+    evaluator caches per plan)."""
+    i, n = len(state), space.groups
+    if not state or state[0][0] != "stage" or i >= n:
+        return []
+    first = max(k for k, a in enumerate(state) if a[0] == "stage")
+    cur = [space.hosts.index(h) for h in state[first][1]]
+    free = [h for h in space.hosts if h not in used_hosts(state)]
+
+    def pace(hs: list[int], a: int, b: int) -> float:
+        return sum(max(times[j][h] for h in hs) for j in range(a, b))
+
+    sets = [[space.hosts.index(h) for h in s] for s in host_sets(space, free, len(cur))]
+    sets.sort(key=lambda hs: (pace(hs, i, n), hs))
+    out = []
+    for r, hs in enumerate(sets[:LOOKAHEAD]):
+        cuts = (range(i, n) if r == 0 else
+                [min(range(i, n), key=lambda c: (max(pace(cur, first, c), pace(hs, c, n)), c))])
+        new = ("stage", tuple(space.hosts[h] for h in hs), "none" if len(hs) == 1 else "ring")
+        out += [state + (("same",),) * (k - i) + (new,) + (("same",),) * (n - k - 1)
+                for k in cuts]
+    return out
 
 
 def _legal(space: Space, state: State) -> list:
