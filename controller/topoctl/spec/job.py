@@ -237,7 +237,7 @@ class TagSpec(Model):
     `max_groups` (op-groups searched, one tree level each)."""
 
     playouts: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
-    time_limit: Annotated[float, Field(gt=0, le=86400)] = 50.0
+    time_limit: Annotated[float, Field(gt=0, le=86400)] = 40.0
     seed: Annotated[int, Field(ge=0)] = 0
     prior: Literal["gnn", "uniform"] = "gnn"
     max_groups: Annotated[int, Field(ge=1, le=64)] = 24

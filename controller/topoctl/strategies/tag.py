@@ -20,7 +20,7 @@ sync (`topocontract.stages`); `metadata.collective.tag` records each group's dec
 
 Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
 + simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
-seconds (default 50).
+seconds (default 40: with the setup, trees, topoopt and the SFB program, under 60 s at 8 hosts).
 """
 
 from __future__ import annotations
@@ -238,11 +238,17 @@ def reward(t_base: float, t: float) -> float:
     return t_base / t - 1.0
 
 
-def anchors(space: Space, groups: list[Group]) -> list[State]:
-    """Complete states valued before the search: each data-parallel kind, the balanced
-    pipeline over all hosts (one stage each, host order) and the whole model on the fastest
-    host."""
+def anchors(space: Space, groups: list[Group], sfb_ops: frozenset[str] = frozenset()
+            ) -> list[State]:
+    """Complete states valued before the search: each data-parallel kind, the ring with SFB on
+    the groups holding a layer of `sfb_ops` (the `+sfb` post-pass's 0/1 program's choice), the
+    balanced pipeline over all hosts (one stage each, host order) and the whole model on the
+    fastest host."""
     out: list[State] = [complete(space, (("dp", k, False),)) for k in space.dp_kinds]
+    chosen = {i for i, g in enumerate(groups) if set(g.linear) & sfb_ops} & space.sfb_groups
+    if chosen and "ring" in space.dp_kinds:
+        out.append(tuple([("dp", "ring", 0 in chosen)] + [
+            ("sfb",) if i in chosen else ("ar",) for i in range(1, len(groups))]))
     if 1 in space.sizes:
         out.append(complete(space, (("stage", (space.order[0],), "none"),)))
         k = min(len(space.hosts), len(groups))
@@ -325,20 +331,23 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=time_limit,
                       progress=progress,
-                      start=anchors(space, groups) if use_anchors else ())
+                      start=anchors(space, groups, _sfb_choice(ctx, ev, space))
+                      if use_anchors else ())
     return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
                    ev, jg)
 
 
 LOOKAHEAD = 3  # next-stage host sets a staged node's value tries besides the default
+CUT_WINDOW = 3  # cuts tried on the best set: the compute-balanced one and 3 either side
 
 
 def lookahead(space: Space, state: State, times: list[list[float]]) -> list[State]:
     """Completions of a staged `state` that give the rest of the model to one more stage:
     on the free host set (of the stage's replica count) where the remaining groups run
-    fastest, every cut; on the next `LOOKAHEAD` - 1 sets, the cut where the current stage's
-    and the new stage's compute balance (a stage runs at its slowest member's pace; the
-    activations a cut sends are left to the simulator, hence every cut on the best set). The
+    fastest, the cut where the current stage's and the new stage's compute balance (a stage
+    runs at its slowest member's pace) and `CUT_WINDOW` cuts either side of it (the
+    activations a cut sends are left to the simulator); on the next `LOOKAHEAD` - 1 sets, the
+    balanced cut. The
     node's value is the best of these and the default (a rollout policy: a partial pipeline is
     valued by what it can become, not only by running the rest on the current stage).
     O(LOOKAHEAD * groups) completions, most of them shared with the node's neighbours (the
@@ -357,12 +366,25 @@ def lookahead(space: Space, state: State, times: list[list[float]]) -> list[Stat
     sets.sort(key=lambda hs: (pace(hs, i, n), hs))
     out = []
     for r, hs in enumerate(sets[:LOOKAHEAD]):
-        cuts = (range(i, n) if r == 0 else
-                [min(range(i, n), key=lambda c: (max(pace(cur, first, c), pace(hs, c, n)), c))])
+        bal = min(range(i, n), key=lambda c: (max(pace(cur, first, c), pace(hs, c, n)), c))
+        cuts = range(max(i, bal - CUT_WINDOW), min(n, bal + CUT_WINDOW + 1)) if r == 0 else [bal]
         new = ("stage", tuple(space.hosts[h] for h in hs), "none" if len(hs) == 1 else "ring")
         out += [state + (("same",),) * (k - i) + (new,) + (("same",),) * (n - k - 1)
                 for k in cuts]
     return out
+
+
+def _sfb_choice(ctx: PlanContext, ev: Evaluator, space: Space) -> frozenset[str]:
+    """The layers the `+sfb` post-pass's 0/1 program picks on the ring plan (none when SFB is
+    not in the space)."""
+    base = ev.dp_strategy("ring")
+    if not space.sfb_groups or base is None:
+        return frozenset()
+    try:
+        layers = _sfb.with_sfb(ctx, base).notes["sfb"]["layers"]
+    except StrategyError:
+        return frozenset()
+    return frozenset(v["op"] for v in layers.values())
 
 
 def _legal(space: Space, state: State) -> list:
