@@ -493,7 +493,42 @@ def plan(ctx: PlanContext) -> Strategy:
                      _stderr_progress(t0))
     print(f"tag: {out.result.playouts} playouts, {len(out.evaluator.cache)} plans simulated "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return emit(ctx, out)
+    s = emit(ctx, out)
+    other = _placement_anchor(ctx, out)
+    if other is not None:
+        print(f"tag: the placement search's pipeline ({other.notes['tag']['adopted']}) is "
+              "faster than the tree's best: adopted", file=sys.stderr, flush=True)
+        return other
+    return s
+
+
+def _placement_anchor(ctx: PlanContext, out: Outcome) -> Strategy | None:
+    """The `placement` strategy's pipeline when it is faster than the search's best (its
+    stages need not be contiguous in TAG's group order, and its MILP/HEFT placement may cut
+    inside a merged group), renamed ``tag`` with each group's stage in its notes; None when
+    it is not faster or cannot plan the job. So `tag` is never slower than `placement`."""
+    try:
+        p = _placement.search(ctx, ctx.job.parallelism.search, "placement")
+    except (StrategyError, TopoError):
+        return None
+    t = out.evaluator._sim(p)
+    if not t < out.time:
+        return None
+    stage_of = {op: i for i, st in enumerate(p.collective["stages"]) for op in st["ops"]}
+    notes = _notes(out)
+    for row, g in zip(notes["groups"], out.groups, strict=True):
+        k = next((stage_of[o] for o in g.ops if o in stage_of), None)
+        if k is None:
+            row["decision"] = "-"
+            continue
+        st, y = p.collective["stages"][k], p.collective["stages"][k]["sync"]
+        row["decision"] = (f"stage {k} on {','.join(st['hosts'])}, sync {y['kind']}"
+                           + (f":{y['server']}" if "server" in y else ""))
+    notes["adopted"] = f"placement, {p.notes.get('search')}"
+    notes["speedup_over_baseline"] = (out.base_time / t if math.isfinite(out.base_time)
+                                      else None)
+    p.name, p.notes = "tag", dict(p.notes) | {"tag": notes}
+    return p
 
 
 PLANNER_STRATEGIES = {"tag": plan}
