@@ -6,8 +6,8 @@ trained on, in playouts.
 Trained (`topoctl.tag.train`): mlp and vgg on generated 4-host clusters (seeds 0-5). Tested
 here: the held-out models (`HELD_OUT_MODELS`: resnet, bert) and also the trained ones, on
 generated clusters of 8 hosts (seeds 500+, never seen), direct and switched, GPU and CPU. Per
-case the uniform-prior search runs with 10 x `budget` playouts; its best is the reference; the number
-of playouts the GNN-prior search needs to come within 2% of it (from `SearchResult.
+case the uniform-prior search runs with 10 x `budget` playouts; its best is the reference; the
+number of playouts the GNN-prior search needs to come within 2% of it (from `SearchResult.
 improvements`; no anchors in either search, so the prior alone guides them) is reported as a
 share of the uniform search's 10 x budget: goal <= 25%. Simulator only, deterministic.
 """
