@@ -48,9 +48,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if getattr(args, flag) < 1:
             raise TopoError(f"must be at least 1, got {getattr(args, flag)}",
                             source=f"--{flag}")
+    # torch, the planner and the catalog load only for this verb (CLI start-up stays quick)
     from topoctl.tag import train
-    from topoctl.tag.gnn import to_plain
-    from topoctl.tag.prior import WEIGHTS
+    from topoctl.tag.gnn import to_plain  # torch
+    from topoctl.tag.prior import WEIGHTS  # torch
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:

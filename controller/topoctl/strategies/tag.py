@@ -49,6 +49,7 @@ from topoctl.tag.space import (
     complete,
     describe,
     host_sets,
+    legal,
     plan_of,
     used_hosts,
 )
@@ -388,7 +389,6 @@ def _sfb_choice(ctx: PlanContext, ev: Evaluator, space: Space) -> frozenset[str]
 
 
 def _legal(space: Space, state: State) -> list:
-    from topoctl.tag.space import legal
     return legal(space, state)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from topoctl.tag.clusters import generated
 from topoctl.tag.features import JointGraph, describe_action
 from topoctl.tag.gnn import Sample, TagNet, fit
 
@@ -37,7 +38,6 @@ def case_docs(clusters: int, seed: int, hosts: int = TRAIN_HOSTS,
               models=TRAIN_MODELS) -> list[tuple[dict, dict]]:
     """(cluster doc, job doc) pairs: `clusters` generated clusters x `models`; cluster i is
     drawn with seed ``seed * 1000 + i`` (GPU for even i, CPU for odd)."""
-    from topoctl.tag.clusters import generated
     out = []
     for i in range(clusters):
         c = generated(hosts, seed * 1000 + i, compute="gpu" if i % 2 == 0 else "cpu")
@@ -47,9 +47,10 @@ def case_docs(clusters: int, seed: int, hosts: int = TRAIN_HOSTS,
 
 def contexts(docs: list[tuple[dict, dict]]) -> list:
     """The planner contexts of the cases (roofline, no caches)."""
+    # the planner imports every strategy, `tag` among them: not at this module's import
     from topoctl.planner import prepare
-    from topoctl.spec.cluster_load import parse_cluster
-    from topoctl.spec.job import parse_job
+    from topoctl.spec.cluster_load import parse_cluster  # with the planner
+    from topoctl.spec.job import parse_job  # with the planner
     return [prepare(parse_cluster(c), parse_job(j), use_cache=False) for c, j in docs]
 
 
@@ -68,6 +69,7 @@ Progress = Callable[[str], None]
 def self_play(ctxs: list, rounds: int, playouts: int, epochs: int, seed: int,
               progress: Progress | None = None) -> Trained:
     """`rounds` of search (the first with the uniform prior) and fitting (module docstring)."""
+    # the strategy imports this package's prior lazily; importing it here keeps that one way
     from topoctl.strategies.tag import run_search
     torch.set_num_threads(1)
     say = progress or (lambda m: None)
