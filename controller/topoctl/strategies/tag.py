@@ -299,9 +299,11 @@ def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> Join
 
 def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
                net=None, max_groups: int = 24, progress: mcts.Progress | None = None,
-               use_anchors: bool = True) -> Outcome:
+               use_anchors: bool = True, started: float | None = None) -> Outcome:
     """The search on `ctx` (module docstring); `net`: a `topoctl.tag.gnn.TagNet` for the prior,
-    None for uniform; `use_anchors`: value the anchors first (off: to measure the prior)."""
+    None for uniform; `use_anchors`: value the anchors first (off: to measure the prior);
+    `started`: the `time.perf_counter()` the `time_limit` counts from (default: the search's
+    start; the strategy counts its setup too: trees, topoopt, the SFB program)."""
     groups = op_groups(ctx, max_groups)
     ev = Evaluator(ctx, groups)
     kinds = _dp_kinds(ctx, ev)
@@ -329,6 +331,8 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
         fulls = [_complete_any(space, state)] + lookahead(space, state, times)
         return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
 
+    if time_limit is not None and started is not None:  # the setup spent part of it
+        time_limit = max(1.0, time_limit - (time.perf_counter() - started))
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=time_limit,
                       progress=progress,
@@ -490,7 +494,7 @@ def plan(ctx: PlanContext) -> Strategy:
         net = shipped()
     t0 = time.perf_counter()
     out = run_search(ctx, opts.playouts, opts.seed, opts.time_limit, net, opts.max_groups,
-                     _stderr_progress(t0))
+                     _stderr_progress(t0), started=t0)
     print(f"tag: {out.result.playouts} playouts, {len(out.evaluator.cache)} plans simulated "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     s = emit(ctx, out)
