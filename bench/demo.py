@@ -64,9 +64,9 @@ def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
 
 # post-passes with nothing to do on this cluster and job: its hosts are equally fast (no batch
 # shares), and SFB has its own lab check (bench/sfb_crossover.py, docs/results.md); DisCo's
-# buckets have theirs (bench/disco.py): one more lab row would take `make demo` past its
-# 4 minutes (3 min 50 s without it, docs/results.md)
-NOT_IN_DEMO = ("shares", "sfb", "disco")
+# buckets (bench/disco.py) and TAG (bench/tag_sim.py, docs/tag.md) have theirs: one more lab
+# row would take `make demo` past its 4 minutes (3 min 50 s without them, docs/results.md)
+NOT_IN_DEMO = ("shares", "sfb", "disco", "tag")
 
 
 def default_strategies(registry: dict) -> list[str]:

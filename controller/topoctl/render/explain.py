@@ -53,7 +53,21 @@ def headline(doc: dict) -> list[str]:
                    f"{'on' if mp else 'off' if mp is not None else '?'} "
                    f"({bw.get('multipath_pairs')} pair(s) split), LP communication time "
                    f"{_ms(bw.get('lp_comm_time'))}, HTB ceiling = {bw.get('ceil')}")
-    return out + post_pass_lines(doc)
+    return out + post_pass_lines(doc) + tag_lines(doc)
+
+
+def tag_lines(doc: dict) -> list[str]:
+    """What the ``tag`` search decided per op-group (docs/tag.md)."""
+    c = doc.get("metadata", {}).get("collective")
+    t = c.get("tag") if isinstance(c, dict) else None
+    if not isinstance(t, dict):
+        return []
+    out = [f"TAG search: {t.get('playouts')} playouts, {t.get('simulated_plans')} plans "
+           f"simulated, {t.get('speedup_over_baseline')}x the baseline"
+           + (" (stopped by the time limit)" if t.get("stopped_by_time") else "")]
+    out += [f"  TAG group {g.get('group')}: {g.get('ops')} op(s) {g.get('first')}.."
+            f"{g.get('last')}: {g.get('decision')}" for g in t.get("groups", [])]
+    return out
 
 
 def post_pass_lines(doc: dict) -> list[str]:

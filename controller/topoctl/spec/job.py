@@ -230,6 +230,20 @@ class LaunchSpec(Model):
         default_factory=lambda: ["python3", "-m", "topotrain.train"])
 
 
+class TagSpec(Model):
+    """The `tag` strategy's search (docs/tag.md): `playouts` (the budget; deterministic),
+    `time_limit` seconds (a cap on the strategy, its setup included: when it stops the search
+    the plan depends on the machine),
+    `seed` (tie-breaking), `prior` (gnn: the shipped weights; uniform: plain MCTS),
+    `max_groups` (op-groups searched, one tree level each)."""
+
+    playouts: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
+    time_limit: Annotated[float, Field(gt=0, le=86400)] = 40.0
+    seed: Annotated[int, Field(ge=0)] = 0
+    prior: Literal["gnn", "uniform"] = "gnn"
+    max_groups: Annotated[int, Field(ge=1, le=64)] = 24
+
+
 class Job(Model):
     """A validated job file: model, batch, dtype, parallelism, strategies, sync, cost, hosts,
     forwarding, bandwidth, launch."""
@@ -253,6 +267,7 @@ class Job(Model):
     # with pedit/mirred (RoCE NICs, TopoOpt's testbed; rendered by strategy topoopt)
     forwarding: Literal["kernel", "tc-offload"] = "kernel"
     bandwidth: BandwidthSpec = Field(default_factory=BandwidthSpec)
+    tag: TagSpec = Field(default_factory=TagSpec)
 
     @model_validator(mode="after")
     def _checks(self) -> Job:

@@ -1,0 +1,538 @@
+"""Strategy ``tag``: TAG's tree search over each op-group's replica set and gradient sync.
+
+TAG (Zhang et al., "Expediting Distributed DNN Training with Device Topology-Aware Graph
+Deployment", IEEE TPDS 2023). The op graph is coarsened into op-groups (`graph.coarsen`, the
+placement strategy's coarse graph, in a topological order, at most `TagSpec.max_groups`);
+`topoctl.tag.space` says what may be decided per group (data parallelism with ring/trees,
+batch shares, SFB per group; or pipeline stages each on a replica set with ring / parameter
+server / none), restricted to what `topoctl run` executes; `topoctl.tag.mcts` searches it with
+PUCT, every node valued by simulating its default completion on the project's simulator,
+exactly as the planner simulates the emitted plan (host speeds, lab cores, steady period).
+
+Reward (the paper's, without its fourth root): r - 1, r = t_baseline / t; -1 when a
+host's memory does not hold its part (4 x parameters + activations of every micro-batch in
+flight, `placement.build.node_memory`). Anchors valued before the search: every data-parallel
+kind, the balanced pipeline over all hosts and the whole model on the fastest host, so the
+result is never slower than those. The emitted plan reuses the existing plan shapes: a
+data-parallel plan (ring or trees, ``+shares``, ``+sfb``) or a pipeline collective with per-stage
+sync (`topocontract.stages`); `metadata.collective.tag` records each group's decision (shown by
+`topoctl explain`). Progress goes to stderr.
+
+Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
++ simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
+seconds (default 40: with the setup, trees, topoopt and the SFB program, under 60 s at 8 hosts).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+import networkx as nx
+
+from topoagent.protocol import TopoError
+from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
+from topoctl.placement.build import node_memory, route_matrix
+from topoctl.sim.engine import simulate
+from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.routing import shortest_next_hops
+from topoctl.sim.steady import steady_period
+from topoctl.sim.tasks import Collective
+from topoctl.tag import mcts
+from topoctl.tag.features import JointGraph, joint_graph
+from topoctl.tag.space import (
+    Plan,
+    Space,
+    State,
+    complete,
+    describe,
+    host_sets,
+    legal,
+    plan_of,
+    used_hosts,
+)
+
+from . import PlanContext, Strategy, StrategyError
+from . import baseline as _baseline
+from . import placement as _placement
+from . import sfb as _sfb
+from . import shares as _shares
+from . import topoopt as _topoopt
+from . import trees as _trees
+
+STEADY_ITERATIONS = 3  # as the planner: ranks leaving a collective one by one
+
+
+@dataclass
+class Group:
+    """An op-group: its fx ops in graph order, forward + backward seconds (reference host),
+    parameter and kept-activation bytes, its SFB-eligible layers (op names)."""
+
+    ops: list[str]
+    cost: float
+    param_bytes: int
+    act_bytes: int
+    linear: list[str] = field(default_factory=list)
+
+
+def coarse_graph(ctx: PlanContext) -> CoarseGraph:
+    """The placement strategy's coarse graph of the job (edges priced on the slowest link)."""
+    fine = from_opgraph(ctx.graph, ctx.host_costs(ctx.hosts[0]))
+    hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
+    bw, _ = route_matrix(network_from_fabric(ctx.fabric, hops), ctx.hosts)
+    coarse, _ = coarsen_graph(fine, min(bw.values(), default=1e9))
+    return coarse
+
+
+def op_groups(ctx: PlanContext, max_groups: int) -> list[Group]:
+    """The coarse graph's nodes in a topological order (ties: first fx op), adjacent ones
+    merged into at most `max_groups` of balanced cost (stages are contiguous in this order, so
+    merging neighbours only removes stage boundaries)."""
+    cg = coarse_graph(ctx)
+    pos = {o.name: i for i, o in enumerate(ctx.graph.ops)}
+    dg = nx.DiGraph()
+    dg.add_nodes_from(cg.nodes)
+    dg.add_edges_from(cg.edges)
+    first = {n: min(pos[o] for o in cg.nodes[n].ops) for n in cg.nodes}
+    order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
+    chunks = _balanced([cg.nodes[n].cost for n in order], max_groups)
+    lin = {op.name for op, *_ in _sfb.linear_layers(ctx.graph)}
+    out = []
+    for a, b in chunks:
+        nodes = [cg.nodes[n] for n in order[a:b]]
+        ops = sorted((o for n in nodes for o in n.ops), key=pos.__getitem__)
+        out.append(Group(ops, sum(n.cost for n in nodes), sum(n.param_bytes for n in nodes),
+                         sum(n.act_bytes for n in nodes), [o for o in ops if o in lin]))
+    return out
+
+
+def _balanced(costs: list[float], k: int) -> list[tuple[int, int]]:
+    """At most `k` contiguous chunks [a, b) of `costs`, cut where the running sum crosses each
+    multiple of total / k (each item alone when there are at most k)."""
+    if len(costs) <= k:
+        return [(i, i + 1) for i in range(len(costs))]
+    total = sum(costs) or 1.0
+    cuts, run = [0], 0.0
+    for i, c in enumerate(costs[:-1]):
+        run += c
+        left = len(costs) - 1 - i  # items after i
+        if (run >= total * len(cuts) / k or left <= k - len(cuts)) and len(cuts) < k:
+            cuts.append(i + 1)
+    return list(zip(cuts, cuts[1:] + [len(costs)], strict=True))
+
+
+def build_space(ctx: PlanContext, groups: list[Group], dp_kinds: tuple[str, ...]) -> Space:
+    """The job's search space (`topoctl.tag.space`): replica counts the batch splits into,
+    data-parallel kinds that plan, SFB groups (one rank per host), hosts fastest first."""
+    hosts = tuple(ctx.hosts)
+    micro = ctx.job.parallelism.microbatches
+    one_rank = ctx.world_size == len(hosts)
+    sizes = tuple(g for g in range(1, len(hosts) + 1)
+                  if one_rank and ctx.job.batch.global_ % (g * micro) == 0)
+    sfb = frozenset(i for i, g in enumerate(groups) if g.linear) if one_rank else frozenset()
+    speed = {h: _shares.host_speed(ctx, h) for h in hosts}
+    order = tuple(sorted(hosts, key=lambda h: (-speed[h], hosts.index(h))))
+    return Space(hosts, len(groups), sizes, dp_kinds, sfb, order=order)
+
+
+class Evaluator:
+    """Simulated iteration time of a TAG plan on the context (cached per canonical plan)."""
+
+    def __init__(self, ctx: PlanContext, groups: list[Group]):
+        self.ctx, self.groups = ctx, groups
+        self.hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
+        self.network = network_from_fabric(ctx.fabric, self.hops)
+        self.cache: dict[Plan, float] = {}
+        self._dp: dict[str, Strategy | None] = {}
+        from topoctl.planner import host_speeds  # lazily: the planner imports the strategies
+        self.speeds = host_speeds(ctx)
+        self.memory = {h: ctx.device[h].memory for h in ctx.hosts}
+
+    def dp_strategy(self, kind: str) -> Strategy | None:
+        """The data-parallel strategy of `kind` (None when it cannot plan this job)."""
+        if kind not in self._dp:
+            base, _, shares = kind.partition("+")
+            plan = {"ring": _baseline.plan, "trees": _trees.plan, "topoopt": _topoopt.plan}
+            try:
+                s = plan[base](self.ctx)
+                self._dp[kind] = _shares.with_shares(self.ctx, s) if shares else s
+            except (StrategyError, TopoError):  # e.g. topoopt on a switched fabric
+                self._dp[kind] = None
+        return self._dp[kind]
+
+    def _sim(self, s: Strategy) -> float:
+        net = replace(s.network, speed=self.speeds, _cache={}) if self.speeds else s.network
+        if any(isinstance(t, Collective) and t.member_done for t in s.tasks):
+            return steady_period(s.tasks, net, STEADY_ITERATIONS)
+        return simulate(s.tasks, net, record=False).iteration_time
+
+    def time(self, plan: Plan) -> float:
+        """Seconds per iteration; inf when some host's memory does not hold its part or the
+        plan cannot be built."""
+        if plan not in self.cache:
+            self.cache[plan] = self._dp_time(plan) if plan.form == "dp" else self._pp_time(plan)
+        return self.cache[plan]
+
+    def dp_plan(self, plan: Plan) -> Strategy | None:
+        """The data-parallel Strategy of `plan` (SFB layers as the plan says)."""
+        base = self.dp_strategy(plan.kind)
+        if base is None or not plan.sfb:
+            return base
+        chosen = [o for i in plan.sfb for o in self.groups[i].linear]
+        info = {op.name: k * (m + n) * self.ctx.graph.dtype_bytes
+                for op, _, k, m, n in _sfb.linear_layers(self.ctx.graph)}
+        tasks, sizes = _sfb.sfb_tasks(self.ctx, chosen, info)
+        return replace(base, tasks=tasks, buckets=sizes)
+
+    def _dp_time(self, plan: Plan) -> float:
+        need = node_memory(sum(g.param_bytes for g in self.groups),
+                           sum(g.act_bytes for g in self.groups), 1)
+        if any(need > m for m in self.memory.values()):
+            return math.inf
+        s = self.dp_plan(plan)
+        return math.inf if s is None else self._sim(s)
+
+    def pp_parts(self, plan: Plan):
+        """(stage ops, stage host groups, syncs, micro-batches, scale, measured) of `plan`."""
+        ctx = self.ctx
+        pos = {o.name: i for i, o in enumerate(ctx.graph.ops)}
+        stages = [sorted((o for g in self.groups[st.first: st.last + 1] for o in g.ops),
+                         key=pos.__getitem__) for st in plan.stages]
+        hgroups = [list(st.hosts) for st in plan.stages]
+        syncs = [_sync_dict(st.sync) for st in plan.stages]
+        micro = ctx.job.parallelism.microbatches
+        g = len(hgroups[0])
+        scale = ctx.job.batch.global_ / (g * micro) / ctx.local_batch
+        meas = _placement._measured(ctx, ctx.job.batch.global_ // (g * micro))
+        return stages, hgroups, syncs, micro, scale, meas
+
+    def _pp_time(self, plan: Plan) -> float:
+        stages, hgroups, syncs, micro, scale, meas = self.pp_parts(plan)
+        for st in plan.stages:
+            gs = self.groups[st.first: st.last + 1]
+            need = sum(node_memory(g.param_bytes, scale * g.act_bytes, micro) for g in gs)
+            if any(need > self.memory[h] for h in st.hosts):
+                return math.inf
+        tasks, _ = _placement.pipeline_tasks(self.ctx, stages, hgroups, micro, scale, meas, syncs)
+        net = _placement.lab_network(self.network, list(self.ctx.hosts), meas)
+        if self.speeds:
+            net = replace(net, speed=self.speeds, _cache={})
+        return simulate(tasks, net, record=False).iteration_time
+
+
+def _sync_dict(sync: str) -> dict:
+    """A stage's `sync` as the plan states it (`topocontract.stages`)."""
+    if sync.startswith("ps:"):
+        return {"kind": "ps", "server": sync[3:]}
+    return {"kind": sync}
+
+
+def reward(t_base: float, t: float) -> float:
+    """The speed-up over the baseline less one, r - 1 with r = t_base / t (the paper's
+    reward without its fourth root above 1: the search normalises values to the range it has
+    seen, and the root would hide the differences between good plans); -1 when the plan does
+    not fit (t infinite)."""
+    if not math.isfinite(t) or t <= 0:
+        return -1.0
+    return t_base / t - 1.0
+
+
+def anchors(space: Space, groups: list[Group], sfb_ops: frozenset[str] = frozenset()
+            ) -> list[State]:
+    """Complete states valued before the search: each data-parallel kind, the ring with SFB on
+    the groups holding a layer of `sfb_ops` (the `+sfb` post-pass's 0/1 program's choice), the
+    balanced pipeline over all hosts (one stage each, host order) and the whole model on the
+    fastest host."""
+    out: list[State] = [complete(space, (("dp", k, False),)) for k in space.dp_kinds]
+    chosen = {i for i, g in enumerate(groups) if set(g.linear) & sfb_ops} & space.sfb_groups
+    if chosen and "ring" in space.dp_kinds:
+        out.append(tuple([("dp", "ring", 0 in chosen)] + [
+            ("sfb",) if i in chosen else ("ar",) for i in range(1, len(groups))]))
+    if 1 in space.sizes:
+        out.append(complete(space, (("stage", (space.order[0],), "none"),)))
+        k = min(len(space.hosts), len(groups))
+        cuts = {a for a, _ in _balanced([g.cost for g in groups], k)}
+        hs = iter(space.hosts)
+        out.append(tuple(("stage", (next(hs),), "none") if i in cuts else ("same",)
+                         for i in range(len(groups))))
+    return out
+
+
+@dataclass
+class Outcome:
+    """What a TAG search found: the best complete state, its time, the baseline's, the search
+    result, the space and the groups."""
+
+    state: State
+    time: float
+    base_time: float
+    result: mcts.SearchResult
+    space: Space
+    groups: list[Group]
+    evaluator: Evaluator
+    graph: JointGraph
+
+
+def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> JointGraph:
+    """The job's joint graph (`topoctl.tag.features`): each group's time on each host at its
+    speed, bytes between groups, route bandwidths, memories."""
+    hosts = list(ctx.hosts)
+    times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
+              / ev.speeds.get(h, 1.0) for h in hosts] for g in groups]
+    where = {o: i for i, g in enumerate(groups) for o in g.ops}
+    ops = ctx.graph.by_name()
+    flow: dict[tuple[int, int], float] = {}
+    for o in ctx.graph.ops:
+        for i in o.inputs:
+            if i in where and where[i] != where[o.name]:
+                k = (where[i], where[o.name])
+                flow[k] = flow.get(k, 0.0) + ops[i].out_bytes
+    bw, _ = route_matrix(ev.network, hosts)
+    pos = {h: i for i, h in enumerate(hosts)}
+    return joint_graph(times, [g.param_bytes for g in groups], [g.act_bytes for g in groups],
+                       [bool(g.linear) for g in groups], flow,
+                       {(pos[a], pos[b]): v for (a, b), v in bw.items()},
+                       [ev.memory[h] for h in hosts])
+
+
+def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
+               net=None, max_groups: int = 24, progress: mcts.Progress | None = None,
+               use_anchors: bool = True, started: float | None = None) -> Outcome:
+    """The search on `ctx` (module docstring); `net`: a `topoctl.tag.gnn.TagNet` for the prior,
+    None for uniform; `use_anchors`: value the anchors first (off: to measure the prior);
+    `started`: the `time.perf_counter()` the `time_limit` counts from (default: the search's
+    start; the strategy counts its setup too: trees, topoopt, the SFB program)."""
+    groups = op_groups(ctx, max_groups)
+    ev = Evaluator(ctx, groups)
+    kinds = _dp_kinds(ctx, ev)
+    space = build_space(ctx, groups, kinds)
+    jg = joint_graph_of(ctx, groups, ev)
+    prior = None
+    if net is not None:
+        from topoctl.tag.prior import net_prior  # lazily: torch
+        prior = net_prior(net, space, jg)
+    if not kinds and not space.sizes:
+        raise StrategyError("nothing to search: data parallelism is off and the ranks are "
+                            "not one per host (stages need that)")
+    if not kinds:  # no data parallelism: the empty state completes to one stage
+        space = replace(space, dp_kinds=())
+    base = ev.time(plan_of(complete(space, ()))) if kinds else math.inf
+    if not math.isfinite(base):
+        base = min((ev.time(plan_of(s)) for s in anchors(space, groups)), default=math.inf)
+    if not math.isfinite(base):
+        raise StrategyError("no plan fits in the hosts' memory")
+
+    times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
+              / ev.speeds.get(h, 1.0) for h in ctx.hosts] for g in groups]
+
+    def value(state: State) -> tuple[float, State]:
+        fulls = [_complete_any(space, state)] + lookahead(space, state, times)
+        return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
+
+    if time_limit is not None and started is not None:  # the setup spent part of it
+        time_limit = max(1.0, time_limit - (time.perf_counter() - started))
+    res = mcts.search(lambda s: _legal(space, s), value, playouts,
+                      prior or mcts.uniform, seed=seed, time_limit=time_limit,
+                      progress=progress,
+                      start=anchors(space, groups, _sfb_choice(ctx, ev, space))
+                      if use_anchors else ())
+    return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
+                   ev, jg)
+
+
+LOOKAHEAD = 3  # next-stage host sets a staged node's value tries besides the default
+CUT_WINDOW = 3  # cuts tried on the best set: the compute-balanced one and 3 either side
+
+
+def lookahead(space: Space, state: State, times: list[list[float]]) -> list[State]:
+    """Completions of a staged `state` that give the rest of the model to one more stage:
+    on the free host set (of the stage's replica count) where the remaining groups run
+    fastest, the cut where the current stage's and the new stage's compute balance (a stage
+    runs at its slowest member's pace) and `CUT_WINDOW` cuts either side of it (the
+    activations a cut sends are left to the simulator); on the next `LOOKAHEAD` - 1 sets, the
+    balanced cut. The
+    node's value is the best of these and the default (a rollout policy: a partial pipeline is
+    valued by what it can become, not only by running the rest on the current stage).
+    O(LOOKAHEAD * groups) completions, most of them shared with the node's neighbours (the
+    evaluator caches per plan)."""
+    i, n = len(state), space.groups
+    if not state or state[0][0] != "stage" or i >= n:
+        return []
+    first = max(k for k, a in enumerate(state) if a[0] == "stage")
+    cur = [space.hosts.index(h) for h in state[first][1]]
+    free = [h for h in space.hosts if h not in used_hosts(state)]
+
+    def pace(hs: list[int], a: int, b: int) -> float:
+        return sum(max(times[j][h] for h in hs) for j in range(a, b))
+
+    sets = [[space.hosts.index(h) for h in s] for s in host_sets(space, free, len(cur))]
+    sets.sort(key=lambda hs: (pace(hs, i, n), hs))
+    out = []
+    for r, hs in enumerate(sets[:LOOKAHEAD]):
+        bal = min(range(i, n), key=lambda c: (max(pace(cur, first, c), pace(hs, c, n)), c))
+        cuts = range(max(i, bal - CUT_WINDOW), min(n, bal + CUT_WINDOW + 1)) if r == 0 else [bal]
+        new = ("stage", tuple(space.hosts[h] for h in hs), "none" if len(hs) == 1 else "ring")
+        out += [state + (("same",),) * (k - i) + (new,) + (("same",),) * (n - k - 1)
+                for k in cuts]
+    return out
+
+
+def _sfb_choice(ctx: PlanContext, ev: Evaluator, space: Space) -> frozenset[str]:
+    """The layers the `+sfb` post-pass's 0/1 program picks on the ring plan (none when SFB is
+    not in the space)."""
+    base = ev.dp_strategy("ring")
+    if not space.sfb_groups or base is None:
+        return frozenset()
+    try:
+        layers = _sfb.with_sfb(ctx, base).notes["sfb"]["layers"]
+    except StrategyError:
+        return frozenset()
+    return frozenset(v["op"] for v in layers.values())
+
+
+def _legal(space: Space, state: State) -> list:
+    return legal(space, state)
+
+
+def _complete_any(space: Space, state: State) -> State:
+    """`complete`, with the empty state of a space without data parallelism as one stage on
+    the fastest host."""
+    if not state and not space.dp_kinds:
+        state = (("stage", (space.order[0],), "none"),)
+    return complete(space, state)
+
+
+def _dp_kinds(ctx: PlanContext, ev: Evaluator) -> tuple[str, ...]:
+    """The data-parallel kinds that plan this job (none without `parallelism.data`); the
+    ``+shares`` kinds only when the hosts' speeds differ (otherwise the same plan); the
+    ``topoopt`` strategy's whole plan on direct-connect fabrics."""
+    if not ctx.job.parallelism.data:
+        return ()
+    differ = len({_shares.host_speed(ctx, h) for h in ctx.hosts}) > 1
+    kinds = [k for k in ("ring", "trees") if ev.dp_strategy(k) is not None]
+    if differ:
+        kinds += [f"{k}+shares" for k in list(kinds) if ev.dp_strategy(f"{k}+shares")]
+    if ctx.fabric.kind == "direct" and ev.dp_strategy("topoopt") is not None:
+        kinds.append("topoopt")  # TopoOpt's rings, routes (and cabling) as one more kind
+    return tuple(kinds)
+
+
+def emit(ctx: PlanContext, out: Outcome) -> Strategy:
+    """The Strategy the planner renders for the search's best state: the data-parallel plan
+    (``+shares`` / ``+sfb`` as decided) or the pipeline collective with per-stage sync, named
+    ``tag``, each group's decision in `notes["tag"]`."""
+    plan, ev = plan_of(out.state), out.evaluator
+    if plan.form == "dp":
+        base = ev.dp_strategy(plan.kind)
+        if plan.sfb:
+            layers = [o for i in plan.sfb for o in out.groups[i].linear]
+            s = _sfb.with_sfb(ctx, base, layers)
+            s.notes["sfb"].pop("forced", None)
+        else:
+            s = replace(base, notes=dict(base.notes))
+    else:
+        s = _pipeline_strategy(ctx, plan, ev)
+    s.name = "tag"
+    s.notes["tag"] = _notes(out)
+    return s
+
+
+def _pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
+    """The pipeline Strategy of staged `plan` (as `placement.search` writes one)."""
+    stages, hgroups, syncs, micro, scale, meas = ev.pp_parts(plan)
+    tasks, grads = _placement.pipeline_tasks(ctx, stages, hgroups, micro, scale, meas, syncs)
+    net = _placement.lab_network(ev.network, list(ctx.hosts), meas)
+    stage_of = {op: i for i, ops in enumerate(stages) for op in ops}
+    cut = _placement.cut_bytes(ctx, stage_of, len(stages), scale)
+    g = len(hgroups[0])
+    coll = {"algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
+            "micro_batch": ctx.job.batch.global_ // (g * micro), "replicas": g,
+            "stages": [{"hosts": list(grp), "ranks": [ctx.ranks[h][0] for h in grp],
+                        "ops": list(ops), "send_bytes": int(cut[i]) if i < len(cut) else 0,
+                        "sync": syncs[i]}
+                       for i, (grp, ops) in enumerate(zip(hgroups, stages, strict=True))]}
+    notes: dict = {"stages": len(stages), "replicas": g,
+                   "sync": [{"kind": y["kind"], **({"server": y["server"]} if "server" in y
+                                                   else {})} for y in syncs]}
+    if meas is not None:  # what the lab prediction rests on (docs/placement.md)
+        notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
+                            "micro_batch": ctx.job.batch.global_ // (g * micro),
+                            "threads": ctx.job.launch.threads,
+                            "runtime_cpu": meas.runtime.source}
+    return Strategy(name="tag", fabric=ctx.fabric, hops=ev.hops, network=net, tasks=tasks,
+                    collective=coll, buckets=[b for b in grads if b], notes=notes)
+
+
+def _notes(out: Outcome) -> dict:
+    """The plan's record of the search: each group's decision, the budget, the value."""
+    rows = []
+    for i, (g, a) in enumerate(zip(out.groups, out.state, strict=True)):
+        rows.append({"group": i, "ops": len(g.ops), "first": g.ops[0], "last": g.ops[-1],
+                     "decision": describe(a)})
+    return {"groups": rows, "playouts": out.result.playouts,
+            "simulated_plans": len(out.evaluator.cache),
+            "stopped_by_time": out.result.stopped_by_time,
+            "speedup_over_baseline": (out.base_time / out.time
+                                      if math.isfinite(out.base_time) else None)}
+
+
+def _stderr_progress(t0: float):
+    def show(done: int, total: int, best: float) -> None:
+        print(f"tag: {done}/{total} playouts, best {best + 1:.3g}x the baseline, "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return show
+
+
+def plan(ctx: PlanContext) -> Strategy:
+    """Strategy ``tag``: the search with the job's `tag` options (budget, seed, prior)."""
+    opts = ctx.job.tag
+    net = None
+    if opts.prior == "gnn":
+        from topoctl.tag.prior import shipped  # lazily: torch
+        net = shipped()
+    t0 = time.perf_counter()
+    out = run_search(ctx, opts.playouts, opts.seed, opts.time_limit, net, opts.max_groups,
+                     _stderr_progress(t0), started=t0)
+    print(f"tag: {out.result.playouts} playouts, {len(out.evaluator.cache)} plans simulated "
+          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    s = emit(ctx, out)
+    other = _placement_anchor(ctx, out)
+    if other is not None:
+        print(f"tag: the placement search's pipeline ({other.notes['tag']['adopted']}) is "
+              "faster than the tree's best: adopted", file=sys.stderr, flush=True)
+        return other
+    return s
+
+
+def _placement_anchor(ctx: PlanContext, out: Outcome) -> Strategy | None:
+    """The `placement` strategy's pipeline when it is faster than the search's best (its
+    stages need not be contiguous in TAG's group order, and its MILP/HEFT placement may cut
+    inside a merged group), renamed ``tag`` with each group's stage in its notes; None when
+    it is not faster or cannot plan the job. So `tag` is never slower than `placement`."""
+    try:
+        p = _placement.search(ctx, ctx.job.parallelism.search, "placement")
+    except (StrategyError, TopoError):
+        return None
+    t = out.evaluator._sim(p)
+    if not t < out.time:
+        return None
+    stage_of = {op: i for i, st in enumerate(p.collective["stages"]) for op in st["ops"]}
+    notes = _notes(out)
+    for row, g in zip(notes["groups"], out.groups, strict=True):
+        k = next((stage_of[o] for o in g.ops if o in stage_of), None)
+        if k is None:
+            row["decision"] = "-"
+            continue
+        st, y = p.collective["stages"][k], p.collective["stages"][k]["sync"]
+        row["decision"] = (f"stage {k} on {','.join(st['hosts'])}, sync {y['kind']}"
+                           + (f":{y['server']}" if "server" in y else ""))
+    notes["adopted"] = f"placement, {p.notes.get('search')}"
+    notes["speedup_over_baseline"] = (out.base_time / t if math.isfinite(out.base_time)
+                                      else None)
+    p.name, p.notes = "tag", dict(p.notes) | {"tag": notes}
+    return p
+
+
+PLANNER_STRATEGIES = {"tag": plan}
