@@ -339,7 +339,7 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
             continue
         groups = [hosts[i:i + g] for i in range(0, len(hosts), g)]
         scale = global_batch / (g * micro) / ctx.local_batch
-        meas = _measured(ctx, global_batch // (g * micro))
+        meas = measured_stage_costs(ctx, global_batch // (g * micro))
         if meas:  # timed at this candidate's micro-batch: no scaling
             mc = {o: c.fwd + c.bwd_inputs for o, c in meas.ops.items()}
             p = build_problem(coarse, groups, dict.fromkeys(hosts, mc), cap, network, micro,
@@ -398,7 +398,7 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
                         for sy, t in zip(best.syncs, best.sync_times, strict=True)],
                "candidates": {
                    f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands}}
-    meas = _measured(ctx, global_batch // (g * micro))
+    meas = measured_stage_costs(ctx, global_batch // (g * micro))
     if meas is not None:  # what the lab prediction rests on (docs/placement.md)
         s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
                               "micro_batch": global_batch // (g * micro),
@@ -417,7 +417,7 @@ def _scored(ctx: PlanContext, name: str, stages: list[list[str]], groups: list[l
                     collective={}, buckets=[b for b in grads if b]), res.iteration_time
 
 
-def _measured(ctx: PlanContext, micro_batch: int) -> Measured | None:
+def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
     """This CPU's costs for a micro-batch of `micro_batch` samples when the hosts are lab CPUs
     and the machine caches are allowed (`PlanContext.train_costs`), else None (per-op costs of
     the context, scaled)."""

@@ -205,7 +205,7 @@ class Evaluator:
         micro = ctx.job.parallelism.microbatches
         g = len(hgroups[0])
         scale = ctx.job.batch.global_ / (g * micro) / ctx.local_batch
-        meas = _placement._measured(ctx, ctx.job.batch.global_ // (g * micro))
+        meas = _placement.measured_stage_costs(ctx, ctx.job.batch.global_ // (g * micro))
         return stages, hgroups, syncs, micro, scale, meas
 
     def _pp_time(self, plan: Plan) -> float:
