@@ -1,7 +1,7 @@
 """The demo cluster (plans/hetero8-cluster.yaml) once IPv6-only: a lab of it, a plan with
 `addressing.family: ipv6` (baseline+bandwidth: weighted multipath in a policy-routing table,
 u32 QoS classes on IPv6 destinations, forwarding hosts), applied by the agents, and a few
-training steps of a small MLP over gloo between the hosts' IPv6 training addresses.
+training steps of the demo's MLP job over gloo between the hosts' IPv6 training addresses.
 
 The controller reaches the hosts' sshd over the lab's IPv6 management addresses (an IPv6-only
 lab), so the agent's management guard judges an IPv6 connection: a plan that would route the
@@ -36,15 +36,13 @@ pytestmark = pytest.mark.netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINING6 = ipaddress.IPv6Network("fd74:6f70:6f63:1::/64")
-JOB = {
-    "apiVersion": "topoctl/v1", "kind": "Job", "name": "mlp-v6",
-    "model": {"catalog": "mlp", "params": {"layers": 2, "hidden": 128, "features": 64,
-                                           "classes": 10}},
-    "batch": {"global": 64}, "parallelism": {"data": True},
-    "strategies": ["baseline+bandwidth"], "bandwidth": {"multipath": True},
-    "cost": {"method": "roofline"},
-}
-STEPS = 40  # small steps: long enough for `ss` to see the connections, seconds in all
+# the demo's job (plans/mlp-job.yaml: the MLP of ~4M parameters, 384 samples a step) with
+# the strategy that exercises the most IPv6 objects (weighted multipath in a policy table, u32
+# classes on IPv6 destinations)
+with open(os.path.join(ROOT, "plans", "mlp-job.yaml")) as f:
+    JOB = yaml.safe_load(f) | {"strategies": ["baseline+bandwidth"],
+                               "bandwidth": {"multipath": True}}
+STEPS = 4  # seconds each on the demo cluster's cables: `ss` sees the connections
 
 
 def demo_cluster_ipv6():
