@@ -483,7 +483,8 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
     strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net, tasks=tasks,
                      collective={}, buckets=[b for b in grads if b])
     stage_of = {op: i for i, ops in enumerate(stages) for op in ops}
-    cut = cut_bytes(ctx, stage_of, len(stages), total / ctx.local_batch)
+    # send_bytes: what `micro_batch` rows send, as in equal-count plans (render.pipeline)
+    cut = cut_bytes(ctx, stage_of, len(stages), shares[0][0] / ctx.local_batch)
     strat.collective = {
         "algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
         "micro_batch": shares[0][0], "replicas": max(shape),
