@@ -40,7 +40,11 @@ replicas split each micro-batch into contiguous row ranges, in rank-list order::
         sync: {kind: none}
 
 ``shares`` (optional, positive integers, one per rank) says how many rows of each micro-batch
-each replica takes; without it every replica takes ``micro_batch`` rows. Every stage's shares
+each replica takes; without it every replica takes ``micro_batch`` rows (a plan that states
+shares on every stage sets ``micro_batch`` to stage 0's first share, so that a stage's
+``send_bytes``, the bytes ``micro_batch`` rows send, keeps its meaning; ``replicas`` is then
+the most replicas of any stage). The planner writes such plans with
+`topoctl.strategies.placement.search_shape`. Every stage's shares
 sum to the same T. Between consecutive stages the activations are split and gathered by rows
 (`pieces`): replica j of stage s sends replica i of stage s + 1 the rows their ranges share,
 and the gradients come back the same way; stages whose replicas and shares match pair replica
