@@ -16,9 +16,12 @@ s + 1). Each is scored by the simulator: per replica, a GPipe iteration of `micr
 micro-batches (every forward, then every backward in reverse, one compute stream per host),
 activations and their gradients crossing consecutive stages as flows on the fabric, then the
 stage's gradient sync over its group and the optimiser step. Each replicated stage's sync
-(gloo's ring, or a parameter server on one of its hosts; `none` for one replica) is chosen by
+(gloo's ring, a parameter server on one of its hosts, or packed trees over the stage's own
+cables with the tree runtime's per-member CPU; `none` for one replica) is chosen by
 simulating every option alone on the plan's network (`placement.stagesync.choose_sync`) and
-stated per stage in the plan (`topocontract.stages`). The fastest candidate is returned.
+stated per stage in the plan (`topocontract.stages`). `search_shape` plans a fixed shape
+whose stages may have unequal replica counts (each replica a share of every micro-batch's
+rows). The fastest candidate is returned.
 Stages are the placement's devices in the order of the acyclic graph between them; values
 produced before a boundary and read after it cross it (the runtime, `topotrain.pipeline`,
 forwards them stage by stage), which is what the simulator charges.
