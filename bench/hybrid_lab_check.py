@@ -7,6 +7,10 @@ medians of `--repeats`).
 
     python -m bench.hybrid_lab_check bench/hybrid/stars6-cluster.yaml \
         bench/hybrid/mlp-hybrid-job.yaml [iters] [--replicas 3] [--repeats 3] [--keep DIR]
+    python -m bench.hybrid_lab_check CLUSTER JOB [iters] --shape 2 1   # unequal replicas
+
+`--shape` fixes the stages' replica counts instead (stage s on the next shape[s] hosts,
+`strategies.placement.search_shape`: the replicas of a stage split each micro-batch's rows).
 
 The planner itself would keep the whole model on one host for these small lab jobs (the
 shared cores make a split pay little, docs/placement.md); this checks the prediction of the
@@ -30,29 +34,32 @@ from topoctl.render.yamlout import dump as dump_plan
 from topoctl.sim.engine import simulate
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import load_job
-from topoctl.strategies.placement import search
+from topoctl.strategies.placement import search, search_shape
 
 
-def shaped_plan(cluster_file: str, job_file: str, replicas: int, sync: str | None) -> dict:
+def shaped_plan(cluster_file: str, job_file: str, replicas: int, sync: str | None,
+                shape: list[int] | None = None) -> dict:
     """The plan of the job's pipeline with `replicas` replicas per stage (sync chosen by
     simulation, or `ring` on every stage), its prediction simulated as the planner does, on
     op times measured now (`retime`)."""
     ctx = prepare(load_cluster(cluster_file), load_job(job_file), retime=True)
     t0 = time.perf_counter()
     name = f"hybrid-{sync or 'chosen'}"
-    s = search(ctx, "partition", name, replicas=replicas, split=True, sync=sync)
+    s = (search_shape(ctx, shape, name, sync) if shape else
+         search(ctx, "partition", name, replicas=replicas, split=True, sync=sync))
     ev = Evaluated(s, simulate(s.tasks, s.network, record=False), time.perf_counter() - t0)
     return render(ctx, ev, [ev])
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5, replicas: int = 3,
          repeats: int = 1, keep: Path | None = None,
-         min_seconds: float = MIN_TIMED_SECONDS) -> int:
+         min_seconds: float = MIN_TIMED_SECONDS, shape: list[int] | None = None,
+         syncs: tuple = (None, "ring")) -> int:
     job = yaml.safe_load(Path(job_file).read_text())
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-lab-"))
     plans = []
-    for sync in (None, "ring"):
-        doc = shaped_plan(cluster_file, job_file, replicas, sync)
+    for sync in syncs:
+        doc = shaped_plan(cluster_file, job_file, replicas, sync, shape)
         path = tmp / f"{doc['metadata']['strategy']}.yaml"
         path.write_text(dump_plan(doc))
         stages = doc["job"]["collective"]["stages"]
@@ -85,8 +92,12 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=3, help="replicas per stage")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--keep", type=Path, help="save each check's plan and rank outputs here")
+    ap.add_argument("--shape", type=int, nargs="+", help="replicas of each stage (may differ)")
+    ap.add_argument("--chosen-only", action="store_true",
+                    help="measure only the plan whose syncs the simulator chose")
     a = ap.parse_args(argv)
-    return main(a.cluster, a.job, a.iterations, a.replicas, a.repeats, a.keep)
+    return main(a.cluster, a.job, a.iterations, a.replicas, a.repeats, a.keep,
+                shape=a.shape, syncs=(None,) if a.chosen_only else (None, "ring"))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,12 @@ print(json.dumps(out), flush=True)
 """
 
 
+def steal() -> float:
+    """Seconds of steal time so far over all CPUs (/proc/stat, USER_HZ ticks)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def cluster(speeds: list[float]) -> dict:
     """One host per speed on a ring of 100 Mbit/s cables (the cables do not matter here)."""
     n = len(speeds)
@@ -123,18 +129,22 @@ def table(speeds: list[float], quotas: dict[str, float], res: dict[str, list[dic
     hosts = list(quotas)
     fast = max(hosts, key=lambda h: quotas[h])
     rows = [f"| host | speed | quota (cores) | mode | step (median of {runs}) | CPU used | "
-            f"ratio to {fast} | expected | error |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            f"CPU per step | ratio to {fast} | expected | error |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for mode, part in (("all at once", slice(0, runs)), ("alone", slice(runs, 2 * runs))):
         med = {h: statistics.median(w["step"] for w in res[h][part]) for h in hosts}
         used = {h: statistics.median(w["cpu"] for w in res[h][part]) for h in hosts}
+        # CPU seconds a step took: the quota sets CPU used, the core's speed at that moment
+        # (what else the machine runs, its SMT sibling, the hypervisor) sets this
+        per = {h: statistics.median(w["cpu"] * w["step"] for w in res[h][part]) for h in hosts}
         for h, s in zip(hosts, speeds, strict=True):
             ratio, want = med[h] / med[fast], quotas[fast] / quotas[h]
             err = ratio / want - 1
             ok &= abs(err) <= TARGET
             rows.append(f"| {h} | {s:g} | {quotas[h]:.3g} | {mode} | {med[h] * 1e3:.1f} ms | "
-                        f"{used[h]:.3f} | {ratio:.3f} | {want:.3f} | {err:+.1%} |")
+                        f"{used[h]:.3f} | {per[h] * 1e3:.2f} ms | {ratio:.3f} | {want:.3f} | "
+                        f"{err:+.1%} |")
     return rows, ok
 
 
@@ -152,19 +162,21 @@ def main() -> int:
     quotas = cpu.quotas({h.name: h.speed for h in c.hosts}, cpu.machine_cores())
     assert quotas is not None
     name = f"bc{os.getpid() % 100000}"
-    load0, quiet0 = os.getloadavg(), not QUIET.exists()
+    load0, quiet0, steal0 = os.getloadavg(), not QUIET.exists(), steal()
     with tempfile.TemporaryDirectory() as root:
         lab = labmod.up(c, name, root, with_ssh=False)
         try:
             res = run(lab, [h.name for h in c.hosts], args.runs, args.window)
         finally:
             labmod.down(name, root)
-    load1, quiet1 = os.getloadavg(), not QUIET.exists()
+    load1, quiet1, steal1 = os.getloadavg(), not QUIET.exists(), steal()
     rows, ok = table(speeds, quotas, res, args.runs)
     print(f"cgroup {cpu.detect().kind if cpu.detect() else '-'}, {cpu.machine_cores()} cores, "
           f"period {cpu.PERIOD_US} us; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"load average (1 min) before {load0[0]:.2f}, after {load1[0]:.2f}; QUIET file "
           f"{'absent' if quiet0 and quiet1 else 'present'} (absent: the lead is not measuring)")
+    print(f"steal time (the hypervisor's share of this VM's CPUs) during the run: "
+          f"{steal1 - steal0:.2f} s")
     print("\n".join(rows))
     print(f"target: every ratio within {TARGET:.0%} of the quota ratio: "
           f"{'met' if ok else 'NOT met'}")

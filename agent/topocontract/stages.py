@@ -21,8 +21,39 @@ Kinds:
   runtime (`topotrain.collectives.tree_allreduce`) on the stage's group.
 
 A stage without ``sync`` (plans written before it existed) means ``ring`` with several
-replicas and ``none`` with one. Import-light: no torch, nothing of the controller or the
-runtime.
+replicas and ``none`` with one.
+
+Replica counts may differ between stages (stage 0 on two hosts, stage 1 on one, say). Every
+stage then processes the same micro-batches: micro-batch m is rows ``[m T, (m + 1) T)`` of the
+iteration's global batch (T rows, ``microbatches`` x T = the global batch), and a stage's
+replicas split each micro-batch into contiguous row ranges, in rank-list order::
+
+    microbatches: 2
+    micro_batch: 4            # rows of a replica of a stage without `shares`
+    stages:
+      - hosts: [h0, h1]
+        ranks: [0, 1]
+        sync: {kind: ring}   # no shares: 4 rows each, T = 8
+      - hosts: [h2]
+        ranks: [2]
+        shares: [8]          # rows of each micro-batch per replica (one per rank)
+        sync: {kind: none}
+
+``shares`` (optional, positive integers, one per rank) says how many rows of each micro-batch
+each replica takes; without it every replica takes ``micro_batch`` rows (a plan that states
+shares on every stage sets ``micro_batch`` to stage 0's first share, so that a stage's
+``send_bytes``, the bytes ``micro_batch`` rows send, keeps its meaning; ``replicas`` is then
+the most replicas of any stage). The planner writes such plans with
+`topoctl.strategies.placement.search_shape`. Every stage's shares
+sum to the same T. Between consecutive stages the activations are split and gathered by rows
+(`pieces`): replica j of stage s sends replica i of stage s + 1 the rows their ranges share,
+and the gradients come back the same way; stages whose replicas and shares match pair replica
+r with replica r (the equal-count plans of before). A replica weighs its loss by its share of
+the batch (rows / (T x microbatches)), so the stage's summed gradient is that of the whole
+batch. Tensors crossing a boundary whose ranges differ must be batch-major (dim 0 grows with
+the rows).
+
+Import-light: no torch, nothing of the controller or the runtime.
 """
 
 from __future__ import annotations
@@ -33,7 +64,8 @@ from pydantic import ValidationError
 
 from topocontract.schedule import TreeSchedule
 
-__all__ = ["SYNC_KEYS", "SYNC_KINDS", "sync_of", "sync_problems", "tree_schedule"]
+__all__ = ["SYNC_KEYS", "SYNC_KINDS", "pieces", "stage_shares", "sync_of", "sync_problems",
+           "tree_schedule"]
 
 SYNC_KINDS = ("none", "ring", "ps", "trees")
 SYNC_KEYS = {"none": {"kind"}, "ring": {"kind"}, "ps": {"kind", "server"},
@@ -59,17 +91,18 @@ def _stage_problems(stage: Any, at: str) -> list[tuple[str, str]]:
         return [(f"{at}.ranks", "expected a non-empty list of ranks")]
     if not isinstance(hosts, list) or len(hosts) != len(ranks):
         return [(f"{at}.hosts", "expected a list of hosts, one per rank")]
+    out = _shares_problems(stage.get("shares"), ranks, at)
     sync = stage.get("sync")
     if sync is None:
-        return []
+        return out
     if not isinstance(sync, dict):
         return [(f"{at}.sync", f"expected a mapping {{kind: {' | '.join(SYNC_KINDS)}}}")]
     kind = sync.get("kind")
     if kind not in SYNC_KINDS:
         return [(f"{at}.sync.kind", f"unknown sync kind {kind!r}; expected one of "
                                     f"{', '.join(SYNC_KINDS)}")]
-    out = [(f"{at}.sync.{k}", f"unknown key for sync kind {kind}")
-           for k in sorted(set(sync) - SYNC_KEYS[kind], key=str)]
+    out += [(f"{at}.sync.{k}", f"unknown key for sync kind {kind}")
+            for k in sorted(set(sync) - SYNC_KEYS[kind], key=str)]
     if kind == "none" and len(ranks) > 1:
         out.append((f"{at}.sync.kind", f"none: the stage has {len(ranks)} replicas to "
                                        "synchronise (ring or ps)"))
@@ -81,6 +114,63 @@ def _stage_problems(stage: Any, at: str) -> list[tuple[str, str]]:
     if kind == "trees":
         out += _trees_problems(sync.get("schedule"), ranks, f"{at}.sync.schedule")
     return out
+
+
+def _shares_problems(shares: Any, ranks: list, at: str) -> list[tuple[str, str]]:
+    if shares is None:
+        return []
+    if (not isinstance(shares, list) or len(shares) != len(ranks)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                       for x in shares)):
+        return [(f"{at}.shares", f"expected {len(ranks)} positive integers (rows of each "
+                                 "micro-batch per replica, one per rank)")]
+    return []
+
+
+def stage_shares(collective: dict) -> list[list[int]]:
+    """Rows of each micro-batch per replica, per stage (module docstring): the stage's
+    `shares`, else `micro_batch` for each of its ranks."""
+    micro = collective.get("micro_batch")
+    return [list(st["shares"]) if st.get("shares") is not None
+            else [micro] * len(st["ranks"]) for st in collective["stages"]]
+
+
+def pieces(sender: list[int], receiver: list[int]) -> list[tuple[int, int, int, int]]:
+    """The rows of a micro-batch that cross a boundary, as (sending replica j, receiving
+    replica i, first row, end row) within the micro-batch: the overlaps of the two stages'
+    contiguous row ranges (`sender`, `receiver`: their shares, equal sums), in (j, i) order,
+    which is also the order of the rows. O(len(sender) + len(receiver))."""
+    out = []
+    j = i = lo = 0
+    a_end, b_end = sender[0], receiver[0]
+    while j < len(sender) and i < len(receiver):
+        hi = min(a_end, b_end)
+        if hi > lo:
+            out.append((j, i, lo, hi))
+        lo = hi
+        if a_end == hi:
+            j += 1
+            a_end += sender[j] if j < len(sender) else 0
+        if b_end == hi:
+            i += 1
+            b_end += receiver[i] if i < len(receiver) else 0
+    return out
+
+
+def _batch_problems(collective: dict, prefix: str) -> list[tuple[str, str]]:
+    """`micro_batch` where a stage needs it; every stage's shares sum to the same rows."""
+    stages = collective["stages"]
+    if all(st.get("shares") is None for st in stages):  # equal counts: as before shares
+        return []
+    micro = collective.get("micro_batch")
+    if any(st.get("shares") is None for st in stages) and (
+            not isinstance(micro, int) or isinstance(micro, bool) or micro < 1):
+        return [(f"{prefix}.micro_batch", "expected a positive integer (rows of a replica of "
+                                          "a stage without shares)")]
+    totals = [sum(x) for x in stage_shares(collective)]
+    return [(f"{prefix}.stages[{i}].shares", f"the stage's replicas take {t} rows of each "
+                                             f"micro-batch, stage 0's take {totals[0]}")
+            for i, t in enumerate(totals) if t != totals[0]]
 
 
 def _trees_problems(schedule: Any, ranks: list, at: str) -> list[tuple[str, str]]:
@@ -106,8 +196,8 @@ def tree_schedule(stage: dict) -> TreeSchedule:
 
 
 def sync_problems(collective: Any, prefix: str = "job.collective") -> list[tuple[str, str]]:
-    """Every problem (YAML path under `prefix`, message) of a pipeline collective's stages and
-    their `sync`; empty when valid, and for collectives that are not pipelines."""
+    """Every problem (YAML path under `prefix`, message) of a pipeline collective's stages,
+    their `sync` and `shares`; empty when valid, and for collectives that are not pipelines."""
     if not isinstance(collective, dict) or collective.get("algorithm") != "pipeline":
         return []
     stages = collective.get("stages")
@@ -116,4 +206,4 @@ def sync_problems(collective: Any, prefix: str = "job.collective") -> list[tuple
     out = []
     for i, st in enumerate(stages):
         out += _stage_problems(st, f"{prefix}.stages[{i}]")
-    return out
+    return out or _batch_problems(collective, prefix)

@@ -19,9 +19,17 @@ Replicas of a stage synchronise their gradients as the stage's `sync` says
 (`topocontract.stages`: none, ring, or a parameter server on one of its hosts;
 `topotrain.stagesync` runs it).
 
+Replica counts may differ between stages (`topocontract.stages`: each stage's `shares`, the
+rows of every micro-batch its replicas take): a boundary whose two stages split the micro-batch
+the same way pairs replica r with replica r and sends whole tensors; otherwise each replica
+sends every (batch-major) tensor's rows to the replicas of the next stage that take them and
+gathers the gradients of those rows back (`topocontract.stages.pieces`), the receiving side
+concatenating the pieces in row order.
+
 Data and loss: iteration i uses the global batch `batch_inputs(specs, global, i, seed)` (the
-same on every rank); replica r takes its contiguous share and splits it into micro-batches;
-the loss is mean(out^2) over the global batch, so the gradients and the losses equal those of
+same on every rank); micro-batch m is its rows [m T, (m + 1) T) and each replica takes its
+contiguous rows of it; a replica's loss is weighted by its rows / (T x micro-batches), and the
+loss is mean(out^2) over the global batch, so the gradients and the losses equal those of
 single-process training on the same batch (up to fp32 summation order). This module imports
 nothing of the controller."""
 
@@ -36,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import fx
 
-from topocontract.stages import sync_of, sync_problems, tree_schedule
+from topocontract.stages import pieces, stage_shares, sync_of, sync_problems, tree_schedule
 from topotrain.events import emit
 from topotrain.stagesync import sync_grads
 from topotrain.workload import checksum, load_factory, random_inputs
@@ -120,6 +128,7 @@ class Stage:
         self.cross = {b: [n.name for n in nodes if stage_of[n.name] <= b < last[n.name]]
                       for b in range(self.k - 1)}
         self.meta = meta
+        self.rows: int | None = None  # this replica's rows of a micro-batch (`main` sets it)
         self.placeholders = [n.name for n in nodes if n.op == "placeholder"]
         self.output = next(n for n in nodes if n.op == "output")
 
@@ -142,6 +151,42 @@ def _templates(stage: Stage, names: list[str]) -> list:
     return out
 
 
+def _links(shares: list[list[int]], ranks: list[list[int]], s: int, r: int):
+    """(prev, nxt) of replica r of stage s: a peer's rank where the boundary pairs whole
+    replicas (same rows on both sides), else the pieces (peer rank, first row, end row) in this
+    replica's own rows (`topocontract.stages.pieces`); None at the pipeline's ends."""
+    lo = sum(shares[s][:r])
+
+    def side(b: int, sends: bool):
+        peers = ranks[b + 1] if sends else ranks[b]
+        if shares[b] == shares[b + 1]:  # the same rows on both sides: replica to replica
+            return peers[r]
+        return [(peers[i if sends else j], a - lo, z - lo)
+                for j, i, a, z in pieces(shares[b], shares[b + 1]) if (j if sends else i) == r]
+
+    prev = side(s - 1, False) if s else None
+    nxt = side(s, True) if s + 1 < len(shares) else None
+    return prev, nxt
+
+
+def _check_batch_major(stage: Stage, factory, kwargs: dict, specs: list[dict], prev, nxt,
+                       ) -> None:
+    """Values split by rows across a boundary must grow along dim 0 with the rows."""
+    names = ((stage.incoming() if isinstance(prev, list) else [])
+             + (stage.outgoing() if isinstance(nxt, list) else []))
+    if not names:
+        return
+    more = meta_values(factory, kwargs, specs, stage.rows + 1)
+    for name in names:
+        for a, b in zip(_flat(stage.meta[name]), _flat(more[name]), strict=True):
+            c = a.shape[0] // stage.rows if a.dim() else 0
+            if (not a.dim() or a.shape[0] != c * stage.rows or b.shape[0] != c * (stage.rows + 1)
+                    or a.shape[1:] != b.shape[1:]):
+                raise PipelineSpecError(
+                    f"value {name} crosses a boundary whose stages split the micro-batch "
+                    f"differently, but its dim 0 does not grow with the rows ({tuple(a.shape)})")
+
+
 def main(job: LaunchSpec) -> int:
     """Run this rank's pipeline stage for the job's iterations (GPipe schedule); the exit code."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -155,8 +200,9 @@ def main(job: LaunchSpec) -> int:
     where = [(s, r) for s, st in enumerate(stages) for r, x in enumerate(st["ranks"]) if x == rank]
     if not where:  # the renderer launches only stage ranks: a plan edited by hand
         raise PipelineSpecError(f"rank {rank} is in no stage of the plan's collective")
-    k, g = len(stages), len(stages[0]["ranks"])
-    micro, m_count = int(coll["micro_batch"]), int(coll["microbatches"])
+    k, m_count = len(stages), int(coll["microbatches"])
+    shares = stage_shares(coll)
+    total = sum(shares[0])  # rows of one micro-batch
     # generous: under load, importing torch in every rank takes a while
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           rank == 0, timeout=timedelta(seconds=300))
@@ -164,6 +210,7 @@ def main(job: LaunchSpec) -> int:
                             timeout=timedelta(seconds=300))
     groups = [dist.new_group(st["ranks"]) for st in stages]  # every rank creates every group
     s, r = where[0]
+    rows, lo = shares[s][r], sum(shares[s][:r])
     spec = job.model
     inputs_spec = [i.model_dump() for i in spec.inputs]
     factory = load_factory(spec.factory)
@@ -172,24 +219,26 @@ def main(job: LaunchSpec) -> int:
     model = factory(**spec.kwargs)
     gm = fx.symbolic_trace(model)
     stage = Stage(gm, [st["ops"] for st in stages], s, meta_values(
-        factory, spec.kwargs, inputs_spec, micro))
-    prev = stages[s - 1]["ranks"][r] if s else None
-    nxt = stages[s + 1]["ranks"][r] if s + 1 < k else None
+        factory, spec.kwargs, inputs_spec, rows))
+    stage.rows = rows
+    prev, nxt = _links(shares, [st["ranks"] for st in stages], s, r)
+    _check_batch_major(stage, factory, spec.kwargs, inputs_spec, prev, nxt)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr)
     kind, server = sync_of(stages[s])
     server_rank = stages[s]["ranks"][server] if server is not None else None
     trees = tree_schedule(stages[s]) if kind == "trees" else None
-    global_batch = micro * m_count * g
     iters = job.iterations
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
-          algorithm="pipeline", stage=s, replica=r, sync=kind)
+          algorithm="pipeline", stage=s, replica=r, sync=kind, rows=rows)
     for it in range(iters):
-        full = batch_inputs(inputs_spec, global_batch, it, seed)
+        full = batch_inputs(inputs_spec, total * m_count, it, seed)
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
-        micro_inputs = [[x[(r * m_count + m) * micro:(r * m_count + m + 1) * micro]
-                         for x in full] for m in range(m_count)]
-        loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt, g * m_count, dist)
+        micro_inputs = [[x[m * total + lo:m * total + lo + rows] for x in full]
+                        for m in range(m_count)]
+        # the loss of these rows weighs rows / (total x micro-batches) of the batch's mean
+        loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt,
+                                          total * m_count / rows, dist)
         t_fwd = t0 + fwd_s
         t_bwd = time.perf_counter()
         sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist, trees)
@@ -198,10 +247,10 @@ def main(job: LaunchSpec) -> int:
         seconds = time.perf_counter() - t0
         loss_val = None
         if s == k - 1:
-            t = torch.tensor([loss_sum])
-            if g > 1:
+            t = torch.tensor([loss_sum * rows / total])
+            if len(stages[s]["ranks"]) > 1:
                 dist.all_reduce(t, group=groups[s])
-            loss_val = float(t) / (g * m_count)
+            loss_val = float(t) / m_count
         # phases (wall seconds, sends and receives included): forwards, backwards, the
         # replicas' gradient AllReduce, the optimiser step
         _emit(event="iter", rank=rank, iter=it, seconds=seconds, loss=loss_val, stage=s,
@@ -214,13 +263,14 @@ def main(job: LaunchSpec) -> int:
     return 0
 
 
-def gpipe_passes(stage: Stage, micro_inputs: list[list], prev: int | None, nxt: int | None,
-                 parts: int, dist=None, clock=time.perf_counter) -> tuple[float, float, float]:
+def gpipe_passes(stage: Stage, micro_inputs: list[list], prev, nxt,
+                 parts: float, dist=None, clock=time.perf_counter) -> tuple[float, float, float]:
     """One iteration's passes of this rank's stage, GPipe order: the forward of every
     micro-batch (`micro_inputs`: each micro-batch's model inputs), then their backwards in
-    reverse order, receiving from rank `prev` and sending to rank `nxt` (None: no such
-    neighbour; a one-stage pipeline needs no `dist`). The loss is divided by `parts` (micro-
-    batches x replicas). Returns (the sum of the micro-batch losses on the last stage, else
+    reverse order, receiving from `prev` and sending to `nxt` (a rank, or the row pieces of
+    `_links`; None: no such neighbour; a one-stage pipeline needs no `dist`). The loss is
+    divided by `parts` (micro-batches x replicas: the batch's rows over this replica's).
+    Returns (the sum of the micro-batch losses on the last stage, else
     0.0; forward seconds; backward seconds, by `clock`). `main` runs it, and the planner times
     a one-stage pipeline with it, so that its prediction includes this path's own cost."""
     t0 = clock()
@@ -234,9 +284,40 @@ def gpipe_passes(stage: Stage, micro_inputs: list[list], prev: int | None, nxt: 
     t1 = clock()
     for m in reversed(range(len(saved))):
         loss, received, sent = saved[m]
-        _backward(loss, received, sent, prev, nxt, parts, dist, torch)
+        _backward(loss, received, sent, prev, nxt, parts, dist, torch,
+                  stage.rows)
         saved[m] = None
     return loss_sum, t1 - t0, clock() - t1
+
+
+def _rows_factor(t, rows: int) -> int:
+    """Tensor rows per micro-batch row of a batch-major value (dim 0 = factor x rows)."""
+    return t.shape[0] // rows
+
+
+def _recv_value(template, prev, rows: int, dist, torch):
+    """One tensor from the previous stage: whole from one peer, or its row pieces gathered."""
+    if not isinstance(prev, list):
+        buf = torch.empty(template.shape, dtype=template.dtype)
+        dist.recv(buf, prev)
+        return buf
+    c = _rows_factor(template, rows)
+    parts = []
+    for peer, a, z in prev:
+        part = torch.empty((c * (z - a), *template.shape[1:]), dtype=template.dtype)
+        dist.recv(part, peer)
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _send_value(t, link, rows: int, dist) -> None:
+    """One tensor to its peer whole, or its row pieces to the peers that take them."""
+    if not isinstance(link, list):
+        dist.send(t.contiguous(), link)
+        return
+    c = _rows_factor(t, rows)
+    for peer, a, z in link:
+        dist.send(t[c * a:c * z].contiguous(), peer)
 
 
 def _forward(stage: Stage, inputs, prev, nxt, dist, torch):
@@ -245,6 +326,7 @@ def _forward(stage: Stage, inputs, prev, nxt, dist, torch):
     interp = fx.Interpreter(stage.gm)
     env = interp.env
     by_name = {n.name: n for n in stage.gm.graph.nodes}
+    rows = stage.rows
     received = []
     for name in stage.incoming():
         ts = _flat(stage.meta[name])
@@ -253,8 +335,7 @@ def _forward(stage: Stage, inputs, prev, nxt, dist, torch):
             continue
         got = []
         for t in ts:
-            buf = torch.empty(t.shape, dtype=t.dtype)
-            dist.recv(buf, prev)
+            buf = _recv_value(t, prev, rows, dist, torch)
             if buf.is_floating_point():
                 buf.requires_grad_(True)
                 received.append(buf)
@@ -273,23 +354,23 @@ def _forward(stage: Stage, inputs, prev, nxt, dist, torch):
     sent = []
     for name in stage.outgoing():
         for t in _flat(env[by_name[name]]):
-            dist.send(t.detach().contiguous(), nxt)
+            _send_value(t.detach(), nxt, rows, dist)
             if t.is_floating_point():
                 sent.append(t)
     return loss, received, sent
 
 
-def _backward(loss, received, sent, prev, nxt, parts: int, dist, torch) -> None:
+def _backward(loss, received, sent, prev, nxt, parts: float, dist, torch, rows=None) -> None:
     """Backward of one micro-batch: the loss share on the last stage, the gradients of what
-    this stage sent from the next one, then the gradients of what it received to the previous
-    one (zeros where nothing here used a value)."""
+    this stage sent from the next one (gathered by rows where the next stage splits them
+    differently), then the gradients of what it received to the previous one (zeros where
+    nothing here used a value; split by rows likewise)."""
     roots, grads = [], []
     if loss is not None:
         roots.append(loss / parts)
         grads.append(torch.ones(()))
     for t in sent:
-        gbuf = torch.empty(t.shape, dtype=t.dtype)
-        dist.recv(gbuf, nxt)
+        gbuf = _recv_value(t, nxt, rows, dist, torch)
         if t.requires_grad:
             roots.append(t)
             grads.append(gbuf)
@@ -297,5 +378,4 @@ def _backward(loss, received, sent, prev, nxt, parts: int, dist, torch) -> None:
         torch.autograd.backward(roots, grads)
     for t in received:
         gsend = t.grad if t.grad is not None else torch.zeros_like(t)
-        dist.send(gsend.contiguous(), prev)
-
+        _send_value(gsend, prev, rows, dist)

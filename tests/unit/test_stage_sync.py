@@ -1,8 +1,8 @@
 """A pipeline stage's gradient sync (ring, parameter server, none): the plan states it per
 stage and validates it (bad kinds name the YAML path, through `topoctl explain` too); the
 parameter server's schedule takes its closed-form time; the planner picks, by simulating on
-the plan's own network, the server where a fat star makes it faster and the ring on a ring;
-`explain` shows each stage's hosts and sync."""
+the plan's own network, the server where a fat star makes it faster and packed trees on the
+paths of a ring; `explain` shows each stage's hosts and sync."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def _two_stars() -> dict:
     return doc
 
 
-def test_the_planner_puts_servers_on_the_star_hubs_and_rings_on_a_ring(hybrid_plan):
+def test_the_planner_puts_servers_on_the_star_hubs_and_trees_on_a_ring(hybrid_plan):
     doc, _, _ = make_plan(parse_cluster(_two_stars()), parse_job(JOB), use_cache=False)
     stages = doc["job"]["collective"]["stages"]
     assert [st["hosts"] for st in stages] == [["h0", "h1", "h2", "h3"], ["h4", "h5", "h6", "h7"]]
@@ -222,8 +222,12 @@ def test_the_planner_puts_servers_on_the_star_hubs_and_rings_on_a_ring(hybrid_pl
                                              {"kind": "ps", "server": "h4"}]
     for note in doc["metadata"]["collective"]["sync"]:  # the server beats the ring by far
         assert note["options_s"][f"ps@{note['server']}"] < note["options_s"]["ring"] / 10
+    # on a ring of 8 a stage's 4 hosts are a path of their own cables: a tree over it uses
+    # both directions of each, gloo's ring one (its closing hop runs back along the path)
     ring = hybrid_plan["job"]["collective"]["stages"]
-    assert len(ring) == 2 and [st["sync"] for st in ring] == [{"kind": "ring"}] * 2
+    assert len(ring) == 2 and [st["sync"]["kind"] for st in ring] == ["trees"] * 2
+    for note in hybrid_plan["metadata"]["collective"]["sync"]:
+        assert note["options_s"]["trees"] < note["options_s"]["ring"]
 
 
 def test_the_plan_states_each_stage_sync_and_explain_shows_it(hybrid_plan):
@@ -238,7 +242,8 @@ def test_the_plan_states_each_stage_sync_and_explain_shows_it(hybrid_plan):
         if len(st["hosts"]) == 1:
             assert st["sync"] == {"kind": "none"}
         else:  # the chosen option is the fastest simulated one
-            key = "ring" if st["sync"]["kind"] == "ring" else f"ps@{st['sync']['server']}"
+            key = (f"ps@{st['sync']['server']}" if st["sync"]["kind"] == "ps"
+                   else st["sync"]["kind"])
             assert note["options_s"][key] == min(note["options_s"].values())
     text = explain_text(doc)
     for i, st in enumerate(stages):

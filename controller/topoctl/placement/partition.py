@@ -87,6 +87,20 @@ def place(p: PlacementProblem, order: list[int] | None = None) -> Placement:
     return evaluate(p, _assign(p, order, back, stages), algorithm="partition")
 
 
+def place_exactly(p: PlacementProblem, stages: int) -> Placement:
+    """The balanced contiguous partition into exactly `stages` stages on the problem's first
+    `stages` devices in their order (a pipeline shape fixed by the caller, e.g. stages of
+    unequal replica counts); PlacementError when none fits. Same DP, O(D * n^2)."""
+    p.check()
+    n = len(p.nodes)
+    order = list(range(stages))
+    best, back = _table(p, order)
+    if stages > n or best[stages - 1][n] == math.inf:
+        raise PlacementError(f"no contiguous split of the model into {stages} stages fits the "
+                             "devices' memory")
+    return evaluate(p, _assign(p, order, back, stages - 1), algorithm=f"partition-{stages}")
+
+
 def by_stage_count(p: PlacementProblem) -> list[Placement]:
     """For every stage count from 2 to D, the balanced contiguous partition into that many
     stages on the fastest devices (by their total cost; ties by index), each that fits the

@@ -148,9 +148,11 @@ def stage_lines(doc: dict) -> list[str]:
             else None
         tried = (" (simulated: " + ", ".join(f"{k} {_ms(v)}" for k, v in opts.items()) + ")"
                  if opts else "")
+        rows = (f", rows {'/'.join(map(str, st['shares']))} of each micro-batch"
+                if isinstance(st.get("shares"), list) else "")
         out.append(f"  stage {i}: hosts {', '.join(st.get('hosts', []))} (ranks "
-                   f"{', '.join(map(str, st.get('ranks', [])))}), {len(st.get('ops', []))} ops, "
-                   f"sync {how}{tried}")
+                   f"{', '.join(map(str, st.get('ranks', [])))}), {len(st.get('ops', []))} ops"
+                   f"{rows}, sync {how}{tried}")
     return out
 
 

@@ -16,9 +16,12 @@ s + 1). Each is scored by the simulator: per replica, a GPipe iteration of `micr
 micro-batches (every forward, then every backward in reverse, one compute stream per host),
 activations and their gradients crossing consecutive stages as flows on the fabric, then the
 stage's gradient sync over its group and the optimiser step. Each replicated stage's sync
-(gloo's ring, or a parameter server on one of its hosts; `none` for one replica) is chosen by
+(gloo's ring, a parameter server on one of its hosts, or packed trees over the stage's own
+cables with the tree runtime's per-member CPU; `none` for one replica) is chosen by
 simulating every option alone on the plan's network (`placement.stagesync.choose_sync`) and
-stated per stage in the plan (`topocontract.stages`). The fastest candidate is returned.
+stated per stage in the plan (`topocontract.stages`). `search_shape` plans a fixed shape
+whose stages may have unequal replica counts (each replica a share of every micro-batch's
+rows). The fastest candidate is returned.
 Stages are the placement's devices in the order of the acyclic graph between them; values
 produced before a boundary and read after it cross it (the runtime, `topotrain.pipeline`,
 forwards them stage by stage), which is what the simulator charges.
@@ -30,11 +33,15 @@ O(candidates * (search + simulation)).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from topocontract.schedule import TreeSchedule
+from topocontract.stages import pieces
 from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
+from topoctl.fabric.graph import connection_links
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.cost import TrainCost
 from topoctl.labprofile import LabProfile
@@ -43,9 +50,9 @@ from topoctl.placement.build import build_problem, node_memory, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, ps_cpu, stage_costs
 from topoctl.placement.search import candidates
-from topoctl.placement.stagesync import choose_sync, sync_schedule
+from topoctl.placement.stagesync import choose_sync, stage_trees, sync_schedule, tree_cpu
 from topoctl.sim.engine import simulate
-from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer
@@ -151,20 +158,38 @@ def grad_bytes(ctx: PlanContext, stages: list[list[str]]) -> list[int]:
     return [sum(ops[o].param_bytes for o in st) for st in stages]
 
 
+def trees_cpu_model(ctx: PlanContext, measured: Measured | None):
+    """The tree runtime's CPU per member of a stage (`placement.stagesync.tree_cpu`): the
+    measured runtime costs and the lab machine with `measured`, else the machine's calibration
+    (or the defaults) on machines of their own, as the whole-cluster `trees` strategy
+    models it."""
+    if measured is not None:
+        return measured.runtime, measured.lab
+    return runtime_costs(load_calibration() if ctx.use_cache else None), None
+
+
 def choose_syncs(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
                  network: Network, measured: Measured | None
                  ) -> tuple[list[dict], list[dict[str, float]]]:
     """Per stage the fastest sync of its replicas by simulation on `network`
-    (`placement.stagesync.choose_sync`) and every option's seconds."""
+    (`placement.stagesync.choose_sync`: ring, a server on each member, and packed trees over
+    the stage's own cables, `stage_trees`, with their CPU model) and every option's seconds."""
     cpu = sync_cpu(measured)
-    picked = [choose_sync(network, grp, float(b), cpu)
-              for grp, b in zip(groups, grad_bytes(ctx, stages), strict=True)]
+    costs, lab = trees_cpu_model(ctx, measured)
+    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(ctx.fabric)]
+    eff = tcp_efficiency(ctx.fabric.mtu)
+    picked = []
+    for grp, b in zip(groups, grad_bytes(ctx, stages), strict=True):
+        trees = stage_trees(links, grp, float(b), costs, lab, eff)
+        picked.append(choose_sync(network, grp, float(b), cpu, trees, tree_cpu(costs, lab)))
     return [p[0] for p in picked], [p[1] for p in picked]
 
 
 def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
                    micro: int, scale: float, measured: Measured | None = None,
-                   syncs: list[dict] | None = None) -> tuple[list[Task], list[int]]:
+                   syncs: list[dict] | None = None, shares: list[list[int]] | None = None,
+                   measured_at: Mapping[int, Measured] | None = None
+                   ) -> tuple[list[Task], list[int]]:
     """One GPipe iteration per replica, then per-stage gradient sync and step (module
     docstring); `syncs`: each stage's (`topocontract.stages`; default: `default_sync`).
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
@@ -172,103 +197,103 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     send per micro-batch, then the backwards in reverse), every message's CPU cost on the
     sending and the receiving rank, sends blocking as gloo's do (`send`), the replicas' CPU
     for their gradient AllReduce after its network part; simulate it on
-    `lab_network` so that the lab's ranks share the machine's cores. Returns (tasks,
-    gradient bytes per stage)."""
+    `lab_network` so that the lab's ranks share the machine's cores.
+
+    Stages of unequal replica counts (`shares`: rows of each micro-batch per replica, per
+    stage, `topocontract.stages`): `scale` is then that of one row, `measured_at[rows]` the
+    costs timed at each replica's rows, and each boundary moves the row pieces the runtime
+    sends (`topocontract.stages.pieces`), a message per value and piece. Without `shares`
+    every stage has the same replicas and each takes the micro-batch `scale` describes.
+    Returns (tasks, gradient bytes per stage)."""
+    if shares is None:  # the equal-count plan: one "row" = a replica's micro-batch
+        shares, measured_at = [[1] * len(grp) for grp in groups], {1: measured}
+    base = next(iter((measured_at or {}).values()), None)
     stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
-    cut = cut_bytes(ctx, stage_of, len(stages), scale)
+    cut = cut_bytes(ctx, stage_of, len(stages), scale)  # bytes per row
     nmsg = cut_values(ctx, stage_of, len(stages))
     grads = grad_bytes(ctx, stages)
-    k, g = len(stages), len(groups[0])
+    k = len(stages)
     syncs = syncs or [default_sync(grp) for grp in groups]
-    cpu = sync_cpu(measured)
-    per_stage = ([tuple(ctx.job.cost.scale * x for x in
-                        stage_costs(ctx.graph, stage_of, s, measured.ops)) for s in range(k)]
-                 if measured else None)
+    cpu = sync_cpu(base)
+    per_stage = ({rows: [tuple(ctx.job.cost.scale * x for x in
+                               stage_costs(ctx.graph, stage_of, s, m.ops)) for s in range(k)]
+                  for rows, m in measured_at.items()} if base else None)
 
-    def fwd(s: int, h: str) -> float:
+    def cost(s: int, j: int, part: int) -> float:  # part 0: forward, 1: backward
+        rows, h = shares[s][j], groups[s][j]
         if per_stage:
-            return per_stage[s][0]
+            return per_stage[rows][s][part]
         c = ctx.host_costs(h)
-        return scale * sum(c[o].fwd for o in stages[s])
+        return scale * rows * sum((c[o].fwd, c[o].bwd)[part] for o in stages[s])
 
-    def bwd(s: int, h: str) -> float:
-        if per_stage:
-            return per_stage[s][1]
-        c = ctx.host_costs(h)
-        return scale * sum(c[o].bwd for o in stages[s])
-
-    def msg(b: int) -> float:  # CPU of one boundary's messages at one end
-        if not measured or not nmsg[b]:
+    def msg(b: int, rows: int) -> float:  # CPU of one piece's messages at one end
+        if not base or not nmsg[b]:
             return 0.0
-        return nmsg[b] * message_cpu(cut[b] / nmsg[b], measured.runtime, measured.lab,
-                                     measured.per_message_shared_s)
+        return nmsg[b] * message_cpu(cut[b] * rows / nmsg[b], base.runtime, base.lab,
+                                     base.per_message_shared_s)
 
     tasks: list[Task] = []
-    arrived: dict[tuple[int, int, int], str] = {}
-    back: dict[tuple[int, int, int], str] = {}
     last: dict[str, str] = {}  # measured: each rank runs its program in order (GPipe)
 
-    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...]) -> None:
-        if measured and h in last:
+    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...]) -> str:
+        if base and h in last:
             deps = (last[h],) + deps
         tasks.append(Compute(tid, h, seconds, deps))
         last[h] = tid
-
-    def send(tid: str, src: str, dst: str, b: int, after: str) -> str:
-        """The transfer `tid` after `after`; the id to wait for. Measured: gloo's send is a
-        rendezvous (it starts when the receiving rank has posted its receive, i.e. finished
-        what its program does before, and returns when the bytes arrived), then the sending
-        rank's CPU for it."""
-        ready = (after,)
-        if measured and dst in last:
-            ready += (last[dst],)
-        tasks.append(Transfer(tid, src, dst, cut[b], ready))
-        if msg(b):
-            compute(f"{tid}/tx", src, msg(b), (tid,))
         return tid
 
-    def received(tid: str, h: str, b: int) -> str:
-        """The receiving rank's CPU for transfer `tid` (posted when its program reaches it)."""
-        if not msg(b):
+    def move(tid: str, src: str, dst: str, b: int, rows: int, after: str) -> str:
+        """Transfer `tid` of `rows` rows across boundary b after `after`, the sender's CPU for
+        it, then the receiver's; the id the receiver's next compute waits for. Measured:
+        gloo's send is a rendezvous (it starts when the receiving rank has posted its
+        receive, i.e. finished what its program does before, and returns when the bytes
+        arrived)."""
+        ready = (after,) + ((last[dst],) if base and dst in last else ())
+        tasks.append(Transfer(tid, src, dst, cut[b] * rows, ready))
+        if not msg(b, rows):
             return tid
-        compute(f"{tid}/rx", h, msg(b), (tid,))
-        return f"{tid}/rx"
+        compute(f"{tid}/tx", src, msg(b, rows), (tid,))
+        return compute(f"{tid}/rx", dst, msg(b, rows), (tid,))
 
-    for r in range(g):
-        for m in range(micro):
-            for s in range(k):
-                h = groups[s][r]
-                deps = (received(arrived[(s - 1, m, r)], h, s - 1),) if s else ()
-                compute(f"F{s}.{m}.{r}", h, fwd(s, h), deps)
-                if s + 1 < k:
-                    arrived[(s, m, r)] = send(f"act{s}.{m}.{r}", h, groups[s + 1][r], s,
-                                              f"F{s}.{m}.{r}")
-    for r in range(g):
-        for m in reversed(range(micro)):
-            for s in reversed(range(k)):
-                h = groups[s][r]
-                deps = (f"F{s}.{m}.{r}",) + ((received(back[(s, m, r)], h, s),)
-                                             if s + 1 < k else ())
-                compute(f"B{s}.{m}.{r}", h, bwd(s, h), deps)
-                if s:
-                    back[(s - 1, m, r)] = send(f"grad{s - 1}.{m}.{r}", h, groups[s - 1][r],
-                                               s - 1, f"B{s}.{m}.{r}")
+    links = [pieces(shares[b], shares[b + 1]) for b in range(k - 1)]
+    for m in range(micro):
+        for s in range(k):
+            for j, h in enumerate(groups[s]):
+                deps = tuple(move(f"act{s - 1}.{m}.{a}.{j}", groups[s - 1][a], h, s - 1,
+                                  hi - lo, f"F{s - 1}.{m}.{a}")
+                             for a, i, lo, hi in links[s - 1] if i == j) if s else ()
+                compute(f"F{s}.{m}.{j}", h, cost(s, j, 0), deps)
+    for m in reversed(range(micro)):
+        for s in reversed(range(k)):
+            for j, h in enumerate(groups[s]):
+                deps = (f"F{s}.{m}.{j}",) + (tuple(
+                    move(f"grad{s}.{m}.{i}.{j}", groups[s + 1][i], h, s, hi - lo,
+                         f"B{s + 1}.{m}.{i}")
+                    for a, i, lo, hi in links[s] if a == j) if s + 1 < k else ())
+                compute(f"B{s}.{m}.{j}", h, cost(s, j, 1), deps)
+    tcpu = tree_cpu(*trees_cpu_model(ctx, base))
     for s in range(k):
-        done = tuple(f"B{s}.{m}.{r}" for m in range(micro) for r in range(g))
+        done = tuple(f"B{s}.{m}.{j}" for m in range(micro) for j in range(len(groups[s])))
         sched = sync_schedule(groups[s], syncs[s], float(grads[s]))
+        trees = sched is not None and syncs[s]["kind"] == "trees"
+        if trees:  # the tree runtime's CPU runs while its chunks travel (`stagesync`)
+            for j, sec in enumerate(tcpu(TreeSchedule.model_validate(syncs[s]["schedule"]),
+                                         float(grads[s]))):
+                compute(f"ar{s}/cpu.{j}", groups[s][j], sec, done)
         if sched is not None:
             tasks.append(Collective(f"ar{s}", sched, done))
             done = (f"ar{s}",)
-        for r in range(g):
-            h = groups[s][r]
-            if cpu and sched is not None:  # the replicas' CPU for it, then the step
+        for j, h in enumerate(groups[s]):
+            if trees:
+                done = (f"ar{s}", f"ar{s}/cpu.{j}")
+            elif cpu and sched is not None:  # the replicas' CPU for it, then the step
                 server = syncs[s]["kind"] == "ps" and syncs[s]["server"] == h
-                compute(f"ar{s}/cpu.{r}", h, cpu(syncs[s]["kind"], float(grads[s]), g,
-                                                  server), done)
+                compute(f"ar{s}/cpu.{j}", h, cpu(syncs[s]["kind"], float(grads[s]),
+                                                  len(groups[s]), server), done)
             d = ctx.device[h]
-            step = (per_stage[s][2] if per_stage else
+            step = (per_stage[shares[s][j]][s][2] if per_stage else
                     ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
-            compute(f"step{s}.{r}", h, step, done)
+            compute(f"step{s}.{j}", h, step, done)
     return tasks, grads
 
 
@@ -405,6 +430,77 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
                               "threads": ctx.job.launch.threads,
                               "runtime_cpu": meas.runtime.source if meas else None}
     return s
+
+
+def even_shares(rows: int, replicas: int) -> list[int]:
+    """`rows` split over `replicas` as evenly as integers go, the first replicas one more."""
+    q, extra = divmod(rows, replicas)
+    return [q + (1 if j < extra else 0) for j in range(replicas)]
+
+
+def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None = None
+                 ) -> Strategy:
+    """A pipeline of a fixed shape: stage s on the next `shape[s]` hosts in the cluster's
+    order, replica counts that may differ (`topocontract.stages`: each replica takes an even
+    share of every micro-batch's rows), the model cut into len(shape) contiguous stages
+    balanced for those shares (`placement.partition.place_exactly`), each stage's sync chosen
+    by simulation (`sync="ring"`: the ring on every replicated stage). For lab checks of a
+    shape (`bench/hybrid_lab_check.py --shape`) and as the plan shape other searches can state;
+    the planner's strategies do not call it. JobError when the shape does not fit."""
+    hosts, micro = list(ctx.hosts), ctx.job.parallelism.microbatches
+    if len(shape) < 2 or min(shape) < 1 or sum(shape) > len(hosts):
+        raise JobError([("hosts", f"strategy {name}: shape {shape} needs at least 2 stages "
+                                  f"and {sum(shape)} hosts, the job has {len(hosts)}")])
+    total = ctx.job.batch.global_ // micro  # rows of one micro-batch
+    if total * micro != ctx.job.batch.global_ or total < max(shape):
+        raise JobError([("batch.global", f"strategy {name}: {ctx.job.batch.global_} does not "
+                                         f"split into {micro} micro-batches of at least "
+                                         f"{max(shape)} rows")])
+    starts = [sum(shape[:i]) for i in range(len(shape))]
+    groups = [hosts[a:a + n] for a, n in zip(starts, shape, strict=True)]
+    shares = [even_shares(total, n) for n in shape]
+    coarse, cstats = _coarse(ctx)
+    hops = shortest_next_hops(ctx.fabric, required=hosts[:sum(shape)])
+    network = network_from_fabric(ctx.fabric, hops)
+    # the partition balances a stage's replicas at their rows: a group's costs / its size
+    op_cost = {h: {o: (c.fwd + c.bwd) / len(grp) for o, c in ctx.host_costs(h).items()}
+               for grp in groups for h in grp}
+    p = build_problem(coarse, [grp[:1] for grp in groups], op_cost, _capacity(ctx), network,
+                      micro, total / ctx.local_batch)
+    try:
+        pl = partition.place_exactly(p, len(shape))
+    except PlacementError as e:
+        raise JobError([("model", f"strategy {name}: {e}")]) from None
+    stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
+                      for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
+              for d in range(len(shape))]
+    rows = sorted({x for sh in shares for x in sh})
+    measured_at = {r: _measured(ctx, r) for r in rows}
+    meas = None if any(m is None for m in measured_at.values()) else measured_at[rows[0]]
+    net = lab_network(network, [h for grp in groups for h in grp], meas)
+    syncs, sync_times = (([default_sync(grp) for grp in groups], [{}] * len(groups))
+                         if sync == "ring" else choose_syncs(ctx, stages, groups, net, meas))
+    tasks, grads = pipeline_tasks(ctx, stages, groups, micro, 1.0 / ctx.local_batch, meas,
+                                  syncs, shares, measured_at if meas else None)
+    t = simulate(tasks, net, record=False).iteration_time
+    strat = Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net, tasks=tasks,
+                     collective={}, buckets=[b for b in grads if b])
+    stage_of = {op: i for i, ops in enumerate(stages) for op in ops}
+    # send_bytes: what `micro_batch` rows send, as in equal-count plans (render.pipeline)
+    cut = cut_bytes(ctx, stage_of, len(stages), shares[0][0] / ctx.local_batch)
+    strat.collective = {
+        "algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
+        "micro_batch": shares[0][0], "replicas": max(shape),
+        "stages": [{"hosts": list(grp), "ranks": [ctx.ranks[h][0] for h in grp],
+                    "ops": list(ops), "shares": shares[i],
+                    "send_bytes": int(cut[i]) if i < len(cut) else 0, "sync": syncs[i]}
+                   for i, (grp, ops) in enumerate(zip(groups, stages, strict=True))]}
+    strat.notes = {"search": pl.algorithm, "stages": len(stages), "replicas": list(shape),
+                   "coarsening": cstats, "iteration_s": t,
+                   "sync": [{"kind": sy["kind"], **({"server": sy["server"]} if "server" in sy
+                                                     else {}), "options_s": o}
+                            for sy, o in zip(syncs, sync_times, strict=True)]}
+    return strat
 
 
 def _scored(ctx: PlanContext, name: str, stages: list[list[str]], groups: list[list[str]],

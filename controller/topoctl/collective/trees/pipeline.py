@@ -60,6 +60,7 @@ __all__ = [
     "link_rows",
     "link_steps",
     "predict",
+    "rank_cpu",
     "runtime_costs",
     "tree_shape",
 ]
@@ -332,8 +333,30 @@ def predict(
     network = _step_units(links, c, depth, np.asarray(credit_s) / full) * full + steps * latency_s
     n = shape.world_size
     msgs = _messages_per_rank(shape, c)
-    frac = np.asarray(shape.fractions)
-    part = frac * nbytes
+    in_lab = ranks_per_machine >= n > 1  # every rank on one machine (the lab)
+    cpu = rank_cpu(shape, nbytes, c, costs, lab if in_lab else None)
+    share = max(1.0, ranks_per_machine / lab.cores)
+    if in_lab:  # its cores run every rank
+        cpu_s = max(float(cpu.max()), float(cpu.sum()) / lab.cores)
+    else:
+        cpu_s = float(cpu.max()) * share
+    biggest = max(shape.fractions, default=0.0) * nbytes
+    return TreePrediction(c, max(1, math.floor(biggest / c)), steps, network, cpu_s,
+                          int(msgs.max()), share)
+
+
+def rank_cpu(shape: TreeShape, nbytes: float, chunks: int, costs: RuntimeCosts,
+             lab: LabProfile | None = None) -> np.ndarray:
+    """CPU seconds each rank spends in one tree AllReduce of ``nbytes`` in ``chunks`` chunks
+    per tree, on one core (module docstring: messages, pieces, bytes added, copied and on the
+    wire); ``lab``: every rank on that lab machine, whose cable emulation a wire byte costs
+    too. O(P) for P tree-edge endpoints."""
+    n = shape.world_size
+    c = max(1, int(chunks))
+    if nbytes <= 0 or shape.group.size == 0:
+        return np.zeros(n)
+    msgs = _messages_per_rank(shape, c)
+    part = np.asarray(shape.fractions) * nbytes
     # bytes each rank adds: its children's pieces
     red = (shape.reduce_in * part[:, None]).sum(axis=0)
     # bytes on the wire per rank (sent + received) and bytes packed/unpacked: every piece
@@ -347,21 +370,12 @@ def predict(
     # pieces: every (tree edge, direction) entry of the rank moves one piece per chunk (a
     # slice and a torch call to pack, add or copy it)
     pieces = np.bincount(rank, minlength=n) * min(c, max(1, int(nbytes)))
-    in_lab = ranks_per_machine >= n > 1  # every rank on one machine (the lab)
     # in the lab a wire byte also costs the cable emulation; wire_r counts it at both ends
-    wire_rate = (lab.wire_rate(costs.wire_bytes_per_s) if in_lab
+    wire_rate = (lab.wire_rate(costs.wire_bytes_per_s) if lab is not None
                  else costs.wire_bytes_per_s)
-    cpu = (msgs * costs.per_message_s + pieces * costs.per_piece_s
-           + red / costs.reduce_bytes_per_s
-           + copy / costs.copy_bytes_per_s + wire / wire_rate)
-    share = max(1.0, ranks_per_machine / lab.cores)
-    if in_lab:  # its cores run every rank
-        cpu_s = max(float(cpu.max()), float(cpu.sum()) / lab.cores)
-    else:
-        cpu_s = float(cpu.max()) * share
-    biggest = float(part.max()) if part.size else 0.0
-    return TreePrediction(c, max(1, math.floor(biggest / c)), steps, network, cpu_s,
-                          int(msgs.max()), share)
+    return (msgs * costs.per_message_s + pieces * costs.per_piece_s
+            + red / costs.reduce_bytes_per_s
+            + copy / costs.copy_bytes_per_s + wire / wire_rate)
 
 
 def choose_chunks(
