@@ -475,7 +475,7 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
                       for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
               for d in range(len(shape))]
     rows = sorted({x for sh in shares for x in sh})
-    measured_at = {r: _measured(ctx, r) for r in rows}
+    measured_at = {r: measured_stage_costs(ctx, r) for r in rows}
     meas = None if any(m is None for m in measured_at.values()) else measured_at[rows[0]]
     net = lab_network(network, [h for grp in groups for h in grp], meas)
     syncs, sync_times = (([default_sync(grp) for grp in groups], [{}] * len(groups))
