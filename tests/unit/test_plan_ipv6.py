@@ -1,6 +1,6 @@
 """IPv6 in the plan (`addressing.family`): the cluster field and its errors, the addresses the
 renderer assigns in either family, and a dual-stack plan that stays byte for byte the recorded
-one (tests/unit/golden/dual/, rewritten on purpose with
+one (tests/unit/golden/dual-mesh4-mlp-bandwidth-plan.yaml, rewritten on purpose with
 `.venv/bin/python -m tests.unit.test_plan_ipv6 --write`). The lab and a run over IPv6:
 tests/e2e/test_ipv6_lab.py."""
 
@@ -26,7 +26,8 @@ from topoctl.spec.job import JobError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = ROOT / "plans"
-GOLDEN = Path(__file__).parent / "golden" / "dual" / "mesh4-mlp-bandwidth-plan.yaml"
+# a file beside the diff cases (each directory of golden/ is one: test_diff_golden)
+GOLDEN = Path(__file__).parent / "golden" / "dual-mesh4-mlp-bandwidth-plan.yaml"
 ULA = ipaddress.IPv6Network("fd74:6f70:6f63::/48")
 
 
