@@ -35,8 +35,11 @@ def fuzz_settings(examples: int) -> settings:
                                            HealthCheck.filter_too_much])
 
 
+@functools.lru_cache(maxsize=1)
 def junk() -> st.SearchStrategy:
-    """Any YAML-representable value: scalars of every type, lists and mappings of them."""
+    """Any YAML-representable value: scalars of every type, lists and mappings of them. One
+    strategy object, built once: a new `st.recursive` per draw was validated afresh each time
+    (about a third of a `mutated` case's CPU); the values drawn are the same."""
     leaves = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
               | st.text(max_size=10))
     return st.recursive(leaves, lambda c: st.lists(c, max_size=3)
