@@ -35,8 +35,11 @@ def fuzz_settings(examples: int) -> settings:
                                            HealthCheck.filter_too_much])
 
 
+@functools.lru_cache(maxsize=1)
 def junk() -> st.SearchStrategy:
-    """Any YAML-representable value: scalars of every type, lists and mappings of them."""
+    """Any YAML-representable value: scalars of every type, lists and mappings of them. One
+    strategy object, built once: a new `st.recursive` per draw was validated afresh each time
+    (about a third of a `mutated` case's CPU); the values drawn are the same."""
     leaves = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
               | st.text(max_size=10))
     return st.recursive(leaves, lambda c: st.lists(c, max_size=3)
@@ -125,7 +128,13 @@ def hostile(draw, base: st.SearchStrategy) -> bytes:
         return value.encode()
     path = draw(st.sampled_from(paths))
     _at(doc, path[:-1])[path[-1]] = _SLOT
-    return yaml.safe_dump(doc, sort_keys=False).replace(_SLOT, value).encode()
+    return yaml.dump(doc, Dumper=_DUMPER, sort_keys=False).replace(_SLOT, value).encode()
+
+
+# libyaml's emitter: the same bytes as yaml.safe_dump's pure-Python one on these documents
+# (checked on the small plan, the 8-host plan and 3,000 generated clusters and jobs), ~10x
+# less CPU per case
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 @functools.lru_cache(maxsize=1)

@@ -41,6 +41,7 @@ MAX_DEPTH = 64
 MAX_INT_DIGITS = 64
 
 INT_TAG, FLOAT_TAG, BOOL_TAG = (f"tag:yaml.org,2002:{t}" for t in ("int", "float", "bool"))
+_CHECKED_TAGS = frozenset((INT_TAG, FLOAT_TAG, BOOL_TAG))  # the tags _scalar_problem reads
 _INT_12 = re.compile(r"[-+]?(0|[1-9][0-9]*|0x[0-9a-fA-F]+)")  # YAML 1.2 core, as PyYAML reads
 _OCTAL_11 = re.compile(r"[-+]?0[0-7_]+")
 _BINARY_11 = re.compile(r"[-+]?0b[01_]+")
@@ -106,6 +107,7 @@ class LimitedLoader(_Base):  # type: ignore[misc, valid-type]
         self._path: list = []
         self._nodes = 0
         self._aliases = 0
+        self._tags: dict[tuple, str] = {}  # (scalar value, implicit) -> resolved tag
 
     # --- composing, counted --------------------------------------------------------------------
     def _where(self) -> str:
@@ -136,25 +138,37 @@ class LimitedLoader(_Base):  # type: ignore[misc, valid-type]
         return node
 
     def compose_node(self, parent, index):
-        """One node; an alias is the node it names, counted at its full size."""
-        if self.check_event(AliasEvent):
+        """One node; an alias is the node it names, counted at its full size.
+
+        The hot loop of every load (a 3-host plan is ~700 nodes): the next event is peeked
+        once and dispatched on its class, and the path resolvers' descend/ascend are skipped
+        when none is registered (they return at once then), so a node costs few Python calls;
+        the checks and their order are those of PyYAML's composer plus the limits above."""
+        event = self.peek_event()
+        kind = event.__class__
+        if kind is AliasEvent:
             return self._alias(self.get_event())
         if len(self._path) > MAX_DEPTH:
             raise InputLimit(self._where(), f"nested deeper than {MAX_DEPTH} levels")
-        event = self.peek_event()
         if event.anchor is not None and event.anchor in self.anchors:
             raise yaml.composer.ComposerError(
                 "found duplicate anchor", self.anchors[event.anchor].start_mark,
                 "second occurrence", event.start_mark)
-        self._count(1)
-        self.descend_resolver(parent, index)
-        if self.check_event(ScalarEvent):
-            node = self._scalar(self.get_event())
-        elif self.check_event(SequenceStartEvent):
-            node = self._sequence(self.get_event())
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            self._count(0)
+        resolving = bool(self.yaml_path_resolvers)
+        if resolving:
+            self.descend_resolver(parent, index)
+        self.get_event()
+        if kind is ScalarEvent:
+            node = self._scalar(event)
+        elif kind is SequenceStartEvent:
+            node = self._sequence(event)
         else:
-            node = self._mapping(self.get_event())
-        self.ascend_resolver()
+            node = self._mapping(event)
+        if resolving:
+            self.ascend_resolver()
         return node
 
     def _alias(self, event) -> Node:
@@ -171,13 +185,26 @@ class LimitedLoader(_Base):  # type: ignore[misc, valid-type]
         self._count(node.topo_size)
         return node
 
+    def _tag(self, kind: type, value, implicit) -> str:
+        """The implicit tag of a node: PyYAML's resolver, remembered per (value, implicit) for
+        scalars when no path resolver is registered (then the tag depends on nothing else, and
+        a document repeats its keys and values many times)."""
+        if kind is not ScalarNode or self.yaml_path_resolvers:
+            return self.resolve(kind, value, implicit)
+        key = (value, implicit)
+        tag = self._tags.get(key)
+        if tag is None:
+            tag = self._tags[key] = self.resolve(kind, value, implicit)
+        return tag
+
     def _scalar(self, event) -> ScalarNode:
         tag = event.tag
         if tag is None or tag == "!":
-            tag = self.resolve(ScalarNode, event.value, event.implicit)
-        problem = _scalar_problem(tag, event.value)
-        if problem:
-            raise InputLimit(self._where(), problem)
+            tag = self._tag(ScalarNode, event.value, event.implicit)
+        if tag in _CHECKED_TAGS:
+            problem = _scalar_problem(tag, event.value)
+            if problem:
+                raise InputLimit(self._where(), problem)
         node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
         node.topo_size = 1
         if event.anchor is not None:
@@ -202,23 +229,29 @@ class LimitedLoader(_Base):  # type: ignore[misc, valid-type]
 
     def _sequence(self, event) -> SequenceNode:
         node = self._start(event, SequenceNode)
-        while not self.check_event(SequenceEndEvent):
-            self._path.append(len(node.value))
-            child = self.compose_node(node, len(node.value))
-            self._path.pop()
-            node.value.append(child)
-            node.topo_size += child.topo_size
+        path, items, compose, peek = self._path, node.value, self.compose_node, self.peek_event
+        size = 1
+        while peek().__class__ is not SequenceEndEvent:
+            path.append(len(items))
+            child = compose(node, len(items))
+            path.pop()
+            items.append(child)
+            size += child.topo_size
+        node.topo_size = size
         return self._end(node)
 
     def _mapping(self, event) -> MappingNode:
         node = self._start(event, MappingNode)
-        while not self.check_event(MappingEndEvent):
-            key = self.compose_node(node, None)
-            self._path.append(key.value if isinstance(key, ScalarNode) else "?")
-            value = self.compose_node(node, key)
-            self._path.pop()
-            node.value.append((key, value))
-            node.topo_size += key.topo_size + value.topo_size
+        path, pairs, compose, peek = self._path, node.value, self.compose_node, self.peek_event
+        size = 1
+        while peek().__class__ is not MappingEndEvent:
+            key = compose(node, None)
+            path.append(key.value if key.__class__ is ScalarNode else "?")
+            value = compose(node, key)
+            path.pop()
+            pairs.append((key, value))
+            size += key.topo_size + value.topo_size
+        node.topo_size = size
         return self._end(node)
 
     # --- constructing --------------------------------------------------------------------------

@@ -5,7 +5,9 @@ bytes per parameter equal its bytes. O(nodes) after tracing."""
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
 import math
 from typing import Any
 
@@ -180,9 +182,31 @@ def load_factory(path: str):
 
 def capture_catalog(name: str, params: dict, batch: int, dtype: str = "float32",
                     device: str = "meta") -> OpGraph:
-    """Capture a catalog model for `batch` samples (per device) without allocating it."""
+    """Capture a catalog model for `batch` samples (per device) without allocating it.
+
+    Remembered per (model, params, batch, dtype, device) for the process: one `topoctl plan`
+    captures the same model at the same batch more than once (the context, then each timing
+    of the lab's ranks and stages), and fx tracing plus shape propagation is the bulk of
+    planning a small model. The caller gets its own OpGraph (ops are frozen)."""
     if name not in ENTRIES:
         raise CaptureError(f"unknown model {name!r} (catalog: {', '.join(ENTRIES)})")
+    try:
+        key = json.dumps(params, sort_keys=True)
+        same = json.loads(key) == params
+    except (TypeError, ValueError):
+        same = False
+    if not same:  # not plain JSON data (the key would not stand for it): capture afresh
+        return _capture_catalog(name, params, batch, dtype, device)
+    g = _captured(name, key, batch, dtype, device)
+    return OpGraph(model=g.model, batch=g.batch, dtype_bytes=g.dtype_bytes, ops=list(g.ops))
+
+
+@functools.lru_cache(maxsize=32)
+def _captured(name: str, params_json: str, batch: int, dtype: str, device: str) -> OpGraph:
+    return _capture_catalog(name, json.loads(params_json), batch, dtype, device)
+
+
+def _capture_catalog(name: str, params: dict, batch: int, dtype: str, device: str) -> OpGraph:
     model = build_model(name, params, device).to(DTYPES[dtype])
     specs = [_typed(s, dtype) for s in ENTRIES[name].inputs(resolve_params(name, params))]
     return capture(model, make_inputs(specs, batch, device), name)

@@ -13,8 +13,10 @@ time as timed, so the step is timed with the other ranks' work running beside it
 
 Each copy is a process forked from the timing's fork server (`graph.forks`: torch imported
 once). A copy loads the pickled model and inputs, runs training steps (one torch thread, loss
-``mean(out^2)``, SGD) until the parent says stop, and says ``ready`` after two warm-up steps;
-the context waits for every copy to be ready, and stops and reaps them on exit, also on error.
+``mean(out^2)``, SGD) until the parent says stop, and says ``ready`` after two warm-up steps,
+then waits for ``go``; the context waits for every copy to be ready, tells them all to go (a
+copy ready early does not burn a core while the others start), and stops and reaps them on
+exit, also on error.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def co_running(model: nn.Module, inputs: tuple[torch.Tensor, ...], copies: int
                 theirs.close()
                 procs.append((p, mine))
             _wait_ready(procs)
+            for _, conn in procs:  # all warm: now all step at once
+                conn.send("go")
             yield
         finally:
             _stop(procs)
@@ -104,5 +108,9 @@ def _run(path: str, conn: Connection) -> None:
         opt.step()
         if i == 1:
             conn.send("ready")
+            try:  # idle until every copy is warm (one ready early would burn a core meanwhile)
+                conn.recv()
+            except EOFError:
+                return  # the parent gave up (another copy failed to start)
         if i >= 1 and conn.poll():
             return  # the parent closed its end (EOF is readable)

@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from topoctl.graph.corun import co_running
-from topoctl.graph.ddpstep import ddp_step_times
+from topoctl.graph.ddpstep import ddp_step_timer
 from topoctl.graph.devices import Device
 from topoctl.graph.ops import Op, OpGraph
 from topoctl.graph.steptime import stage_step_times, step_clock, whole_step_times
@@ -288,13 +288,17 @@ def _runtime_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], runt
     """(forward, backward, SGD step) seconds of a whole step as `runtime` runs the model
     ("stage": `stage_step_times`; "module": through DDP with `ddp_bucket_bytes`,
     `ddpstep.ddp_step_times`, else `whole_step_times`), with `corun` copies of the step running
-    beside it (`corun.co_running`)."""
+    beside it (`corun.co_running`). The DDP step's child is set up before the copies start
+    (`ddpstep.ddp_step_timer`): only the timed steps run beside them, and the copies do not
+    spin through the set-up (with 7 copies on 2 cores that set-up took ~10 s of wall time,
+    and the copies burned it)."""
+    if runtime != "stage" and ddp_bucket_bytes:
+        with ddp_step_timer(model, inputs, ddp_bucket_bytes, torch.get_num_threads(), warmup,
+                            repeats) as time_step, co_running(model, inputs, corun):
+            return time_step()
     with co_running(model, inputs, corun):
         if runtime == "stage":
             return stage_step_times(model, inputs, warmup=warmup, repeats=repeats)
-        if ddp_bucket_bytes:
-            return ddp_step_times(model, inputs, ddp_bucket_bytes, torch.get_num_threads(),
-                                  warmup, repeats)
         return whole_step_times(model, inputs, warmup, repeats)
 
 

@@ -20,6 +20,8 @@ the collective is costed on its own (strategies); the model is wrapped as the tr
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -32,7 +34,7 @@ from topoctl.graph.forks import FORKS
 from topoctl.graph.steptime import whole_step_times
 from topotrain.timing import data_parallel
 
-__all__ = ["ddp_step_times"]
+__all__ = ["ddp_step_timer", "ddp_step_times"]
 
 TIMEOUT_S = 300.0  # the group and a few steps beside the copies, the fork server starting
 
@@ -44,25 +46,47 @@ def ddp_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], bucket_by
     (buckets of `bucket_bytes`, `threads` torch threads), timed in a child process as
     `whole_step_times` times the bare model. RuntimeError with the child's error when it
     fails."""
+    with ddp_step_timer(model, inputs, bucket_bytes, threads, warmup, repeats) as time_step:
+        return time_step()
+
+
+@contextmanager
+def ddp_step_timer(model: nn.Module, inputs: tuple[torch.Tensor, ...], bucket_bytes: int,
+                   threads: int = 1, warmup: int = 2, repeats: int = 5
+                   ) -> Iterator[Callable[[], tuple[float, float, float]]]:
+    """`ddp_step_times` in two halves: the child is set up on entry (model loaded, process
+    group, DDP wrapper: over a second of CPU, most of the child's work), and the function the
+    context yields times the step (warm-up and repeats) when called. A caller timing the step
+    beside co-running copies (`graph.cost`) starts them in between, so they do not burn the
+    cores through the set-up, which is not timed."""
     with tempfile.TemporaryDirectory(prefix="tp-ddpstep-") as tmp:
         path = Path(tmp, "step.pt")
         torch.save({"model": model, "inputs": tuple(inputs), "bucket_bytes": int(bucket_bytes),
                     "threads": int(threads), "warmup": warmup, "repeats": repeats}, path)
-        reply, theirs = FORKS.Pipe(duplex=False)
+        conn, theirs = FORKS.Pipe()
         child = FORKS.Process(target=_child, args=(str(path), theirs), daemon=True)
         child.start()
         theirs.close()
         try:
-            ok, answer = _reply(reply, child)
+            ok, answer = _reply(conn, child)  # set up: (True, "set up") or the error
+            if not ok:
+                raise RuntimeError(f"timing the DDP step failed: {answer}")
+
+            def time_step() -> tuple[float, float, float]:
+                conn.send("go")
+                ok, answer = _reply(conn, child)
+                if not ok:
+                    raise RuntimeError(f"timing the DDP step failed: {answer}")
+                fwd, bwd, step = answer
+                return float(fwd), float(bwd), float(step)
+
+            yield time_step
         finally:
+            conn.close()  # a child still waiting for "go" sees EOF and ends
             child.join(5)
             if child.is_alive():
                 child.kill()
                 child.join()
-    if not ok:
-        raise RuntimeError(f"timing the DDP step failed: {answer}")
-    fwd, bwd, step = answer
-    return float(fwd), float(bwd), float(step)
 
 
 def _reply(conn: Connection, child: BaseProcess) -> tuple[bool, object]:
@@ -85,8 +109,8 @@ def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Futur
 
 
 def _child(path: str, conn: Connection) -> None:
-    """The child: time the step of the request in file `path`, send (True, times) or (False,
-    the error) on `conn`."""
+    """The child: set up the step of the request in file `path` and say so, time it when told
+    to go; send (True, times) or (False, the error) on `conn`."""
     try:
         req = torch.load(path, weights_only=False)
         torch.set_num_threads(req["threads"])
@@ -94,6 +118,11 @@ def _child(path: str, conn: Connection) -> None:
         try:
             ddp = data_parallel(req["model"], req["bucket_bytes"] / 2**20)  # as the trainer
             ddp.register_comm_hook(None, _bucket_as_is)
+            conn.send((True, "set up"))
+            try:
+                conn.recv()  # "go"
+            except EOFError:
+                return  # the caller gave up before timing
             times = whole_step_times(ddp, req["inputs"], req["warmup"], req["repeats"])
         finally:
             dist.destroy_process_group()

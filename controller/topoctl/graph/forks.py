@@ -17,6 +17,7 @@ __all__ = ["FORKS"]
 
 FORKS = multiprocessing.get_context("forkserver")
 # what the children run imports these; without a list the server would import the caller's
-# __main__ instead (a CLI, pytest, a benchmark)
-FORKS.set_forkserver_preload(["torch", "torch.distributed", "topotrain.timing",
+# __main__ instead (a CLI, pytest, a benchmark). torch._dynamo: the first optimizer a process
+# builds imports it (~0.9 s of CPU), which every co-running copy and DDP step paid again
+FORKS.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "topotrain.timing",
                               "topoctl.graph.steptime"])
