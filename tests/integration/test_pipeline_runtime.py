@@ -66,7 +66,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local(job: dict, tmp_path) -> list[dict]:
+def run_ranks(job: dict, tmp_path, timeout: float = 300) -> list[tuple[int, str]]:
+    """`python -m topotrain.train` for every rank of the launch spec `job` on loopback:
+    (exit code, stdout and stderr) per rank, in the spec's order; every rank killed if one
+    outlives `timeout`."""
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     port = free_port()
@@ -80,17 +83,22 @@ def run_local(job: dict, tmp_path) -> list[dict]:
                 procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"],
                                               env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
-        events = []
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            assert p.returncode == 0, out[-3000:]
-            events += [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-        return events
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run_local(job: dict, tmp_path) -> list[dict]:
+    """The events of every rank of a run that must succeed (each rank exits 0)."""
+    events = []
+    for code, out in run_ranks(job, tmp_path):
+        assert code == 0, out[-3000:]
+        events += [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    return events
 
 
 @pytest.mark.parametrize("name,hosts", [("bert", 4), ("vgg", 4), ("bert", 8)])

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.integration.test_pipeline_runtime import free_port, run_local
+from tests.integration.test_pipeline_runtime import run_local, run_ranks
 
 JOB = {
     "name": "tiny", "command": [sys.executable, "-m", "topotrain.train"], "world_size": 2,
@@ -96,23 +96,8 @@ def test_ranks_that_build_other_weights_are_refused_before_training(tmp_path):
     the job before its first iteration, naming the ranks."""
     job = JOB | {"model": JOB["model"] | {
         "factory": "tests.integration.test_train_ddp:rank_seeded_mlp"}}
-    path = tmp_path / "job.json"
-    path.write_text(json.dumps(job))
-    port = free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "topotrain.train"],
-        env={**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-             "TOPOCTL_JOB": str(path), "GLOO_SOCKET_IFNAME": "lo",
-             "TOPOCTL_BIND_ADDRESS": "127.0.0.1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for specs in job["processes"].values() for spec in specs]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode != 0 for p in procs)
+    ranks = run_ranks(job, tmp_path, timeout=120)
+    outs = [out for _, out in ranks]
+    assert all(code != 0 for code, _ in ranks)
     assert all("built other initial weights" in out for out in outs), outs
     assert not any('"event": "iter"' in out for out in outs)

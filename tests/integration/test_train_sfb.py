@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 import sys
 import traceback
 
 import pytest
 
-from tests.integration.test_pipeline_runtime import free_port, run_local
+from tests.integration.test_pipeline_runtime import free_port, run_local, run_ranks
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -100,22 +98,9 @@ def test_sfb_trains_to_the_same_losses(tmp_path):
 
 
 def test_a_layer_that_is_not_linear_is_a_clear_error_on_every_rank(tmp_path):
-    path = tmp_path / "job.json"
-    path.write_text(json.dumps(JOB | {"sfb": ["net.0", "net.1"]}))  # net.1: a ReLU
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "topotrain.train"], env={
-        **os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "TOPOCTL_JOB": str(path), "GLOO_SOCKET_IFNAME": "lo",
-        "TOPOCTL_BIND_ADDRESS": "127.0.0.1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-        for specs in JOB["processes"].values() for spec in specs]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [1] * WORLD, outs
+    ranks = run_ranks(JOB | {"sfb": ["net.0", "net.1"]}, tmp_path, timeout=120)  # net.1: ReLU
+    path, outs = tmp_path / "job.json", [out for _, out in ranks]
+    assert [code for code, _ in ranks] == [1] * WORLD, outs
     for out in outs:
         assert f"{path}: job.sfb[1]: 'net.1' is a ReLU of the model" in out, out
         assert "Traceback" not in out, out
