@@ -21,7 +21,6 @@ from topoctl.graph.profile import (
     measure_train_job,
     retime_runtime_calibration,
 )
-from topoctl.lab.cpu import quotas as lab_cpu_quotas
 from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.placement.runtime import rank_op_costs
 from topoctl.render.addressing import AddressingError, assign_cluster
@@ -35,7 +34,7 @@ from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
-from topoctl.strategies import PlanContext, Strategy, StrategyError, available
+from topoctl.strategies import PlanContext, Strategy, StrategyError, available, host_speeds
 
 PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data parallelism
 LAB_TIMED_MAX_S = 2.0  # a rank's roofline forward + backward up to which lab ranks are timed
@@ -208,23 +207,6 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     except (FabricError, SimError) as e:
         raise ClusterError([("fabric", m) for _, m in e.problems]) from None
     return Evaluated(s, res, time.perf_counter() - t0)
-
-
-def host_speeds(ctx: PlanContext) -> dict[str, float]:
-    """Each training host's compute rate for the simulator (`Network.speed`) from the
-    cluster's `hosts[].speed`: {} when no host states one (plans as before). Ranks timed for
-    the lab (`ctx.cpu_pool`): the CPU quota in cores the lab gives the host
-    (`topoctl.lab.cpu.quotas` over all the cluster's hosts and `ctx.lab.cores`, the formula
-    `topoctl lab up` enforces); otherwise hosts of type `cpu` run at their `speed` (their op
-    and step times scale by 1/speed) and other device types keep their roofline."""
-    stated = {h.name: h.speed for h in ctx.cluster.hosts}
-    if all(stated.get(h) is None for h in ctx.hosts):
-        return {}
-    if ctx.cpu_pool is not None:
-        q = lab_cpu_quotas(stated, ctx.lab.cores) or {}
-        return {h: q[h] for h in ctx.hosts if h in q}
-    return {h: float(stated[h]) for h in ctx.hosts
-            if stated.get(h) is not None and ctx.cluster.gpus(h).type == "cpu"}
 
 
 def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:

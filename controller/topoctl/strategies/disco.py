@@ -48,7 +48,7 @@ from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS
 from topoctl.sim.tasks import Collective, Compute, Task
 
-from . import PlanContext, Strategy, StrategyError
+from . import PlanContext, Strategy, StrategyError, host_speeds
 from . import baseline as _baseline
 from .sfb import ring_rates
 
@@ -122,8 +122,6 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
 
 def _network(ctx: PlanContext, base: Strategy) -> Network:
     """The base plan's network with the hosts' speeds, as the planner simulates it."""
-    from topoctl.planner import host_speeds  # the planner imports the strategies: not at the top
-
     speeds = host_speeds(ctx)
     return replace(base.network, speed=speeds, _cache={}) if speeds else base.network
 

@@ -11,7 +11,7 @@ gradient of one process on the whole batch (`topotrain.shares` does it in the ra
 The simulator's iteration is the base strategy's with each host's forward and backward scaled
 by ``share / per_rank`` (compute linear in the batch: the same op costs, timed at the even
 per-rank batch); the planner runs every strategy's tasks at its hosts' speeds
-(`planner.host_speeds`, `Network.speed`), so a host `speed` times as fast takes 1/speed of that
+(`strategies.host_speeds`, `Network.speed`), so a host `speed` times as fast takes 1/speed of that
 time; the gradients, hence the AllReduce, do not change. The shares go into the plan's
 ``job.batch.shares`` (the renderer moves them there from ``collective.shares``) and its
 ``metadata.collective.shares``.
@@ -99,7 +99,7 @@ def with_shares(ctx: PlanContext, base: Strategy) -> Strategy:
                             f"{ctx.world_size} ranks: no share for some")
     shares = rank_shares(ctx)
     # a host's compute is its slowest rank's: its largest share; the host's speed is applied
-    # once, by the planner's simulation of every strategy (`planner.host_speeds`)
+    # once, by the planner's simulation of every strategy (`strategies.host_speeds`)
     factor = {h: max(shares[r] for r in rs) / ctx.local_batch for h, rs in ctx.ranks.items()}
     notes = dict(base.notes) | {"shares": {
         "speeds": {h: host_speed(ctx, h) for h in ctx.hosts},

@@ -54,7 +54,7 @@ from topoctl.tag.space import (
     used_hosts,
 )
 
-from . import PlanContext, Strategy, StrategyError
+from . import PlanContext, Strategy, StrategyError, host_speeds
 from . import baseline as _baseline
 from . import placement as _placement
 from . import sfb as _sfb
@@ -146,7 +146,6 @@ class Evaluator:
         self.network = network_from_fabric(ctx.fabric, self.hops)
         self.cache: dict[Plan, float] = {}
         self._dp: dict[str, Strategy | None] = {}
-        from topoctl.planner import host_speeds  # lazily: the planner imports the strategies
         self.speeds = host_speeds(ctx)
         self.memory = {h: ctx.device[h].memory for h in ctx.hosts}
 
