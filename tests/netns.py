@@ -7,7 +7,6 @@ in 10.231.0.0/16, which nothing else on the machine uses."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import subprocess
@@ -18,10 +17,11 @@ from pathlib import Path
 PREFIX = "tpt-"
 
 
-def sh(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+def sh(cmd: list[str], check: bool = True,
+       input_text: str | None = None) -> subprocess.CompletedProcess:
     # surrogateescape: link names are bytes to the kernel, not always UTF-8
     return subprocess.run(cmd, check=check, capture_output=True, text=True,
-                          errors="surrogateescape")
+                          errors="surrogateescape", input=input_text)
 
 
 def ns_exec(ns: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -37,6 +37,25 @@ def ip_json(ns: str, *args: str) -> list:
 def tc_json(ns: str, *args: str) -> list:
     out = sh(["tc", "-n", ns, "-j", *args]).stdout
     return json.loads(out) if out.strip() else []
+
+
+def json_batch(tool: str, ns: str, options: list[str], commands: list[str]) -> list[list]:
+    """What `ip` or `tc` (`tool`) reports for each of `commands` as JSON, from one process
+    (`-batch`: one JSON document per command, one after the other; an empty one for a command
+    that prints nothing is an empty list). Fewer processes than one per command: a host dump
+    is read thousands of times in the property tests."""
+    out = sh([tool, "-n", ns, "-j", *options, "-batch", "-"],
+             input_text="".join(c + "\n" for c in commands)).stdout
+    docs, decoder, i = [], json.JSONDecoder(), 0
+    while True:
+        while i < len(out) and out[i].isspace():
+            i += 1
+        if i == len(out):
+            break
+        doc, i = decoder.raw_decode(out, i)
+        docs.append(doc)
+    assert len(docs) == len(commands), (commands, out)
+    return docs
 
 
 def list_netns() -> list[str]:
@@ -78,8 +97,30 @@ _UNITS = {"bit": 1, "Kbit": 10**3, "Mbit": 10**6, "Gbit": 10**9, "Tbit": 10**12}
 def tc_classes(ns: str, dev: str) -> list[dict]:
     """`tc class show` (iproute2 6.1 has no JSON for HTB classes): handle, parent, rate, ceil
     in bit/s, burst and cburst in bytes, plus the raw line for exact before/after comparisons."""
+    return _parse_classes(sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout)
+
+
+def tc_classes_of(ns: str, devs: list[str]) -> dict[str, list[dict]]:
+    """`tc_classes` of several links from one tc process (`-batch`). Plain-text class lists
+    of consecutive commands run together, so each link's is followed by `qdisc show dev lo`,
+    whose one line (a namespace's loopback keeps its noqueue qdisc) starts with "qdisc" where
+    every class line starts with "class": the separator."""
+    script = "".join(f"class show dev {dev}\nqdisc show dev lo\n" for dev in devs)
+    out = sh(["tc", "-n", ns, "-batch", "-"], input_text=script).stdout
+    chunks: list[list[str]] = [[]]
+    for line in out.splitlines():
+        if line.startswith("qdisc"):
+            chunks.append([])
+        else:
+            chunks[-1].append(line)
+    assert len(chunks) == len(devs) + 1, (script, out)
+    return {dev: _parse_classes("\n".join(lines))
+            for dev, lines in zip(devs, chunks[:-1], strict=True)}
+
+
+def _parse_classes(text: str) -> list[dict]:
     out = []
-    for line in sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout.splitlines():
+    for line in text.splitlines():
         words = line.split()
         if len(words) < 3 or words[0] != "class":
             continue
@@ -118,33 +159,32 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
     """Everything the agent could touch on `links` and host-wide, as iproute2 and /proc
     report it: compare two dumps to prove a host unchanged.
 
-    The ~17 readers are separate processes (iproute2, tc, a shell in the namespace) and read
-    independently of each other, so they run side by side: the same reads as one after the
-    other (a dump was never one atomic snapshot either), in a fraction of the time on a
-    machine with more than one core."""
+    Five reader processes (iproute2 and tc, each with a batch of commands, and a shell in the
+    namespace) read independently of each other, so they run side by side (a dump was never
+    one atomic snapshot either)."""
+    devs = list(links)
     readers = {
-        "addr": lambda: ip_json(ns, "-4", "addr", "show"),
+        "ip4": lambda: json_batch("ip", ns, ["-4"], ["addr show", "route show table all",
+                                                     "rule show"]),
         "link": lambda: [{k: link.get(k) for k in ("ifname", "mtu", "flags", "qdisc")}
                          for link in ip_json(ns, "link", "show")],
-        "route": lambda: ip_json(ns, "-4", "route", "show", "table", "all"),
-        "rule": lambda: ip_json(ns, "-4", "rule", "show"),
         "sysctl": lambda: ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv4/ip_forward "
                                   "/proc/sys/net/ipv4/fib_multipath_hash_policy "
                                   "/proc/sys/net/ipv4/conf/*/rp_filter "
                                   "/proc/sys/net/ipv4/conf/*/promote_secondaries").stdout,
+        "tc": lambda: json_batch("tc", ns, [], [f"{what} show dev {dev}" for dev in devs
+                                               for what in ("qdisc", "filter")]),
+        "class": lambda: tc_classes_of(ns, devs),
     }
-    for dev in links:
-        readers[f"tc {dev} qdisc"] = functools.partial(tc_json, ns, "qdisc", "show", "dev", dev)
-        readers[f"tc {dev} class"] = functools.partial(tc_classes, ns, dev)
-        readers[f"tc {dev} filter"] = functools.partial(tc_json, ns, "filter", "show", "dev",
-                                                        dev)
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=len(readers)) as pool:
         futures = {key: pool.submit(read) for key, read in readers.items()}
         got = {key: f.result() for key, f in futures.items()}
-    out = {key: got[key] for key in ("addr", "link", "route", "rule", "sysctl")}
-    for dev in links:
-        out[f"tc {dev}"] = [got[f"tc {dev} qdisc"], got[f"tc {dev} class"],
-                            got[f"tc {dev} filter"]]
+    addr, route, rule = got["ip4"]
+    out = {"addr": addr, "link": got["link"], "route": route, "rule": rule,
+           "sysctl": got["sysctl"]}
+    for k, dev in enumerate(devs):
+        qdisc, filters = got["tc"][2 * k], got["tc"][2 * k + 1]
+        out[f"tc {dev}"] = [qdisc, got["class"][dev], filters]
     return _strip(out)
 
 

@@ -20,7 +20,7 @@ import yaml
 from tests.integration.test_agent import Host, full_state, host  # noqa: F401
 from tests.integration.test_agent import dump as dump4
 from tests.integration.test_agent_batch import same_host
-from tests.netns import ip_json, ns_exec, sh, tc_json
+from tests.netns import ip_json, json_batch, ns_exec, sh, tc_json
 
 pytestmark = pytest.mark.netns
 
@@ -82,19 +82,22 @@ def dump6(ns: str) -> dict:
     """The IPv6 half of a host dump (tests.netns.host_dump reads IPv4), as iproute2 and /proc
     report it, without what the kernel makes by itself and on its own schedule (link-local
     addresses and their routes, which appear once a link is up, and the local table)."""
-    addrs = [{"ifname": a["ifname"],
-              "addr_info": sorted((i["local"], i["prefixlen"]) for i in a.get("addr_info", [])
-                                  if not i["local"].startswith("fe80:"))}
-             for a in ip_json(ns, "-6", "addr", "show")]
-    routes = [r for r in ip_json(ns, "-6", "route", "show", "table", "all")
+    addr6, route6, rule6 = json_batch("ip", ns, ["-6"], ["addr show", "route show table all",
+                                                          "rule show"])
+    # a link is listed once it has any IPv6 address: with only its link-local one, it is not
+    # listed here either
+    addrs = [{"ifname": a["ifname"], "addr_info": kept}
+             for a in addr6
+             if (kept := sorted((i["local"], i["prefixlen"]) for i in a.get("addr_info", [])
+                                if not i["local"].startswith("fe80:")))]
+    routes = [r for r in route6
               if r.get("table") != "local" and not r["dst"].startswith("fe80:")]
     for r in routes:
         r.pop("pref", None)
         r.pop("expires", None)
     sysctl = ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv6/conf/all/forwarding "
                      "/proc/sys/net/ipv6/fib_multipath_hash_policy").stdout
-    return {"addr6": addrs, "route6": routes, "rule6": ip_json(ns, "-6", "rule", "show"),
-            "sysctl6": sysctl}
+    return {"addr6": addrs, "route6": routes, "rule6": rule6, "sysctl6": sysctl}
 
 
 def dump(ns: str) -> dict:  # noqa: F811
