@@ -7,6 +7,7 @@ in 10.231.0.0/16, which nothing else on the machine uses."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -100,24 +101,6 @@ def tc_classes(ns: str, dev: str) -> list[dict]:
     return _parse_classes(sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout)
 
 
-def tc_classes_of(ns: str, devs: list[str]) -> dict[str, list[dict]]:
-    """`tc_classes` of several links from one tc process (`-batch`). Plain-text class lists
-    of consecutive commands run together, so each link's is followed by `qdisc show dev lo`,
-    whose one line (a namespace's loopback keeps its noqueue qdisc) starts with "qdisc" where
-    every class line starts with "class": the separator."""
-    script = "".join(f"class show dev {dev}\nqdisc show dev lo\n" for dev in devs)
-    out = sh(["tc", "-n", ns, "-batch", "-"], input_text=script).stdout
-    chunks: list[list[str]] = [[]]
-    for line in out.splitlines():
-        if line.startswith("qdisc"):
-            chunks.append([])
-        else:
-            chunks[-1].append(line)
-    assert len(chunks) == len(devs) + 1, (script, out)
-    return {dev: _parse_classes("\n".join(lines))
-            for dev, lines in zip(devs, chunks[:-1], strict=True)}
-
-
 def _parse_classes(text: str) -> list[dict]:
     out = []
     for line in text.splitlines():
@@ -159,9 +142,9 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
     """Everything the agent could touch on `links` and host-wide, as iproute2 and /proc
     report it: compare two dumps to prove a host unchanged.
 
-    Five reader processes (iproute2 and tc, each with a batch of commands, and a shell in the
-    namespace) read independently of each other, so they run side by side (a dump was never
-    one atomic snapshot either)."""
+    The readers (iproute2 and tc, with a batch of commands where the output can be told apart,
+    and a shell in the namespace) read independently of each other, so they run side by side
+    (a dump was never one atomic snapshot either)."""
     devs = list(links)
     readers = {
         "ip4": lambda: json_batch("ip", ns, ["-4"], ["addr show", "route show table all",
@@ -174,8 +157,10 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
                                   "/proc/sys/net/ipv4/conf/*/promote_secondaries").stdout,
         "tc": lambda: json_batch("tc", ns, [], [f"{what} show dev {dev}" for dev in devs
                                                for what in ("qdisc", "filter")]),
-        "class": lambda: tc_classes_of(ns, devs),
     }
+    for dev in devs:  # (no batch: iproute2 6.1 lists HTB classes as text, even under -j, and
+        # one link's list would run into the next's)
+        readers[f"class {dev}"] = functools.partial(tc_classes, ns, dev)
     with ThreadPoolExecutor(max_workers=len(readers)) as pool:
         futures = {key: pool.submit(read) for key, read in readers.items()}
         got = {key: f.result() for key, f in futures.items()}
@@ -184,7 +169,7 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
            "sysctl": got["sysctl"]}
     for k, dev in enumerate(devs):
         qdisc, filters = got["tc"][2 * k], got["tc"][2 * k + 1]
-        out[f"tc {dev}"] = [qdisc, got["class"][dev], filters]
+        out[f"tc {dev}"] = [qdisc, got[f"class {dev}"], filters]
     return _strip(out)
 
 

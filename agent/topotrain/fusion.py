@@ -15,10 +15,12 @@ Cost: one eager forward plus one forward and backward per region."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +83,33 @@ def apply_fusion(model: nn.Module, plan: FusionPlan, inputs: list[torch.Tensor],
     raise_recompile_limit(8 + len(plan.regions))
     buffers = {k: v.detach().clone() for k, v in model.state_dict().items()}
     region_inputs = _record_inputs(model, plan.regions, inputs)
+    with _one_compiler_per_cache(report.cache_dir):
+        _compile_regions(model, plan, region_inputs, backend, report)
+    model.load_state_dict(buffers)
+    model.zero_grad(set_to_none=True)
+    for r in report.fallbacks:
+        print(f"topotrain.fusion: rank {rank}: region {r.region or '<whole model>'} runs eager "
+              f"({r.status}: {r.reason})", file=sys.stderr, flush=True)
+    emit(**report.event(rank))
+    return report
+
+
+@contextlib.contextmanager
+def _one_compiler_per_cache(cache_dir: str) -> Iterator[None]:
+    """Hold the cache directory's compile lock: ranks that share an inductor cache (the ranks
+    of one host) compile one after the other, so every rank after the first loads the first
+    one's kernels from the cache (a fraction of a cold compile's CPU) instead of compiling the
+    same graph at the same time. Ranks with caches of their own never wait for each other."""
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(os.path.join(cache_dir, "topotrain-compile.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a crash
+        yield
+
+
+def _compile_regions(model: nn.Module, plan: FusionPlan,
+                     region_inputs: dict[str, tuple[tuple, dict]],
+                     backend: str | Callable, report: FusionReport) -> None:
+    """Each region compiled in turn until the plan's budget of compile seconds is spent."""
     spent = 0.0
     for path in plan.regions:
         if spent >= plan.budget_s:
@@ -90,13 +119,6 @@ def apply_fusion(model: nn.Module, plan: FusionPlan, inputs: list[torch.Tensor],
         res = _compile_region(model.get_submodule(path), path, region_inputs.get(path), backend)
         spent += res.seconds
         report.regions.append(res)
-    model.load_state_dict(buffers)
-    model.zero_grad(set_to_none=True)
-    for r in report.fallbacks:
-        print(f"topotrain.fusion: rank {rank}: region {r.region or '<whole model>'} runs eager "
-              f"({r.status}: {r.reason})", file=sys.stderr, flush=True)
-    emit(**report.event(rank))
-    return report
 
 
 def raise_recompile_limit(limit: int) -> None:

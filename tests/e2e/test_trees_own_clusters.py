@@ -48,8 +48,13 @@ def test_small_suite_through_the_users_path(tmp_path):
     # cache of this test's own, never the machine's (benchmarks after CI would use figures
     # measured under the test suite's load)
     cache, out = tmp_path / "cache", tmp_path / "out"
+    # the demo's job with a quarter of its width: the same path, a fraction of the timing
+    job = yaml.safe_load((ROOT / "plans" / "mlp-job.yaml").read_text())
+    job["model"]["params"] |= {"layers": 2, "hidden": 256}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     r = subprocess.run([sys.executable, "-m", "bench.trees_own_clusters",
                         "--suite", "small", "--iterations", "3", "--out", str(out),
+                        "--job", str(tmp_path / "job.yaml"), "--batch", "16",
                         "--json"], capture_output=True, text=True, timeout=300,
                        cwd=ROOT, env=os.environ | {"TOPOCTL_CACHE": str(cache)})
     assert r.returncode == 0, r.stderr[-3000:]
