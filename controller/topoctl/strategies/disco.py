@@ -17,6 +17,14 @@ region's cost on its last op, priced by the roofline on a modelled device and by
 model where the ranks' ops were timed on this CPU); the chosen regions travel in the plan as
 ``job.fusion`` (`topocontract.fusion`), which the runtime compiles (`topotrain.fusion`).
 
+The search also chooses what the AllReduces overlap with (``job.collective.bucket_overlap``):
+the backward pass (DDP's timeline, the default, above) or the next forward pass (``forward``,
+cross-iteration overlap as ByteScheduler and PACE schedule it: a layer's next forward waits
+for its bucket's AllReduce, `overlap_tasks`), and for the latter how many of the last-ready
+buckets (the first layers') are held back and all-reduced first-layer-first
+(`topoctl.disco.search.issue_order`: the plan lists the buckets in that order). Such a plan's
+iteration is the simulator's steady-state period (`topoctl.sim.steady`).
+
 The search starts from the anchors, each also reported in the plan's notes with its
 simulated iteration: DDP's defaults (25 MB, 1 MB first bucket), the job's cap (the
 baseline), every cap of {1, 5, 10, 25, 50, 100} MB, MG-WFBP's merge, a Horovod-style
@@ -33,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from topoctl.disco.autotune import autotune_cap
-from topoctl.disco.search import Candidate, best_first
+from topoctl.disco.search import Candidate, best_first, issue_order
 from topoctl.disco.timeline import (
     cap_partition,
     mgwfbp_partition,
@@ -46,7 +54,8 @@ from topoctl.graph.ops import OpGraph
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS
-from topoctl.sim.tasks import Collective, Compute, Task
+from topoctl.sim.steady import steady_period
+from topoctl.sim.tasks import Collective, Compute, Task, previous
 
 from . import PlanContext, Strategy, StrategyError, host_speeds
 from . import baseline as _baseline
@@ -56,6 +65,7 @@ MB = 1 << 20
 CAPS_MB = (1, 5, 10, 25, 50, 100)
 DDP_CAP, DDP_FIRST = 25 * MB, 1 * MB  # torch DDP's defaults (bucket_cap_mb=None)
 BUDGET = 300  # simulations the search may spend
+OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
 
@@ -120,6 +130,62 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
     return tasks, sizes
 
 
+def forward_chunks(ctx: PlanContext, units: Units, cuts: tuple[int, ...]
+                   ) -> list[tuple[int, list[int]]]:
+    """The forward pass split where a bucket is first needed: (index of the chunk's first op
+    in forward order, the buckets its first op needs first), ascending; the first chunk starts
+    at op 0 (needing none when the first ops own no parameters). O(units + buckets)."""
+    n_ops, first, need = len(ctx.graph.ops), 0, {}
+    for k, last in enumerate(cuts):
+        need[k] = min(n_ops - 1 - units.pos[u] for u in range(first, last + 1))
+        first = last + 1
+    starts = sorted(set(need.values()) | {0})
+    return [(a, [k for k, f in need.items() if f == a]) for a in starts]
+
+
+def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: int,
+                  costs: Callable[[str], dict[str, OpCost]]
+                  ) -> tuple[list[Task], list[int], list[int]]:
+    """One iteration's tasks under ``bucket_overlap: forward`` (`topotrain.buckets`); (tasks,
+    bucket bytes and bucket indices, both in AllReduce order). The forward runs in chunks
+    (`forward_chunks`): a chunk waits for the previous iteration's AllReduce of the buckets
+    it needs first (`sim.tasks.previous`) and includes their share (by bytes) of the
+    optimizer step; the backward runs in chunks as in `partition_tasks`; the AllReduces go
+    one after another on one stream in `issue_order`, the first after the previous
+    iteration's last. `steady_period` of these tasks is the iteration. O(ops + buckets x
+    hosts)."""
+    order, ring = issue_order(len(cuts), tail), ALGORITHMS["ring"]
+    ops, back = ctx.graph.ops, list(reversed(ctx.graph.ops))
+    ready_sizes, first = [], 0
+    for last in cuts:
+        ready_sizes.append(sum(units.size[first:last + 1]))
+        first = last + 1
+    chunks = forward_chunks(ctx, units, cuts)
+    bounds = [a for a, _ in chunks] + [len(ops)]
+    ends = [units.pos[c] for c in cuts]
+    total = max(1, sum(ready_sizes))
+    tasks: list[Task] = []
+    for h in ctx.hosts:
+        c, step = costs(h), _baseline.step_time(ctx, h)
+        prev: tuple[str, ...] = ()
+        for j, (a, ks) in enumerate(chunks):
+            dur = sum(c[o.name].fwd for o in ops[a:bounds[j + 1]]) + step * sum(
+                ready_sizes[k] for k in ks) / total
+            deps = prev + tuple(previous(f"ar{k}") for k in ks)
+            tasks.append(Compute(f"fwd{j}@{h}", h, dur, deps))
+            prev = (f"fwd{j}@{h}",)
+        bwd, first = [c[o.name].bwd for o in back], 0
+        for k, end in enumerate([*ends, len(back) - 1]):
+            tid = _baseline.backward_task(k, h)
+            tasks.append(Compute(tid, h, sum(bwd[first:end + 1]), prev))
+            prev, first = (tid,), max(first, end + 1)
+    for j, k in enumerate(order):
+        deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
+        deps += (f"ar{order[j - 1]}",) if j else (previous(f"ar{order[-1]}"),)
+        tasks.append(Collective(f"ar{k}", ring(list(ctx.hosts), float(ready_sizes[k])), deps))
+    return tasks, [ready_sizes[k] for k in order], order
+
+
 def _network(ctx: PlanContext, base: Strategy) -> Network:
     """The base plan's network with the hosts' speeds, as the planner simulates it."""
     speeds = host_speeds(ctx)
@@ -134,13 +200,21 @@ class _Scorer:
         self.ctx, self.units, self.network, self.options = ctx, units, network, options
         self.memo: dict[Candidate, float] = {}
 
-    def tasks(self, c: Candidate) -> tuple[list[Task], list[int]]:
-        return partition_tasks(self.ctx, self.units, c.cuts,
-                               lambda h: host_costs(self.ctx, self.options, c.fusion, h))
+    def tasks(self, c: Candidate) -> tuple[list[Task], list[int], list[int]]:
+        """(tasks, bucket bytes, bucket indices), the last two in AllReduce order."""
+        costs = lambda h: host_costs(self.ctx, self.options, c.fusion, h)  # noqa: E731
+        if c.overlap == "forward":
+            return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs)
+        tasks, sizes = partition_tasks(self.ctx, self.units, c.cuts, costs)
+        return tasks, sizes, list(range(len(sizes)))
 
     def __call__(self, c: Candidate) -> float:
         if c not in self.memo:
-            self.memo[c] = simulate(self.tasks(c)[0], self.network, record=False).iteration_time
+            tasks = self.tasks(c)[0]
+            # forward overlap: iterations renew where a forward ends (every AllReduce of the
+            # iteration before is applied), so two back to back give the period exactly
+            self.memo[c] = (steady_period(tasks, self.network, 2) if c.overlap == "forward"
+                            else simulate(tasks, self.network, record=False).iteration_time)
         return self.memo[c]
 
 
@@ -171,9 +245,11 @@ def anchors(ctx: PlanContext, units: Units, score: _Scorer, model: dict
 
 
 def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost]],
-           budget: int = BUDGET, seed: int = SEED, progress: bool = True) -> dict:
+           budget: int = BUDGET, seed: int = SEED, progress: bool = True,
+           forward: bool = True) -> dict:
     """Anchors and DisCo's search on `base`'s network: a dict with the units, the scorer, the
-    anchors' (partition, seconds), the search result, the lower bound's parts and seconds."""
+    anchors' (partition, seconds), the search result, the lower bound's parts and seconds.
+    `forward`: the search may choose forward overlap (`bucket_overlap: forward`) too."""
     t0 = time.perf_counter()
     units = grad_units(ctx.graph)
     if not units.size:
@@ -183,15 +259,19 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
     model = model_inputs(ctx, units, network)
     anchor = {k: (p, score(Candidate("none", p))) for k, p in
               anchors(ctx, units, score, model).items()}
-    initial = [Candidate(f, p) for p, _ in sorted(anchor.values(), key=lambda x: x[1])
-               for f in sorted(options)]
+    ranked = [p for p, _ in sorted(anchor.values(), key=lambda x: x[1])]
+    initial = [Candidate(f, p) for p in ranked for f in sorted(options)]
+    if forward:  # the best three anchors' partitions under forward overlap, a few tails
+        initial += [Candidate("none", p, "forward", t) for p in dict.fromkeys(ranked[:3])
+                    for t in sorted({1, 2, (len(p) + 1) // 2, len(p)}) if t <= len(p)]
 
     def report(evals: int, best: float) -> None:  # progress, and the search's wall time
         print(f"disco: {evals}/{budget} simulations, best {best:.6f} s/it, "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     result = best_first(initial, len(units.size), sorted(options), score, seed=seed,
-                        budget=max(budget, len(initial)), progress=report if progress else None)
+                        budget=max(budget, len(initial)), progress=report if progress else None,
+                        overlaps=OVERLAPS if forward else OVERLAPS[:1])
     if progress:
         print(f"disco: searched {result.evaluations} candidates in "
               f"{time.perf_counter() - t0:.1f} s (anchors included)", file=sys.stderr)
@@ -203,7 +283,7 @@ def ideal(ctx: PlanContext, units: Units, score: _Scorer) -> tuple[float, float]
     """(T_compute, T_comm): the iteration without any AllReduce (compute alone) and one
     AllReduce of every gradient alone, both simulated on the plan's network."""
     c = Candidate("none", (len(units.size) - 1,))
-    tasks, sizes = score.tasks(c)
+    tasks = score.tasks(c)[0]
     compute = [t for t in tasks if not isinstance(t, Collective)]
     compute = [replace(t, deps=tuple(d for d in t.deps if not d.startswith("ar")))
                for t in compute]
@@ -229,23 +309,35 @@ def with_disco(ctx: PlanContext, base: Strategy,
     options = fusion_options or {"none": ctx.host_costs(ctx.hosts[0])}
     found = search(ctx, base, options, budget, seed)
     units, score, res = found["units"], found["score"], found["result"]
-    tasks, sizes = score.tasks(res.best)
+    tasks, sizes, order = score.tasks(res.best)
     t_compute, t_comm = ideal(ctx, units, score)
     t_default = found["anchors"]["ddp-default"][1]
     gap = t_default - max(t_compute, t_comm)
-    plan, first = [], 0
-    for last, nbytes in zip(res.best.cuts, sizes, strict=True):
-        plan.append({"params": list(units.params[first:last + 1]), "bytes": int(nbytes)})
-        first = last + 1
+    plan = bucket_plan(units, res.best.cuts, order)
+    collective = base.collective | {"bucket_plan": plan}
+    if res.best.overlap == "forward":  # the default (backward) is not written: same bytes
+        collective |= {"bucket_overlap": "forward"}
     notes = dict(base.notes) | {"disco": {
-        "fusion": res.best.fusion, "buckets": len(sizes),
+        "fusion": res.best.fusion, "buckets": len(sizes), "overlap": res.best.overlap,
+        "tail": res.best.tail,
         "anchors": {k: _r(t) for k, (_, t) in found["anchors"].items()},
         "t_compute": _r(t_compute), "t_comm": _r(t_comm),
         "gap_closed": _r((t_default - res.cost) / gap) if gap > 0 else None,
         "search": {"simulations": res.evaluations, "expansions": res.expansions,
                    "kept": len(res.kept), "seed": seed}}}  # no seconds: plans are the same bytes
     return replace(base, name=f"{base.name}+disco", tasks=tasks, buckets=sizes,
-                   collective=base.collective | {"bucket_plan": plan}, notes=notes)
+                   collective=collective, notes=notes)
+
+
+def bucket_plan(units: Units, cuts: tuple[int, ...], order: list[int]) -> list[dict]:
+    """The plan's ``bucket_plan``: the buckets of the partition `cuts` (parameter names and
+    bytes) listed in AllReduce `order`. O(units)."""
+    buckets, first = [], 0
+    for last in cuts:
+        buckets.append({"params": list(units.params[first:last + 1]),
+                        "bytes": int(sum(units.size[first:last + 1]))})
+        first = last + 1
+    return [buckets[k] for k in order]
 
 
 def baseline_disco(ctx: PlanContext) -> Strategy:
