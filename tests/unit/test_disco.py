@@ -162,8 +162,9 @@ def test_forward_overlap_is_simulated_across_iterations():
     """`bucket_overlap: forward` in the simulator: a forward chunk waits for the previous
     iteration's AllReduce (`previous`: ignored from idle, chained by `chain_iterations`);
     with no bucket held back the first layers' bucket is the last AllReduce, so the period is
-    the backward timeline's iteration; holding the first layers' buckets back and sending
-    them first hides more, and no period beats max(T_compute, T_comm)."""
+    the backward timeline's iteration (and one optimizer.step call per bucket); holding the
+    first layers' buckets back and sending them first hides more, and no period beats
+    max(T_compute, T_comm)."""
     from topoctl.sim.engine import simulate
     from topoctl.sim.steady import chain_iterations, steady_period
     from topoctl.strategies import disco as d
@@ -185,7 +186,9 @@ def test_forward_overlap_is_simulated_across_iterations():
     assert not [d for d in chained[f"it0:{waits[0]}"] if "ar" in d]  # from idle: no wait
     simulate(tasks, score.network, record=False)  # one iteration from idle: runs
     backward = score(Candidate("none", cuts))
-    assert score(Candidate("none", cuts, "forward", 1)) == pytest.approx(backward, rel=1e-6)
+    calls = len(cuts) * d.step_call(ctx, ctx.hosts[0])  # one optimizer.step per bucket
+    assert score(Candidate("none", cuts, "forward", 1)) == pytest.approx(backward + calls,
+                                                                         rel=1e-6)
     assert steady_period(tasks, score.network, 2) == score(Candidate("none", cuts, "forward",
                                                                      3))
     t_compute, t_comm = d.ideal(ctx, units, score)

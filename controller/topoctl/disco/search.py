@@ -104,12 +104,13 @@ def neighbours(c: Candidate, n: int, fusions: Sequence[str], rng: random.Random,
 
 def _overlap_move(c: Candidate, kind: int, overlaps: Sequence[str], rng: random.Random
                   ) -> Candidate:
-    """Kind 4: another overlap (tail 1 again); kind 5 (forward only): the tail one longer or
-    shorter, within 1..buckets."""
+    """Kind 4: another overlap (tail 1 again); kind 5 (forward only): the tail 1..3 longer
+    or shorter, within 1..buckets."""
     if kind == 4 or c.overlap == "backward":
         others = [o for o in overlaps if o != c.overlap]
         return replace(c, overlap=others[rng.randrange(len(others))], tail=1)
-    return replace(c, tail=max(1, min(len(c.cuts), c.tail + rng.choice((-1, 1)))))
+    step = rng.choice((-3, -2, -1, 1, 2, 3))
+    return replace(c, tail=max(1, min(len(c.cuts), c.tail + step)))
 
 
 def best_first(initial: Sequence[Candidate], n: int, fusions: Sequence[str],

@@ -65,6 +65,9 @@ MB = 1 << 20
 CAPS_MB = (1, 5, 10, 25, 50, 100)
 DDP_CAP, DDP_FIRST = 25 * MB, 1 * MB  # torch DDP's defaults (bucket_cap_mb=None)
 BUDGET = 300  # simulations the search may spend
+# one more torch optimizer.step() whose other parameters have no gradient: about 20-30 us
+# for SGD on this CPU (ResNet-18's 62 parameters stepped one call each: 1.7 ms, one call 0.4 ms)
+STEP_CALL_S = 25e-6
 OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
@@ -130,6 +133,12 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
     return tasks, sizes
 
 
+def step_call(ctx: PlanContext, host: str) -> float:
+    """Seconds one more ``optimizer.step()`` call costs (forward overlap steps once per
+    bucket): a kernel launch on a modelled device; on lab hosts `STEP_CALL_S`."""
+    return STEP_CALL_S if ctx.step_s is not None else ctx.device[host].launch
+
+
 def forward_chunks(ctx: PlanContext, units: Units, cuts: tuple[int, ...]
                    ) -> list[tuple[int, list[int]]]:
     """The forward pass split where a bucket is first needed: (index of the chunk's first op
@@ -150,10 +159,10 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
     bucket bytes and bucket indices, both in AllReduce order). The forward runs in chunks
     (`forward_chunks`): a chunk waits for the previous iteration's AllReduce of the buckets
     it needs first (`sim.tasks.previous`) and includes their share (by bytes) of the
-    optimizer step; the backward runs in chunks as in `partition_tasks`; the AllReduces go
-    one after another on one stream in `issue_order`, the first after the previous
-    iteration's last. `steady_period` of these tasks is the iteration. O(ops + buckets x
-    hosts)."""
+    optimizer step and one `step_call` each; the backward runs in chunks as in
+    `partition_tasks`; the AllReduces go one after another on one stream in `issue_order`,
+    the first after the previous iteration's last. `steady_period` of these tasks is the
+    iteration. O(ops + buckets x hosts)."""
     order, ring = issue_order(len(cuts), tail), ALGORITHMS["ring"]
     ops, back = ctx.graph.ops, list(reversed(ctx.graph.ops))
     ready_sizes, first = [], 0
@@ -166,11 +175,11 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
     total = max(1, sum(ready_sizes))
     tasks: list[Task] = []
     for h in ctx.hosts:
-        c, step = costs(h), _baseline.step_time(ctx, h)
+        c, step, call = costs(h), _baseline.step_time(ctx, h), step_call(ctx, h)
         prev: tuple[str, ...] = ()
         for j, (a, ks) in enumerate(chunks):
             dur = sum(c[o.name].fwd for o in ops[a:bounds[j + 1]]) + step * sum(
-                ready_sizes[k] for k in ks) / total
+                ready_sizes[k] for k in ks) / total + call * len(ks)
             deps = prev + tuple(previous(f"ar{k}") for k in ks)
             tasks.append(Compute(f"fwd{j}@{h}", h, dur, deps))
             prev = (f"fwd{j}@{h}",)
@@ -244,6 +253,16 @@ def anchors(ctx: PlanContext, units: Units, score: _Scorer, model: dict
     return out
 
 
+def tails(buckets: int) -> list[int]:
+    """Held-back tails tried first for `buckets` buckets: 1, 2, 3, 4, 6, 8, 12, ... (each
+    power of two and 1.5 times it) up to `buckets`, and `buckets`. O(log buckets)."""
+    out, t = {1, buckets}, 2
+    while t <= buckets:
+        out |= {t, t + t // 2} if t + t // 2 <= buckets else {t}
+        t *= 2
+    return sorted(out)
+
+
 def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost]],
            budget: int = BUDGET, seed: int = SEED, progress: bool = True,
            forward: bool = True) -> dict:
@@ -261,9 +280,11 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
               anchors(ctx, units, score, model).items()}
     ranked = [p for p, _ in sorted(anchor.values(), key=lambda x: x[1])]
     initial = [Candidate(f, p) for p in ranked for f in sorted(options)]
-    if forward:  # the best three anchors' partitions under forward overlap, a few tails
-        initial += [Candidate("none", p, "forward", t) for p in dict.fromkeys(ranked[:3])
-                    for t in sorted({1, 2, (len(p) + 1) // 2, len(p)}) if t <= len(p)]
+    if forward:  # forward overlap: one bucket per parameter and the best three anchors'
+        # partitions, each with held-back tails on a geometric grid
+        per_unit = tuple(range(len(units.size)))
+        initial += [Candidate("none", p, "forward", t)
+                    for p in dict.fromkeys([per_unit, *ranked[:3]]) for t in tails(len(p))]
 
     def report(evals: int, best: float) -> None:  # progress, and the search's wall time
         print(f"disco: {evals}/{budget} simulations, best {best:.6f} s/it, "
