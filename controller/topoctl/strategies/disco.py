@@ -54,7 +54,6 @@ from topoctl.graph.ops import OpGraph
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS
-from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective, Compute, Task, previous
 
 from . import PlanContext, Strategy, StrategyError, host_speeds
@@ -153,7 +152,7 @@ def forward_chunks(ctx: PlanContext, units: Units, cuts: tuple[int, ...]
 
 
 def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: int,
-                  costs: Callable[[str], dict[str, OpCost]]
+                  costs: Callable[[str], dict[str, OpCost]], cycle: bool = False
                   ) -> tuple[list[Task], list[int], list[int]]:
     """One iteration's tasks under ``bucket_overlap: forward`` (`topotrain.buckets`); (tasks,
     bucket bytes and bucket indices, both in AllReduce order). The forward runs in chunks
@@ -162,37 +161,55 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
     optimizer step and one `step_call` each; the backward runs in chunks as in
     `partition_tasks`; the AllReduces go one after another on one stream in `issue_order`,
     the first after the previous iteration's last. `steady_period` of these tasks is the
-    iteration. O(ops + buckets x hosts)."""
+    iteration. `cycle`: instead one renewal cycle, from the backward's start (every bucket
+    of the iteration before applied) to the end of the next forward, which waits for this
+    backward's AllReduces: its simulated time is the period (exact when the hosts are
+    alike), at the cost of one iteration. O(ops + buckets x hosts)."""
     order, ring = issue_order(len(cuts), tail), ALGORITHMS["ring"]
-    ops, back = ctx.graph.ops, list(reversed(ctx.graph.ops))
     ready_sizes, first = [], 0
     for last in cuts:
         ready_sizes.append(sum(units.size[first:last + 1]))
         first = last + 1
-    chunks = forward_chunks(ctx, units, cuts)
-    bounds = [a for a, _ in chunks] + [len(ops)]
-    ends = [units.pos[c] for c in cuts]
-    total = max(1, sum(ready_sizes))
+    ar = (lambda k: f"ar{k}") if cycle else (lambda k: previous(f"ar{k}"))  # noqa: E731
     tasks: list[Task] = []
     for h in ctx.hosts:
-        c, step, call = costs(h), _baseline.step_time(ctx, h), step_call(ctx, h)
-        prev: tuple[str, ...] = ()
-        for j, (a, ks) in enumerate(chunks):
-            dur = sum(c[o.name].fwd for o in ops[a:bounds[j + 1]]) + step * sum(
-                ready_sizes[k] for k in ks) / total + call * len(ks)
-            deps = prev + tuple(previous(f"ar{k}") for k in ks)
-            tasks.append(Compute(f"fwd{j}@{h}", h, dur, deps))
-            prev = (f"fwd{j}@{h}",)
-        bwd, first = [c[o.name].bwd for o in back], 0
-        for k, end in enumerate([*ends, len(back) - 1]):
-            tid = _baseline.backward_task(k, h)
-            tasks.append(Compute(tid, h, sum(bwd[first:end + 1]), prev))
-            prev, first = (tid,), max(first, end + 1)
+        fwd, bwd = _overlap_compute(ctx, units, cuts, ready_sizes, costs, h, ar)
+        if cycle:  # the backward first, then the next forward
+            bwd[0] = replace(bwd[0], deps=())
+            fwd[0] = replace(fwd[0], deps=fwd[0].deps + (bwd[-1].id,))
+            tasks += bwd + fwd
+        else:
+            tasks += fwd + bwd
     for j, k in enumerate(order):
         deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
-        deps += (f"ar{order[j - 1]}",) if j else (previous(f"ar{order[-1]}"),)
+        if j or not cycle:
+            deps += (f"ar{order[j - 1]}",) if j else (previous(f"ar{order[-1]}"),)
         tasks.append(Collective(f"ar{k}", ring(list(ctx.hosts), float(ready_sizes[k])), deps))
     return tasks, [ready_sizes[k] for k in order], order
+
+
+def _overlap_compute(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
+                     ready_sizes: list[int], costs: Callable[[str], dict[str, OpCost]],
+                     h: str, ar: Callable[[int], str]) -> tuple[list[Compute], list[Compute]]:
+    """Host `h`'s forward chunks (each waiting for `ar(k)` of the buckets it needs first) and
+    backward chunks (the first after the last forward chunk) of `overlap_tasks`."""
+    ops, back = ctx.graph.ops, list(reversed(ctx.graph.ops))
+    chunks = forward_chunks(ctx, units, cuts)
+    bounds = [a for a, _ in chunks] + [len(ops)]
+    total = max(1, sum(ready_sizes))
+    c, step, call = costs(h), _baseline.step_time(ctx, h), step_call(ctx, h)
+    fwd: list[Compute] = []
+    prev: tuple[str, ...] = ()
+    for j, (a, ks) in enumerate(chunks):
+        dur = sum(c[o.name].fwd for o in ops[a:bounds[j + 1]]) + step * sum(
+            ready_sizes[k] for k in ks) / total + call * len(ks)
+        fwd.append(Compute(f"fwd{j}@{h}", h, dur, prev + tuple(ar(k) for k in ks)))
+        prev = (fwd[-1].id,)
+    times, first, out = [c[o.name].bwd for o in back], 0, []
+    for k, end in enumerate([*(units.pos[x] for x in cuts), len(back) - 1]):
+        out.append(Compute(_baseline.backward_task(k, h), h, sum(times[first:end + 1]), prev))
+        prev, first = (out[-1].id,), max(first, end + 1)
+    return fwd, out
 
 
 def _network(ctx: PlanContext, base: Strategy) -> Network:
@@ -209,21 +226,22 @@ class _Scorer:
         self.ctx, self.units, self.network, self.options = ctx, units, network, options
         self.memo: dict[Candidate, float] = {}
 
-    def tasks(self, c: Candidate) -> tuple[list[Task], list[int], list[int]]:
-        """(tasks, bucket bytes, bucket indices), the last two in AllReduce order."""
+    def tasks(self, c: Candidate, cycle: bool = False
+              ) -> tuple[list[Task], list[int], list[int]]:
+        """(tasks, bucket bytes, bucket indices), the last two in AllReduce order; `cycle`:
+        forward overlap's renewal cycle (`overlap_tasks`)."""
         costs = lambda h: host_costs(self.ctx, self.options, c.fusion, h)  # noqa: E731
         if c.overlap == "forward":
-            return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs)
+            return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs, cycle)
         tasks, sizes = partition_tasks(self.ctx, self.units, c.cuts, costs)
         return tasks, sizes, list(range(len(sizes)))
 
     def __call__(self, c: Candidate) -> float:
         if c not in self.memo:
-            tasks = self.tasks(c)[0]
             # forward overlap: iterations renew where a forward ends (every AllReduce of the
-            # iteration before is applied), so two back to back give the period exactly
-            self.memo[c] = (steady_period(tasks, self.network, 2) if c.overlap == "forward"
-                            else simulate(tasks, self.network, record=False).iteration_time)
+            # iteration before is applied): one cycle is the period (`overlap_tasks`)
+            tasks = self.tasks(c, cycle=True)[0]
+            self.memo[c] = simulate(tasks, self.network, record=False).iteration_time
         return self.memo[c]
 
 
