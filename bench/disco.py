@@ -140,6 +140,7 @@ def simulate_model(model: str) -> dict:
     plans = {k: with_partition(doc, units, c, t) for k, (c, t) in variants.items()}
     t_def = anchors["ddp-default"][1]
     ideal_t = max(t_compute, t_comm)
+    bound = forward_bound(units, found["model"], t_compute)
     return {"model": model, "mbit": mbit, "cluster": cluster, "plans": plans,
             "best_anchor": best_anchor, "units": len(units.size),
             "buckets": {k: len(c.cuts) for k, (c, _) in variants.items()},
@@ -152,9 +153,20 @@ def simulate_model(model: str) -> dict:
                     "disco_backward": backward[0],
                     "gap_closed": _gap(t_def, res.cost, ideal_t),
                     "backward_gap_closed": _gap(t_def, backward[0], ideal_t),
+                    "forward_bound": bound, "forward_bound_gap": _gap(t_def, bound, ideal_t),
                     "best_anchor_gap_closed": _gap(t_def, anchors[best_anchor][1], ideal_t)},
             "search_seconds": search_s, "plan_search_seconds": ev.seconds,
             "simulations": res.evaluations}
+
+
+def forward_bound(units, model: dict, t_compute: float) -> float:
+    """A lower bound of any iteration whose AllReduces overlap the next forward, per
+    parameter: the first op that owns parameters gets its last gradient at the end of the
+    backward and its next forward needs them all-reduced, so T >= T_compute + alpha +
+    beta x (that op's gradient bytes) (the plan's latency-bandwidth fit)."""
+    first = max(units.pos)  # the op last in backward order: first in the forward
+    nbytes = sum(b for b, p in zip(units.size, units.pos, strict=True) if p == first)
+    return t_compute + model["alpha"] + model["beta"] * nbytes
 
 
 def _gap(t_default: float, t: float, ideal_t: float) -> float | None:
@@ -254,7 +266,7 @@ def table(rows: list[dict]) -> str:
             "T_def sim / lab", "T_best-anchor sim / lab", "T_disco-backward sim / lab",
             "T_disco sim / lab", "T_compute, T_comm sim / lab",
             "gap closed, disco-backward: sim / lab", "gap closed, disco: sim / lab",
-            "prediction error (disco)", "search s")
+            "forward bound (gap closed at most)", "prediction error (disco)", "search s")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         s, m = r["sim"], r.get("lab")
@@ -276,7 +288,8 @@ def table(rows: list[dict]) -> str:
             pair(s["disco"], lab_t.get("disco")),
             f"{s['t_compute']:.4f}, {s['t_comm']:.4f} / "
             + (f"{m['t_compute']:.4f}, {m['t_comm']:.4f}" if m else "-"),
-            back_gaps, gaps, f"{err:.1%}" if err is not None else "-",
+            back_gaps, gaps, f"{s['forward_bound']:.4f} ({s['forward_bound_gap']:.0%})",
+            f"{err:.1%}" if err is not None else "-",
             f"{r['plan_search_seconds']:.1f}"]) + " |")
     return "\n".join(out)
 
