@@ -6,9 +6,12 @@ model planned once at 1 Gbit/s with its ops timed on this CPU, then the speed sc
 T_comm / T_compute and rounded). The model is planned with `disco`; the anchors come from the
 same search (`topoctl.strategies.disco.search`: DDP's defaults, the caps of {1, 5, 10, 25,
 50, 100} MB, MG-WFBP, the Horovod-style autotune; the best of them by the simulator is "best
-anchor"). Every variant runs through the same runtime (`topotrain.buckets`, the plan's
-`job.collective.bucket_plan`), only its partition differs, so the anchors are measured the
-same way as DisCo.
+anchor"). DisCo's search may choose forward overlap (`job.collective.bucket_overlap:
+forward`, the AllReduces waited for in the next forward); "disco-backward" is the best
+candidate it simulated with the AllReduces under the backward pass only (DDP's timeline).
+Every variant runs through the same runtime (`topotrain.buckets`, the plan's
+`job.collective.bucket_plan`), only its partition (and overlap) differs, so the anchors are
+measured the same way as DisCo.
 
 The metric: the share of the gap to ideal overlap that is closed,
 (T_default - T) / (T_default - max(T_compute, T_comm)), T_default DDP's defaults. In the
@@ -91,22 +94,27 @@ def balanced_speed(model: str) -> int:
     return int(max(20, min(4000, round(mbit / digits) * digits)))
 
 
-def with_partition(plan: dict, units, cuts: tuple[int, ...], predicted: float) -> dict:
-    """`plan` with its bucket plan replaced by the partition `cuts` of `units`."""
-    buckets, first = [], 0
-    for last in cuts:
-        buckets.append({"params": list(units.params[first:last + 1]),
-                        "bytes": int(sum(units.size[first:last + 1]))})
-        first = last + 1
+def with_partition(plan: dict, units, c, predicted: float) -> dict:
+    """`plan` with its bucket plan replaced by the candidate `c`'s (a partition of `units`,
+    its overlap and held-back tail: `topoctl.disco.search.Candidate`)."""
+    from topoctl.disco.search import issue_order
+    from topoctl.strategies.disco import bucket_plan
+
+    buckets = bucket_plan(units, c.cuts, issue_order(len(c.cuts), c.tail))
     out = json.loads(json.dumps(plan))
-    out["job"]["collective"]["bucket_plan"] = buckets
-    out["job"]["collective"]["buckets"] = [b["bytes"] for b in buckets]
+    collective = out["job"]["collective"]
+    collective["bucket_plan"] = buckets
+    collective["buckets"] = [b["bytes"] for b in buckets]
+    collective.pop("bucket_overlap", None)
+    if c.overlap == "forward":
+        collective["bucket_overlap"] = "forward"
     out["metadata"]["prediction"]["iteration_time"] = predicted
     return out
 
 
 def simulate_model(model: str) -> dict:
     """The model's plans and simulated figures: variants (partition plans), anchors, metric."""
+    from topoctl.disco.search import Candidate
     from topoctl.strategies import baseline
     from topoctl.strategies.disco import ideal, search
 
@@ -119,23 +127,46 @@ def simulate_model(model: str) -> dict:
     units, anchors, res = found["units"], found["anchors"], found["result"]
     t_compute, t_comm = ideal(ctx, units, found["score"])
     best_anchor = min(ISSUE_ANCHORS, key=lambda k: (anchors[k][1], k))
-    variants = {"ddp-default": anchors["ddp-default"], "best-anchor": anchors[best_anchor],
-                "disco": (res.best.cuts, res.cost), "one-bucket": anchors["one-bucket"]}
-    plans = {k: with_partition(doc, units, p, t) for k, (p, t) in variants.items()}
+    # the best candidate the search simulated with the AllReduces under the backward only
+    backward = min((t, c) for c, t in found["score"].memo.items() if c.overlap == "backward")
+    variants = {"ddp-default": (Candidate("none", anchors["ddp-default"][0]),
+                                anchors["ddp-default"][1]),
+                "best-anchor": (Candidate("none", anchors[best_anchor][0]),
+                                anchors[best_anchor][1]),
+                "disco-backward": (backward[1], backward[0]),
+                "disco": (res.best, res.cost),
+                "one-bucket": (Candidate("none", anchors["one-bucket"][0]),
+                               anchors["one-bucket"][1])}
+    plans = {k: with_partition(doc, units, c, t) for k, (c, t) in variants.items()}
     t_def = anchors["ddp-default"][1]
     ideal_t = max(t_compute, t_comm)
+    bound = forward_bound(units, found["model"], t_compute)
     return {"model": model, "mbit": mbit, "cluster": cluster, "plans": plans,
             "best_anchor": best_anchor, "units": len(units.size),
-            "buckets": {k: len(p) for k, (p, _) in variants.items()},
+            "buckets": {k: len(c.cuts) for k, (c, _) in variants.items()},
+            "disco_overlap": res.best.overlap, "disco_tail": res.best.tail,
             # DisCo's partition is the best anchor's: the two lab figures then differ by noise
-            "disco_is_best_anchor": res.best.cuts == anchors[best_anchor][0],
+            "disco_is_best_anchor": res.best == Candidate("none", anchors[best_anchor][0]),
             "sim": {"t_compute": t_compute, "t_comm": t_comm,
                     "anchors": {k: anchors[k][1] for k in (*ISSUE_ANCHORS, "lb-optimum")},
                     "disco": res.cost, "best_anchor": anchors[best_anchor][1],
+                    "disco_backward": backward[0],
                     "gap_closed": _gap(t_def, res.cost, ideal_t),
+                    "backward_gap_closed": _gap(t_def, backward[0], ideal_t),
+                    "forward_bound": bound, "forward_bound_gap": _gap(t_def, bound, ideal_t),
                     "best_anchor_gap_closed": _gap(t_def, anchors[best_anchor][1], ideal_t)},
             "search_seconds": search_s, "plan_search_seconds": ev.seconds,
             "simulations": res.evaluations}
+
+
+def forward_bound(units, model: dict, t_compute: float) -> float:
+    """A lower bound of any iteration whose AllReduces overlap the next forward, per
+    parameter: the first op that owns parameters gets its last gradient at the end of the
+    backward and its next forward needs them all-reduced, so T >= T_compute + alpha +
+    beta x (that op's gradient bytes) (the plan's latency-bandwidth fit)."""
+    first = max(units.pos)  # the op last in backward order: first in the forward
+    nbytes = sum(b for b, p in zip(units.size, units.pos, strict=True) if p == first)
+    return t_compute + model["alpha"] + model["beta"] * nbytes
 
 
 def _gap(t_default: float, t: float, ideal_t: float) -> float | None:
@@ -225,14 +256,17 @@ def measure_model(sim: dict, repeats: int, iterations: int) -> dict:
     return {"t": t, "runs": runs, "t_compute": t_compute, "t_comm": t_comm,
             "gap_closed": _gap(t["ddp-default"], t["disco"], ideal_t),
             "best_anchor_gap_closed": _gap(t["ddp-default"], t["best-anchor"], ideal_t),
+            "backward_gap_closed": _gap(t["ddp-default"], t["disco-backward"], ideal_t),
             "load_before": load0, "load_after": os.getloadavg()[0]}
 
 
 def table(rows: list[dict]) -> str:
     """Markdown table of every model: simulated and measured."""
-    head = ("model", "port", "units/buckets (disco)", "best anchor", "T_def sim / lab",
-            "T_best-anchor sim / lab", "T_disco sim / lab", "T_compute, T_comm sim / lab",
-            "gap closed sim / lab", "prediction error (disco)", "search s")
+    head = ("model", "port", "units/buckets (disco)", "disco's overlap (tail)", "best anchor",
+            "T_def sim / lab", "T_best-anchor sim / lab", "T_disco-backward sim / lab",
+            "T_disco sim / lab", "T_compute, T_comm sim / lab",
+            "gap closed, disco-backward: sim / lab", "gap closed, disco: sim / lab",
+            "forward bound (gap closed at most)", "prediction error (disco)", "search s")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         s, m = r["sim"], r.get("lab")
@@ -243,13 +277,19 @@ def table(rows: list[dict]) -> str:
         lab_t = m["t"] if m else {}
         err = (abs(s["disco"] - lab_t["disco"]) / lab_t["disco"] if m else None)
         gaps = pair(s["gap_closed"] or 0, m["gap_closed"] if m else None, "{:.0%}")
+        back_gaps = pair(s["backward_gap_closed"] or 0,
+                         m["backward_gap_closed"] if m else None, "{:.0%}")
         out.append("| " + " | ".join([
             r["model"], f"{r['mbit']} Mbit/s", f"{r['units']}/{r['buckets']['disco']}",
+            f"{r['disco_overlap']} ({r['disco_tail']})",
             r["best_anchor"], pair(s["anchors"]["ddp-default"], lab_t.get("ddp-default")),
-            pair(s["best_anchor"], lab_t.get("best-anchor")), pair(s["disco"], lab_t.get("disco")),
+            pair(s["best_anchor"], lab_t.get("best-anchor")),
+            pair(s["disco_backward"], lab_t.get("disco-backward")),
+            pair(s["disco"], lab_t.get("disco")),
             f"{s['t_compute']:.4f}, {s['t_comm']:.4f} / "
             + (f"{m['t_compute']:.4f}, {m['t_comm']:.4f}" if m else "-"),
-            gaps, f"{err:.1%}" if err is not None else "-",
+            back_gaps, gaps, f"{s['forward_bound']:.4f} ({s['forward_bound_gap']:.0%})",
+            f"{err:.1%}" if err is not None else "-",
             f"{r['plan_search_seconds']:.1f}"]) + " |")
     return "\n".join(out)
 

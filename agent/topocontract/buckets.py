@@ -16,6 +16,23 @@ are allowed: a plan groups parameters in gradient-ready order to overlap communi
 the backward pass, but the runtime is correct (only slower) for any grouping. ``bytes`` is
 informational (the planner's size); the runtime uses the model's own tensors.
 
+``bucket_overlap`` (a sibling of ``bucket_plan`` in the collective) says what the AllReduces
+overlap with::
+
+    collective:
+      bucket_plan: [...]
+      bucket_overlap: forward    # default: backward
+
+- ``backward`` (the default, DDP's timeline): the iteration waits for every bucket at the end
+  of the backward pass, then the optimizer steps.
+- ``forward`` (cross-iteration overlap, as ByteScheduler and PACE schedule it): the iteration
+  does not wait; in the next forward pass each module first waits for the bucket(s) holding
+  its parameters and applies the optimizer to exactly those, so the AllReduces of the first
+  layers' buckets run under the next forward. The result equals synchronous training. The
+  list order still is the AllReduce order: a plan for this mode may list the buckets the
+  forward needs first (the first layers') before others that were ready earlier; the runtime
+  then holds the earlier ones back, which is how the plan gives the first layers priority.
+
 Import-light: no torch, nothing of the controller or the runtime.
 """
 
@@ -24,10 +41,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["BUCKET_PLAN_KEY", "BucketPlanError", "bucket_plan_of", "coverage_problems",
+__all__ = ["BUCKET_OVERLAP_KEY", "BUCKET_PLAN_KEY", "OVERLAPS", "BucketPlanError",
+           "bucket_overlap_of", "bucket_plan_of", "coverage_problems", "overlap_problems",
            "shape_problems"]
 
 BUCKET_PLAN_KEY = "bucket_plan"
+BUCKET_OVERLAP_KEY = "bucket_overlap"
+OVERLAPS = ("backward", "forward")  # the first is the default
 _BUCKET_KEYS = {"params", "bytes"}
 
 
@@ -69,6 +89,28 @@ def shape_problems(plan: Any, at: str = "job.collective.bucket_plan") -> list[tu
             else:
                 seen[name] = here
     return out
+
+
+def overlap_problems(collective: dict, at: str = "job.collective") -> list[tuple[str, str]]:
+    """Problems (YAML path, message) of a collective's ``bucket_overlap``: one of `OVERLAPS`,
+    and only next to a ``bucket_plan``. Empty when valid or absent. O(1)."""
+    if BUCKET_OVERLAP_KEY not in collective:
+        return []
+    value, here = collective[BUCKET_OVERLAP_KEY], f"{at}.{BUCKET_OVERLAP_KEY}"
+    if value not in OVERLAPS:
+        return [(here, f"expected one of {', '.join(OVERLAPS)}, not {value!r}")]
+    if BUCKET_PLAN_KEY not in collective:
+        return [(here, f"needs a {BUCKET_PLAN_KEY}: the plan's own buckets overlap this way")]
+    return []
+
+
+def bucket_overlap_of(collective: dict, at: str = "job.collective") -> str:
+    """The collective's ``bucket_overlap`` (default ``backward``); BucketPlanError (YAML path)
+    when it is not valid (`overlap_problems`)."""
+    problems = overlap_problems(collective, at)
+    if problems:
+        raise BucketPlanError(problems)
+    return collective.get(BUCKET_OVERLAP_KEY, OVERLAPS[0])
 
 
 def coverage_problems(plan: list[dict], params: Iterable[str],

@@ -20,7 +20,9 @@ checkpoint: iterations already done, source rank), `iter` (rank, iteration, seco
 plans: `allreduce`, per gradient bucket [bytes, seconds waiting for the tree runtime's thread,
 seconds of its AllReduce]; plans naming their buckets, `job.collective.bucket_plan`:
 `buckets`, per bucket [index, bytes, ready, start, end] in seconds from its first ready
-gradient, in the order started: `topotrain.buckets`) and
+gradient, in the order started: `topotrain.buckets`; with `bucket_overlap: forward` the
+buckets applied in this iteration's forward (the previous iteration's) or flushed after the
+last, with where and when they were waited for) and
 `done` (checksum of the final parameters, identical on every rank when training was synchronous).
 
 With `checkpoint.every` the run checkpoints (`topotrain.checkpoint`) and with `checkpoint.resume`
@@ -47,7 +49,7 @@ import torch.distributed as dist
 
 from topoagent.state.host import StateError
 from topoagent.state.wire import LaunchSpec, load_launch_spec
-from topocontract.buckets import BUCKET_PLAN_KEY, BucketPlanError
+from topocontract.buckets import BUCKET_PLAN_KEY, BucketPlanError, bucket_overlap_of
 from topocontract.fusion import parse_fusion
 from topotrain import checkpoint
 from topotrain.buckets import PlannedBuckets, attach_buckets
@@ -170,13 +172,20 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
     trees = job.collective.get("algorithm") == "trees"
     if BUCKET_PLAN_KEY in job.collective:  # the plan names the buckets: no DDP wrapper
         ddp = model
+        opt = torch.optim.SGD(model.parameters(), lr=job.lr)
+        if bucket_overlap_of(job.collective) == "forward" and job.sfb:
+            raise BucketPlanError([("job.collective.bucket_overlap", "forward overlap with "
+                                    "SFB layers is not supported (their gathers would "
+                                    "interleave with the buckets' AllReduces)")])
+        regions = parse_fusion(job.fusion, "job.fusion").regions if job.fusion else ()
         buckets = attach_buckets(model, job.collective, schedule=load_schedule(
-            job.collective["schedule"]) if trees else None)
+            job.collective["schedule"]) if trees else None, optimizer=opt,
+            regions=tuple(regions))
     else:
         ddp = data_parallel(model, job.bucket_cap_mb)
         if trees:
             tree_hook = register_tree_hook(ddp, load_schedule(job.collective["schedule"]))
-    opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
+        opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
     if start:
         checkpoint.restore_optimizer(opt, state, src)
         if rank == 0:
@@ -211,9 +220,12 @@ def _train(run: _Run) -> None:
         gen.manual_seed(data_seed(job.seed, rank, it))
         # batch shares by speed: this rank's own share of the global batch
         inputs = random_inputs(specs, job.batch.samples(rank), gen)
-        _emit(event="iter", rank=rank, iter=it, **_timed_iteration(run, inputs))
+        _emit(event="iter", rank=rank, iter=it,
+              **_timed_iteration(run, inputs, last=it + 1 == job.iterations))
         done = it + 1
         if writer and done % every == 0 and done < job.iterations:
+            if run.buckets is not None:  # forward overlap: the updates in flight applied
+                run.buckets.flush()
             run.ckpt.save(done, run.model, run.opt)  # outside the timed part: it is over
         if stop_after and done == stop_after:
             # an abrupt stop, as a failure would: leaving through the interpreter's exit with
@@ -222,9 +234,11 @@ def _train(run: _Run) -> None:
             os._exit(EXIT_TEST_STOP)
 
 
-def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
+def _timed_iteration(run: _Run, inputs: list[torch.Tensor], last: bool = False
+                     ) -> dict[str, Any]:
     """One forward, backward (with DDP's AllReduces) and optimizer step; the `iter` event's
-    timings."""
+    timings. Forward overlap (`bucket_overlap: forward`): the runtime steps the optimizer
+    per bucket in the next forward; the `last` iteration flushes (waits for) every bucket."""
     t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
     run.opt.zero_grad(set_to_none=True)
     out = run.ddp(*inputs)
@@ -235,11 +249,14 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor]) -> dict[str, Any]:
     # DDP's AllReduces run inside the backward (the tree hook waits for its buckets)
     (loss * weight if weight != 1.0 else loss).backward()
     if run.buckets is not None:  # plan-named buckets: started inside the backward, wait here
-        run.buckets.finish()
+        run.buckets.finish()  # (forward overlap: the next forward waits instead)
+        if last:
+            run.buckets.flush()
     if run.sfb is not None:  # the SFB layers' gradients from all ranks' factors
         run.sfb.sync()
     t2, m2 = time.perf_counter(), time.thread_time()
-    run.opt.step()
+    if run.buckets is None or run.buckets.overlap != "forward":
+        run.opt.step()
     m3 = time.thread_time()
     # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
     # too, kernel time on its behalf included) during the iteration

@@ -2,13 +2,17 @@
 loopback: the averaged gradients equal DDP's exactly (two ranks, ring and packed trees, a
 grouping unlike DDP's), and `python -m topotrain.train` with `job.collective.bucket_plan`
 reports the buckets in the plan's order every iteration, every rank ending with the same
-parameters; a plan that misses a parameter is refused naming its YAML path."""
+parameters; a plan that misses a parameter is refused naming its YAML path. With
+``bucket_overlap: forward`` (the AllReduces waited for in the next forward, the optimizer
+stepped per bucket there) 20 steps of SGD with momentum and of Adam give the synchronous
+run's losses and weights, and a bucket is waited for inside the next forward."""
 
 from __future__ import annotations
 
 import copy
 import json
 import sys
+import time
 import traceback
 
 import pytest
@@ -61,6 +65,7 @@ def _grads(rank: int, port: int, out: str) -> None:
                 if not torch.equal(p.grad, q.grad):
                     err = (q.grad - p.grad).abs().max().item()
                     problems.append(f"{algorithm} {name}: differs from DDP by {err}")
+        problems += _forward_overlap_problems(rank)
     except Exception:  # noqa: BLE001 - reported to the test
         problems.append(traceback.format_exc())
     finally:
@@ -68,6 +73,59 @@ def _grads(rank: int, port: int, out: str) -> None:
             json.dump(problems, f)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+OPTIMIZERS = {"sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+              "adam": lambda ps: torch.optim.Adam(ps, lr=0.01)}
+
+
+def _steps(rank: int, overlap: str, make_opt, steps: int = 20):
+    """(losses, final weights, events) of `steps` steps on the three buckets, listed in the
+    order a forward-overlap plan would (the first layers' bucket 2 before bucket 1)."""
+    torch.manual_seed(0)
+    model = MLP(**KWARGS)
+    plan = _plan(model)
+    opt = make_opt(model.parameters())
+    run = attach_buckets(model, {"algorithm": "ring", "bucket_plan": [plan[0], plan[2], plan[1]],
+                                 "bucket_overlap": overlap}, optimizer=opt)
+    gen = torch.Generator().manual_seed(rank)
+    losses, events, fwd = [], [], []
+    for _ in range(steps):
+        x = torch.randn(4, KWARGS["features"], generator=gen)
+        opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss = model(x).pow(2).mean()
+        fwd.append(time.perf_counter() - t0)
+        loss.backward()
+        run.finish()
+        if overlap == "backward":
+            opt.step()
+        events.append(run.take_events())
+        losses.append(loss.item())
+    run.flush()
+    return losses, [p.detach().clone() for p in model.parameters()], events, fwd
+
+
+def _forward_overlap_problems(rank: int) -> list[str]:
+    """Forward overlap against the synchronous buckets, per optimizer (module docstring)."""
+    problems = []
+    for name, make_opt in OPTIMIZERS.items():
+        ref_loss, ref_w, _, _ = _steps(rank, "backward", make_opt)
+        loss, w, events, fwd = _steps(rank, "forward", make_opt)
+        if not torch.allclose(torch.tensor(loss), torch.tensor(ref_loss), rtol=1e-6, atol=0):
+            problems.append(f"{name}: losses {loss} differ from the synchronous {ref_loss}")
+        if not all(torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+                   for a, b in zip(w, ref_w, strict=True)):
+            problems.append(f"{name}: final weights differ from the synchronous run's")
+        # iteration i's event: iteration i-1's buckets, applied inside forward i, first
+        # layers' first (bucket 2: the plan's second)
+        for i in range(1, len(events)):
+            where = [(e[0], e[5]) for e in events[i]]
+            if where != [(1, "forward"), (2, "forward"), (0, "forward")] or not all(
+                    0 <= e[6] <= e[7] <= fwd[i] for e in events[i]):
+                problems.append(f"{name} iteration {i}: applied {events[i]}, forward {fwd[i]}")
+                break
+    return problems
 
 
 def test_bucket_gradients_equal_ddps(tmp_path):
@@ -103,6 +161,19 @@ def test_train_runs_the_plans_buckets_in_order(tmp_path):
         assert all(b[2] <= b[3] <= b[4] for b in e["buckets"]), e["buckets"]
     # synchronous: every rank ends with the same weights (the gradients are DDP's: above)
     assert len({e["checksum"] for e in events if e["event"] == "done"}) == 1
+    # forward overlap through the trainer: the same losses and final weights, the previous
+    # iteration's buckets applied in each forward, the last iteration's flushed
+    job["collective"]["bucket_overlap"] = "forward"
+    (tmp_path / "forward").mkdir()
+    fwd = run_local(job, tmp_path / "forward")
+    assert ({e["checksum"] for e in fwd if e["event"] == "done"}
+            == {e["checksum"] for e in events if e["event"] == "done"})
+    assert ([round(e["loss"], 6) for e in fwd if e["event"] == "iter"]
+            == [round(e["loss"], 6) for e in iters])
+    for e in (e for e in fwd if e["event"] == "iter"):
+        where = [b[5] for b in e["buckets"]]
+        assert where == ["forward"] * len(plan) * (e["iter"] > 0) + ["flush"] * len(plan) * (
+            e["iter"] == JOB["iterations"] - 1), e["buckets"]
 
 
 def test_train_refuses_a_plan_missing_a_parameter(tmp_path):

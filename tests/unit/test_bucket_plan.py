@@ -7,7 +7,13 @@ import pytest
 
 from topoagent.state.host import StateError
 from topoagent.state.wire import parse_launch_spec
-from topocontract.buckets import BucketPlanError, bucket_plan_of, shape_problems
+from topocontract.buckets import (
+    BucketPlanError,
+    bucket_overlap_of,
+    bucket_plan_of,
+    overlap_problems,
+    shape_problems,
+)
 
 AT = "job.collective.bucket_plan"
 
@@ -47,3 +53,12 @@ def test_the_launch_spec_checks_the_shape():
     with pytest.raises(StateError) as e:
         parse_launch_spec(job)
     assert e.value.problems[0][0] == f"{AT}[0].params"
+
+
+def test_bucket_overlap_is_a_known_mode_next_to_a_bucket_plan():
+    plan = [{"params": ["a"]}]
+    assert bucket_overlap_of({"bucket_plan": plan}) == "backward"
+    assert bucket_overlap_of({"bucket_plan": plan, "bucket_overlap": "forward"}) == "forward"
+    with pytest.raises(BucketPlanError, match=r"job.collective.bucket_overlap: expected one"):
+        bucket_overlap_of({"bucket_plan": plan, "bucket_overlap": "sideways"})
+    assert overlap_problems({"bucket_overlap": "forward"})[0][1].startswith("needs a bucket_plan")

@@ -16,7 +16,7 @@ from topoagent.state.wire import plan_problems
 from topocontract.fusion import parse_fusion
 from topoctl.catalog.transformer import BertEncoder
 from topoctl.disco.autotune import autotune_cap
-from topoctl.disco.search import Candidate, best_first, neighbours
+from topoctl.disco.search import Candidate, best_first, issue_order, neighbours
 from topoctl.disco.timeline import (
     cap_partition,
     comm_end,
@@ -117,8 +117,14 @@ def test_the_strategy_plans_named_buckets_no_slower_than_the_anchors():
     notes = disco.strategy.notes["disco"]
     assert disco.result.iteration_time <= min(notes["anchors"].values()) + 1e-9
     plan = disco.strategy.collective["bucket_plan"]
-    named = [p for b in plan for p in b["params"]]
-    assert named == [p for _, p, _ in ctx.graph.gradient_order()]
+    grad_order = [p for _, p, _ in ctx.graph.gradient_order()]
+    # buckets of consecutive parameters in gradient-ready order, listed in AllReduce order
+    # (forward overlap: the held-back tail in forward order, `issue_order`)
+    ready = sorted(plan, key=lambda b: grad_order.index(b["params"][0]))
+    assert [p for b in ready for p in b["params"]] == grad_order
+    order = issue_order(len(plan), notes["tail"])
+    assert [ready[k] for k in order] == plan
+    assert (disco.strategy.collective.get("bucket_overlap", "backward") == notes["overlap"])
     assert [b["bytes"] for b in plan] == disco.strategy.buckets
     # the job's cap anchor is the baseline's bucketing, simulated the same way
     assert notes["anchors"]["job-cap"] == pytest.approx(
@@ -138,7 +144,7 @@ def test_a_fusion_that_pays_is_planned_as_regions_the_runtime_compiles():
                      "model": {"catalog": "bert", "params": {"layers": 4, "hidden": 256,
                                                             "heads": 4, "seq": 64,
                                                             "vocab": 1000}},
-                     "batch": {"global": 64}, "strategies": ["disco"],
+                     "batch": {"global": 4096}, "strategies": ["disco"],
                      "cost": {"method": "roofline", "device": "A100"}})
     doc, ctx, (ev,) = make_plan(load_cluster(PLANS / "fast4-cluster.yaml"), job,
                                 use_cache=False)
@@ -150,3 +156,42 @@ def test_a_fusion_that_pays_is_planned_as_regions_the_runtime_compiles():
                    .named_modules())
     assert set(fusion.regions) <= set(modules)
     assert plan_problems(doc) == []
+
+
+def test_forward_overlap_is_simulated_across_iterations():
+    """`bucket_overlap: forward` in the simulator: a forward chunk waits for the previous
+    iteration's AllReduce (`previous`: ignored from idle, chained by `chain_iterations`);
+    with no bucket held back the first layers' bucket is the last AllReduce, so the period is
+    the backward timeline's iteration (and one optimizer.step call per bucket); holding the
+    first layers' buckets back and sending them first hides more, and no period beats
+    max(T_compute, T_comm)."""
+    from topoctl.sim.engine import simulate
+    from topoctl.sim.steady import chain_iterations, steady_period
+    from topoctl.strategies import disco as d
+
+    cluster = load_cluster(PLANS / "fast4-cluster.yaml")
+    _, ctx, (_, ev) = make_plan(cluster, parse_job(JOB), use_cache=False)
+    units = d.grad_units(ctx.graph)
+    score = d._Scorer(ctx, units, ev.strategy.network, {"none": ctx.host_costs(ctx.hosts[0])})
+    cuts = tuple(range(len(units.size)))  # one bucket per parameter
+    tasks, sizes, order = score.tasks(Candidate("none", cuts, "forward", 3))
+    assert order == issue_order(len(cuts), 3) and sum(sizes) == sum(units.size)
+    # the first layer's bucket (the last ready) is all-reduced first of the held-back tail
+    first = len(cuts) - 1
+    assert order[-3:] == [first, first - 1, first - 2]
+    waits = [t.id for t in tasks if f"prev:ar{first}" in t.deps]
+    assert waits and all(w.startswith("fwd") for w in waits)
+    chained = {t.id: t.deps for t in chain_iterations(tasks, 2)}
+    assert f"it0:ar{first}" in chained[f"it1:{waits[0]}"]
+    assert not [d for d in chained[f"it0:{waits[0]}"] if "ar" in d]  # from idle: no wait
+    simulate(tasks, score.network, record=False)  # one iteration from idle: runs
+    backward = score(Candidate("none", cuts))
+    calls = len(cuts) * d.step_call(ctx, ctx.hosts[0])  # one optimizer.step per bucket
+    assert score(Candidate("none", cuts, "forward", 1)) == pytest.approx(backward + calls,
+                                                                         rel=1e-6)
+    # the renewal cycle the search scores is the period of iterations back to back
+    assert steady_period(tasks, score.network, 3) == pytest.approx(
+        score(Candidate("none", cuts, "forward", 3)), rel=1e-9)
+    t_compute, t_comm = d.ideal(ctx, units, score)
+    best = min(score(Candidate("none", cuts, "forward", t)) for t in range(1, len(cuts) + 1))
+    assert max(t_compute, t_comm) - 1e-9 <= best < backward

@@ -22,7 +22,7 @@ from pydantic import Field, ValidationError, model_validator
 from topoagent.protocol import API_VERSION
 from topoagent.state.host import StateError, load_yaml, parse_host_state, read_text
 from topoagent.state.schema import Model, validation_problems
-from topocontract.buckets import BUCKET_PLAN_KEY, shape_problems
+from topocontract.buckets import BUCKET_PLAN_KEY, overlap_problems, shape_problems
 
 
 class Master(Model):
@@ -198,6 +198,9 @@ def parse_launch_spec(data: Any, prefix: str = "job") -> LaunchSpec:
                                   f"{prefix}.collective.{BUCKET_PLAN_KEY}")
         if problems:
             raise StateError(problems)
+    problems = overlap_problems(spec.collective, f"{prefix}.collective")
+    if problems:  # `bucket_overlap`: a known mode, next to a bucket plan
+        raise StateError(problems)
     return spec
 
 

@@ -2,11 +2,15 @@
 decisions (Wang et al., "DisCo: Distributed Training with Joint Operator and Tensor Fusion",
 TPDS; code: TPDS-Submission/Disco).
 
-A candidate is a fusion option (a name of the caller's `fusion_options`) and a bucket
-partition (`topoctl.disco.timeline`: the last unit index of each bucket). The search keeps a
+A candidate is a fusion option (a name of the caller's `fusion_options`), a bucket
+partition (`topoctl.disco.timeline`: the last unit index of each bucket) and what the
+AllReduces overlap with (`topocontract.buckets`: ``backward``, DDP's timeline, or
+``forward``, the next iteration's forward; with ``tail``, the number of last-ready buckets,
+the first layers', held back and all-reduced in forward order: `issue_order`). The search keeps a
 bounded priority queue (`queue`, 50 as DisCo) of candidates ordered by their cost, always
 expands the best one by `moves` random legal changes (merge two neighbouring buckets, split
-a bucket, move a boundary, switch the fusion option), and keeps a new candidate only within
+a bucket, move a boundary, switch the fusion option, switch the overlap, grow or shrink the
+held-back tail), and keeps a new candidate only within
 `keep` (1.1, as DisCo) of the best found; a candidate whose expansions do not improve leaves
 the queue, so the next pop resumes an older, worse branch: backtracking. Stops after
 `budget` cost evaluations or when the queue is empty.
@@ -22,17 +26,30 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["Candidate", "SearchResult", "best_first", "neighbours"]
+__all__ = ["Candidate", "SearchResult", "best_first", "issue_order", "neighbours"]
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """A joint decision: the fusion option's name and the bucket partition (cut indices)."""
+    """A joint decision: the fusion option's name, the bucket partition (cut indices), the
+    overlap (``backward`` or ``forward``) and, for ``forward``, the held-back tail (>= 1)."""
 
     fusion: str
     cuts: tuple[int, ...]
+    overlap: str = "backward"
+    tail: int = 1
+
+
+def issue_order(buckets: int, tail: int) -> list[int]:
+    """The AllReduce order of `buckets` buckets (numbered in gradient-ready order) when the
+    last `tail` are held back and issued in forward order (the first layers' first) once the
+    last is ready: the static priority a plan gives the buckets the next forward needs first
+    (ByteScheduler's and PACE's priority, fixed so that every rank issues the same order).
+    ``tail == 1``: ready order. O(buckets)."""
+    t = max(1, min(tail, buckets))
+    return list(range(buckets - t)) + list(range(buckets - 1, buckets - t - 1, -1))
 
 
 @dataclass
@@ -49,14 +66,21 @@ class SearchResult:
 
 
 def neighbours(c: Candidate, n: int, fusions: Sequence[str], rng: random.Random,
-               moves: int) -> list[Candidate]:
+               moves: int, overlaps: Sequence[str] = ("backward",)) -> list[Candidate]:
     """Up to `moves` random legal changes of `c` over `n` units (duplicates dropped)."""
     out: list[Candidate] = []
+    kinds = [0, 1, 2] + ([3] if len(fusions) > 1 else []) + ([4, 5] if len(overlaps) > 1
+                                                              else [])
     for _ in range(moves * 3):
         if len(out) >= moves:
             break
         cuts = list(c.cuts)
-        kind = rng.randrange(4 if len(fusions) > 1 else 3)
+        kind = kinds[rng.randrange(len(kinds))]
+        if kind >= 4:
+            new = _overlap_move(c, kind, overlaps, rng)
+            if new != c and new not in out:
+                out.append(new)
+            continue
         if kind == 0 and len(cuts) > 1:  # merge bucket k with bucket k+1
             del cuts[rng.randrange(len(cuts) - 1)]
         elif kind == 1 and len(cuts) < n:  # split: a new boundary where there is none
@@ -68,21 +92,32 @@ def neighbours(c: Candidate, n: int, fusions: Sequence[str], rng: random.Random,
             cuts[k] = min(max(cuts[k] + rng.choice((-3, -2, -1, 1, 2, 3)), lo), cuts[k + 1] - 1)
         elif kind == 3:
             others = [f for f in fusions if f != c.fusion]
-            new = Candidate(others[rng.randrange(len(others))], c.cuts)
+            new = replace(c, fusion=others[rng.randrange(len(others))])
             if new not in out:
                 out.append(new)
             continue
-        new = Candidate(c.fusion, tuple(cuts))
+        new = replace(c, cuts=tuple(cuts), tail=min(c.tail, len(cuts)))
         if new != c and new not in out:
             out.append(new)
     return out
 
 
+def _overlap_move(c: Candidate, kind: int, overlaps: Sequence[str], rng: random.Random
+                  ) -> Candidate:
+    """Kind 4: another overlap (tail 1 again); kind 5 (forward only): the tail 1..3 longer
+    or shorter, within 1..buckets."""
+    if kind == 4 or c.overlap == "backward":
+        others = [o for o in overlaps if o != c.overlap]
+        return replace(c, overlap=others[rng.randrange(len(others))], tail=1)
+    step = rng.choice((-3, -2, -1, 1, 2, 3))
+    return replace(c, tail=max(1, min(len(c.cuts), c.tail + step)))
+
+
 def best_first(initial: Sequence[Candidate], n: int, fusions: Sequence[str],
                cost: Callable[[Candidate], float], seed: int = 0, queue: int = 50,
                keep: float = 1.1, budget: int = 300, moves: int = 4,
-               progress: Callable[[int, float], None] | None = None, every: int = 50
-               ) -> SearchResult:
+               progress: Callable[[int, float], None] | None = None, every: int = 50,
+               overlaps: Sequence[str] = ("backward",)) -> SearchResult:
     """Best-first search with backtracking from the `initial` candidates (module docstring).
     Every initial candidate is evaluated (it counts against the budget too)."""
     rng = random.Random(seed)
@@ -108,7 +143,7 @@ def best_first(initial: Sequence[Candidate], n: int, fusions: Sequence[str],
         if t > keep * best:
             continue  # fell out of the 1.1x window since it was queued
         expansions += 1
-        for m in neighbours(c, n, fusions, rng, moves):
+        for m in neighbours(c, n, fusions, rng, moves, overlaps):
             if m in seen or len(seen) >= budget:
                 continue
             tm = score(m)

@@ -21,6 +21,8 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
 - a collective with ``member_done`` also completes each member's part (`tasks.member_done`)
   when every step that member sends or receives is delivered, so a rank's next task can wait
   for its own part only;
+- a dependency on the previous iteration's task (`tasks.previous`) is ignored: one iteration
+  runs from idle (`steady.steady_period` chains iterations and honours it);
 - `SimResult.compute_time` is the busiest device's compute, tasks marked
   ``Compute.communication`` (a runtime's own CPU time) left out.
 The rates are recomputed whenever the set of flows changes, so the result is exact for the
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from topoagent.protocol import TopoError
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Network
-from topoctl.sim.tasks import Collective, Compute, Task, Transfer, member_done
+from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done
 
 _COMPUTE, _FLOW, _JOIN = 0, 1, 2
 
@@ -118,6 +120,8 @@ class _Graph:
             index[t.id] = n
         for n, deps, tid in pending:
             for d in deps:
+                if d.startswith(PREVIOUS):  # the previous iteration's: done, from idle
+                    continue
                 if d not in index:
                     raise SimError(f"task {tid!r} depends on unknown task {d!r}")
                 self.succ[index[d]].append(n)

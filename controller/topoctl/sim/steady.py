@@ -12,8 +12,10 @@ period is shorter than one isolated iteration.
 `steady_period` chains copies of the iteration's tasks: each device's first task (in list
 order) and its tasks that wait for nothing, in copy ``i + 1``, also wait for that device's
 last tasks (those nothing waits for) in copy ``i``; a transfer or collective that waits for
-nothing waits for all of copy ``i``'s last tasks. The period is the mean spacing of the
-copies' ends after the first. Cost: ``iterations`` times one `simulate` of the iteration.
+nothing waits for all of copy ``i``'s last tasks; a dependency on the previous iteration's
+task (`tasks.previous`: cross-iteration overlap) makes copy ``i + 1`` wait for copy ``i``'s.
+The period is the mean spacing of the copies' ends after the first. Cost: ``iterations``
+times one `simulate` of the iteration.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import replace
 
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
-from topoctl.sim.tasks import Compute, Task
+from topoctl.sim.tasks import PREVIOUS, Compute, Task
 
 __all__ = ["chain_iterations", "steady_period"]
 
@@ -38,7 +40,7 @@ def chain_iterations(tasks: Sequence[Task], iterations: int) -> list[Task]:
     (``member_done``) keep their names under the prefix. O(iterations * tasks)."""
     if iterations < 1:
         raise ValueError("iterations must be >= 1")
-    waited = {d for t in tasks for d in t.deps}
+    waited = {d for t in tasks for d in t.deps if not d.startswith(PREVIOUS)}
     last: dict[str, list[str]] = {}  # device -> its tasks nothing waits for
     ends = [t.id for t in tasks if t.id not in waited]  # every task nothing waits for
     first: set[str] = set()  # each device's first task
@@ -53,10 +55,13 @@ def chain_iterations(tasks: Sequence[Task], iterations: int) -> list[Task]:
     out: list[Task] = []
     for i in range(iterations):
         for t in tasks:
-            deps = tuple(_copy_id(i, d) for d in t.deps)
-            if i and isinstance(t, Compute) and (t.id in first or not t.deps):
+            own = [d for d in t.deps if not d.startswith(PREVIOUS)]
+            deps = tuple(_copy_id(i, d) for d in own) + tuple(
+                _copy_id(i - 1, d[len(PREVIOUS):]) for d in t.deps
+                if i and d.startswith(PREVIOUS))
+            if i and isinstance(t, Compute) and (t.id in first or not own):
                 deps += tuple(_copy_id(i - 1, d) for d in last.get(t.device, ()))
-            elif i and not t.deps and not isinstance(t, Compute):
+            elif i and not own and not isinstance(t, Compute):
                 deps = tuple(_copy_id(i - 1, d) for d in ends)
             out.append(replace(t, id=_copy_id(i, t.id), deps=deps))
     return out

@@ -51,4 +51,20 @@ def member_done(collective_id: str, member: str) -> str:
     return f"{collective_id}@{member}"
 
 
+PREVIOUS = "prev:"  # prefix of a dependency on a task of the previous iteration
+
+
+def previous(task_id: str) -> str:
+    """A dependency on task `task_id` of the previous iteration (cross-iteration overlap: the
+    next forward of a layer waits for the previous iteration's AllReduce of its gradients).
+    `engine.simulate` runs one iteration from idle and ignores it; `steady.chain_iterations`
+    makes copy i of the task wait for copy i-1 of `task_id`."""
+    return PREVIOUS + task_id
+
+
+def has_previous(tasks: list) -> bool:
+    """Whether any task waits for one of the previous iteration (`previous`). O(deps)."""
+    return any(d.startswith(PREVIOUS) for t in tasks for d in t.deps)
+
+
 Task = Compute | Transfer | Collective

@@ -17,6 +17,14 @@ region's cost on its last op, priced by the roofline on a modelled device and by
 model where the ranks' ops were timed on this CPU); the chosen regions travel in the plan as
 ``job.fusion`` (`topocontract.fusion`), which the runtime compiles (`topotrain.fusion`).
 
+The search also chooses what the AllReduces overlap with (``job.collective.bucket_overlap``):
+the backward pass (DDP's timeline, the default, above) or the next forward pass (``forward``,
+cross-iteration overlap as ByteScheduler and PACE schedule it: a layer's next forward waits
+for its bucket's AllReduce, `overlap_tasks`), and for the latter how many of the last-ready
+buckets (the first layers') are held back and all-reduced first-layer-first
+(`topoctl.disco.search.issue_order`: the plan lists the buckets in that order). Such a plan's
+iteration is the simulator's steady-state period (`topoctl.sim.steady`).
+
 The search starts from the anchors, each also reported in the plan's notes with its
 simulated iteration: DDP's defaults (25 MB, 1 MB first bucket), the job's cap (the
 baseline), every cap of {1, 5, 10, 25, 50, 100} MB, MG-WFBP's merge, a Horovod-style
@@ -32,8 +40,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.disco.autotune import autotune_cap
-from topoctl.disco.search import Candidate, best_first
+from topoctl.disco.search import Candidate, best_first, issue_order
 from topoctl.disco.timeline import (
     cap_partition,
     mgwfbp_partition,
@@ -46,7 +55,8 @@ from topoctl.graph.ops import OpGraph
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS
-from topoctl.sim.tasks import Collective, Compute, Task
+from topoctl.sim.tasks import Collective, Compute, Task, previous
+from topotrain.timing import load_calibration
 
 from . import PlanContext, Strategy, StrategyError, host_speeds
 from . import baseline as _baseline
@@ -56,6 +66,10 @@ MB = 1 << 20
 CAPS_MB = (1, 5, 10, 25, 50, 100)
 DDP_CAP, DDP_FIRST = 25 * MB, 1 * MB  # torch DDP's defaults (bucket_cap_mb=None)
 BUDGET = 300  # simulations the search may spend
+# one more torch optimizer.step() whose other parameters have no gradient: about 20-30 us
+# for SGD on this CPU (ResNet-18's 62 parameters stepped one call each: 1.7 ms, one call 0.4 ms)
+STEP_CALL_S = 25e-6
+OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
 
@@ -90,10 +104,32 @@ def host_costs(ctx: PlanContext, options: dict[str, dict[str, OpCost]], fusion: 
     return {k: OpCost(v.fwd * f, v.bwd * f) for k, v in opt.items()}
 
 
+def bucket_overhead(ctx: PlanContext) -> float:
+    """Seconds of the runtime's own work per bucket's AllReduce, besides its bytes on the
+    wire: on lab hosts (ranks timed on this CPU) gloo's per-message CPU time (the machine's
+    calibration, `topotrain.timing`) for the 2 (n-1) steps of a ring, each a send and a
+    receive; 0 on modelled devices (their fitted ring has its latency). O(1)."""
+    if ctx.cpu_pool is None:
+        return 0.0
+    cal = runtime_costs(load_calibration() if ctx.use_cache else None)
+    return 4 * (len(ctx.hosts) - 1) * cal.per_message_s
+
+
+def allreduce(k: int, schedule, deps: tuple[str, ...], overhead: float) -> list[Task]:
+    """Bucket `k`'s AllReduce ``ar<k>`` after `deps`, preceded by `overhead` seconds of the
+    runtime's own work (``call<k>``, on the pseudo-device ``bucket-runtime``: one bucket at a
+    time) when it is > 0."""
+    if overhead <= 0:
+        return [Collective(f"ar{k}", schedule, deps)]
+    return [Compute(f"call{k}", "bucket-runtime", overhead, deps, communication=True),
+            Collective(f"ar{k}", schedule, (f"call{k}",))]
+
+
 def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
-                    costs: Callable[[str], dict[str, OpCost]]) -> tuple[list[Task], list[int]]:
+                    costs: Callable[[str], dict[str, OpCost]], overhead: float = 0.0
+                    ) -> tuple[list[Task], list[int]]:
     """One iteration's tasks under the partition `cuts` (module docstring); (tasks, bucket
-    bytes). `costs(host)`: that host's per-op costs."""
+    bytes). `costs(host)`: that host's per-op costs; `overhead`: `bucket_overhead`."""
     order, algorithm = list(ctx.hosts), ALGORITHMS["ring"]
     ops = list(reversed(ctx.graph.ops))
     ends = [units.pos[c] for c in cuts]  # bucket k's chunk ends with this op (backward order)
@@ -112,12 +148,92 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
         sizes.append(sum(units.size[first:last + 1]))
         first = last + 1
         deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
-        tasks.append(Collective(f"ar{k}", algorithm(order, float(sizes[-1])),
-                                deps + ((f"ar{k - 1}",) if k else ())))
+        tasks += allreduce(k, algorithm(order, float(sizes[-1])),
+                           deps + ((f"ar{k - 1}",) if k else ()), overhead)
     for h in ctx.hosts:
         tasks.append(Compute(f"step@{h}", h, _baseline.step_time(ctx, h),
                              (_baseline.backward_task(len(cuts), h), f"ar{len(cuts) - 1}")))
     return tasks, sizes
+
+
+def step_call(ctx: PlanContext, host: str) -> float:
+    """Seconds one more ``optimizer.step()`` call costs (forward overlap steps once per
+    bucket): a kernel launch on a modelled device; on lab hosts `STEP_CALL_S`."""
+    return STEP_CALL_S if ctx.step_s is not None else ctx.device[host].launch
+
+
+def forward_chunks(ctx: PlanContext, units: Units, cuts: tuple[int, ...]
+                   ) -> list[tuple[int, list[int]]]:
+    """The forward pass split where a bucket is first needed: (index of the chunk's first op
+    in forward order, the buckets its first op needs first), ascending; the first chunk starts
+    at op 0 (needing none when the first ops own no parameters). O(units + buckets)."""
+    n_ops, first, need = len(ctx.graph.ops), 0, {}
+    for k, last in enumerate(cuts):
+        need[k] = min(n_ops - 1 - units.pos[u] for u in range(first, last + 1))
+        first = last + 1
+    starts = sorted(set(need.values()) | {0})
+    return [(a, [k for k, f in need.items() if f == a]) for a in starts]
+
+
+def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: int,
+                  costs: Callable[[str], dict[str, OpCost]], cycle: bool = False,
+                  overhead: float = 0.0) -> tuple[list[Task], list[int], list[int]]:
+    """One iteration's tasks under ``bucket_overlap: forward`` (`topotrain.buckets`); (tasks,
+    bucket bytes and bucket indices, both in AllReduce order). The forward runs in chunks
+    (`forward_chunks`): a chunk waits for the previous iteration's AllReduce of the buckets
+    it needs first (`sim.tasks.previous`) and includes their share (by bytes) of the
+    optimizer step and one `step_call` each; the backward runs in chunks as in
+    `partition_tasks`; the AllReduces go one after another on one stream in `issue_order`,
+    the first after the previous iteration's last. `steady_period` of these tasks is the
+    iteration. `cycle`: instead one renewal cycle, from the backward's start (every bucket
+    of the iteration before applied) to the end of the next forward, which waits for this
+    backward's AllReduces: its simulated time is the period (exact when the hosts are
+    alike), at the cost of one iteration. O(ops + buckets x hosts)."""
+    order, ring = issue_order(len(cuts), tail), ALGORITHMS["ring"]
+    ready_sizes, first = [], 0
+    for last in cuts:
+        ready_sizes.append(sum(units.size[first:last + 1]))
+        first = last + 1
+    ar = (lambda k: f"ar{k}") if cycle else (lambda k: previous(f"ar{k}"))  # noqa: E731
+    tasks: list[Task] = []
+    for h in ctx.hosts:
+        fwd, bwd = _overlap_compute(ctx, units, cuts, ready_sizes, costs, h, ar)
+        if cycle:  # the backward first, then the next forward
+            bwd[0] = replace(bwd[0], deps=())
+            fwd[0] = replace(fwd[0], deps=fwd[0].deps + (bwd[-1].id,))
+            tasks += bwd + fwd
+        else:
+            tasks += fwd + bwd
+    for j, k in enumerate(order):
+        deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
+        if j or not cycle:
+            deps += (f"ar{order[j - 1]}",) if j else (previous(f"ar{order[-1]}"),)
+        tasks += allreduce(k, ring(list(ctx.hosts), float(ready_sizes[k])), deps, overhead)
+    return tasks, [ready_sizes[k] for k in order], order
+
+
+def _overlap_compute(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
+                     ready_sizes: list[int], costs: Callable[[str], dict[str, OpCost]],
+                     h: str, ar: Callable[[int], str]) -> tuple[list[Compute], list[Compute]]:
+    """Host `h`'s forward chunks (each waiting for `ar(k)` of the buckets it needs first) and
+    backward chunks (the first after the last forward chunk) of `overlap_tasks`."""
+    ops, back = ctx.graph.ops, list(reversed(ctx.graph.ops))
+    chunks = forward_chunks(ctx, units, cuts)
+    bounds = [a for a, _ in chunks] + [len(ops)]
+    total = max(1, sum(ready_sizes))
+    c, step, call = costs(h), _baseline.step_time(ctx, h), step_call(ctx, h)
+    fwd: list[Compute] = []
+    prev: tuple[str, ...] = ()
+    for j, (a, ks) in enumerate(chunks):
+        dur = sum(c[o.name].fwd for o in ops[a:bounds[j + 1]]) + step * sum(
+            ready_sizes[k] for k in ks) / total + call * len(ks)
+        fwd.append(Compute(f"fwd{j}@{h}", h, dur, prev + tuple(ar(k) for k in ks)))
+        prev = (fwd[-1].id,)
+    times, first, out = [c[o.name].bwd for o in back], 0, []
+    for k, end in enumerate([*(units.pos[x] for x in cuts), len(back) - 1]):
+        out.append(Compute(_baseline.backward_task(k, h), h, sum(times[first:end + 1]), prev))
+        prev, first = (out[-1].id,), max(first, end + 1)
+    return fwd, out
 
 
 def _network(ctx: PlanContext, base: Strategy) -> Network:
@@ -133,14 +249,25 @@ class _Scorer:
                  options: dict[str, dict[str, OpCost]]):
         self.ctx, self.units, self.network, self.options = ctx, units, network, options
         self.memo: dict[Candidate, float] = {}
+        self.overhead = bucket_overhead(ctx)
 
-    def tasks(self, c: Candidate) -> tuple[list[Task], list[int]]:
-        return partition_tasks(self.ctx, self.units, c.cuts,
-                               lambda h: host_costs(self.ctx, self.options, c.fusion, h))
+    def tasks(self, c: Candidate, cycle: bool = False
+              ) -> tuple[list[Task], list[int], list[int]]:
+        """(tasks, bucket bytes, bucket indices), the last two in AllReduce order; `cycle`:
+        forward overlap's renewal cycle (`overlap_tasks`)."""
+        costs = lambda h: host_costs(self.ctx, self.options, c.fusion, h)  # noqa: E731
+        if c.overlap == "forward":
+            return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs, cycle,
+                                 self.overhead)
+        tasks, sizes = partition_tasks(self.ctx, self.units, c.cuts, costs, self.overhead)
+        return tasks, sizes, list(range(len(sizes)))
 
     def __call__(self, c: Candidate) -> float:
         if c not in self.memo:
-            self.memo[c] = simulate(self.tasks(c)[0], self.network, record=False).iteration_time
+            # forward overlap: iterations renew where a forward ends (every AllReduce of the
+            # iteration before is applied): one cycle is the period (`overlap_tasks`)
+            tasks = self.tasks(c, cycle=True)[0]
+            self.memo[c] = simulate(tasks, self.network, record=False).iteration_time
         return self.memo[c]
 
 
@@ -170,10 +297,22 @@ def anchors(ctx: PlanContext, units: Units, score: _Scorer, model: dict
     return out
 
 
+def tails(buckets: int) -> list[int]:
+    """Held-back tails tried first for `buckets` buckets: 1, 2, 3, 4, 6, 8, 12, ... (each
+    power of two and 1.5 times it) up to `buckets`, and `buckets`. O(log buckets)."""
+    out, t = {1, buckets}, 2
+    while t <= buckets:
+        out |= {t, t + t // 2} if t + t // 2 <= buckets else {t}
+        t *= 2
+    return sorted(out)
+
+
 def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost]],
-           budget: int = BUDGET, seed: int = SEED, progress: bool = True) -> dict:
+           budget: int = BUDGET, seed: int = SEED, progress: bool = True,
+           forward: bool = True) -> dict:
     """Anchors and DisCo's search on `base`'s network: a dict with the units, the scorer, the
-    anchors' (partition, seconds), the search result, the lower bound's parts and seconds."""
+    anchors' (partition, seconds), the search result, the lower bound's parts and seconds.
+    `forward`: the search may choose forward overlap (`bucket_overlap: forward`) too."""
     t0 = time.perf_counter()
     units = grad_units(ctx.graph)
     if not units.size:
@@ -183,15 +322,21 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
     model = model_inputs(ctx, units, network)
     anchor = {k: (p, score(Candidate("none", p))) for k, p in
               anchors(ctx, units, score, model).items()}
-    initial = [Candidate(f, p) for p, _ in sorted(anchor.values(), key=lambda x: x[1])
-               for f in sorted(options)]
+    ranked = [p for p, _ in sorted(anchor.values(), key=lambda x: x[1])]
+    initial = [Candidate(f, p) for p in ranked for f in sorted(options)]
+    if forward:  # forward overlap: one bucket per parameter and the best three anchors'
+        # partitions, each with held-back tails on a geometric grid
+        per_unit = tuple(range(len(units.size)))
+        initial += [Candidate("none", p, "forward", t)
+                    for p in dict.fromkeys([per_unit, *ranked[:3]]) for t in tails(len(p))]
 
     def report(evals: int, best: float) -> None:  # progress, and the search's wall time
         print(f"disco: {evals}/{budget} simulations, best {best:.6f} s/it, "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     result = best_first(initial, len(units.size), sorted(options), score, seed=seed,
-                        budget=max(budget, len(initial)), progress=report if progress else None)
+                        budget=max(budget, len(initial)), progress=report if progress else None,
+                        overlaps=OVERLAPS if forward else OVERLAPS[:1])
     if progress:
         print(f"disco: searched {result.evaluations} candidates in "
               f"{time.perf_counter() - t0:.1f} s (anchors included)", file=sys.stderr)
@@ -203,10 +348,10 @@ def ideal(ctx: PlanContext, units: Units, score: _Scorer) -> tuple[float, float]
     """(T_compute, T_comm): the iteration without any AllReduce (compute alone) and one
     AllReduce of every gradient alone, both simulated on the plan's network."""
     c = Candidate("none", (len(units.size) - 1,))
-    tasks, sizes = score.tasks(c)
-    compute = [t for t in tasks if not isinstance(t, Collective)]
-    compute = [replace(t, deps=tuple(d for d in t.deps if not d.startswith("ar")))
-               for t in compute]
+    tasks = score.tasks(c)[0]
+    compute = [t for t in tasks if isinstance(t, Compute) and not t.communication]
+    ids = {t.id for t in compute}
+    compute = [replace(t, deps=tuple(d for d in t.deps if d in ids)) for t in compute]
     t_compute = simulate(compute, score.network, record=False).iteration_time
     ar = [t for t in tasks if isinstance(t, Collective)]
     t_comm = simulate([replace(ar[0], deps=())], score.network, record=False).iteration_time
@@ -229,23 +374,35 @@ def with_disco(ctx: PlanContext, base: Strategy,
     options = fusion_options or {"none": ctx.host_costs(ctx.hosts[0])}
     found = search(ctx, base, options, budget, seed)
     units, score, res = found["units"], found["score"], found["result"]
-    tasks, sizes = score.tasks(res.best)
+    tasks, sizes, order = score.tasks(res.best)
     t_compute, t_comm = ideal(ctx, units, score)
     t_default = found["anchors"]["ddp-default"][1]
     gap = t_default - max(t_compute, t_comm)
-    plan, first = [], 0
-    for last, nbytes in zip(res.best.cuts, sizes, strict=True):
-        plan.append({"params": list(units.params[first:last + 1]), "bytes": int(nbytes)})
-        first = last + 1
+    plan = bucket_plan(units, res.best.cuts, order)
+    collective = base.collective | {"bucket_plan": plan}
+    if res.best.overlap == "forward":  # the default (backward) is not written: same bytes
+        collective |= {"bucket_overlap": "forward"}
     notes = dict(base.notes) | {"disco": {
-        "fusion": res.best.fusion, "buckets": len(sizes),
+        "fusion": res.best.fusion, "buckets": len(sizes), "overlap": res.best.overlap,
+        "tail": res.best.tail,
         "anchors": {k: _r(t) for k, (_, t) in found["anchors"].items()},
         "t_compute": _r(t_compute), "t_comm": _r(t_comm),
         "gap_closed": _r((t_default - res.cost) / gap) if gap > 0 else None,
         "search": {"simulations": res.evaluations, "expansions": res.expansions,
                    "kept": len(res.kept), "seed": seed}}}  # no seconds: plans are the same bytes
     return replace(base, name=f"{base.name}+disco", tasks=tasks, buckets=sizes,
-                   collective=base.collective | {"bucket_plan": plan}, notes=notes)
+                   collective=collective, notes=notes)
+
+
+def bucket_plan(units: Units, cuts: tuple[int, ...], order: list[int]) -> list[dict]:
+    """The plan's ``bucket_plan``: the buckets of the partition `cuts` (parameter names and
+    bytes) listed in AllReduce `order`. O(units)."""
+    buckets, first = [], 0
+    for last in cuts:
+        buckets.append({"params": list(units.params[first:last + 1]),
+                        "bytes": int(sum(units.size[first:last + 1]))})
+        first = last + 1
+    return [buckets[k] for k in order]
 
 
 def baseline_disco(ctx: PlanContext) -> Strategy:
