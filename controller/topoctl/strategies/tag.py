@@ -566,13 +566,13 @@ def emit(ctx: PlanContext, out: Outcome) -> Strategy:
         else:
             s = replace(base, notes=dict(base.notes))
     else:
-        s = _pipeline_strategy(ctx, plan, ev)
+        s = pipeline_strategy(ctx, plan, ev)
     s.name = "tag"
     s.notes["tag"] = _notes(out)
     return s
 
 
-def _pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
+def pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
     """The pipeline Strategy of staged `plan` (as `placement.search` writes one; with unequal
     replica counts or batch shares, every stage's `shares` as `placement.search_shape`
     writes them)."""
