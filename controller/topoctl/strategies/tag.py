@@ -46,6 +46,7 @@ from topoctl.tag import mcts
 from topoctl.tag.budget import OutOfTime, call_until
 from topoctl.tag.features import JointGraph, joint_graph
 from topoctl.tag.space import (
+    DP_KINDS,
     Plan,
     Space,
     Stage,
@@ -177,6 +178,7 @@ class Evaluator:
         self._dp: dict[str, Strategy | None] = {}
         self.speeds = host_speeds(ctx)
         self.memory = {h: ctx.device[h].memory for h in ctx.hosts}
+        self.fixed_fusion = False  # `trees` kinds with the job's bucket cap only (`_dp_kinds`)
         self._trees: dict[tuple, dict | None] = {}  # a stage's packed trees, per hosts/bytes
         # seconds of each group on each host (ctx.hosts order) at the host's speed
         self.times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
@@ -187,8 +189,12 @@ class Evaluator:
         if kind not in self._dp:
             base, _, shares = kind.partition("+")
             plan = {"ring": _baseline.plan, "trees": _trees.plan, "topoopt": _topoopt.plan}
+            ctx = self.ctx
+            if base == "trees" and self.fixed_fusion:
+                sync = ctx.job.sync.model_copy(update={"fusion": "fixed"})
+                ctx = replace(ctx, job=ctx.job.model_copy(update={"sync": sync}))
             try:
-                s = plan[base](self.ctx)
+                s = plan[base](ctx)
                 self._dp[kind] = _shares.with_shares(self.ctx, s) if shares else s
             except (StrategyError, TopoError):  # e.g. topoopt on a switched fabric
                 self._dp[kind] = None
@@ -398,10 +404,11 @@ class Budget:
         t0 = time.perf_counter() if started is None else started
         return cls(t0 + SEED_SHARE * time_limit, t0 + time_limit)
 
-    def seed(self, name: str, fn):
-        """fn() within the seeds' share; None (and `name` recorded) when it ran out."""
+    def seed(self, name: str, fn, until: float | None = None):
+        """fn() within the seeds' share (or until `until`); None (and `name` recorded) when
+        it ran out."""
         try:
-            return call_until(fn, self.seeds)
+            return call_until(fn, self.seeds if until is None else until)
         except OutOfTime:
             self.skipped.append(name)
             return None
@@ -420,7 +427,12 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
     budget = Budget.of(time_limit, started)
     groups = op_groups(ctx, max_groups)
     ev = Evaluator(ctx, groups)
-    kinds = _dp_kinds(ctx, ev, budget)
+    # seeds, cheap ones first: the ring (the baseline), shares, placement, SFB, trees, topoopt
+    kinds = _dp_kinds(ctx, ev, budget, ("ring", "ring+shares"))
+    other = budget.seed("placement", lambda: _placement_seed(ctx, ev)) if with_placement \
+        else None
+    sfb = budget.seed("sfb", lambda: _sfb_choice(ctx, ev, groups)) if use_anchors else None
+    kinds = _dp_kinds(ctx, ev, budget, ("trees", "trees+shares", "topoopt"), kinds)
     space = build_space(ctx, groups, kinds, widen, ev.times)
     jg = joint_graph_of(ctx, groups, ev)
     prior = None
@@ -444,10 +456,7 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
         fulls = [_complete_any(space, state)] + lookahead(space, state, times)
         return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
 
-    start = (anchors(space, groups, budget.seed("sfb", lambda: _sfb_choice(ctx, ev, space))
-                     or frozenset()) if use_anchors else [])
-    other = budget.seed("placement", lambda: _placement_seed(ctx, ev)) if with_placement \
-        else None
+    start = anchors(space, groups, sfb or frozenset()) if use_anchors else []
     left = None if budget.end is None else max(0.0, budget.end - time.perf_counter())
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=left,
@@ -501,11 +510,11 @@ def lookahead(space: Space, state: State, times: list[list[float]]) -> list[Stat
     return out
 
 
-def _sfb_choice(ctx: PlanContext, ev: Evaluator, space: Space) -> frozenset[str]:
+def _sfb_choice(ctx: PlanContext, ev: Evaluator, groups: list[Group]) -> frozenset[str]:
     """The layers the `+sfb` post-pass's 0/1 program picks on the ring plan (none when SFB is
-    not in the space)."""
-    base = ev.dp_strategy("ring")
-    if not space.sfb_groups or base is None:
+    not in the space: no fully connected layer, or several ranks per host)."""
+    base = ev.dp_strategy("ring") if ctx.job.parallelism.data else None
+    if not any(g.linear for g in groups) or ctx.world_size != len(ctx.hosts) or base is None:
         return frozenset()
     try:
         layers = _sfb.with_sfb(ctx, base).notes["sfb"]["layers"]
@@ -526,30 +535,46 @@ def _complete_any(space: Space, state: State) -> State:
     return complete(space, state)
 
 
-def _dp_kinds(ctx: PlanContext, ev: Evaluator, budget: Budget | None = None
+def _dp_kinds(ctx: PlanContext, ev: Evaluator, budget: Budget | None = None,
+              cands: tuple[str, ...] = DP_KINDS, have: tuple[str, ...] = ()
               ) -> tuple[str, ...]:
-    """The data-parallel kinds that plan this job (none without `parallelism.data`); the
-    ``+shares`` kinds only when the hosts' speeds differ (otherwise the same plan); the
-    ``topoopt`` strategy's whole plan on direct-connect fabrics. Each kind is planned and
-    simulated (its anchor's value, cached) within the `budget`'s seed share; the ring, the
-    baseline every value is relative to, always."""
+    """The data-parallel kinds of `cands` that plan this job (none without
+    `parallelism.data`); the ``+shares`` kinds only when the hosts' speeds differ (otherwise
+    the same plan) and their base kind plans (in `have` or found here); the ``topoopt``
+    strategy's whole plan on direct-connect fabrics. Each kind is planned and simulated (its
+    anchor's value, cached) within the `budget`'s seed share (the ring, the baseline every
+    value is relative to, always); `trees` first with its fusion search in half of what is
+    left of the share, then, if that ran out, with the job's bucket cap alone
+    (`Evaluator.fixed_fusion`)."""
     if not ctx.job.parallelism.data:
         return ()
     budget = budget or Budget()
     differ = len({_shares.host_speed(ctx, h) for h in ctx.hosts}) > 1
-    cands = ["ring", "trees"]
-    cands += [f"{k}+shares" for k in ("ring", "trees")] if differ else []
-    cands += ["topoopt"] if ctx.fabric.kind == "direct" else []
-    kinds = []
+    kinds = list(have)
     for k in cands:
-        if k.endswith("+shares") and k.removesuffix("+shares") not in kinds:
+        base = k.removesuffix("+shares")
+        if (k != base and (not differ or base not in kinds)) or (
+                k == "topoopt" and ctx.fabric.kind != "direct"):
             continue
-        if k != "ring" and budget.seed(k, lambda k=k: (ev.dp_strategy(k),
-                                                        ev.time(Plan("dp", k)))) is None:
+        if k == "trees" and budget.seeds is not None:
+            half = time.perf_counter() + (budget.seeds - time.perf_counter()) / 2
+            try:
+                call_until(lambda: _valued(ev, "trees"), half)
+            except OutOfTime:
+                if "trees" not in ev._dp:  # still planning: plan it again, cheaper
+                    ev.fixed_fusion = True
+                    budget.skipped.append("trees fusion search")
+        if k != "ring" and budget.seed(k, lambda k=k: _valued(ev, k)) is None:
             continue
         if ev.dp_strategy(k) is not None:
             kinds.append(k)
-    return tuple(kinds)
+    return tuple(k for k in DP_KINDS if k in kinds)
+
+
+def _valued(ev: Evaluator, kind: str) -> float:
+    """`kind` planned and its data-parallel plan simulated (both cached in `ev`)."""
+    ev.dp_strategy(kind)
+    return ev.time(Plan("dp", kind))
 
 
 def emit(ctx: PlanContext, out: Outcome) -> Strategy:
