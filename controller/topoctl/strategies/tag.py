@@ -4,8 +4,9 @@ TAG (Zhang et al., "Expediting Distributed DNN Training with Device Topology-Awa
 Deployment", IEEE TPDS 2023). The op graph is coarsened into op-groups (`graph.coarsen`, the
 placement strategy's coarse graph, in a topological order, at most `TagSpec.max_groups`);
 `topoctl.tag.space` says what may be decided per group (data parallelism with ring/trees,
-batch shares, SFB per group; or pipeline stages each on a replica set with ring / parameter
-server / none), restricted to what `topoctl run` executes; `topoctl.tag.mcts` searches it with
+batch shares, SFB per group; or pipeline stages each on a replica set of any size with ring /
+packed trees / parameter server / none and even or by-speed row shares), restricted to what
+`topoctl run` executes; `topoctl.tag.mcts` searches it with
 PUCT, every node valued by simulating its default completion on the project's simulator,
 exactly as the planner simulates the emitted plan (host speeds, lab cores, steady period).
 
@@ -20,7 +21,9 @@ sync (`topocontract.stages`); `metadata.collective.tag` records each group's dec
 
 Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
 + simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
-seconds (default 40: with the setup, trees, topoopt and the SFB program, under 60 s at 8 hosts).
+seconds (default 40) for the whole strategy: the seeds (the other strategies' plans it starts
+from) get the first half, cheap ones first, and one still running then is abandoned
+(`Budget`, `topoctl.tag.budget`); the search gets the rest.
 """
 
 from __future__ import annotations
