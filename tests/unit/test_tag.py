@@ -153,3 +153,28 @@ def test_job_options_are_checked():
     with pytest.raises(Exception, match="tag.playouts"):
         parse_job(spec, "job.yaml")
     assert load_job(PLANS / "mlp-job.yaml").tag.playouts >= 1
+
+
+def test_budget_interrupts_a_seed_and_the_search_still_plans():
+    """`call_until` abandons a call at its deadline (and leaves an outer timer armed); with
+    almost no time the strategy still returns a plan, and says which seeds ran out."""
+    import signal
+    import time
+
+    from topoctl.tag.budget import OutOfTime, call_until
+
+    def spin() -> None:
+        while True:
+            pass
+
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]
+    t0 = time.perf_counter()
+    with pytest.raises(OutOfTime):
+        call_until(spin, t0 + 0.2)
+    assert time.perf_counter() - t0 < 2
+    assert call_until(lambda: 7, time.perf_counter() + 5) == 7
+    assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (outer > 0)
+    ctx = _ctx(parse_cluster(generated(4, 2)), job("mlp", {}, 512))
+    out = T.run_search(ctx, 100, time_limit=1e-3)
+    assert "trees" in out.skipped and out.result.stopped_by_time
+    assert out.time < float("inf")
