@@ -34,7 +34,7 @@ def main() -> int:
               else parse_cluster(generated(4, int(case[-1]))))
         ctx = prepare(cl, parse_job(job(model, {}, batch)), use_cache=False)
         for net in (None, shipped()):
-            out = T.run_search(ctx, 300, seed=0, max_groups=6, net=net)
+            out = T.run_search(ctx, 300, seed=0, max_groups=6, net=net, widen=False)
             ev = out.evaluator
             s, _, n = exhaustive.optimum(
                 out.space, lambda s, o=out, e=ev: T.reward(o.base_time, e.time(plan_of(s))))

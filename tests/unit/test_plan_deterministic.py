@@ -20,6 +20,7 @@ PLANS = Path(__file__).resolve().parents[2] / "plans"
 def test_plan_twice_gives_identical_bytes(strategy, tmp_path, capsys):
     job = yaml.safe_load((PLANS / "mlp-job.yaml").read_text())
     job["strategies"] = [strategy]
+    job["tag"] = {"playouts": 500}  # tag's search: a count (the default 2000 takes ~10 s here)
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job))
     outs = []

@@ -11,7 +11,7 @@ import yaml
 
 from bench.common import job
 from topoctl.cli import main
-from topoctl.planner import prepare
+from topoctl.planner import Evaluated, prepare
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import load_job, parse_job
 from topoctl.strategies import tag as T
@@ -77,13 +77,42 @@ def test_search_within_two_percent_of_exhaustive(case, model, batch):
     cluster = (load_cluster(PLANS / "hetero4-compute-cluster.yaml") if case == "hetero4c"
                else parse_cluster(generated(4, int(case[-1]))))
     ctx = _ctx(cluster, job(model, {}, batch))
-    out = T.run_search(ctx, 300, seed=0, max_groups=6)
+    out = T.run_search(ctx, 300, seed=0, max_groups=6, widen=False)  # equal replica counts
     assert len(out.groups) <= 6
     ev, sp = out.evaluator, out.space
     _, best_v, n = exhaustive.optimum(sp, lambda s: T.reward(out.base_time, ev.time(plan_of(s))))
     t_opt = min(ev.cache[p] for p in ev.cache)  # every plan the enumeration valued
     assert n > 50  # a real search space, not the anchors alone
     assert out.time <= 1.02 * t_opt, (out.time, t_opt)
+
+
+def test_widened_plan_validates_and_simulates():
+    """A plan of the widened space (stage 0 on three hosts synced by packed trees with batch
+    shares by speed, stage 1 on one host) simulates and renders to a plan the runtime's
+    contract accepts: unequal replica counts, `shares` summing to the micro-batch."""
+    from topoctl.planner import render
+    from topoctl.render.validate import validate_plan
+    from topoctl.sim.engine import simulate
+    from topoctl.tag.space import Plan, Stage
+
+    ctx = _ctx(load_cluster(PLANS / "hetero4-compute-cluster.yaml"), job("mlp", {}, 384))
+    groups = T.op_groups(ctx, 4)
+    ev = T.Evaluator(ctx, groups)
+    sp = T.build_space(ctx, groups, ("ring",), True, ev.times)
+    assert not sp.equal_replicas and "trees" in sp.stage_syncs
+    assert ("stage", ("h0", "h1", "h2"), "trees+shares") in legal(sp, ())
+    plan = Plan("pp", stages=(Stage(0, 1, ("h0", "h1", "h2"), "trees+shares"),
+                              Stage(2, len(groups) - 1, ("h3",), "none")))
+    t = ev.time(plan)
+    assert 0 < t < float("inf")
+    s = T.pipeline_strategy(ctx, plan, ev)
+    st = s.collective["stages"]
+    assert [len(x["hosts"]) for x in st] == [3, 1] and st[0]["sync"]["kind"] == "trees"
+    assert sum(st[0]["shares"]) == sum(st[1]["shares"]) == 384 // ctx.job.parallelism.microbatches
+    assert st[0]["shares"][0] > st[0]["shares"][1]  # h0 (speed 1) takes more than h1 (0.5)
+    res = simulate(s.tasks, s.network, record=False)
+    doc = render(ctx, Evaluated(s, res, 0.0), [])
+    assert validate_plan(doc) == []
 
 
 def test_deterministic_for_a_seed():
@@ -124,3 +153,28 @@ def test_job_options_are_checked():
     with pytest.raises(Exception, match="tag.playouts"):
         parse_job(spec, "job.yaml")
     assert load_job(PLANS / "mlp-job.yaml").tag.playouts >= 1
+
+
+def test_budget_interrupts_a_seed_and_the_search_still_plans():
+    """`call_until` abandons a call at its deadline (and leaves an outer timer armed); with
+    almost no time the strategy still returns a plan, and says which seeds ran out."""
+    import signal
+    import time
+
+    from topoctl.tag.budget import OutOfTime, call_until
+
+    def spin() -> None:
+        while True:
+            pass
+
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]
+    t0 = time.perf_counter()
+    with pytest.raises(OutOfTime):
+        call_until(spin, t0 + 0.2)
+    assert time.perf_counter() - t0 < 2
+    assert call_until(lambda: 7, time.perf_counter() + 5) == 7
+    assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (outer > 0)
+    ctx = _ctx(parse_cluster(generated(4, 2)), job("mlp", {}, 512))
+    out = T.run_search(ctx, 100, time_limit=1e-3)
+    assert "trees" in out.skipped and out.result.stopped_by_time
+    assert out.time < float("inf")

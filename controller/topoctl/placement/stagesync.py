@@ -34,10 +34,11 @@ host. Deterministic. O((m + 1) * simulation of one collective) per stage.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from topocontract.schedule import TreeSchedule
 from topocontract.trees import chunk_count
-from topoctl.collective.trees.pack import plan_trees
+from topoctl.collective.trees.pack import TreePlan, plan_trees
 from topoctl.collective.trees.pipeline import RuntimeCosts, choose_chunks, rank_cpu, tree_shape
 from topoctl.collective.trees.schedule import plan_to_schedule
 from topoctl.collective.trees.simulate import tree_allreduce_schedule
@@ -69,18 +70,26 @@ def stage_trees(links: Sequence[tuple[str, str, float]], members: Sequence[str],
     if len(members) < 2 or size <= 0:
         return None
     inside = set(members)
-    own = [(a, b, c) for a, b, c in links if a in inside and b in inside and a != b]
-    try:
-        tp = plan_trees(build_capgraph(own, list(members)))
-    except FabricError:  # members not joined by their own cables: no trees
-        return None
-    if not tp.trees:
+    tp = _packed(tuple((a, b, c) for a, b, c in links if a in inside and b in inside and a != b),
+                 tuple(members))
+    if tp is None:
         return None
     shape = tree_shape([t.parents for t in tp.trees], [t.rate for t in tp.trees])
     best = choose_chunks(shape, size, tp.rate * efficiency, costs,
                          len(members) if lab is not None else 1,
                          **({"lab": lab} if lab is not None else {}))
     return plan_to_schedule(tp, chunk_bytes=max(1, best.chunk_bytes))
+
+
+@lru_cache(maxsize=256)
+def _packed(own: tuple[tuple[str, str, float], ...], members: tuple[str, ...]) -> TreePlan | None:
+    """The packed trees over `members` on the cables `own` (None when they are not joined or
+    no tree packs); cached: a search values many stages on the same hosts (strategy `tag`)."""
+    try:
+        tp = plan_trees(build_capgraph(list(own), list(members)))
+    except FabricError:  # members not joined by their own cables: no trees
+        return None
+    return tp if tp.trees else None
 
 
 def tree_cpu(costs: RuntimeCosts, lab: LabProfile | None = None) -> TreeCpu:

@@ -232,8 +232,8 @@ class LaunchSpec(Model):
 
 class TagSpec(Model):
     """The `tag` strategy's search (docs/tag.md): `playouts` (the budget; deterministic),
-    `time_limit` seconds (a cap on the strategy, its setup included: when it stops the search
-    the plan depends on the machine),
+    `time_limit` seconds (a cap on the whole strategy, the other strategies' plans it starts
+    from included: when it cuts one of them or the search the plan depends on the machine),
     `seed` (tie-breaking), `prior` (gnn: the shipped weights; uniform: plain MCTS),
     `max_groups` (op-groups searched, one tree level each)."""
 

@@ -4,8 +4,9 @@ TAG (Zhang et al., "Expediting Distributed DNN Training with Device Topology-Awa
 Deployment", IEEE TPDS 2023). The op graph is coarsened into op-groups (`graph.coarsen`, the
 placement strategy's coarse graph, in a topological order, at most `TagSpec.max_groups`);
 `topoctl.tag.space` says what may be decided per group (data parallelism with ring/trees,
-batch shares, SFB per group; or pipeline stages each on a replica set with ring / parameter
-server / none), restricted to what `topoctl run` executes; `topoctl.tag.mcts` searches it with
+batch shares, SFB per group; or pipeline stages each on a replica set of any size with ring /
+packed trees / parameter server / none and even or by-speed row shares), restricted to what
+`topoctl run` executes; `topoctl.tag.mcts` searches it with
 PUCT, every node valued by simulating its default completion on the project's simulator,
 exactly as the planner simulates the emitted plan (host speeds, lab cores, steady period).
 
@@ -20,7 +21,9 @@ sync (`topocontract.stages`); `metadata.collective.tag` records each group's dec
 
 Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
 + simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
-seconds (default 40: with the setup, trees, topoopt and the SFB program, under 60 s at 8 hosts).
+seconds (default 40) for the whole strategy: the seeds (the other strategies' plans it starts
+from) get the first half, cheap ones first, and one still running then is abandoned
+(`Budget`, `topoctl.tag.budget`); the search gets the rest.
 """
 
 from __future__ import annotations
@@ -33,24 +36,30 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from topoagent.protocol import TopoError
+from topoctl.fabric.graph import connection_links
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.placement.build import node_memory, route_matrix
+from topoctl.placement.stagesync import stage_trees
 from topoctl.sim.engine import simulate
-from topoctl.sim.fabric import network_from_fabric
+from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective
 from topoctl.tag import mcts
+from topoctl.tag.budget import OutOfTime, call_until
 from topoctl.tag.features import JointGraph, joint_graph
 from topoctl.tag.space import (
+    DP_KINDS,
     Plan,
     Space,
+    Stage,
     State,
     complete,
     describe,
     host_sets,
     legal,
     plan_of,
+    split_sync,
     used_hosts,
 )
 
@@ -123,18 +132,42 @@ def _balanced(costs: list[float], k: int) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:] + [len(costs)], strict=True))
 
 
-def build_space(ctx: PlanContext, groups: list[Group], dp_kinds: tuple[str, ...]) -> Space:
+def build_space(ctx: PlanContext, groups: list[Group], dp_kinds: tuple[str, ...],
+                widen: bool = True, times: list[list[float]] | None = None) -> Space:
     """The job's search space (`topoctl.tag.space`): replica counts the batch splits into,
-    data-parallel kinds that plan, SFB groups (one rank per host), hosts fastest first."""
+    data-parallel kinds that plan, SFB groups (one rank per host), hosts fastest first.
+    `widen`: what the runtime runs beyond equal replica counts: any replica count up to a
+    micro-batch's rows at every stage, packed trees as a stage's sync (direct fabrics: a
+    stage's trees use its own cables) and batch shares by speed inside a stage (offered where
+    the hosts' seconds for the whole model, `times`: group x host, differ)."""
     hosts = tuple(ctx.hosts)
     micro = ctx.job.parallelism.microbatches
     one_rank = ctx.world_size == len(hosts)
-    sizes = tuple(g for g in range(1, len(hosts) + 1)
-                  if one_rank and ctx.job.batch.global_ % (g * micro) == 0)
+    rows = ctx.job.batch.global_ // micro if ctx.job.batch.global_ % micro == 0 else 0
+    sizes = tuple(g for g in range(1, len(hosts) + 1) if one_rank and (
+        g <= rows if widen else ctx.job.batch.global_ % (g * micro) == 0))
     sfb = frozenset(i for i, g in enumerate(groups) if g.linear) if one_rank else frozenset()
     speed = {h: _shares.host_speed(ctx, h) for h in hosts}
     order = tuple(sorted(hosts, key=lambda h: (-speed[h], hosts.index(h))))
-    return Space(hosts, len(groups), sizes, dp_kinds, sfb, order=order)
+    if not widen:
+        return Space(hosts, len(groups), sizes, dp_kinds, sfb, order=order)
+    return Space(hosts, len(groups), sizes, dp_kinds, sfb, order=order, equal_replicas=False,
+                 stage_syncs=("ring", "trees", "ps") if ctx.fabric.kind == "direct"
+                 else ("ring", "ps"), speeds=tuple(
+                     float(f"{1.0 / max(sum(row[j] for row in times), 1e-12):.6g}")
+                     for j in range(len(hosts))) if times else ())
+
+
+def speed_shares(rows: int, speeds: list[float]) -> list[int]:
+    """`rows` split in proportion to `speeds`, every member at least one row (largest
+    remainders first, ties to the earlier member): a stage's batch shares by speed. O(m log m)."""
+    m = len(speeds)
+    total = sum(speeds)
+    exact = [(rows - m) * v / total for v in speeds]
+    out = [1 + int(x) for x in exact]
+    for j in sorted(range(m), key=lambda j: (-(exact[j] - int(exact[j])), j))[:rows - sum(out)]:
+        out[j] += 1
+    return out
 
 
 class Evaluator:
@@ -148,14 +181,23 @@ class Evaluator:
         self._dp: dict[str, Strategy | None] = {}
         self.speeds = host_speeds(ctx)
         self.memory = {h: ctx.device[h].memory for h in ctx.hosts}
+        self.fixed_fusion = False  # `trees` kinds with the job's bucket cap only (`_dp_kinds`)
+        self._trees: dict[tuple, dict | None] = {}  # a stage's packed trees, per hosts/bytes
+        # seconds of each group on each host (ctx.hosts order) at the host's speed
+        self.times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
+                       / self.speeds.get(h, 1.0) for h in ctx.hosts] for g in groups]
 
     def dp_strategy(self, kind: str) -> Strategy | None:
         """The data-parallel strategy of `kind` (None when it cannot plan this job)."""
         if kind not in self._dp:
             base, _, shares = kind.partition("+")
             plan = {"ring": _baseline.plan, "trees": _trees.plan, "topoopt": _topoopt.plan}
+            ctx = self.ctx
+            if base == "trees" and self.fixed_fusion:
+                sync = ctx.job.sync.model_copy(update={"fusion": "fixed"})
+                ctx = replace(ctx, job=ctx.job.model_copy(update={"sync": sync}))
             try:
-                s = plan[base](self.ctx)
+                s = plan[base](ctx)
                 self._dp[kind] = _shares.with_shares(self.ctx, s) if shares else s
             except (StrategyError, TopoError):  # e.g. topoopt on a switched fabric
                 self._dp[kind] = None
@@ -193,39 +235,85 @@ class Evaluator:
         s = self.dp_plan(plan)
         return math.inf if s is None else self._sim(s)
 
+    def stage_rows(self, plan: Plan) -> list[list[int]] | None:
+        """Rows of each micro-batch per replica, per stage (`topocontract.stages` shares:
+        even, or by speed for a ``+shares`` sync); None for an equal-count plan (every stage
+        the same replicas, evenly split: the runtime's plan without shares)."""
+        rows = self.ctx.job.batch.global_ // self.ctx.job.parallelism.microbatches
+        out = []
+        for st in plan.stages:
+            if split_sync(st.sync)[2]:  # by the stage's own compute on each member
+                pos = [self.ctx.hosts.index(h) for h in st.hosts]
+                work = [sum(self.times[i][j] for i in range(st.first, st.last + 1)) for j in pos]
+                out.append(speed_shares(rows, [1.0 / max(w, 1e-12) for w in work]))
+            else:
+                out.append(_placement.even_shares(rows, len(st.hosts)))
+        if len({tuple(r) for r in out}) == 1 and len(set(out[0])) == 1:
+            return None
+        return out
+
     def pp_parts(self, plan: Plan):
-        """(stage ops, stage host groups, syncs, micro-batches, scale, measured) of `plan`."""
+        """(stage ops, stage host groups, syncs, micro-batches, scale, measured, shares,
+        measured per rows) of `plan`: `shares` None for an equal-count plan (then `scale` that
+        of a replica's micro-batch), else rows per replica and `scale` that of one row."""
         ctx = self.ctx
         pos = {o.name: i for i, o in enumerate(ctx.graph.ops)}
         stages = [sorted((o for g in self.groups[st.first: st.last + 1] for o in g.ops),
                          key=pos.__getitem__) for st in plan.stages]
         hgroups = [list(st.hosts) for st in plan.stages]
-        syncs = [_sync_dict(st.sync) for st in plan.stages]
         micro = ctx.job.parallelism.microbatches
-        g = len(hgroups[0])
-        scale = ctx.job.batch.global_ / (g * micro) / ctx.local_batch
-        meas = _placement.measured_stage_costs(ctx, ctx.job.batch.global_ // (g * micro))
-        return stages, hgroups, syncs, micro, scale, meas
+        shares = self.stage_rows(plan)
+        if shares is None:
+            g = len(hgroups[0])
+            scale = ctx.job.batch.global_ / (g * micro) / ctx.local_batch
+            meas = _placement.measured_stage_costs(ctx, ctx.job.batch.global_ // (g * micro))
+            at = None
+        else:
+            scale = 1.0 / ctx.local_batch
+            rows = sorted({x for sh in shares for x in sh})
+            at = {r: _placement.measured_stage_costs(ctx, r) for r in rows}
+            meas = None if any(m is None for m in at.values()) else at[rows[0]]
+            at = at if meas else None
+        syncs = [self.sync_dict(st, stages[i], meas) for i, st in enumerate(plan.stages)]
+        return stages, hgroups, syncs, micro, scale, meas, shares, at
+
+    def sync_dict(self, st: Stage, ops: list[str], meas) -> dict:
+        """A stage's sync as the plan states it (`topocontract.stages`); a ``trees`` sync with
+        its packed trees over the stage's own cables (`placement.stagesync.stage_trees`),
+        ``{"kind": "trees"}`` without a schedule when they cannot be packed."""
+        kind, server, _ = split_sync(st.sync)
+        if kind == "ps":
+            return {"kind": "ps", "server": server}
+        if kind != "trees":
+            return {"kind": kind}
+        nbytes = float(_placement.grad_bytes(self.ctx, [ops])[0])
+        key = (st.hosts, nbytes, meas is None)
+        if key not in self._trees:
+            costs, lab = _placement.trees_cpu_model(self.ctx, meas)
+            links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(self.ctx.fabric)]
+            sched = stage_trees(links, list(st.hosts), nbytes, costs, lab,
+                                tcp_efficiency(self.ctx.fabric.mtu))
+            self._trees[key] = None if sched is None else sched.dump()
+        sched = self._trees[key]
+        return {"kind": "trees"} if sched is None else {"kind": "trees", "schedule": sched}
 
     def _pp_time(self, plan: Plan) -> float:
-        stages, hgroups, syncs, micro, scale, meas = self.pp_parts(plan)
-        for st in plan.stages:
+        stages, hgroups, syncs, micro, scale, meas, shares, at = self.pp_parts(plan)
+        if any(y["kind"] == "trees" and "schedule" not in y for y in syncs):
+            return math.inf  # no trees over this stage's own cables
+        for s, st in enumerate(plan.stages):
             gs = self.groups[st.first: st.last + 1]
-            need = sum(node_memory(g.param_bytes, scale * g.act_bytes, micro) for g in gs)
-            if any(need > self.memory[h] for h in st.hosts):
-                return math.inf
-        tasks, _ = _placement.pipeline_tasks(self.ctx, stages, hgroups, micro, scale, meas, syncs)
+            for j, h in enumerate(st.hosts):
+                sc = scale if shares is None else scale * shares[s][j]
+                need = sum(node_memory(g.param_bytes, sc * g.act_bytes, micro) for g in gs)
+                if need > self.memory[h]:
+                    return math.inf
+        tasks, _ = _placement.pipeline_tasks(self.ctx, stages, hgroups, micro, scale, meas,
+                                             syncs, shares, at)
         net = _placement.lab_network(self.network, list(self.ctx.hosts), meas)
         if self.speeds:
             net = replace(net, speed=self.speeds, _cache={})
         return simulate(tasks, net, record=False).iteration_time
-
-
-def _sync_dict(sync: str) -> dict:
-    """A stage's `sync` as the plan states it (`topocontract.stages`)."""
-    if sync.startswith("ps:"):
-        return {"kind": "ps", "server": sync[3:]}
-    return {"kind": sync}
 
 
 def reward(t_base: float, t: float) -> float:
@@ -272,6 +360,8 @@ class Outcome:
     groups: list[Group]
     evaluator: Evaluator
     graph: JointGraph
+    placement: tuple[Strategy, float] | None = None  # its pipeline and time (a seed)
+    skipped: list[str] = field(default_factory=list)  # seeds the budget left out
 
 
 def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> JointGraph:
@@ -296,17 +386,57 @@ def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> Join
                        [ev.memory[h] for h in hosts])
 
 
+SEED_SHARE = 0.5  # of `time_limit`: the seeds (other strategies' plans), then the search
+
+
+@dataclass
+class Budget:
+    """The strategy's one time budget (`topoctl.tag.budget`): seeds may run until `seeds`,
+    the search until `end` (`time.perf_counter()` readings; None: no limit). `skipped`: the
+    seeds abandoned when their share ran out."""
+
+    seeds: float | None = None
+    end: float | None = None
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, time_limit: float | None, started: float | None = None) -> Budget:
+        """`time_limit` seconds from `started` (default: now), `SEED_SHARE` of it for seeds."""
+        if time_limit is None:
+            return cls()
+        t0 = time.perf_counter() if started is None else started
+        return cls(t0 + SEED_SHARE * time_limit, t0 + time_limit)
+
+    def seed(self, name: str, fn, until: float | None = None):
+        """fn() within the seeds' share (or until `until`); None (and `name` recorded) when
+        it ran out."""
+        try:
+            return call_until(fn, self.seeds if until is None else until)
+        except OutOfTime:
+            self.skipped.append(name)
+            return None
+
+
 def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
                net=None, max_groups: int = 24, progress: mcts.Progress | None = None,
-               use_anchors: bool = True, started: float | None = None) -> Outcome:
+               use_anchors: bool = True, started: float | None = None,
+               with_placement: bool = False, widen: bool = True) -> Outcome:
     """The search on `ctx` (module docstring); `net`: a `topoctl.tag.gnn.TagNet` for the prior,
     None for uniform; `use_anchors`: value the anchors first (off: to measure the prior);
-    `started`: the `time.perf_counter()` the `time_limit` counts from (default: the search's
-    start; the strategy counts its setup too: trees, topoopt, the SFB program)."""
+    `time_limit`: seconds for everything from `started` (default: now), seeds included
+    (`Budget`: the trees/topoopt kinds, the SFB program and, `with_placement`, the placement
+    strategy's pipeline get `SEED_SHARE` of it, the search the rest); `widen`: the space
+    with unequal replica counts, per-stage trees and batch shares (docs/tag.md)."""
+    budget = Budget.of(time_limit, started)
     groups = op_groups(ctx, max_groups)
     ev = Evaluator(ctx, groups)
-    kinds = _dp_kinds(ctx, ev)
-    space = build_space(ctx, groups, kinds)
+    # seeds, cheap ones first: the ring (the baseline), shares, placement, SFB, trees, topoopt
+    kinds = _dp_kinds(ctx, ev, budget, ("ring", "ring+shares"))
+    other = budget.seed("placement", lambda: _placement_seed(ctx, ev)) if with_placement \
+        else None
+    sfb = budget.seed("sfb", lambda: _sfb_choice(ctx, ev, groups)) if use_anchors else None
+    kinds = _dp_kinds(ctx, ev, budget, ("trees", "trees+shares", "topoopt"), kinds)
+    space = build_space(ctx, groups, kinds, widen, ev.times)
     jg = joint_graph_of(ctx, groups, ev)
     prior = None
     if net is not None:
@@ -323,22 +453,19 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
     if not math.isfinite(base):
         raise StrategyError("no plan fits in the hosts' memory")
 
-    times = [[sum(ctx.host_costs(h)[o].fwd + ctx.host_costs(h)[o].bwd for o in g.ops)
-              / ev.speeds.get(h, 1.0) for h in ctx.hosts] for g in groups]
+    times = ev.times
 
     def value(state: State) -> tuple[float, State]:
         fulls = [_complete_any(space, state)] + lookahead(space, state, times)
         return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
 
-    if time_limit is not None and started is not None:  # the setup spent part of it
-        time_limit = max(1.0, time_limit - (time.perf_counter() - started))
+    start = anchors(space, groups, sfb or frozenset()) if use_anchors else []
+    left = None if budget.end is None else max(0.0, budget.end - time.perf_counter())
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
-                      prior or mcts.uniform, seed=seed, time_limit=time_limit,
-                      progress=progress,
-                      start=anchors(space, groups, _sfb_choice(ctx, ev, space))
-                      if use_anchors else ())
+                      prior or mcts.uniform, seed=seed, time_limit=left,
+                      progress=progress, start=start)
     return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
-                   ev, jg)
+                   ev, jg, other, budget.skipped)
 
 
 LOOKAHEAD = 3  # next-stage host sets a staged node's value tries besides the default
@@ -347,42 +474,50 @@ CUT_WINDOW = 3  # cuts tried on the best set: the compute-balanced one and 3 eit
 
 def lookahead(space: Space, state: State, times: list[list[float]]) -> list[State]:
     """Completions of a staged `state` that give the rest of the model to one more stage:
-    on the free host set (of the stage's replica count) where the remaining groups run
-    fastest, the cut where the current stage's and the new stage's compute balance (a stage
-    runs at its slowest member's pace) and `CUT_WINDOW` cuts either side of it (the
-    activations a cut sends are left to the simulator); on the next `LOOKAHEAD` - 1 sets, the
-    balanced cut. The
-    node's value is the best of these and the default (a rollout policy: a partial pipeline is
-    valued by what it can become, not only by running the rest on the current stage).
-    O(LOOKAHEAD * groups) completions, most of them shared with the node's neighbours (the
-    evaluator caches per plan)."""
+    on the free host set where the remaining groups run fastest, the cut where the current
+    stage's and the new stage's compute balance (a stage runs at its slowest member's pace,
+    its replicas splitting the rows) and `CUT_WINDOW` cuts either side of it (the activations
+    a cut sends are left to the simulator); on the next `LOOKAHEAD` - 1 sets, the balanced
+    cut. Sets of the stage's replica count; in a space of unequal counts
+    (`Space.equal_replicas` False) also the fastest set of each other count, balanced cut.
+    The node's value is the best of these and the default (a rollout policy: a partial
+    pipeline is valued by what it can become, not only by running the rest on the current
+    stage). O((LOOKAHEAD + sizes) * groups) completions, most of them shared with the node's
+    neighbours (the evaluator caches per plan)."""
     i, n = len(state), space.groups
     if not state or state[0][0] != "stage" or i >= n:
         return []
     first = max(k for k, a in enumerate(state) if a[0] == "stage")
     cur = [space.hosts.index(h) for h in state[first][1]]
     free = [h for h in space.hosts if h not in used_hosts(state)]
+    wide = not space.equal_replicas
 
     def pace(hs: list[int], a: int, b: int) -> float:
-        return sum(max(times[j][h] for h in hs) for j in range(a, b))
+        div = len(hs) if wide else 1  # equal counts: the same divisor everywhere
+        return sum(max(times[j][h] for h in hs) for j in range(a, b)) / div
 
-    sets = [[space.hosts.index(h) for h in s] for s in host_sets(space, free, len(cur))]
-    sets.sort(key=lambda hs: (pace(hs, i, n), hs))
+    def ranked(size: int) -> list[list[int]]:
+        sets = [[space.hosts.index(h) for h in s] for s in host_sets(space, free, size)]
+        return sorted(sets, key=lambda hs: (pace(hs, i, n), hs))
+
+    tries = [(hs, r == 0) for r, hs in enumerate(ranked(len(cur))[:LOOKAHEAD])]
+    if wide:
+        tries += [(s[0], False) for g in space.sizes if g != len(cur) and (s := ranked(g))]
     out = []
-    for r, hs in enumerate(sets[:LOOKAHEAD]):
+    for hs, window in tries:
         bal = min(range(i, n), key=lambda c: (max(pace(cur, first, c), pace(hs, c, n)), c))
-        cuts = range(max(i, bal - CUT_WINDOW), min(n, bal + CUT_WINDOW + 1)) if r == 0 else [bal]
+        cuts = range(max(i, bal - CUT_WINDOW), min(n, bal + CUT_WINDOW + 1)) if window else [bal]
         new = ("stage", tuple(space.hosts[h] for h in hs), "none" if len(hs) == 1 else "ring")
         out += [state + (("same",),) * (k - i) + (new,) + (("same",),) * (n - k - 1)
                 for k in cuts]
     return out
 
 
-def _sfb_choice(ctx: PlanContext, ev: Evaluator, space: Space) -> frozenset[str]:
+def _sfb_choice(ctx: PlanContext, ev: Evaluator, groups: list[Group]) -> frozenset[str]:
     """The layers the `+sfb` post-pass's 0/1 program picks on the ring plan (none when SFB is
-    not in the space)."""
-    base = ev.dp_strategy("ring")
-    if not space.sfb_groups or base is None:
+    not in the space: no fully connected layer, or several ranks per host)."""
+    base = ev.dp_strategy("ring") if ctx.job.parallelism.data else None
+    if not any(g.linear for g in groups) or ctx.world_size != len(ctx.hosts) or base is None:
         return frozenset()
     try:
         layers = _sfb.with_sfb(ctx, base).notes["sfb"]["layers"]
@@ -403,19 +538,46 @@ def _complete_any(space: Space, state: State) -> State:
     return complete(space, state)
 
 
-def _dp_kinds(ctx: PlanContext, ev: Evaluator) -> tuple[str, ...]:
-    """The data-parallel kinds that plan this job (none without `parallelism.data`); the
-    ``+shares`` kinds only when the hosts' speeds differ (otherwise the same plan); the
-    ``topoopt`` strategy's whole plan on direct-connect fabrics."""
+def _dp_kinds(ctx: PlanContext, ev: Evaluator, budget: Budget | None = None,
+              cands: tuple[str, ...] = DP_KINDS, have: tuple[str, ...] = ()
+              ) -> tuple[str, ...]:
+    """The data-parallel kinds of `cands` that plan this job (none without
+    `parallelism.data`); the ``+shares`` kinds only when the hosts' speeds differ (otherwise
+    the same plan) and their base kind plans (in `have` or found here); the ``topoopt``
+    strategy's whole plan on direct-connect fabrics. Each kind is planned and simulated (its
+    anchor's value, cached) within the `budget`'s seed share (the ring, the baseline every
+    value is relative to, always); `trees` first with its fusion search in half of what is
+    left of the share, then, if that ran out, with the job's bucket cap alone
+    (`Evaluator.fixed_fusion`)."""
     if not ctx.job.parallelism.data:
         return ()
+    budget = budget or Budget()
     differ = len({_shares.host_speed(ctx, h) for h in ctx.hosts}) > 1
-    kinds = [k for k in ("ring", "trees") if ev.dp_strategy(k) is not None]
-    if differ:
-        kinds += [f"{k}+shares" for k in list(kinds) if ev.dp_strategy(f"{k}+shares")]
-    if ctx.fabric.kind == "direct" and ev.dp_strategy("topoopt") is not None:
-        kinds.append("topoopt")  # TopoOpt's rings, routes (and cabling) as one more kind
-    return tuple(kinds)
+    kinds = list(have)
+    for k in cands:
+        base = k.removesuffix("+shares")
+        if (k != base and (not differ or base not in kinds)) or (
+                k == "topoopt" and ctx.fabric.kind != "direct"):
+            continue
+        if k == "trees" and budget.seeds is not None:
+            half = time.perf_counter() + (budget.seeds - time.perf_counter()) / 2
+            try:
+                call_until(lambda: _valued(ev, "trees"), half)
+            except OutOfTime:
+                if "trees" not in ev._dp:  # still planning: plan it again, cheaper
+                    ev.fixed_fusion = True
+                    budget.skipped.append("trees fusion search")
+        if k != "ring" and budget.seed(k, lambda k=k: _valued(ev, k)) is None:
+            continue
+        if ev.dp_strategy(k) is not None:
+            kinds.append(k)
+    return tuple(k for k in DP_KINDS if k in kinds)
+
+
+def _valued(ev: Evaluator, kind: str) -> float:
+    """`kind` planned and its data-parallel plan simulated (both cached in `ev`)."""
+    ev.dp_strategy(kind)
+    return ev.time(Plan("dp", kind))
 
 
 def emit(ctx: PlanContext, out: Outcome) -> Strategy:
@@ -432,33 +594,41 @@ def emit(ctx: PlanContext, out: Outcome) -> Strategy:
         else:
             s = replace(base, notes=dict(base.notes))
     else:
-        s = _pipeline_strategy(ctx, plan, ev)
+        s = pipeline_strategy(ctx, plan, ev)
     s.name = "tag"
     s.notes["tag"] = _notes(out)
     return s
 
 
-def _pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
-    """The pipeline Strategy of staged `plan` (as `placement.search` writes one)."""
-    stages, hgroups, syncs, micro, scale, meas = ev.pp_parts(plan)
-    tasks, grads = _placement.pipeline_tasks(ctx, stages, hgroups, micro, scale, meas, syncs)
+def pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
+    """The pipeline Strategy of staged `plan` (as `placement.search` writes one; with unequal
+    replica counts or batch shares, every stage's `shares` as `placement.search_shape`
+    writes them)."""
+    stages, hgroups, syncs, micro, scale, meas, shares, at = ev.pp_parts(plan)
+    tasks, grads = _placement.pipeline_tasks(ctx, stages, hgroups, micro, scale, meas, syncs,
+                                             shares, at)
     net = _placement.lab_network(ev.network, list(ctx.hosts), meas)
     stage_of = {op: i for i, ops in enumerate(stages) for op in ops}
-    cut = _placement.cut_bytes(ctx, stage_of, len(stages), scale)
     g = len(hgroups[0])
+    mb = ctx.job.batch.global_ // (g * micro) if shares is None else shares[0][0]
+    # send_bytes: what `micro_batch` rows send (render.pipeline)
+    cut = _placement.cut_bytes(ctx, stage_of, len(stages), scale if shares is None
+                               else mb * scale)
+    replicas = g if shares is None else max(len(grp) for grp in hgroups)
     coll = {"algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
-            "micro_batch": ctx.job.batch.global_ // (g * micro), "replicas": g,
+            "micro_batch": mb, "replicas": replicas,
             "stages": [{"hosts": list(grp), "ranks": [ctx.ranks[h][0] for h in grp],
-                        "ops": list(ops), "send_bytes": int(cut[i]) if i < len(cut) else 0,
+                        "ops": list(ops), **({"shares": shares[i]} if shares else {}),
+                        "send_bytes": int(cut[i]) if i < len(cut) else 0,
                         "sync": syncs[i]}
                        for i, (grp, ops) in enumerate(zip(hgroups, stages, strict=True))]}
-    notes: dict = {"stages": len(stages), "replicas": g,
+    notes: dict = {"stages": len(stages),
+                   "replicas": g if shares is None else [len(grp) for grp in hgroups],
                    "sync": [{"kind": y["kind"], **({"server": y["server"]} if "server" in y
                                                    else {})} for y in syncs]}
     if meas is not None:  # what the lab prediction rests on (docs/placement.md)
         notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
-                            "micro_batch": ctx.job.batch.global_ // (g * micro),
-                            "threads": ctx.job.launch.threads,
+                            "micro_batch": mb, "threads": ctx.job.launch.threads,
                             "runtime_cpu": meas.runtime.source}
     return Strategy(name="tag", fabric=ctx.fabric, hops=ev.hops, network=net, tasks=tasks,
                     collective=coll, buckets=[b for b in grads if b], notes=notes)
@@ -472,7 +642,8 @@ def _notes(out: Outcome) -> dict:
                      "decision": describe(a)})
     return {"groups": rows, "playouts": out.result.playouts,
             "simulated_plans": len(out.evaluator.cache),
-            "stopped_by_time": out.result.stopped_by_time,
+            "stopped_by_time": out.result.stopped_by_time or bool(out.skipped),
+            **({"out_of_time": list(out.skipped)} if out.skipped else {}),
             "speedup_over_baseline": (out.base_time / out.time
                                       if math.isfinite(out.base_time) else None)}
 
@@ -485,38 +656,46 @@ def _stderr_progress(t0: float):
 
 
 def plan(ctx: PlanContext) -> Strategy:
-    """Strategy ``tag``: the search with the job's `tag` options (budget, seed, prior)."""
+    """Strategy ``tag``: the search with the job's `tag` options (budget, seed, prior); the
+    `placement` strategy's pipeline when it is faster (`_adopt_placement`)."""
     opts = ctx.job.tag
+    t0 = time.perf_counter()
     net = None
     if opts.prior == "gnn":
         from topoctl.tag.prior import shipped  # lazily: torch
         net = shipped()
-    t0 = time.perf_counter()
     out = run_search(ctx, opts.playouts, opts.seed, opts.time_limit, net, opts.max_groups,
-                     _stderr_progress(t0), started=t0)
+                     _stderr_progress(t0), started=t0, with_placement=True)
     print(f"tag: {out.result.playouts} playouts, {len(out.evaluator.cache)} plans simulated "
-          f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    s = emit(ctx, out)
-    other = _placement_anchor(ctx, out)
+          f"in {time.perf_counter() - t0:.1f} s"
+          + (f"; out of time for: {', '.join(out.skipped)}" if out.skipped else ""),
+          file=sys.stderr, flush=True)
+    other = _adopt_placement(out)
     if other is not None:
         print(f"tag: the placement search's pipeline ({other.notes['tag']['adopted']}) is "
               "faster than the tree's best: adopted", file=sys.stderr, flush=True)
         return other
-    return s
+    return emit(ctx, out)
 
 
-def _placement_anchor(ctx: PlanContext, out: Outcome) -> Strategy | None:
-    """The `placement` strategy's pipeline when it is faster than the search's best (its
-    stages need not be contiguous in TAG's group order, and its MILP/HEFT placement may cut
-    inside a merged group), renamed ``tag`` with each group's stage in its notes; None when
-    it is not faster or cannot plan the job. So `tag` is never slower than `placement`."""
+def _placement_seed(ctx: PlanContext, ev: Evaluator) -> tuple[Strategy, float] | None:
+    """The `placement` strategy's pipeline and its simulated time (None when it cannot plan
+    the job)."""
     try:
         p = _placement.search(ctx, ctx.job.parallelism.search, "placement")
     except (StrategyError, TopoError):
         return None
-    t = out.evaluator._sim(p)
-    if not t < out.time:
+    return p, ev._sim(p)
+
+
+def _adopt_placement(out: Outcome) -> Strategy | None:
+    """The `placement` strategy's pipeline when it is faster than the search's best (its
+    stages need not be contiguous in TAG's group order, and its MILP/HEFT placement may cut
+    inside a merged group), renamed ``tag`` with each group's stage in its notes; None when
+    it is not faster or was not planned. So `tag` is never slower than `placement`."""
+    if out.placement is None or not out.placement[1] < out.time:
         return None
+    p, t = out.placement
     stage_of = {op: i for i, st in enumerate(p.collective["stages"]) for op in st["ops"]}
     notes = _notes(out)
     for row, g in zip(notes["groups"], out.groups, strict=True):

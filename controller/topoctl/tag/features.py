@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from topoctl.tag.space import Action, Space, State, used_hosts
+from topoctl.tag.space import Action, Space, State, split_sync, used_hosts
 
 TYPES = ("dp:ring", "dp:trees", "dp:ring+shares", "dp:trees+shares", "dp:topoopt", "stage:none",
          "stage:ring", "stage:ps", "same", "ar", "sfb")
@@ -83,9 +83,10 @@ def describe_action(space: Space, jg: JointGraph, state: State, a: Action) -> Ac
     if a[0] == "dp":
         kind, hosts = TYPES.index(f"dp:{a[1]}"), tuple(range(nh))
     elif a[0] == "stage":
-        y = a[2].split(":")[0]
-        kind, hosts = TYPES.index(f"stage:{y}"), tuple(idx[h] for h in a[1])
-        server = idx[a[2][3:]] if y == "ps" else -1
+        y, srv, _ = split_sync(a[2])  # trees: the ring's type (both all-reduce the stage)
+        kind = TYPES.index(f"stage:{'ring' if y == 'trees' else y}")
+        hosts = tuple(idx[h] for h in a[1])
+        server = idx[srv] if srv else -1
     else:
         kind = TYPES.index(a[0])
         cur = next((s for s in reversed(state) if s[0] == "stage"), None)

@@ -11,8 +11,10 @@ with P the prior (the GNN's, or uniform), Q the child subtree's mean value blend
 (`max_mix`; the reward is deterministic and the search wants the best leaf; an unvisited child
 takes its parent's mean: first-play urgency), until it reaches a node not yet expanded;
 that node is expanded (its legal actions and their prior) and valued by simulating the default
-completion of its partial state (`value`), and the value is backed up the path. A terminal
-node is valued again from the caller's cache. The search returns the best complete state it
+completion of its partial state (`value`), and the value is backed up the path. A subtree
+whose complete states have all been valued is done (MCTS-Solver's idea, Winands et al., CG
+2008, for a deterministic single-player reward: its best is known) and never selected again;
+the search ends early when the root is done. The search returns the best complete state it
 simulated (the reward is deterministic: the best seen is a lower bound of the optimum, and the
 result is never worse than any state it valued, e.g. the root's default, the baseline), the
 root's visit distribution and every expanded node's (self-play targets for the prior).
@@ -48,6 +50,7 @@ class Node:
     visits: list[int]
     total: list[float]
     best: list[float]
+    done: list[bool]  # the child's subtree fully simulated (every complete state below valued)
     children: dict[int, Node] = field(default_factory=dict)
     n: int = 0
     w: float = 0.0
@@ -82,7 +85,8 @@ def _expand(state: State, legal: Legal, prior: Prior, rng: random.Random) -> Nod
     p = [x / total for x in p] if total > 0 else [1.0 / max(1, len(acts))] * len(acts)
     order = list(range(len(acts)))
     rng.shuffle(order)
-    return Node(acts, p, order, [0] * len(acts), [0.0] * len(acts), [-math.inf] * len(acts))
+    return Node(acts, p, order, [0] * len(acts), [0.0] * len(acts), [-math.inf] * len(acts),
+                [False] * len(acts))
 
 
 def _pick(node: Node, c: float, mix: float, lo: float, hi: float) -> int:
@@ -93,6 +97,8 @@ def _pick(node: Node, c: float, mix: float, lo: float, hi: float) -> int:
     fpu = (node.w / node.n - lo) / span if node.n else 0.0
     best, best_u = node.order[0], -math.inf
     for i in node.order:
+        if node.done[i]:  # nothing left to learn below it: its best is known
+            continue
         q = (((1 - mix) * node.total[i] / node.visits[i] + mix * node.best[i] - lo) / span
              if node.visits[i] else fpu)
         u = q + c * node.prior[i] * sq / (1 + node.visits[i])
@@ -127,12 +133,14 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
             improvements.append((done, v))
         return v
 
-    for s in start:
+    for s in start:  # anchors, while there is time (the first is always valued)
+        if s is not start[0] and time_limit is not None and clock() - t0 > time_limit:
+            break
         val(s)
     root = _expand((), legal, prior, rng)
     root.n, root.w = 1, val(())
     timed_out, step = False, max(1, playouts // 10)
-    while done < playouts:
+    while done < playouts and not all(root.done):
         if time_limit is not None and clock() - t0 > time_limit:
             timed_out = True
             break
@@ -151,6 +159,10 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
                 child.n, child.w = 1, v
                 break
             node = child
+        finished = not child.actions if path else False  # reached a complete state
+        for nd, i in reversed(path):  # a subtree is done when all its children are
+            nd.done[i] = nd.done[i] or finished
+            finished = all(nd.done)
         for nd, i in path:
             nd.visits[i] += 1
             nd.total[i] += v

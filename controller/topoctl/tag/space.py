@@ -13,18 +13,21 @@ the tuple of decisions taken so far (one per op-group, groups in a topological o
   in `Space.sfb_kinds`, only for groups in `Space.sfb_groups`);
 - group 0, or any later group of a staged state: ``("stage", hosts, sync)``: the group starts a
   new pipeline stage replicated on `hosts` (a tuple in host order, disjoint from the earlier
-  stages' hosts), its replicas synchronised by `sync` (``none`` for one replica, ``ring``, or
-  ``ps:<host>``: a parameter server on one of them);
+  stages' hosts), its replicas synchronised by `sync` (``none`` for one replica, ``ring``,
+  ``trees``: packed spanning trees over the stage's own cables, when `Space.stage_syncs`
+  offers them, or ``ps:<host>``: a parameter server on one of them), with the suffix
+  ``+shares`` when its replicas split each micro-batch's rows by host speed (offered when
+  `Space.speeds` differ within the set) rather than evenly (`split_sync`);
 - later groups of a staged state: ``("same",)``: the group joins the current stage;
 - later groups of a data-parallel state: ``("ar",)`` (its gradients all-reduced) or
   ``("sfb",)`` (its FC layers by SFB).
 
-Runtime restriction (documented hook): today's runtime runs stages with EQUAL replica counts
-(`topotrain.pipeline`: replica r of stage s talks to replica r of stage s + 1), so with
-`Space.equal_replicas` every later stage has as many hosts as the first. When the runtime runs
-unequal replica groups, build the space with ``equal_replicas=False`` (any size in
-`Space.sizes`) and give the evaluator per-stage micro-batches; nothing else changes here.
-Hosts no stage uses stay idle (the renderer launches only stage ranks).
+Replica counts: the runtime (`topotrain.pipeline`, `topocontract.stages`) runs stages of
+unequal replica counts, each replica taking a share of every micro-batch's rows; with
+``equal_replicas=False`` (the strategy's widened space) every size in `Space.sizes` is legal
+at every stage, with ``equal_replicas=True`` (the space before the runtime ran them) every
+later stage has as many hosts as the first. Hosts no stage uses stay idle (the renderer
+launches only stage ranks).
 
 Default completion (`complete`): every undecided group joins the current stage (``same``) or is
 all-reduced (``ar``), so every node of the search tree is a runnable plan that can be simulated.
@@ -66,6 +69,8 @@ class Space:
     equal_replicas: bool = True  # the runtime's restriction (module docstring)
     ps_min: int = 3
     order: tuple[str, ...] = field(default=())
+    stage_syncs: tuple[str, ...] = ("ring", "ps")  # + "trees" where stages may pack trees
+    speeds: tuple[float, ...] = ()  # per host (hosts' order); differing: `+shares` offered
 
 
 def host_sets(space: Space, free: Sequence[str], size: int) -> list[tuple[str, ...]]:
@@ -88,11 +93,27 @@ def host_sets(space: Space, free: Sequence[str], size: int) -> list[tuple[str, .
 
 
 def syncs(space: Space, hosts: Sequence[str]) -> list[str]:
-    """Sync kinds of a stage on `hosts`: none (one replica), else ring and a parameter server on
-    each member (from `ps_min` replicas on)."""
+    """Sync kinds of a stage on `hosts`: none (one replica), else ring, trees (when offered)
+    and a parameter server on each member (from `ps_min` replicas on); each also with
+    ``+shares`` when the members' speeds differ."""
     if len(hosts) == 1:
         return ["none"]
-    return ["ring"] + ([f"ps:{h}" for h in hosts] if len(hosts) >= space.ps_min else [])
+    out = ["ring"] + (["trees"] if "trees" in space.stage_syncs else [])
+    out += [f"ps:{h}" for h in hosts] if "ps" in space.stage_syncs and len(hosts) >= \
+        space.ps_min else []
+    if space.speeds:
+        pos = {h: i for i, h in enumerate(space.hosts)}
+        if len({space.speeds[pos[h]] for h in hosts}) > 1:
+            out += [f"{y}+shares" for y in out]
+    return out
+
+
+def split_sync(sync: str) -> tuple[str, str | None, bool]:
+    """(kind, parameter server or None, rows split by speed) of a stage action's `sync`."""
+    shares = sync.endswith("+shares")
+    sync = sync.removesuffix("+shares")
+    kind, _, server = sync.partition(":")
+    return kind, server or None, shares
 
 
 def _stage_actions(space: Space, free: Sequence[str], sizes: Sequence[int]) -> list[Action]:
@@ -183,5 +204,8 @@ def describe(action: Action) -> str:
     if action[0] == "dp":
         return f"data parallel, {action[1]}" + (", SFB" if action[2] else "")
     if action[0] == "stage":
-        return f"new stage on {','.join(action[1])}, sync {action[2]}"
+        kind, server, shares = split_sync(action[2])
+        return (f"new stage on {','.join(action[1])}, sync {kind}"
+                + (f":{server}" if server else "") + (", batch shares by speed" if shares
+                                                      else ""))
     return {"same": "same stage", "ar": "all-reduce", "sfb": "SFB"}[action[0]]
