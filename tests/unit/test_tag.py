@@ -175,6 +175,6 @@ def test_budget_interrupts_a_seed_and_the_search_still_plans():
     assert call_until(lambda: 7, time.perf_counter() + 5) == 7
     assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (outer > 0)
     ctx = _ctx(parse_cluster(generated(4, 2)), job("mlp", {}, 512))
-    out = T.run_search(ctx, 100, time_limit=1e-3)
+    out = T.run_search(ctx, 100, time_limit=1e-3, seed_share=0.5)
     assert "trees" in out.skipped and out.result.stopped_by_time
     assert out.time < float("inf")

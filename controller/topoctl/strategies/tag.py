@@ -386,7 +386,12 @@ def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> Join
                        [ev.memory[h] for h in hosts])
 
 
-SEED_SHARE = 0.5  # of `time_limit`: the seeds (other strategies' plans), then the search
+# The seeds (the other strategies' plans TAG starts from) are not cut short by default: they
+# are its floor ("never slower than the best other strategy"), and a seed stopped by the clock
+# made plans depend on the machine's load (under load, 7 of the 48 example plans fell back to
+# the ring, tworack8 x bert to 516 s against topoopt's 9 s). A caller may still give them a
+# share of `time_limit` (`seed_share`, e.g. 0.5), which is then a hard deadline.
+SEED_SHARE: float | None = None
 
 
 @dataclass
@@ -400,12 +405,15 @@ class Budget:
     skipped: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, time_limit: float | None, started: float | None = None) -> Budget:
-        """`time_limit` seconds from `started` (default: now), `SEED_SHARE` of it for seeds."""
+    def of(cls, time_limit: float | None, started: float | None = None,
+           seed_share: float | None = SEED_SHARE) -> Budget:
+        """`time_limit` seconds from `started` (default: now), `seed_share` of it for seeds
+        (None: the seeds run to the end, the search gets what is left)."""
         if time_limit is None:
             return cls()
         t0 = time.perf_counter() if started is None else started
-        return cls(t0 + SEED_SHARE * time_limit, t0 + time_limit)
+        seeds = None if seed_share is None else t0 + seed_share * time_limit
+        return cls(seeds, t0 + time_limit)
 
     def seed(self, name: str, fn, until: float | None = None):
         """fn() within the seeds' share (or until `until`); None (and `name` recorded) when
@@ -420,14 +428,16 @@ class Budget:
 def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
                net=None, max_groups: int = 24, progress: mcts.Progress | None = None,
                use_anchors: bool = True, started: float | None = None,
-               with_placement: bool = False, widen: bool = True) -> Outcome:
+               with_placement: bool = False, widen: bool = True,
+               seed_share: float | None = SEED_SHARE) -> Outcome:
     """The search on `ctx` (module docstring); `net`: a `topoctl.tag.gnn.TagNet` for the prior,
     None for uniform; `use_anchors`: value the anchors first (off: to measure the prior);
     `time_limit`: seconds for everything from `started` (default: now), seeds included
     (`Budget`: the trees/topoopt kinds, the SFB program and, `with_placement`, the placement
-    strategy's pipeline get `SEED_SHARE` of it, the search the rest); `widen`: the space
+    strategy's pipeline get `seed_share` of it, by default all they need, the search the
+    rest); `widen`: the space
     with unequal replica counts, per-stage trees and batch shares (docs/tag.md)."""
-    budget = Budget.of(time_limit, started)
+    budget = Budget.of(time_limit, started, seed_share)
     groups = op_groups(ctx, max_groups)
     ev = Evaluator(ctx, groups)
     # seeds, cheap ones first: the ring (the baseline), shares, placement, SFB, trees, topoopt

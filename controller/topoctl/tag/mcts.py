@@ -133,9 +133,7 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
             improvements.append((done, v))
         return v
 
-    for s in start:  # anchors, while there is time (the first is always valued)
-        if s is not start[0] and time_limit is not None and clock() - t0 > time_limit:
-            break
+    for s in start:
         val(s)
     root = _expand((), legal, prior, rng)
     root.n, root.w = 1, val(())
