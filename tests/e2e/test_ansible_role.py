@@ -84,7 +84,10 @@ def test_role_check_mode_changes_nothing_then_installs_then_is_idempotent(lab, i
 def wheels(tmp_path_factory) -> Path:
     """The project's wheel and its dependencies' wheels, as a controller would ship them."""
     out = tmp_path_factory.mktemp("wheels")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", str(ROOT), "-w", str(out)],
+    # (no build isolation: this venv has the setuptools the project builds with, and an
+    # isolated build installs it again into a throwaway environment first)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation",
+                    str(ROOT), "-w", str(out)],
                    check=True, capture_output=True, text=True, timeout=900)
     return out
 

@@ -18,6 +18,7 @@ import paramiko
 import pytest
 import yaml
 
+from tests.e2e.test_faults import CONFIRM_S
 from tests.e2e.test_rollout import PLAN, dumps, lab, topoctl  # noqa: F401
 from tests.netns import ip_json
 from topoctl.lab.ssh import sshd_pids
@@ -258,8 +259,8 @@ def test_a_host_cut_off_by_its_own_apply_is_reported_within_seconds(lab):  # noq
     transport = lab_ssh_transport(lab)
     t0 = time.monotonic()
     try:
-        report = twophase.apply_plan(plan, transport, progress=progress, confirm_within=20,
-                                     force_mgmt=True, timeout=60)
+        report = twophase.apply_plan(plan, transport, progress=progress,
+                                     confirm_within=CONFIRM_S, force_mgmt=True, timeout=60)
     finally:
         stop.set()
         watcher.join()
@@ -269,7 +270,8 @@ def test_a_host_cut_off_by_its_own_apply_is_reported_within_seconds(lab):  # noq
     assert report.exit_code == 3, report.message
     assert final["h2"].phase == "apply" and final["h2"].result == "unreachable", final["h2"]
     assert "no answer from its sshd for 6 s (3 keepalives 2 s apart)" in final["h2"].detail[0]
-    assert "h2 unreachable: its agent reverts by itself 20 s after its apply" in report.message
+    assert (f"h2 unreachable: its agent reverts by itself {CONFIRM_S} s after its apply"
+            in report.message)
     assert {h for h, e in final.items() if e.result == "rolled back"} == ALL - {"h2"}
     delay = marks["reported"] - marks["cut"]
     print(f"h2 cut off -> reported unreachable: {delay:.1f} s (whole apply {took:.1f} s)")
