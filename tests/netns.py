@@ -98,12 +98,8 @@ _UNITS = {"bit": 1, "Kbit": 10**3, "Mbit": 10**6, "Gbit": 10**9, "Tbit": 10**12}
 def tc_classes(ns: str, dev: str) -> list[dict]:
     """`tc class show` (iproute2 6.1 has no JSON for HTB classes): handle, parent, rate, ceil
     in bit/s, burst and cburst in bytes, plus the raw line for exact before/after comparisons."""
-    return _parse_classes(sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout)
-
-
-def _parse_classes(text: str) -> list[dict]:
     out = []
-    for line in text.splitlines():
+    for line in sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout.splitlines():
         words = line.split()
         if len(words) < 3 or words[0] != "class":
             continue
