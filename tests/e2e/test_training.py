@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,32 +145,50 @@ def launchers(lab) -> list[int]:
 
 def signal_a_run(lab, plan: str, sig: int, ssh: bool = False) -> tuple[int, float]:
     """Start `topoctl run` as a process of its own, send it `sig` once every host trains, and
-    return its exit code and the seconds until no launcher and no rank of it was left."""
+    return its exit code and the seconds until no launcher and no rank of it was left. Its
+    stderr goes to a file (a pipe nobody reads could fill and block it); when it does not exit
+    in time, SIGABRT makes Python's faulthandler print every thread's stack there, and the
+    failure shows it."""
     pidfiles = [lab.state_dir / "agent" / h.name / "run" / "job.pids" for h in lab.cluster.hosts]
-    p = subprocess.Popen([sys.executable, "-m", "topoctl.cli", "run", plan, "--lab", lab.name,
-                          "--iterations", "100000", *(["--ssh"] if ssh else [])],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not all(f.exists() for f in pidfiles) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert all(f.exists() for f in pidfiles), "the ranks did not start"
-        time.sleep(3)  # training under way
-        ranks = [entry for f in pidfiles for entry in read_pids(f)]
-        assert len(live(ranks)) == len(pidfiles) and launchers(lab)
-        p.send_signal(sig)
-        t0 = time.monotonic()
-        rc = p.wait(timeout=60)
-        while (launchers(lab) or live(ranks)) and time.monotonic() < t0 + 60:
-            time.sleep(0.1)
-        gone = time.monotonic() - t0
-        assert not launchers(lab) and not live(ranks)
-        assert not any(f.exists() for f in pidfiles)
-        return rc, gone
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([sys.executable, "-m", "topoctl.cli", "run", plan, "--lab", lab.name,
+                              "--iterations", "100000", *(["--ssh"] if ssh else [])],
+                             stdout=subprocess.DEVNULL, stderr=err, text=True,
+                             env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        try:
+            return _signal_and_wait(p, lab, pidfiles, sig)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGABRT)
+            p.wait(timeout=30)
+            err.seek(0)
+            pytest.fail(f"`topoctl run` did not exit within 60 s of {signal.Signals(sig).name}; "
+                        f"its stderr:\n{err.read()[-20000:]}")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _signal_and_wait(p: subprocess.Popen, lab, pidfiles: list[Path], sig: int
+                     ) -> tuple[int, float]:
+    """`signal_a_run` once the run is started: wait for every host's ranks, signal, and time
+    until nothing of the run is left."""
+    deadline = time.monotonic() + 120
+    while not all(f.exists() for f in pidfiles) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(f.exists() for f in pidfiles), "the ranks did not start"
+    time.sleep(3)  # training under way
+    ranks = [entry for f in pidfiles for entry in read_pids(f)]
+    assert len(live(ranks)) == len(pidfiles) and launchers(lab)
+    p.send_signal(sig)
+    t0 = time.monotonic()
+    rc = p.wait(timeout=60)
+    while (launchers(lab) or live(ranks)) and time.monotonic() < t0 + 60:
+        time.sleep(0.1)
+    gone = time.monotonic() - t0
+    assert not launchers(lab) and not live(ranks)
+    assert not any(f.exists() for f in pidfiles)
+    return rc, gone
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
