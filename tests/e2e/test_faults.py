@@ -1,4 +1,4 @@
-"""Multi-host faults during `topoctl apply`, on the 8-host lab with a real agent (and sshd) per
+"""Multi-host faults during `topoctl apply`, on the 4-host lab with a real agent (and sshd) per
 host: an agent killed mid-apply is named, recovered from its journal, and a second apply
 converges; over SSH every host confirms its apply (confirm-or-revert), and a host cut off after
 its apply is reported unreachable within seconds (SSH keepalives), reverts by itself while every
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.test_rollout import PLAN, dumps, lab, topoctl  # noqa: F401
+from tests.e2e.test_rollout import HOSTS, PLAN, dumps, lab, topoctl  # noqa: F401
 from tests.netns import sh, tc_classes, tc_json
 from topoctl.rollout import twophase
 from topoctl.rollout.transports.ssh import lab_ssh_transport
@@ -33,38 +33,37 @@ def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  
                                                              capsys):
     before = dumps(lab)
     monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "3")  # test-only: SIGKILL after operation 3
-    monkeypatch.setenv("TOPO_AGENT_CRASH_TARGET", lab.netns("h6"))  # ... on h6 alone
+    monkeypatch.setenv("TOPO_AGENT_CRASH_TARGET", lab.netns("h1"))  # ... on h1 alone
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--json") == 3
     report = json.loads(capsys.readouterr().out)
-    killed = [e for e in report["events"] if e["host"] == "h6" and e["phase"] == "apply"]
+    killed = [e for e in report["events"] if e["host"] == "h1" and e["phase"] == "apply"]
     assert killed[0]["result"] == "killed"
     assert killed[0]["detail"][0] == ("agent killed (signal 9, SIGKILL) during apply; run "
                                       "`topo-agent recover` or re-apply")
-    assert report["message"].startswith("apply failed on h6 (h6: agent killed (signal 9, "
+    assert report["message"].startswith("apply failed on h1 (h1: agent killed (signal 9, "
                                         "SIGKILL) during apply")
-    assert "recovered h6 from its journal" in report["message"]
-    assert report["hosts"]["h6"]["result"] == "recovered"
-    assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == {
-        f"h{i}" for i in range(8)} - {"h6"}
-    assert dumps(lab) == before  # every host exactly as before, h6 included
-    assert not (lab.state_dir / "agent" / "h6" / "journal").exists()
+    assert "recovered h1 from its journal" in report["message"]
+    assert report["hosts"]["h1"]["result"] == "recovered"
+    assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == HOSTS - {"h1"}
+    assert dumps(lab) == before  # every host exactly as before, h1 included
+    assert not (lab.state_dir / "agent" / "h1" / "journal").exists()
 
     # the human report names the host and what happened too
     assert topoctl("apply", str(PLAN), "--lab", lab.name) == 3
     out = capsys.readouterr().out
-    assert "h6: agent killed (signal 9, SIGKILL) during apply; run `topo-agent recover` or " \
+    assert "h1: agent killed (signal 9, SIGKILL) during apply; run `topo-agent recover` or " \
            "re-apply" in " ".join(out.split())
     assert dumps(lab) == before
 
     # kill it again and leave the journal behind: the next apply recovers, then converges
     monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "5")
-    r = sh(["ip", "netns", "exec", lab.netns("h6"), "true"])  # the namespace is there
+    r = sh(["ip", "netns", "exec", lab.netns("h1"), "true"])  # the namespace is there
     assert r.returncode == 0
     from tests.integration.test_crash import Host, run_agent
-    h6 = Host(lab.netns("h6"), "", lab.state_dir / "agent" / "h6", lab.state_dir)
-    text = yaml.safe_dump(yaml.safe_load(PLAN.read_text())["hosts"]["h6"])
-    assert run_agent(h6, "apply", "-", stdin=text).returncode == -9
-    assert (lab.state_dir / "agent" / "h6" / "journal").exists()
+    h1 = Host(lab.netns("h1"), "", lab.state_dir / "agent" / "h1", lab.state_dir)
+    text = yaml.safe_dump(yaml.safe_load(PLAN.read_text())["hosts"]["h1"])
+    assert run_agent(h1, "apply", "-", stdin=text).returncode == -9
+    assert (lab.state_dir / "agent" / "h1" / "journal").exists()
     monkeypatch.delenv("TOPO_AGENT_CRASH_AFTER")
     assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0
     applied = dumps(lab)
@@ -84,17 +83,17 @@ CONFIRM_S = 12
 @pytest.mark.serial
 def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa: F811
     # CONFIRM_S: each confirmation is two agent calls and half a megabyte each way (the probe
-    # of the management path), 8 hosts at once on 2 shared cores
+    # of the management path), 4 hosts at once on 2 shared cores
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--confirm-within",
                    str(CONFIRM_S),
                    "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert {e["result"] for e in report["hosts"].values()} == {"confirmed"}, report["message"]
     applied = dumps(lab)
-    last = max(confirm_record(lab, f"h{i}")["deadline"] for i in range(8))
+    last = max(confirm_record(lab, h)["deadline"] for h in HOSTS)
     time.sleep(max(0.0, last - time.time()) + 1)  # past every deadline: nothing reverts
     assert dumps(lab) == applied
-    assert {confirm_record(lab, f"h{i}")["state"] for i in range(8)} == {"confirmed"}
+    assert {confirm_record(lab, h)["state"] for h in HOSTS} == {"confirmed"}
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0
 
 
@@ -134,8 +133,7 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
         assert final["h2"].phase == "confirm" and final["h2"].result == "unreachable"
         assert (f"h2 unreachable: its agent reverts by itself {CONFIRM_S} s after its apply"
                 in report.message)
-        assert {h for h, e in final.items() if e.result == "rolled back"} == {
-            f"h{i}" for i in range(8)} - {"h2"}
+        assert {h for h, e in final.items() if e.result == "rolled back"} == HOSTS - {"h2"}
         assert took < 60, took  # said at the deadline, not after the 120 s SSH timeout
         # SSH keepalives (2 s x 3) tell the confirmation's connection is dead within seconds
         delay = marks["reported"] - marks["cut"]
@@ -195,7 +193,7 @@ def test_a_host_whose_apply_starves_its_ssh_reverts_by_itself(lab):  # noqa: F81
 
 
 def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
-    """h4 loses its kernel state (a reboot: the agent's addresses, routes and sysctls gone, its
+    """h3 loses its kernel state (a reboot: the agent's addresses, routes and sysctls gone, its
     state directory kept) after prepare and before apply: its agent diffs again at apply time,
     so every host ends in the new state, `status` says in sync and a second apply is a no-op."""
     from topoctl.rollout.transports.local import lab_transport
@@ -204,11 +202,11 @@ def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
     plan = yaml.safe_load(PLAN.read_text())
     for state in plan["hosts"].values():  # a second plan that changes every host
         state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
-    ns = lab.netns("h4")
-    nics = [n.name for n in lab.cluster.host("h4").nics]
+    ns = lab.netns("h3")
+    nics = [n.name for n in lab.cluster.host("h3").nics]
 
     def reboot(e: twophase.Event) -> None:
-        if e.host == "h4" and e.phase == "prepare":
+        if e.host == "h3" and e.phase == "prepare":
             sh(["ip", "-n", ns, "route", "flush", "proto", "76", "table", "all"])
             for dev in nics:
                 sh(["ip", "-n", ns, "addr", "flush", "dev", dev])
@@ -229,8 +227,8 @@ def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
     assert report.exit_code == 2, report.message
     final = report.final()
     assert {e.result for e in final.values()} == {"changed"}
-    # h4 re-made everything (addresses, routes), the others only the rp_filter change
-    assert len(final["h4"].detail) > 2 * max(len(final[h].detail) for h in final if h != "h4")
+    # h3 re-made everything (addresses, routes), the others only the rp_filter change
+    assert len(final["h3"].detail) > 2 * max(len(final[h].detail) for h in final if h != "h3")
     status = twophase.status(plan, lab_transport(lab))
     assert status.exit_code == 0, [(e.host, e.result, e.detail) for e in status.events]
     again = twophase.apply_plan(plan, lab_transport(lab))
@@ -238,27 +236,27 @@ def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
 
 
 def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # noqa: F811
-    """`apply --keep-going`: h6's apply fails (its agent raises after operation 3 and reverts
-    itself); the 7 others keep the new state instead of being rolled back, exit 3, and the
-    report says so; a second apply changes only h6, a third is a no-op."""
+    """`apply --keep-going`: h1's apply fails (its agent raises after operation 3 and reverts
+    itself); the 3 others keep the new state instead of being rolled back, exit 3, and the
+    report says so; a second apply changes only h1, a third is a no-op."""
     before = dumps(lab)
     monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "3")
     monkeypatch.setenv("TOPO_AGENT_CRASH_MODE", "raise")
-    monkeypatch.setenv("TOPO_AGENT_CRASH_TARGET", lab.netns("h6"))
+    monkeypatch.setenv("TOPO_AGENT_CRASH_TARGET", lab.netns("h1"))
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--keep-going", "--json") == 3
     report = json.loads(capsys.readouterr().out)
-    others = {f"h{i}" for i in range(8)} - {"h6"}
-    assert report["hosts"]["h6"]["result"] == "error", report["hosts"]["h6"]
+    others = HOSTS - {"h1"}
+    assert report["hosts"]["h1"]["result"] == "error", report["hosts"]["h1"]
     assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == others
-    assert "kept the new state on h0, h1, h2, h3, h4, h5, h7 (--keep-going)" in \
+    assert "kept the new state on h0, h2, h3 (--keep-going)" in \
         report["message"]
     kept = dumps(lab)
-    assert kept["h6"] == before["h6"]  # the failed host reverted itself
+    assert kept["h1"] == before["h1"]  # the failed host reverted itself
     assert all(kept[h] != before[h] for h in others)
     monkeypatch.delenv("TOPO_AGENT_CRASH_AFTER")
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--json") == 0
     report = json.loads(capsys.readouterr().out)
-    assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == {"h6"}
+    assert {h for h, e in report["hosts"].items() if e["result"] == "changed"} == {"h1"}
     assert {h: dumps(lab)[h] == kept[h] for h in others} == dict.fromkeys(others, True)
     assert topoctl("apply", str(PLAN), "--lab", lab.name) == 0
 

@@ -1,5 +1,6 @@
-"""`topoctl apply/status/diff/rollback` end to end: the 8-host heterogeneous lab, its real sshd
-per host, the real agent on every host. Host state is read back with iproute2."""
+"""`topoctl apply/status/diff/rollback` end to end: a 4-host heterogeneous lab
+(tests/e2e/data/ring4-cluster.yaml: direct cables of 50-200 Mbit/s, one host forwarding), its
+real sshd per host, the real agent on every host. Host state is read back with iproute2."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from topoctl.spec.cluster_load import load_cluster
 pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
-PLAN = ROOT / "plans" / "mlp-hetero8-plan.yaml"
+DATA = Path(__file__).resolve().parent / "data"
+CLUSTER = DATA / "ring4-cluster.yaml"
+PLAN = DATA / "mlp-ring4-plan.yaml"  # `topoctl plan CLUSTER plans/mlp-job.yaml`
+HOSTS = {"h0", "h1", "h2", "h3"}
 
 
 @pytest.fixture
@@ -78,8 +81,7 @@ def test_apply_reapply_status_drift_repair_rollback_over_ssh(lab, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["hosts"]["h3"]["result"] == "drifted"
     assert any(victim["dst"] in op for op in report["hosts"]["h3"]["detail"])
-    assert {h for h, e in report["hosts"].items() if e["result"] == "in sync"} == {
-        f"h{i}" for i in range(8)} - {"h3"}
+    assert {h for h, e in report["hosts"].items() if e["result"] == "in sync"} == HOSTS - {"h3"}
 
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh",
                    "--detailed-exitcode") == 2  # repairs h3 only
@@ -94,34 +96,34 @@ def test_apply_reapply_status_drift_repair_rollback_over_ssh(lab, capsys):
 
 def test_a_plan_whose_last_host_is_invalid_changes_no_host(lab, tmp_path, capsys):
     doc = yaml.safe_load(PLAN.read_text())
-    doc["hosts"]["h7"]["routes"].append({"dst": "10.236.99.0/24", "via": "10.235.250.1"})
+    doc["hosts"]["h3"]["routes"].append({"dst": "10.236.99.0/24", "via": "10.235.250.1"})
     before = dumps(lab)
     assert topoctl("apply", write_plan(tmp_path, doc), "--lab", lab.name) == 1
     out = capsys.readouterr().out
-    assert "prepare failed on h7" in out and "not on any link" in out
+    assert "prepare failed on h3" in out and "not on any link" in out
     assert dumps(lab) == before
 
 
 def test_a_failure_at_apply_on_one_host_rolls_every_host_back(lab, tmp_path, capsys):
     doc = yaml.safe_load(PLAN.read_text())
-    # passes every check; the kernel refuses it at apply time (src is no address of h5)
-    doc["hosts"]["h5"]["routes"].append(
-        {"dst": "10.236.98.0/24", "via": doc["hosts"]["h5"]["routes"][0]["via"],
+    # passes every check; the kernel refuses it at apply time (src is no address of h1)
+    doc["hosts"]["h1"]["routes"].append(
+        {"dst": "10.236.98.0/24", "via": doc["hosts"]["h1"]["routes"][0]["via"],
          "src": "10.236.97.97"})
     first = copy.deepcopy(doc)
-    first["hosts"]["h5"]["routes"].pop()
+    first["hosts"]["h1"]["routes"].pop()
     assert topoctl("apply", write_plan(tmp_path, first, "first.yaml"), "--lab", lab.name) == 0
-    # a second plan that changes every host, and fails on h5
+    # a second plan that changes every host, and fails on h1
     for state in doc["hosts"].values():
         state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
     before = dumps(lab)
     capsys.readouterr()
     assert topoctl("apply", write_plan(tmp_path, doc), "--lab", lab.name, "--json") == 3
     report = json.loads(capsys.readouterr().out)
-    assert report["hosts"]["h5"]["result"] == "error"
-    assert "apply failed on h5" in report["message"]
+    assert report["hosts"]["h1"]["result"] == "error"
+    assert "apply failed on h1" in report["message"]
     rolled = {h for h, e in report["hosts"].items() if e["result"] == "rolled back"}
-    assert rolled == {f"h{i}" for i in range(8)} - {"h5"}
+    assert rolled == HOSTS - {"h1"}
     assert dumps(lab) == before
 
 

@@ -1,4 +1,4 @@
-"""Faults of the management path during `topoctl apply` over SSH, on the 8-host lab with its real
+"""Faults of the management path during `topoctl apply` over SSH, on the 4-host lab with its real
 sshd per host and a real agent process per call: an SSH session dropped while its agent applies,
 an agent killed on one host (the signal reported through sshd), a host cut off by its own apply
 (reported within seconds by SSH keepalives, reverted by its own watchdog). Every host is read
@@ -19,14 +19,13 @@ import pytest
 import yaml
 
 from tests.e2e.test_faults import CONFIRM_S
-from tests.e2e.test_rollout import PLAN, dumps, lab, topoctl  # noqa: F401
+from tests.e2e.test_rollout import HOSTS, PLAN, dumps, lab, topoctl  # noqa: F401
 from tests.netns import ip_json
 from topoctl.lab.ssh import sshd_pids
 from topoctl.rollout import twophase
 from topoctl.rollout.transports.ssh import lab_ssh_transport
 
 pytestmark = pytest.mark.netns
-ALL = {f"h{i}" for i in range(8)}
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -148,7 +147,7 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):  # noqa: F811
                       ("rollback", "rolled back")], h3
         assert "h3 over a new connection: the apply had completed (host in sync with the " \
                "plan), rolled back" in report["message"]
-        assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == ALL
+        assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == HOSTS
         confirm = json.loads((state / "confirm.json").read_text())
         assert confirm["state"] == "rolled back"  # its pending confirmation ended by it
     else:
@@ -158,7 +157,7 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):  # noqa: F811
         assert "h3 over a new connection: its agent had died half-way and its journal was " \
                "replayed, the apply had not happened (host as before)" in report["message"]
         assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == \
-            ALL - {"h3"}
+            HOSTS - {"h3"}
         assert applied_states() == history  # the interrupted apply left no entry
     assert dumps(lab) == before  # every host as before, read back with iproute2
 
@@ -202,25 +201,25 @@ def _reload_sshd(lab, host: str, env: str = "") -> None:  # noqa: F811
 
 
 def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa: F811
-    """h6's agent SIGKILLs itself after its 3rd operation (the agent's test-only crash switch,
-    set through h6's sshd): the transport's wrapper reports the signal, which paramiko would
-    drop, topoctl recovers h6 from its journal and rolls the 7 others back."""
+    """h1's agent SIGKILLs itself after its 3rd operation (the agent's test-only crash switch,
+    set through h1's sshd): the transport's wrapper reports the signal, which paramiko would
+    drop, topoctl recovers h1 from its journal and rolls the 3 others back."""
     before = dumps(lab)
-    _reload_sshd(lab, "h6", "TOPO_AGENT_CRASH_AFTER=3")
+    _reload_sshd(lab, "h1", "TOPO_AGENT_CRASH_AFTER=3")
     try:
         assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--json") == 3
     finally:
-        _reload_sshd(lab, "h6")
+        _reload_sshd(lab, "h1")
     report = json.loads(capsys.readouterr().out)
     print(report["message"])
-    h6 = [e for e in report["events"] if e["host"] == "h6"]
-    assert [(e["phase"], e["result"]) for e in h6] == [
+    h1 = [e for e in report["events"] if e["host"] == "h1"]
+    assert [(e["phase"], e["result"]) for e in h1] == [
         ("prepare", "changes"), ("apply", "killed"), ("recover", "recovered")]
-    assert h6[1]["detail"] == ["agent killed (signal 9, SIGKILL) during apply; run "
+    assert h1[1]["detail"] == ["agent killed (signal 9, SIGKILL) during apply; run "
                                "`topo-agent recover` or re-apply"]  # nothing after it
-    assert "recovered h6 from its journal" in report["message"]
+    assert "recovered h1 from its journal" in report["message"]
     assert {h for h, e in report["hosts"].items() if e["result"] == "rolled back"} == \
-        ALL - {"h6"}
+        HOSTS - {"h1"}
     assert dumps(lab) == before
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh") == 0
@@ -272,7 +271,7 @@ def test_a_host_cut_off_by_its_own_apply_is_reported_within_seconds(lab):  # noq
     assert "no answer from its sshd for 6 s (3 keepalives 2 s apart)" in final["h2"].detail[0]
     assert (f"h2 unreachable: its agent reverts by itself {CONFIRM_S} s after its apply"
             in report.message)
-    assert {h for h, e in final.items() if e.result == "rolled back"} == ALL - {"h2"}
+    assert {h for h, e in final.items() if e.result == "rolled back"} == HOSTS - {"h2"}
     delay = marks["reported"] - marks["cut"]
     print(f"h2 cut off -> reported unreachable: {delay:.1f} s (whole apply {took:.1f} s)")
     assert delay < 12, delay  # interval 2 s x 3, plus the probe in flight

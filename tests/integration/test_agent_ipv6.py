@@ -20,7 +20,7 @@ import yaml
 from tests.integration.test_agent import Host, full_state, host  # noqa: F401
 from tests.integration.test_agent import dump as dump4
 from tests.integration.test_agent_batch import same_host
-from tests.netns import ip_json, json_batch, ns_exec, sh, tc_json
+from tests.netns import ip_json, json_batch, ns_exec, sh, sysctl_lines, tc_json
 
 pytestmark = pytest.mark.netns
 
@@ -95,8 +95,8 @@ def dump6(ns: str) -> dict:
     for r in routes:
         r.pop("pref", None)
         r.pop("expires", None)
-    sysctl = ns_exec(ns, "sh", "-c", "grep -H . /proc/sys/net/ipv6/conf/all/forwarding "
-                     "/proc/sys/net/ipv6/fib_multipath_hash_policy").stdout
+    sysctl = sysctl_lines(ns, ["/proc/sys/net/ipv6/conf/all/forwarding",
+                               "/proc/sys/net/ipv6/fib_multipath_hash_policy"])
     return {"addr6": addrs, "route6": routes, "rule6": rule6, "sysctl6": sysctl}
 
 
