@@ -1,4 +1,4 @@
-"""What the Ansible end-to-end modules share: the 8-host lab they run against (one per module),
+"""What the Ansible end-to-end modules share: the 4-host lab they run against (one per module),
 its inventory, the playbook runner and the readers of host state (iproute2 through
 tests.netns)."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.labs import CLUSTER, HOSTS, PLAN  # noqa: F401 (HOSTS, PLAN: for the modules)
 from tests.netns import host_dump, ip_json
 from topoctl.cli.inventory import inventory_text, lab_inventory
 from topoctl.lab import lab as labmod
@@ -19,14 +20,11 @@ from topoctl.rollout.ansible import run_playbook
 from topoctl.spec.cluster_load import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
-PLAN = ROOT / "plans" / "mlp-hetero8-plan.yaml"
-HOSTS = {f"h{i}" for i in range(8)}
 
 
 @contextlib.contextmanager
 def ansible_lab(tmp_path_factory, prefix: str) -> Iterator[labmod.Lab]:
-    """The 8-host lab (hetero8) under a fresh lab directory, named `prefix` + this process's
+    """The 4-host lab (ring4) under a fresh lab directory, named `prefix` + this process's
     pid (each test module its own lab, so the modules can run side by side), always torn down."""
     root = tmp_path_factory.mktemp("labs")
     with pytest.MonkeyPatch.context() as mp:

@@ -1,8 +1,8 @@
 """The apply playbooks for real: ansible-playbook (ansible-core) through ansible-runner against the
-8-host lab's sshd, the real agent on every host; host state read back with iproute2.
+4-host lab's sshd, the real agent on every host; host state read back with iproute2.
 
 One lab for the module (its own: the role's tests, tests/e2e/test_ansible_role.py, run beside it
-on another worker; ansible over 8 hosts on 2 cores is slow: ~10-30 s per run on a loaded
+on another worker; ansible over 4 hosts on 2 cores is slow: ~10-30 s per run on a loaded
 machine); tests run in file order and each leaves the lab as the next one expects. The lab
 hosts share this machine's filesystem: the inventory points at this installation's agent
 (topo_agent_install_method none, as `topoctl inventory --lab` writes)."""
@@ -84,9 +84,9 @@ def test_failed_apply_rolls_every_host_back_and_leaves_no_lock(lab, inventory, t
     bad = copy.deepcopy(doc)
     for state in bad["hosts"].values():  # changes every host ...
         state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
-    # ... and fails on h5 at apply time: the kernel refuses a src h5 does not own
-    bad["hosts"]["h5"]["routes"].append(
-        {"dst": "10.236.98.0/24", "via": bad["hosts"]["h5"]["routes"][0]["via"],
+    # ... and fails on h1 at apply time: the kernel refuses a src h1 does not own
+    bad["hosts"]["h1"]["routes"].append(
+        {"dst": "10.236.98.0/24", "via": bad["hosts"]["h1"]["routes"][0]["via"],
          "src": "10.236.97.97"})
     before = dumps(lab)
     history = {h: sorted(p.name for p in (lab.state_dir / "agent" / h / "history").glob("*"))
@@ -94,8 +94,8 @@ def test_failed_apply_rolls_every_host_back_and_leaves_no_lock(lab, inventory, t
     r = run(lab, inventory, "apply.yml", extravars={"topo_plan": write_plan(tmp_path, bad)})
     assert r.exit_code == 1
     res = results(r)
-    assert res["h5"] == "error" and "10.236.98.0/24" in " ".join(r.final()["h5"].detail)
-    assert {h for h, v in res.items() if v == "rolled back"} == HOSTS - {"h5"}, res
+    assert res["h1"] == "error" and "10.236.98.0/24" in " ".join(r.final()["h1"].detail)
+    assert {h for h, v in res.items() if v == "rolled back"} == HOSTS - {"h1"}, res
     assert dumps(lab) == before
     for h in HOSTS:  # no transaction left: history as before, the lock free
         assert sorted(p.name for p in (lab.state_dir / "agent" / h / "history").glob("*")) \
@@ -109,9 +109,9 @@ def test_failed_apply_rolls_every_host_back_and_leaves_no_lock(lab, inventory, t
 def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inventory, tmp_path):
     """apply.yml confirms each apply through a probe of the host's management path: h3's own
     state starves its SSH (an HTB class holding the controller's address at 64 kbit/s on its
-    management NIC, past the guard with topo_force_mgmt) and h5 is cut off (everything it
+    management NIC, past the guard with topo_force_mgmt) and h1 is cut off (everything it
     sends blackholed) right after the applies. Neither is confirmed; every other host is
-    confirmed, then rolled back; h3 and h5 revert by themselves at their deadline. Afterwards
+    confirmed, then rolled back; h3 and h1 revert by themselves at their deadline. Afterwards
     every host is as before, h3's management NIC included (tc)."""
     doc = yaml.safe_load(PLAN.read_text())
     for state in doc["hosts"].values():  # changes every host
@@ -121,14 +121,14 @@ def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inven
             {"dst": lab.layout.gateway, "rate": "64kbit", "ceil": "64kbit"}]}]
     before = dumps(lab)
     h3_mgmt = tc_json(lab.netns("h3"), "qdisc", "show", "dev", "tpmgmt")
-    ns5 = lab.netns("h5")
+    ns5 = lab.netns("h1")
     cut = [["ip", "-n", ns5, "route", "add", "blackhole", "default", "table", "77"],
            ["ip", "-n", ns5, "rule", "add", "priority", "7", "lookup", "77"]]
 
     applied: set[str] = set()
 
     def progress(e) -> None:
-        # h5 cut once every host has applied: a neighbour routing via h5 and probing its next
+        # h1 cut once every host has applied: a neighbour routing via h1 and probing its next
         # hops in its own apply would otherwise fail too, whenever it applied after the cut
         if e.phase == "apply" and e.result == "changed":
             applied.add(e.host)
@@ -143,11 +143,11 @@ def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inven
         res = results(r)
         print(f"exit {r.exit_code}: {r.message}")
         assert r.exit_code == 1, r.message
-        for h in ("h3", "h5"):
+        for h in ("h3", "h1"):
             assert r.final()[h].phase == "confirm", r.final()[h]
             assert res[h] in ("error", "unreachable"), r.final()[h]
-        assert {h for h, v in res.items() if v == "rolled back"} == HOSTS - {"h3", "h5"}, res
-        for h in ("h3", "h5"):
+        assert {h for h, v in res.items() if v == "rolled back"} == HOSTS - {"h3", "h1"}, res
+        for h in ("h3", "h1"):
             rec = lab.state_dir / "agent" / h / "confirm.json"
             deadline = time.monotonic() + 90
             while json.loads(rec.read_text())["state"] != "reverted" \
@@ -165,13 +165,13 @@ def test_hosts_cut_off_or_starved_by_their_apply_revert_by_themselves(lab, inven
 def test_plan_and_inventory_disagreeing_on_hosts_changes_nothing(lab, inventory, tmp_path,
                                                                  capsys):
     doc = yaml.safe_load(PLAN.read_text())
-    doc["hosts"]["h9"] = doc["hosts"].pop("h7")
+    doc["hosts"]["h9"] = doc["hosts"].pop("h3")
     for state in doc["hosts"].values():
         state["sysctl"] = {**state.get("sysctl", {}), "rp_filter": {"all": 1}}
     before = dumps(lab)
     r = run(lab, inventory, "apply.yml", extravars={"topo_plan": write_plan(tmp_path, doc)})
     assert r.exit_code == 1
-    assert "not a host of the plan" in " ".join(r.final()["h7"].detail)
+    assert "not a host of the plan" in " ".join(r.final()["h3"].detail)
     assert dumps(lab) == before
     # topoctl names the unknown host before ansible runs
     assert cli.main(["apply", "--via", "ansible", "--lab", lab.name, str(PLAN),

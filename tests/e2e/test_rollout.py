@@ -1,6 +1,6 @@
-"""`topoctl apply/status/diff/rollback` end to end: a 4-host heterogeneous lab
-(tests/e2e/data/ring4-cluster.yaml: direct cables of 50-200 Mbit/s, one host forwarding), its
-real sshd per host, the real agent on every host. Host state is read back with iproute2."""
+"""`topoctl apply/status/diff/rollback` end to end: the 4-host heterogeneous lab
+(tests.e2e.labs: direct cables of 50-200 Mbit/s, one host forwarding), its real sshd per host,
+the real agent on every host. Host state is read back with iproute2."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.labs import CLUSTER, HOSTS, PLAN  # noqa: F401 (HOSTS: for the modules)
 from tests.netns import host_dump, ip_json, sh
 from topoctl import cli
 from topoctl.lab import lab as labmod
@@ -22,11 +23,6 @@ from topoctl.spec.cluster_load import load_cluster
 
 pytestmark = pytest.mark.netns
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(__file__).resolve().parent / "data"
-CLUSTER = DATA / "ring4-cluster.yaml"
-PLAN = DATA / "mlp-ring4-plan.yaml"  # `topoctl plan CLUSTER plans/mlp-job.yaml`
-HOSTS = {"h0", "h1", "h2", "h3"}
 
 
 @pytest.fixture
