@@ -69,10 +69,10 @@ TREES3 = {"world_size": 3, "chunk_bytes": 4096, "trees": [
 CASES = {
     "ring": ([{"kind": "ring"}, {"kind": "ring"}], 3),
     "ps": ([{"kind": "ps", "server": "s0r1"}, {"kind": "ps", "server": "s1r2"}], 3),
-    "mixed": ([{"kind": "ps", "server": "s0r0"}, {"kind": "ring"}], 2),
+    # a server on one stage, and no `sync` on the other: a stage without it uses the ring
+    "mixed": ([{"kind": "ps", "server": "s0r0"}, None], 2),
     "none": ([{"kind": "none"}, {"kind": "none"}], 1),
     "trees": ([{"kind": "trees", "schedule": TREES3}, {"kind": "ring"}], 3),
-    "unstated": ([None, None], 2),  # plans without `sync`: ring
 }
 
 
