@@ -176,8 +176,8 @@ def host_dump(ns: str, links: tuple[str, ...] | list[str]) -> dict:
     report it: compare two dumps to prove a host unchanged.
 
     The readers (iproute2 and tc, with a batch of commands where the output can be told apart,
-    and /proc/sys as seen from inside the namespace) read independently of each other, so they run side by side
-    (a dump was never one atomic snapshot either)."""
+    and /proc/sys as seen from inside the namespace) read independently of each other, so they
+    run side by side (a dump was never one atomic snapshot either)."""
     devs = list(links)
     readers = {
         # (`link show` lists every link under -4 too)
