@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import roofline_costs, scale_costs, totals
@@ -22,7 +23,6 @@ from topoctl.graph.profile import (
     retime_runtime_calibration,
 )
 from topoctl.labprofile import LabProfile, machine_profile
-from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.placement.runtime import message_cost, rank_op_costs
 from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.hoststate import render_hosts
@@ -184,11 +184,13 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
 def lab_messages(ctx: PlanContext):
     """What a gloo message costs a lab rank's CPU (`sim.network.MessageCost`, charged by the
     simulator to every collective's steps between the lab's ranks): the machine's runtime
-    calibration (``python -m topotrain.collectives.calibrate``; its shared per-message figure,
-    every rank on one machine) and the lab's cable emulation per byte
+    calibration (``python -m topotrain.collectives.calibrate``; its per-message figure
+    measured with ranks sharing the cores when the lab has more ranks than cores, its
+    one-rank figure otherwise) and the lab's cable emulation per byte
     (`placement.runtime.message_cost`); the defaults without the caches."""
     cal = load_calibration() if ctx.use_cache else None
-    shared = (cal or {}).get("per_message_shared_s")
+    crowded = ctx.world_size > ctx.lab.cores
+    shared = (cal or {}).get("per_message_shared_s") if crowded else None
     return message_cost(runtime_costs(cal), ctx.lab,
                         float(shared) if isinstance(shared, (int, float)) else None)
 

@@ -6,11 +6,14 @@ data-parallel ring strategy pays it; DisCo's search no longer has a cost of its 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.labprofile import DEFAULT_LAB
 from topoctl.placement.runtime import allreduce_cpu, message_cost, message_cpu
+from topoctl.planner import lab_messages
 from topoctl.sim import Collective, Compute
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import CpuPool, MessageCost, star
@@ -102,3 +105,11 @@ def test_quota_bounds_the_communication_thread_too():
     net.speed = {"a": 0.25, "b": 0.25}
     t = simulate([Collective("ar", ring_allreduce(["a", "b"], 4.0))], net).iteration_time
     assert t == pytest.approx(4 * MSG.per_message_s / 0.25, rel=1e-3)
+
+
+def test_the_planner_prices_lab_messages_from_the_calibration():
+    """Without the machine's caches the defaults (plans that do not depend on the machine);
+    the pool the planner gives lab ranks carries them (`planner._on_lab_cpu`)."""
+    ctx = SimpleNamespace(use_cache=False, world_size=2, lab=DEFAULT_LAB)
+    assert lab_messages(ctx) == MSG
+    assert lab_messages(SimpleNamespace(use_cache=False, world_size=8, lab=DEFAULT_LAB)) == MSG
