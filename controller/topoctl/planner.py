@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import roofline_costs, scale_costs, totals
@@ -22,19 +23,21 @@ from topoctl.graph.profile import (
     retime_runtime_calibration,
 )
 from topoctl.labprofile import LabProfile, machine_profile
-from topoctl.placement.runtime import rank_op_costs
+from topoctl.placement.runtime import message_cost, rank_op_costs
 from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.ovs import ovs_host
 from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
 from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
+from topoctl.sim.network import CpuPool
 from topoctl.sim.routing import RoutingError
 from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective, has_previous
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
 from topoctl.strategies import PlanContext, Strategy, StrategyError, available, host_speeds
+from topotrain.timing import load_calibration
 
 PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data parallelism
 LAB_TIMED_MAX_S = 2.0  # a rank's roofline forward + backward up to which lab ranks are timed
@@ -175,7 +178,21 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
         return ctx
     ops, step = rank_op_costs(ctx.graph, measured, ctx.job.cost.scale)
     return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
-                   cpu_pool=(frozenset(ctx.hosts), ctx.lab.cores))
+                   cpu_pool=CpuPool(frozenset(ctx.hosts), ctx.lab.cores, lab_messages(ctx)))
+
+
+def lab_messages(ctx: PlanContext):
+    """What a gloo message costs a lab rank's CPU (`sim.network.MessageCost`, charged by the
+    simulator to every collective's steps between the lab's ranks): the machine's runtime
+    calibration (``python -m topotrain.collectives.calibrate``; its per-message figure
+    measured with ranks sharing the cores when the lab has more ranks than cores, its
+    one-rank figure otherwise) and the lab's cable emulation per byte
+    (`placement.runtime.message_cost`); the defaults without the caches."""
+    cal = load_calibration() if ctx.use_cache else None
+    crowded = ctx.world_size > ctx.lab.cores
+    shared = (cal or {}).get("per_message_shared_s") if crowded else None
+    return message_cost(runtime_costs(cal), ctx.lab,
+                        float(shared) if isinstance(shared, (int, float)) else None)
 
 
 STEADY_ITERATIONS = 3  # iterations simulated back to back for a steady-state period

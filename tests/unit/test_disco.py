@@ -89,6 +89,27 @@ def test_search_chooses_the_fusion_option_that_pays():
     assert res.best.fusion == "fused"
 
 
+def test_the_search_spends_its_budget_when_the_queue_runs_dry():
+    """Issue 35: on ResNet-18 the queue emptied after 32 of 300 simulations (one expansion,
+    three of its four moves back to initial candidates, the fourth out of the window). Here
+    only the two-bucket partitions of 12 units are within the window and the search starts
+    from one of them: the moves lead to new candidates, and when the queue runs dry the kept
+    candidates are expanded again until every one of the 11 is found and nothing new is
+    left around them (1 + 11 + 55 three-bucket partitions: all there is), well within the
+    budget; the same for the same seed."""
+    cost = lambda c: 1.0 if len(c.cuts) == 2 else 2.0  # noqa: E731
+    start = [Candidate("none", (11,)), Candidate("none", (5, 11))]
+    runs = [best_first(start, 12, ["none"], cost, budget=300) for _ in range(2)]
+    assert runs[0].kept == runs[1].kept and runs[0].trace == runs[1].trace
+    assert sorted(c.cuts for _, c in runs[0].kept) == [(i, 11) for i in range(11)]
+    assert runs[0].evaluations == 1 + 11 + 55 and runs[0].restarts >= 1
+    # an expansion never spends a move on a candidate already scored
+    rng, c = random.Random(0), Candidate("none", (3, 11))
+    seen = {Candidate("none", (11,)), Candidate("none", (2, 11)), Candidate("none", (4, 11))}
+    for _ in range(20):
+        assert not seen & set(neighbours(c, 12, ["none"], rng, 4, exclude=seen))
+
+
 def test_neighbours_are_legal_partitions():
     rng = random.Random(0)
     c = Candidate("none", (2, 5, 9))

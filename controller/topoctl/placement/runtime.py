@@ -31,9 +31,10 @@ from topoctl.collective.trees.pipeline import RuntimeCosts
 from topoctl.graph.cost import OpCost, TrainCost, whole_step_backward
 from topoctl.graph.ops import OpGraph
 from topoctl.labprofile import LabProfile
+from topoctl.sim.network import MessageCost
 
-__all__ = ["allreduce_cpu", "message_cpu", "needs_grad", "ps_cpu", "rank_op_costs",
-           "stage_costs"]
+__all__ = ["allreduce_cpu", "message_cost", "message_cpu", "needs_grad", "ps_cpu",
+           "rank_op_costs", "stage_costs"]
 
 
 def _is_float(graph: OpGraph, name: str) -> bool:
@@ -88,6 +89,16 @@ def rank_op_costs(graph: OpGraph, measured: Mapping[str, TrainCost],
     return out, scale * sum(measured[o.name].step for o in graph.ops)
 
 
+def message_cost(costs: RuntimeCosts, lab: LabProfile | None = None,
+                 per_message_shared_s: float | None = None) -> MessageCost:
+    """`message_cpu` as the simulator's `MessageCost` (per message, bytes per CPU-second), for
+    `CpuPool.messages`: what the engine charges each end of a collective's step. O(1)."""
+    per = (per_message_shared_s if lab is not None and per_message_shared_s
+           else costs.per_message_s)
+    rate = lab.wire_rate(costs.wire_bytes_per_s) if lab is not None else costs.wire_bytes_per_s
+    return MessageCost(per, rate)
+
+
 def message_cpu(nbytes: float, costs: RuntimeCosts, lab: LabProfile | None = None,
                 per_message_shared_s: float | None = None) -> float:
     """CPU seconds one rank spends sending or receiving one tensor of ``nbytes`` with gloo.
@@ -96,10 +107,7 @@ def message_cpu(nbytes: float, costs: RuntimeCosts, lab: LabProfile | None = Non
     blocking wait), and a byte also costs the cable emulation, counted half at each end as the
     tree runtime's model does (``LabProfile.wire_rate``); None: a rank with a machine of its
     own."""
-    per = (per_message_shared_s if lab is not None and per_message_shared_s
-           else costs.per_message_s)
-    rate = lab.wire_rate(costs.wire_bytes_per_s) if lab is not None else costs.wire_bytes_per_s
-    return per + nbytes / rate
+    return message_cost(costs, lab, per_message_shared_s).seconds(nbytes)
 
 
 def allreduce_cpu(nbytes: float, members: int, costs: RuntimeCosts,

@@ -13,6 +13,19 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   "flow" of CPU-seconds at most one core fast, all of them max-min fair over the cores
   (processor sharing, as the kernel schedules single-threaded processes); its device still
   runs one task at a time;
+- with `network.cpu_pool.messages` (`CpuPool`: a collective runtime's CPU per message, the
+  machine's calibration), every step of a collective between two pooled devices (unless the
+  collective is ``own_cpu``) also costs its sender and its receiver `MessageCost.seconds` of
+  its bytes, as CPU flows at each end on that device's communication thread (at most one
+  core, ``("comm", dev)``; within the host's CPU quota when it has one) and the shared
+  cores: first the per-message time (before the bytes go: posting, waking, the ring's
+  lock-step), then the CPU per byte alongside the step's bytes; the step is delivered when
+  its bytes and both ends' CPU are done (then its path latency). So every message costs the
+  runtime's per-message time whatever its size (a ring round of a rank that sends one
+  message and receives one: twice it, per bucket 2(n-1) rounds), and the communication the
+  compute hides takes CPU from that compute when the cores are busy. The CPU for a step's
+  bytes is spent as fast as the cores allow, not spread over the transfer (the same
+  CPU-seconds, earlier); reduce adds and buffer copies are not charged;
 - `network.speed` gives a device its compute rate (a host's `speed`): its tasks take
   duration / speed, and on a CPU pool its flows are capped at `speed` cores (the lab host's
   CPU quota) instead of one;
@@ -91,6 +104,7 @@ class _Graph:
         self.device: dict[int, str] = {}
         self.duration: dict[int, float] = {}
         self.communication: set[int] = set()  # compute nodes that are a runtime's own time
+        self.own_cpu: set[int] = set()  # join nodes of collectives that are `own_cpu`
         self.src: list[str | None] = []
         self.dst: list[str | None] = []
         self.size: list[float] = []
@@ -167,6 +181,8 @@ class _Graph:
         self.owner.extend([join] * m)
         n = self._add(_JOIN, t.id)
         self.ndeps[n] = m
+        if t.own_cpu:
+            self.own_cpu.add(n)
         if not m:
             pending.append((n, t.deps, t.id))
         # members' parts (join + 1 + k, as `_shape` numbered them): each waits for its steps
@@ -232,10 +248,17 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
     return run.result(record)
 
 
+def _messages(network: Network):
+    """The pool's `MessageCost`, or None (no pool, a plain (devices, cores) pair, or none)."""
+    pool = network.cpu_pool
+    return pool[2] if pool is not None and len(pool) > 2 else None
+
+
 def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
     """The capacity of everything flows share: the links, the (src, dst) rate caps (pseudo
-    links ``("cap", src, dst)``) and, with a CPU pool, its cores (``("cores",)``) and each
-    pooled device's one core (``("core", dev)``); and the pooled devices."""
+    links ``("cap", src, dst)``) and, with a CPU pool, its cores (``("cores",)``), each
+    pooled device's one core (``("core", dev)``) and, when it prices messages, its
+    communication thread's (``("comm", dev)``); and the pooled devices."""
     capacity: dict = {k: ln.capacity for k, ln in network.links.items()}
     for k, v in network.rate_caps.items():
         capacity[("cap",) + k] = v
@@ -245,6 +268,8 @@ def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
         capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
         for dev in pooled:  # one core, or the device's CPU quota (`Network.speed`)
             capacity[("core", dev)] = network.speed.get(dev, 1.0)
+            if _messages(network) is not None:
+                capacity[("comm", dev)] = 1.0
     return capacity, pooled
 
 
@@ -264,6 +289,7 @@ class _Run:
         self.finish = [math.nan] * n  # NaN: not done yet
         self.start = [math.nan] * n
         self.capacity, self.pooled = _capacities(network)
+        self.messages = _messages(network)
         self.link_bytes = dict.fromkeys(network.links, 0.0)
         self.busy: dict[str, float] = {}
         self.compute_busy: dict[str, float] = {}  # the model's compute only (not `communication`)
@@ -285,6 +311,8 @@ class _Run:
         self.plans: dict[tuple, list] = {}  # (src, dst) -> `_route_plan`
         self.rate_memo: dict = {}  # multiset of paths in flight -> (rate per path, paths)
         self.conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
+        self.posted: set[int] = set()  # charged steps whose per-message CPU has started
+        self.posting: set[int] = set()  # ... and is still running
 
     # --- the event loop --------------------------------------------------------------------------
     def run(self) -> None:
@@ -359,7 +387,10 @@ class _Run:
             self.dirty = True
             node = f[3]
             self.subflows_left[node] -= 1
-            if self.subflows_left[node] == 0:
+            if self.subflows_left[node] == 0 and node in self.posting:  # now its bytes
+                self.posting.discard(node)
+                self.send(node)
+            elif self.subflows_left[node] == 0:
                 self.release(node)
                 if f[4] > 0:
                     self.push(self.now + f[4], node)
@@ -437,12 +468,22 @@ class _Run:
 
     def send(self, node: int) -> None:
         """Start flow node `node`'s bytes: one flow per path of its route with bytes to carry.
-        With none (no bytes, or all paths empty) it is only delayed by the shortest latency."""
+        With none (no bytes, or all paths empty) it is only delayed by the shortest latency.
+        A step whose ends' CPU is charged (`_charge_cpu`) first spends the per-message time
+        at both ends (`_end_flows` then sends it again), then its bytes go alongside the
+        CPU its bytes cost each end."""
         g = self.g
         src, dst, size = g.src[node], g.dst[node], g.size[node]
         plan = self.plans.get((src, dst))
         if plan is None:
             plan = self.plans[(src, dst)] = _route_plan(self.network, src, dst, g.name(node))
+        charge = size > 0 and self._charge_cpu(node) and any(p[1] for p in plan)
+        if charge and node not in self.posted:  # the message's fixed CPU, at both ends
+            self.posted.add(node)
+            self.posting.add(node)
+            self._cpu_flows(node, self.messages.per_message_s, 0.0)
+            self.subflows_left[node] = 2
+            return
         started = 0
         for frac, path, key, lat in plan:
             part = size * frac
@@ -452,6 +493,9 @@ class _Run:
                 self.link_bytes[ln] += part
             self._add_flow(node, part, key, lat)
             started += 1
+        if started and charge:  # each end's CPU for the bytes, while they travel
+            self._cpu_flows(node, size / self.messages.bytes_per_s, min(p[3] for p in plan))
+            started += 2
         if started:
             self.subflows_left[node] = started
             self.dirty = True
@@ -462,6 +506,23 @@ class _Run:
             self.push(self.now + lat, node)
         else:
             self.done_stack.append(node)
+
+    def _cpu_flows(self, node: int, seconds: float, latency: float) -> None:
+        """Two flows of `seconds` CPU-seconds for step `node`: its sender's and its receiver's,
+        each on that device's communication thread (and CPU quota) and the shared cores."""
+        for end in (self.g.src[node], self.g.dst[node]):
+            quota = (("core", end),) if end in self.network.speed else ()
+            self._add_flow(node, seconds, (("comm", end), *quota, ("cores",)), latency)
+        self.cpu_flows += 2
+        self.dirty = True
+
+    def _charge_cpu(self, node: int) -> bool:
+        """Whether flow node `node` costs its ends' CPU (`CpuPool.messages`): a step of a
+        collective that is not ``own_cpu`` between two pooled devices."""
+        g = self.g
+        return (self.messages is not None and g.owner[node] >= 0
+                and g.owner[node] not in g.own_cpu and g.src[node] != g.dst[node]
+                and g.src[node] in self.pooled and g.dst[node] in self.pooled)
 
     def _add_flow(self, node: int, size: float, links: tuple, latency: float) -> None:
         """A new flow in flight for `node`: `size` to carry over `links`, delivered `latency`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from topoagent.protocol import TopoError
 
@@ -22,6 +23,32 @@ class Link:
     latency: float = 0.0
 
 
+@dataclass(frozen=True)
+class MessageCost:
+    """The CPU a collective runtime spends on each point-to-point message at each of its two
+    ends, besides the bytes on the wire: `per_message_s` seconds plus one second per
+    `bytes_per_s` bytes (gloo's send or receive of one tensor: the machine's calibration,
+    `topoctl.placement.runtime.message_cpu`, with the lab's cable emulation per byte)."""
+
+    per_message_s: float
+    bytes_per_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        """CPU seconds one end spends on a message of `nbytes`."""
+        return self.per_message_s + nbytes / self.bytes_per_s
+
+
+class CpuPool(NamedTuple):
+    """Devices whose work shares one machine's `cores` (the lab's single-threaded ranks):
+    their compute tasks are processor-shared (`Network.cpu_pool`). `messages`: what each
+    message of a collective between two of them costs its ends' CPU (None: nothing), drawn
+    from the same cores on a communication thread per device (`topoctl.sim.engine`)."""
+
+    devices: frozenset[str]
+    cores: int
+    messages: MessageCost | None = None
+
+
 class NoRoute(TopoError, LookupError):
     """No path between two endpoints of the simulated network."""
 
@@ -38,9 +65,10 @@ class Network:
     links: dict[str, Link]
     router: Callable[[str, str], Routes]
     rate_caps: dict[tuple[str, str], float] = field(default_factory=dict)
-    # (devices, cores): these devices' compute tasks share `cores` cores (processor sharing,
-    # at most one core per task), e.g. the lab's single-threaded ranks on one machine
-    cpu_pool: tuple[frozenset[str], int] | None = None
+    # (devices, cores[, messages]) (`CpuPool`): these devices' compute tasks share `cores`
+    # cores (processor sharing, at most one core per task), e.g. the lab's single-threaded
+    # ranks on one machine; with `messages`, so does their collectives' per-message CPU
+    cpu_pool: CpuPool | tuple[frozenset[str], int] | None = None
     # device -> its compute rate (a host's `speed`): a compute task of d seconds (timed at
     # speed 1) takes d / speed; on a CPU pool, the device's compute flows at most `speed`
     # cores (the lab host's CPU quota) instead of one. Devices not listed: 1

@@ -38,12 +38,18 @@ class Collective:
     delivered. With `member_done`, each member's own part is a task too (:func:`member_done`
     names it): done when every step the member sends or receives is delivered. A rank leaves
     a collective when its part is done, not when the last member's is (a tree's root and
-    shallow members leave its broadcast steps before the deepest leaves do)."""
+    shallow members leave its broadcast steps before the deepest leaves do). On a network
+    whose CPU pool prices messages (`network.CpuPool.messages`), every step between two pooled
+    devices also costs its sender's and receiver's CPU (`engine`), unless `own_cpu`."""
 
     id: str
     schedule: Schedule
     deps: tuple[str, ...] = ()
     member_done: bool = False
+    # the strategy charges this collective runtime's CPU with tasks of its own (the tree
+    # runtime's model, `collective.trees.pipeline`): the engine does not charge its messages
+    # (`CpuPool.messages`)
+    own_cpu: bool = False
 
 
 def member_done(collective_id: str, member: str) -> str:

@@ -7,7 +7,10 @@ bucket is any run of consecutive units; the plan names each bucket's parameters
 (``job.collective.bucket_plan``, `topocontract.buckets`) and the runtime (`topotrain.buckets`)
 starts a bucket's AllReduce once its last gradient is ready. In the simulator one iteration
 is: per host forward, backward in chunks ending where a bucket's last op ends, one ring
-AllReduce per bucket on one communication stream (bucket k after bucket k-1), the step.
+AllReduce per bucket on one communication stream (bucket k after bucket k-1), the step. On
+lab hosts the simulator charges each AllReduce's messages the runtime's CPU
+(`topoctl.sim.network.CpuPool.messages`, as for every strategy): per bucket gloo's
+per-message time, and the CPU its bytes take from the compute it overlaps.
 
 The fusion choice is an input of plain data: `fusion_options` maps an option's name to its
 per-op costs (`OpCost`, on the first host's device); a host runs an option at that host's
@@ -40,7 +43,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.disco.autotune import autotune_cap
 from topoctl.disco.search import Candidate, best_first, issue_order
 from topoctl.disco.timeline import (
@@ -56,7 +58,6 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS
 from topoctl.sim.tasks import Collective, Compute, Task, previous
-from topotrain.timing import load_calibration
 
 from . import PlanContext, Strategy, StrategyError, host_speeds
 from . import baseline as _baseline
@@ -104,32 +105,10 @@ def host_costs(ctx: PlanContext, options: dict[str, dict[str, OpCost]], fusion: 
     return {k: OpCost(v.fwd * f, v.bwd * f) for k, v in opt.items()}
 
 
-def bucket_overhead(ctx: PlanContext) -> float:
-    """Seconds of the runtime's own work per bucket's AllReduce, besides its bytes on the
-    wire: on lab hosts (ranks timed on this CPU) gloo's per-message CPU time (the machine's
-    calibration, `topotrain.timing`) for the 2 (n-1) steps of a ring, each a send and a
-    receive; 0 on modelled devices (their fitted ring has its latency). O(1)."""
-    if ctx.cpu_pool is None:
-        return 0.0
-    cal = runtime_costs(load_calibration() if ctx.use_cache else None)
-    return 4 * (len(ctx.hosts) - 1) * cal.per_message_s
-
-
-def allreduce(k: int, schedule, deps: tuple[str, ...], overhead: float) -> list[Task]:
-    """Bucket `k`'s AllReduce ``ar<k>`` after `deps`, preceded by `overhead` seconds of the
-    runtime's own work (``call<k>``, on the pseudo-device ``bucket-runtime``: one bucket at a
-    time) when it is > 0."""
-    if overhead <= 0:
-        return [Collective(f"ar{k}", schedule, deps)]
-    return [Compute(f"call{k}", "bucket-runtime", overhead, deps, communication=True),
-            Collective(f"ar{k}", schedule, (f"call{k}",))]
-
-
 def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
-                    costs: Callable[[str], dict[str, OpCost]], overhead: float = 0.0
-                    ) -> tuple[list[Task], list[int]]:
+                    costs: Callable[[str], dict[str, OpCost]]) -> tuple[list[Task], list[int]]:
     """One iteration's tasks under the partition `cuts` (module docstring); (tasks, bucket
-    bytes). `costs(host)`: that host's per-op costs; `overhead`: `bucket_overhead`."""
+    bytes). `costs(host)`: that host's per-op costs."""
     order, algorithm = list(ctx.hosts), ALGORITHMS["ring"]
     ops = list(reversed(ctx.graph.ops))
     ends = [units.pos[c] for c in cuts]  # bucket k's chunk ends with this op (backward order)
@@ -148,8 +127,8 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
         sizes.append(sum(units.size[first:last + 1]))
         first = last + 1
         deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
-        tasks += allreduce(k, algorithm(order, float(sizes[-1])),
-                           deps + ((f"ar{k - 1}",) if k else ()), overhead)
+        tasks.append(Collective(f"ar{k}", algorithm(order, float(sizes[-1])),
+                                deps + ((f"ar{k - 1}",) if k else ())))
     for h in ctx.hosts:
         tasks.append(Compute(f"step@{h}", h, _baseline.step_time(ctx, h),
                              (_baseline.backward_task(len(cuts), h), f"ar{len(cuts) - 1}")))
@@ -176,8 +155,8 @@ def forward_chunks(ctx: PlanContext, units: Units, cuts: tuple[int, ...]
 
 
 def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: int,
-                  costs: Callable[[str], dict[str, OpCost]], cycle: bool = False,
-                  overhead: float = 0.0) -> tuple[list[Task], list[int], list[int]]:
+                  costs: Callable[[str], dict[str, OpCost]], cycle: bool = False
+                  ) -> tuple[list[Task], list[int], list[int]]:
     """One iteration's tasks under ``bucket_overlap: forward`` (`topotrain.buckets`); (tasks,
     bucket bytes and bucket indices, both in AllReduce order). The forward runs in chunks
     (`forward_chunks`): a chunk waits for the previous iteration's AllReduce of the buckets
@@ -208,7 +187,7 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
         deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
         if j or not cycle:
             deps += (f"ar{order[j - 1]}",) if j else (previous(f"ar{order[-1]}"),)
-        tasks += allreduce(k, ring(list(ctx.hosts), float(ready_sizes[k])), deps, overhead)
+        tasks.append(Collective(f"ar{k}", ring(list(ctx.hosts), float(ready_sizes[k])), deps))
     return tasks, [ready_sizes[k] for k in order], order
 
 
@@ -249,7 +228,6 @@ class _Scorer:
                  options: dict[str, dict[str, OpCost]]):
         self.ctx, self.units, self.network, self.options = ctx, units, network, options
         self.memo: dict[Candidate, float] = {}
-        self.overhead = bucket_overhead(ctx)
 
     def tasks(self, c: Candidate, cycle: bool = False
               ) -> tuple[list[Task], list[int], list[int]]:
@@ -257,9 +235,8 @@ class _Scorer:
         forward overlap's renewal cycle (`overlap_tasks`)."""
         costs = lambda h: host_costs(self.ctx, self.options, c.fusion, h)  # noqa: E731
         if c.overlap == "forward":
-            return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs, cycle,
-                                 self.overhead)
-        tasks, sizes = partition_tasks(self.ctx, self.units, c.cuts, costs, self.overhead)
+            return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs, cycle)
+        tasks, sizes = partition_tasks(self.ctx, self.units, c.cuts, costs)
         return tasks, sizes, list(range(len(sizes)))
 
     def __call__(self, c: Candidate) -> float:

@@ -359,7 +359,8 @@ def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = (),
     runtime's own time for the bucket) that starts with it (same dependencies, and the tasks
     `hold` names) on a pseudo-device of its own; whatever waited for ``ar{k}`` waits for both.
     The runtime overlaps its CPU work with the transfers, so the bucket takes the larger of
-    the two.
+    the two. The collectives are marked ``own_cpu`` (the simulator does not charge their
+    messages to the lab's cores again, `sim.network.CpuPool.messages`).
 
     `leave` (host -> share of the runtime's time after which its rank leaves the last
     bucket's AllReduce, :func:`~topoctl.collective.trees.pipeline.leave_fractions`): a host's
@@ -378,6 +379,8 @@ def _with_cpu_part(tasks: list, cpu: list[float], hold: tuple[str, ...] = (),
         changes = {"deps": deps}
         if t.id == last:
             changes["member_done"] = True
+        if isinstance(t, Collective):  # its CPU is ``ar{k}/cpu``: not the engine's to charge
+            changes["own_cpu"] = True
         out.append(replace(t, **changes))
         if isinstance(t, Collective):
             start = tuple(dict.fromkeys(deps + hold))
