@@ -230,9 +230,15 @@ def main(job: LaunchSpec) -> int:
     iters = job.iterations
     _emit(event="start", rank=rank, world=world, bind=bind, iterations=iters,
           algorithm="pipeline", stage=s, replica=r, sync=kind, rows=rows)
+    # an iteration runs from the end of the one before (the loop's start for the first): the
+    # iterations tile the loop, so a rank that waits between its stage's passes (the last
+    # stage's loss all-reduce waits for its slowest replica: behind a slow cable, gloo's ring
+    # lets the others leave it 0.1 s earlier) counts the wait, and every rank's period is
+    # the job's (`RunResult.iteration_time` averages the ranks)
+    t_prev, c_prev = time.perf_counter(), time.process_time()
     for it in range(iters):
         full = batch_inputs(inputs_spec, total * m_count, it, seed)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         micro_inputs = [[x[m * total + lo:m * total + lo + rows] for x in full]
                         for m in range(m_count)]
@@ -244,20 +250,24 @@ def main(job: LaunchSpec) -> int:
         sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist, trees)
         t_ar = time.perf_counter()
         opt.step()
-        seconds = time.perf_counter() - t0
+        t_step = time.perf_counter()
         loss_val = None
         if s == k - 1:
             t = torch.tensor([loss_sum * rows / total])
             if len(stages[s]["ranks"]) > 1:
                 dist.all_reduce(t, group=groups[s])
             loss_val = float(t) / m_count
+        t_end, wall_end, c_end = time.perf_counter(), time.time(), time.process_time()
         # phases (wall seconds, sends and receives included): forwards, backwards, the
-        # replicas' gradient AllReduce, the optimiser step
-        _emit(event="iter", rank=rank, iter=it, seconds=seconds, loss=loss_val, stage=s,
-              cpu_seconds=round(time.process_time() - c0, 6), end=round(time.time(), 6),
+        # replicas' gradient AllReduce, the optimiser step, and the rest ("other": the
+        # next batch's inputs, the last stage's loss all-reduce with its wait); they sum
+        # to `seconds`
+        _emit(event="iter", rank=rank, iter=it, seconds=t_end - t_prev, loss=loss_val,
+              stage=s, cpu_seconds=round(c_end - c_prev, 6), end=round(wall_end, 6),
               phases={"forward": round(t_fwd - t0, 6), "backward": round(t_bwd - t_fwd, 6),
-                      "allreduce": round(t_ar - t_bwd, 6),
-                      "step": round(seconds - (t_ar - t0), 6)})
+                      "allreduce": round(t_ar - t_bwd, 6), "step": round(t_step - t_ar, 6),
+                      "other": round((t0 - t_prev) + (t_end - t_step), 6)})
+        t_prev, c_prev = t_end, c_end
     _emit(event="done", rank=rank, checksum=checksum(model), stage=s)
     dist.destroy_process_group()
     return 0
