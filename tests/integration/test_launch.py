@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -107,6 +108,35 @@ def test_events_travel_apart_from_what_a_rank_prints(agent):
     assert f"[rank 0] {forged}" in lines
     assert not [ln for ln in r.stdout.splitlines() + r.stdout.replace("\r", "\n").split("\n")
                 if "link-down" in ln and not ln.startswith("[rank 0] ")]
+
+
+def test_what_a_rank_wrote_before_it_ended_is_all_forwarded(agent):
+    """A rank writes more events than the pipes hold while nobody reads the launcher yet, then
+    exits: the launcher forwards every event, the last one included, before it ends (it used
+    to end as soon as its ranks had, with the rest still in the pipes)."""
+    count = 1500  # ~100 KB of events: more than the launcher's stdout pipe holds
+    line = '{"event": "iter", "iter": %d, "seconds": 0.5, "pad": "xxxxxxxxxxxxxxxx"}\n'
+    script = ("import os\n"
+              "fd = int(os.environ['TOPOCTL_EVENT_FD'])\n"
+              f"for i in range({count}):\n"
+              f"    os.write(fd, ({line!r} % i).encode())\n"
+              "open('finished', 'w').close()\n")  # in its directory (its cwd)
+    p = start(agent, spec(["python3", "-c", script]))
+    try:
+        # the rank fills the launcher's stdout pipe and part of its event pipe, and ends;
+        # only later is anything read
+        finished = rank_dir(agent[1] / "run") / "finished"
+        assert wait_for(finished.exists, 60), "the rank did not finish writing"
+        time.sleep(1)  # the launcher sees the rank gone within 0.1 s
+        out = p.stdout.read()  # to its end: the launcher ends once it forwarded everything
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out[-2000:]
+    iters = [json.loads(ln.split("] ", 1)[1])["iter"] for ln in out.splitlines()
+             if ln.startswith("[event 0] ")]
+    assert iters == list(range(count))
 
 
 def test_a_launcher_killed_with_9_leaves_no_rank_and_no_block(agent):

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -67,6 +68,9 @@ CLONE_NEWUTS = 0x04000000
 PR_SET_PDEATHSIG = 1
 EVENT_FD_ENV = "TOPOCTL_EVENT_FD"  # the rank's end of its event pipe (topotrain.events)
 MAX_LINE = 65536  # longer output lines are cut into pieces of this many bytes
+# how long the lines a rank wrote before it ended may take to be forwarded (its pipes reach
+# their end when it exits, unless a process it left behind holds them open)
+DRAIN_S = 5.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # what a forwarded line may not contain: anything a reader could take for a line break, and
 # other control characters (terminal escapes)
@@ -154,7 +158,7 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
     the pid file and the ranks' directory (unless it holds checkpoints)."""
     tripped = threading.Event()
     watch = None
-    children: list[tuple[int, subprocess.Popen, deque]] = []
+    children: list[_Rank] = []
     try:
         _die_with_parent()
         watch = _watch(job.watch.get(host, []), target, out, tripped)
@@ -162,7 +166,7 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
             return 1
         for spec in job.processes[host]:
             children.append(_start(job, spec, target, ranks_dir, job_file, user, out))
-        write_pids(pidfile, [p.pid for _, p, _ in children])
+        write_pids(pidfile, [c.process.pid for c in children])
         return _supervise(children, out, timeout, tripped, target)
     except _Stopped:
         return EXIT_INTERRUPTED
@@ -191,8 +195,26 @@ def _refuse_if_running(pidfile: Path) -> None:
               file=sys.stderr)
 
 
+@dataclass
+class _Rank:
+    """A started rank: its process, the last lines it printed, and the threads forwarding
+    its output and its events."""
+
+    rank: int
+    process: subprocess.Popen
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL))
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    def drain(self, timeout: float = DRAIN_S) -> None:
+        """Wait until what the rank wrote before it ended is forwarded: without this, an
+        event written just before it exited (its `done`) could be lost with the launcher."""
+        end = time.monotonic() + timeout
+        for t in self.pumps:
+            t.join(max(0.0, end - time.monotonic()))
+
+
 def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, job_file: Path,
-           user: RankUser, out: _Output) -> tuple[int, subprocess.Popen, deque]:
+           user: RankUser, out: _Output) -> _Rank:
     """Start one rank with its event pipe, and the threads that forward its output and its
     events."""
     argv, extra = _argv(job.command, user, job.model.factory)
@@ -211,12 +233,14 @@ def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, job_file: Pat
                              preexec_fn=_child_setup(target, bind, user, os.getpid()))
     finally:
         os.close(write_end)
-    tail: deque = deque(maxlen=TAIL)
-    for stream, prefix, keep in ((p.stdout, "rank", tail), (os.fdopen(read_end, "rb"),
-                                                            "event", None)):
-        threading.Thread(target=_pump, args=(stream, f"[{prefix} {spec.rank}] ", out, keep),
-                         daemon=True).start()
-    return spec.rank, p, tail
+    started = _Rank(spec.rank, p)
+    for stream, prefix, keep in ((p.stdout, "rank", started.tail),
+                                 (os.fdopen(read_end, "rb"), "event", None)):
+        t = threading.Thread(target=_pump, args=(stream, f"[{prefix} {spec.rank}] ", out, keep),
+                             daemon=True)
+        t.start()
+        started.pumps.append(t)
+    return started
 
 
 def _watch(interfaces: list[str], target: Target, out: _Output,
@@ -316,19 +340,21 @@ def _supervise(children, out: _Output, timeout: float | None,
         if out.reader_left():  # the controller is gone: nobody supervises the ranks any more
             return EXIT_INTERRUPTED
         running = 0
-        for rank, p, tail in children:
-            rc = p.poll()
+        for c in children:
+            rc = c.process.poll()
             if rc is None:
                 running += 1
             elif rc != 0:
-                time.sleep(0.2)  # let the pump thread drain the last lines
-                out.emit(json.dumps({"event": "failed", "rank": rank, "rc": rc,
-                                     "last": list(tail)}))
+                c.drain()
+                out.emit(json.dumps({"event": "failed", "rank": c.rank, "rc": rc,
+                                     "last": list(c.tail)}))
                 return 1
         if not running:
+            for c in children:
+                c.drain()
             return 0
         if deadline and time.monotonic() > deadline:
-            out.emit(json.dumps({"event": "failed", "rank": children[0][0], "rc": None,
+            out.emit(json.dumps({"event": "failed", "rank": children[0].rank, "rc": None,
                                  "last": ["timed out"]}))
             return 1
         time.sleep(0.1)
@@ -342,17 +368,17 @@ def _revert_orphan(target: Target) -> None:
         expired_orphan(target, Store(target.store_dir, target=target))
 
 
-def _stop_all(children) -> None:
-    for _, p, _ in children:
-        if p.poll() is None:
-            _killpg(p.pid, signal.SIGTERM)
+def _stop_all(children: list[_Rank]) -> None:
+    for c in children:
+        if c.process.poll() is None:
+            _killpg(c.process.pid, signal.SIGTERM)
     end = time.monotonic() + 5
-    for _, p, _ in children:
+    for c in children:
         try:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
+            c.process.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            _killpg(c.process.pid, signal.SIGKILL)
+            c.process.wait()
 
 
 def _killpg(pid: int, sig: int) -> None:
