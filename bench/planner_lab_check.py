@@ -18,7 +18,8 @@ every strategy N times, round by round (each round plans and measures every stra
 the machine's drift spreads over all of them), and ends with a table of the medians: on the
 2-core AMD VM the same trees plan measured 0.568-0.657 s per iteration within five minutes,
 more than the 5% a single run is judged by. Uses only the
-command-line tools; the lab gets its own name and is removed at the end. ``--keep DIR`` saves
+command-line tools; the lab gets its own name (``$BENCH_LAB_PREFIX``, default ``pc``, then
+the process id) and is removed at the end. ``--keep DIR`` saves
 each check's plan and every rank's output (its JSON events) in DIR/CLUSTER-STRATEGY/.
 
 Each check also prints the machine's speed before the plan and after the run (a one-thread
@@ -169,7 +170,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     """Plan (or take `given`), build the lab, apply, train and print the comparison; the row
     (strategy, predicted, measured, error_pct) or None on failure
     (reported on stderr). `run_label` tells repeated runs' kept files apart."""
-    name = f"pc{os.getpid() % 10000}"
+    name = f"{os.environ.get('BENCH_LAB_PREFIX', 'pc')[:4]}{os.getpid() % 10000}"
     tmp = Path(tempfile.mkdtemp(prefix="planner-lab-"))
     cluster = yaml.safe_load(Path(cluster_file).read_text())
     label = cluster["name"]

@@ -4,11 +4,12 @@ The namespace lab (`topoctl.lab`, docs/lab.md) runs every training rank of a pla
 machine. What that costs is a property of the machine and of how the lab builds its cables,
 not of any algorithm: how many cores the ranks share, what the cable emulation (veth pairs,
 tc HTB shaping, the endpoints' TCP) costs per wire byte, how much token credit a shaped cable
-has after idling, and the TCP congestion control the figures were measured under. They used to
-be module constants and reads of the machine inside the planner and the cost models; now
-`machine_profile` reads them once at the edge (`planner.prepare`, or a caller that passes its
-own profile), `PlanContext.lab` carries the result, and the algorithms
-(`collective.trees.pipeline`, `placement.runtime`, the strategies) take it as a parameter.
+has after idling, how many bytes a socket's send buffer takes, and the TCP congestion control
+the figures were measured under. They used to be module constants and reads of the machine
+inside the planner and the cost models; now `machine_profile` reads them once at the edge
+(`planner.prepare`, or a caller that passes its own profile), `PlanContext.lab` carries the
+result, and the algorithms (`collective.trees.pipeline`, `placement.runtime`, the
+strategies) take it as a parameter.
 
 The defaults are the figures of the 2-core AMD EPYC VM the lab was measured on (2026-11),
 used for `--no-cache` plans so that they do not depend on the machine that plans them.
@@ -17,13 +18,14 @@ used for `--no-cache` plans so that they do not depend on the machine that plans
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from topoctl.lab.commands import BURST_S, cable_credit_s
 from topotrain.timing import TCP_CONGESTION, load_calibration
 
-__all__ = ["DEFAULT_LAB", "LabProfile", "machine_profile", "profile_from_calibration"]
+__all__ = ["DEFAULT_LAB", "LabProfile", "machine_profile", "profile_from_calibration",
+           "tcp_send_buffer"]
 
 # the lab's cable emulation (veth pairs, tc HTB shaping) with the endpoints' TCP work (the lab
 # hosts' cubic): wire bytes per core-second, fitted to the whole machine's CPU during the
@@ -34,6 +36,10 @@ __all__ = ["DEFAULT_LAB", "LabProfile", "machine_profile", "profile_from_calibra
 # BBR, whose timer pacing costs CPU; iperf3's own pacing at 56 low rates costs CPU too.
 DEFAULT_EMULATION_BYTES_PER_S = 0.62e9
 DEFAULT_CORES = 2  # the VM the defaults were measured on
+# the most a TCP socket's send buffer grows to (the third field of net.ipv4.tcp_wmem): Linux's
+# default (tcp(7): 4 MB unless memory is small), this machine's when read (`tcp_send_buffer`)
+TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"
+DEFAULT_SEND_BUFFER = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,11 @@ class LabProfile:
       both ends as iperf3 measures it (a byte sent and received costs ``2 /`` this);
     - ``burst_s``: token credit of a shaped cable in seconds at its rate
       (``topoctl.lab.commands.BURST_S``), spent by the first messages after the cable idled;
+    - ``send_buffer_bytes``: the most a lab rank's TCP socket holds of a message it sends
+      (the maximum of ``net.ipv4.tcp_wmem``, which a lab namespace copies from the machine
+      when it is made: gloo leaves the buffer to the kernel's autotuning, which grows a
+      long-lived connection's buffer up to it); a send returns once the rest fits in it
+      (``sim.tasks.Transfer.buffer``);
     - ``tcp_congestion``: the lab hosts' congestion control, under which the figures above and
       the runtime's calibration were measured (``topotrain.timing.TCP_CONGESTION``);
     - ``source``: where the figures came from (``default``, ``machine``, ``calibrated:<key>``).
@@ -55,6 +66,7 @@ class LabProfile:
     cores: int = DEFAULT_CORES
     emulation_bytes_per_s: float = DEFAULT_EMULATION_BYTES_PER_S
     burst_s: float = BURST_S
+    send_buffer_bytes: int = DEFAULT_SEND_BUFFER
     tcp_congestion: str = TCP_CONGESTION
     source: str = "default"
 
@@ -91,11 +103,23 @@ def profile_from_calibration(calibration: dict[str, Any] | None,
     )
 
 
+def tcp_send_buffer(path: str = TCP_WMEM) -> int:
+    """The most a TCP socket's send buffer grows to on this machine: the third field of
+    ``net.ipv4.tcp_wmem`` (`path`); the default when it cannot be read."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_SEND_BUFFER
+
+
 def machine_profile(use_cache: bool = True) -> LabProfile:
     """The profile of the machine this process runs on: the one place that reads it. With
     `use_cache`, the runtime calibration's figures (``python -m
     topotrain.collectives.calibrate``), else ``os.cpu_count()`` cores and the default
-    emulation cost; without, the defaults (plans that do not depend on this machine)."""
+    emulation cost, and this machine's TCP send buffer (`tcp_send_buffer`); without, the
+    defaults (plans that do not depend on this machine)."""
     if not use_cache:
         return LabProfile()
-    return profile_from_calibration(load_calibration(), os.cpu_count() or 1)
+    return replace(profile_from_calibration(load_calibration(), os.cpu_count() or 1),
+                   send_buffer_bytes=tcp_send_buffer())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -187,15 +188,22 @@ def test_lab_ranks_share_the_cores():
     times = {}
     for cores in (1, 64):
         rc = RuntimeCosts(per_message_s=0.0, wire_bytes_per_s=1e15)
-        meas = Measured(costs, rc, None, LabProfile(cores=cores, emulation_bytes_per_s=1e15))
+        # no socket buffer: a send returns on delivery (test_sim_credit has the buffer)
+        meas = Measured(costs, rc, None, LabProfile(cores=cores, emulation_bytes_per_s=1e15,
+                                                    send_buffer_bytes=0))
         tasks, _ = pipeline_tasks(ctx, st, [["h0"], ["h1"]], 4, 1.0, meas)
-        times[cores] = simulate(tasks, lab_network(net, ctx.hosts, meas),
-                                record=False).iteration_time
+        lab = lab_network(net, ctx.hosts, meas, 9000)
+        times[cores] = simulate(tasks, lab, record=False).iteration_time
+        # without the lab's cable credit (`Link.credit`)
+        bare = replace(lab, links={k: replace(ln, credit=0.0) for k, ln in lab.links.items()})
+        times[cores, "bare"] = simulate(tasks, bare, record=False).iteration_time
         work = sum(t.duration for t in tasks if hasattr(t, "duration"))
     # one core: all the work in sequence, plus the 8 transfers, during which both ranks wait
-    # in gloo's rendezvous (no CPU work to overlap)
+    # in gloo's rendezvous (no CPU work to overlap); each 4 KiB message passes within the
+    # lab cable's credit (`BURST_S` at 200 Mbit/s: 100 kB), at once
     t = 16 * 64 * 4 / (200e6 / 8 * tcp_efficiency(9000))
-    assert times[1] == pytest.approx(work + 8 * t, rel=1e-6)
+    assert times[1, "bare"] == pytest.approx(work + 8 * t, rel=1e-6)
+    assert times[1] == pytest.approx(work, rel=1e-6)
     assert times[64] < 0.9 * work
 
 

@@ -26,6 +26,18 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   compute hides takes CPU from that compute when the cores are busy. The CPU for a step's
   bytes is spent as fast as the cores allow, not spread over the transfer (the same
   CPU-seconds, earlier); reduce adds and buffer copies are not charged;
+- point-to-point transfers on a shaped network (`network.Link.credit`, the lab's HTB token
+  credit): every credited link has a bucket, full at the start, that fills with the capacity
+  its flows leave unused, up to the link's credit; a `Transfer` that starts passes at once
+  as many bytes as every link of its path holds (taken from each), and only the rest flows.
+  A collective's step empties the buckets of its path the same way but is not shortened:
+  its runtime's own model charges the credit where it counts it (the tree runtime's,
+  ``collective.trees.pipeline.predict`` through ``own_cpu`` collectives; gloo's ring steps
+  run back to back and are not credited);
+- a `Transfer` with a ``buffer`` (a socket's send buffer) also has a sender's part
+  (`tasks.sent`), done as soon as at most ``buffer`` of its bytes are still to leave: a
+  socket send returns once the kernel holds the rest, while the receiver waits for the last
+  byte (the transfer itself);
 - `network.speed` gives a device its compute rate (a host's `speed`): its tasks take
   duration / speed, and on a CPU pool its flows are capped at `speed` cores (the lab host's
   CPU quota) instead of one;
@@ -54,7 +66,7 @@ from dataclasses import dataclass, field
 from topoagent.protocol import TopoError
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Network
-from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done
+from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done, sent
 
 _COMPUTE, _FLOW, _JOIN = 0, 1, 2
 
@@ -113,6 +125,8 @@ class _Graph:
         self.owner: list[int] = []  # join node of a collective step, -1 otherwise
         self.offset: list[int] = []  # added to succ entries (collective steps: the first step)
         self.index: dict[str, int] = {}  # task id (and members' parts) -> node
+        # transfer node with a ``buffer`` -> (its sender's part, `tasks.sent`; the buffer)
+        self.sender_part: dict[int, tuple[int, float]] = {}
         index = self.index
         pending: list[tuple[int, tuple[str, ...], str]] = []
         for t in tasks:
@@ -127,6 +141,14 @@ class _Graph:
             elif isinstance(t, Transfer):
                 n = self._add(_FLOW, t.id, t.src, t.dst, t.size)
                 pending.append((n, t.deps, t.id))
+                if t.buffer is not None:  # the sender's part: done by the engine (`_Run`)
+                    part = sent(t.id)
+                    if part in index:
+                        raise SimError(f"task id {part!r} used twice")
+                    k = self._add(_JOIN, part)
+                    self.ndeps[k] = 1  # no dependency counts it down
+                    index[part] = k
+                    self.sender_part[n] = (k, max(0.0, float(t.buffer)))
             elif isinstance(t, Collective):
                 n = self._collective(t, pending)
             else:
@@ -313,6 +335,13 @@ class _Run:
         self.conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
         self.posted: set[int] = set()  # charged steps whose per-message CPU has started
         self.posting: set[int] = set()  # ... and is still running
+        # token credit (`Link.credit`): link -> its bucket's size, what it holds (full: the
+        # links idled before), and the bytes/s its flows use (at the last rate update)
+        self.credit = {k: ln.credit for k, ln in network.links.items() if ln.credit > 0}
+        self.tokens = dict(self.credit)
+        self.load: dict[str, float] = {}
+        # transfers whose sender's part waits: node -> (that part, buffer, its flow ids)
+        self.sending: dict[int, tuple[int, float, list[int]]] = {}
 
     # --- the event loop --------------------------------------------------------------------------
     def run(self) -> None:
@@ -330,6 +359,8 @@ class _Run:
             dt = self._next_step()
             finished = self._drain(dt)
             self.now += dt
+            if self.sending:
+                self._senders_done()
             self._end_flows(finished)
             self._deliver_events()
 
@@ -350,6 +381,13 @@ class _Run:
         for f, p in zip(self.flows.values(), paths, strict=True):
             f[1] = by_path[p]
         self.dirty = False
+        if self.credit:  # what the flows leave of each credited link fills its bucket
+            load = dict.fromkeys(self.credit, 0.0)
+            for f, p in zip(self.flows.values(), paths, strict=True):
+                for ln in p:
+                    if ln in load:
+                        load[ln] += f[1]
+            self.load = load
 
     def _next_step(self) -> float:
         """Seconds to the next event: the first flow to finish at its rate, or the first
@@ -358,6 +396,14 @@ class _Run:
         for f in self.flows.values():
             if f[1] > 0:
                 t_flow = min(t_flow, f[0] / f[1])
+        for _, buf, fids in self.sending.values():  # a sender's part when `buffer` remain
+            rem = rate = 0.0
+            for fid in fids:
+                f = self.flows.get(fid)
+                if f is not None:
+                    rem, rate = rem + f[0], rate + f[1]
+            if rate > 0:
+                t_flow = min(t_flow, max(0.0, rem - buf) / rate)
         t_event = self.events[0][0] - self.now if self.events else math.inf
         dt = min(t_flow, t_event)
         if dt == math.inf:
@@ -365,7 +411,13 @@ class _Run:
         return dt
 
     def _drain(self, dt: float) -> list[int]:
-        """Move every flow on by `dt` seconds at its rate; the flows that are done by then."""
+        """Move every flow on by `dt` seconds at its rate (and fill the credited links'
+        buckets with what the flows leave); the flows that are done by then."""
+        if self.credit:
+            load, tokens, cap = self.load, self.tokens, self.capacity
+            for ln, most in self.credit.items():
+                if tokens[ln] < most:
+                    tokens[ln] = min(most, tokens[ln] + max(0.0, cap[ln] - load.get(ln, 0.0)) * dt)
         if not self.flows:
             return []
         if len(self.flows) > self.cpu_flows:  # bytes in flight, not only pooled compute
@@ -396,6 +448,17 @@ class _Run:
                     self.push(self.now + f[4], node)
                 else:
                     self.complete(node)
+
+    def _senders_done(self) -> None:
+        """Complete the sender's parts (`tasks.sent`) of transfers that have at most their
+        buffer still to leave."""
+        done = []
+        for node, (_, buf, fids) in self.sending.items():
+            rem = sum(self.flows[f][0] for f in fids if f in self.flows)
+            if rem <= buf + 1e-9 * self.g.size[node] + 1e-6:
+                done.append(node)
+        for node in done:
+            self.complete(self.sending.pop(node)[0])
 
     def _deliver_events(self) -> None:
         """Complete the nodes whose events are due (a tolerance for rounding in `now`)."""
@@ -485,14 +548,21 @@ class _Run:
             self.subflows_left[node] = 2
             return
         started = 0
+        fids = []
         for frac, path, key, lat in plan:
             part = size * frac
             if part <= 0 or not path:
                 continue
             for ln in path:
                 self.link_bytes[ln] += part
-            self._add_flow(node, part, key, lat)
+            if self.credit:  # what the path's buckets hold passes at once (transfers)
+                part -= self._spend_credit(path, part, g.owner[node] < 0)
+                if part <= 1e-9 * size + 1e-6:
+                    continue
+            fids.append(self._add_flow(node, part, key, lat))
             started += 1
+        if node in g.sender_part:
+            self._sender_part(node, fids)
         if started and charge:  # each end's CPU for the bytes, while they travel
             self._cpu_flows(node, size / self.messages.bytes_per_s, min(p[3] for p in plan))
             started += 2
@@ -506,6 +576,28 @@ class _Run:
             self.push(self.now + lat, node)
         else:
             self.done_stack.append(node)
+
+    def _spend_credit(self, path: tuple, nbytes: float, grant: bool) -> float:
+        """Take up to `nbytes` from the token buckets of every link of `path` (as much as the
+        emptiest holds; nothing when a link has no credit); the bytes that pass at once: those
+        with `grant` (a point-to-point transfer), else none (module docstring)."""
+        tokens = self.tokens
+        c = min(nbytes, min((tokens.get(ln, 0.0) for ln in path), default=0.0))
+        if c <= 0:
+            return 0.0
+        for ln in path:
+            tokens[ln] -= c
+        return c if grant else 0.0
+
+    def _sender_part(self, node: int, fids: list[int]) -> None:
+        """Transfer `node` started with flows `fids`: its sender's part is done now if at most
+        its buffer is still to leave, else when that much is left (`_senders_done`)."""
+        k, buf = self.g.sender_part[node]
+        rem = sum(self.flows[f][0] for f in fids)
+        if rem <= buf + 1e-9 * self.g.size[node] + 1e-6:
+            self.done_stack.append(k)
+        else:
+            self.sending[node] = (k, buf, fids)
 
     def _cpu_flows(self, node: int, seconds: float, latency: float) -> None:
         """Two flows of `seconds` CPU-seconds for step `node`: its sender's and its receiver's,
@@ -524,12 +616,13 @@ class _Run:
                 and g.owner[node] not in g.own_cpu and g.src[node] != g.dst[node]
                 and g.src[node] in self.pooled and g.dst[node] in self.pooled)
 
-    def _add_flow(self, node: int, size: float, links: tuple, latency: float) -> None:
+    def _add_flow(self, node: int, size: float, links: tuple, latency: float) -> int:
         """A new flow in flight for `node`: `size` to carry over `links`, delivered `latency`
-        after its last byte."""
+        after its last byte; its id."""
         self.fid_counter += 1
         self.flows[self.fid_counter] = [size, 0.0, size, node, latency]
         self.flow_links[self.fid_counter] = links
+        return self.fid_counter
 
     def release(self, node: int) -> None:
         """The node's last byte left: its connection takes the next queued step."""

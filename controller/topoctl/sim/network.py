@@ -14,13 +14,20 @@ Routes = list[tuple[float, Path]]  # weighted paths (weights need not sum to 1)
 
 @dataclass(frozen=True)
 class Link:
-    """One direction of a cable or switch port: capacity in bytes/s, latency in seconds."""
+    """One direction of a cable or switch port: capacity in bytes/s, latency in seconds.
+
+    `credit`: bytes of token credit (a token-bucket shaper's burst, as the lab shapes its
+    cables with HTB, ``topoctl.lab.commands.cable_credit``; 0 for a real link). The bucket
+    fills with the capacity the link's flows leave unused, up to `credit`, and a
+    point-to-point transfer that starts on the link passes what the bucket holds at once
+    (`topoctl.sim.engine`)."""
 
     id: str
     src: str
     dst: str
     capacity: float
     latency: float = 0.0
+    credit: float = 0.0
 
 
 @dataclass(frozen=True)

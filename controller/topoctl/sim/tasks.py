@@ -23,13 +23,28 @@ class Compute:
 
 @dataclass(frozen=True)
 class Transfer:
-    """`size` bytes from node `src` to node `dst` over the network's routes."""
+    """`size` bytes from node `src` to node `dst` over the network's routes; done when the
+    last byte is delivered (the receiver has the message).
+
+    `buffer`: bytes the sender's kernel takes off its hands (a TCP socket's send buffer).
+    The transfer then has a sender's part too, task :func:`sent` of its id, done as soon as
+    at most `buffer` bytes are still to leave the sender (at once for a message that fits):
+    a blocking socket send returns when the kernel holds the rest, not when the receiver has
+    it (gloo's ``send`` after the receiver posted its receive, `topoctl.strategies.placement`).
+    None: no sender's part."""
 
     id: str
     src: str
     dst: str
     size: float
     deps: tuple[str, ...] = ()
+    buffer: float | None = None
+
+
+def sent(transfer_id: str) -> str:
+    """Id of the sender's part of transfer `transfer_id` (one with a ``buffer``): done when
+    the sender has handed the bytes to its kernel (`Transfer`)."""
+    return f"{transfer_id}@sent"
 
 
 @dataclass(frozen=True)

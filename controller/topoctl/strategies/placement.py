@@ -55,7 +55,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.tasks import Collective, Compute, Task, Transfer
+from topoctl.sim.tasks import Collective, Compute, Task, Transfer, sent
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy
 from topotrain.timing import load_calibration
@@ -195,7 +195,7 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
     every rank's tasks in its program's order (the runtime is one thread: receive, forward,
     send per micro-batch, then the backwards in reverse), every message's CPU cost on the
-    sending and the receiving rank, sends blocking as gloo's do (`send`), the replicas' CPU
+    sending and the receiving rank, sends blocking as gloo's do (`move`), the replicas' CPU
     for their gradient AllReduce after its network part; simulate it on
     `lab_network` so that the lab's ranks share the machine's cores.
 
@@ -245,14 +245,19 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     def move(tid: str, src: str, dst: str, b: int, rows: int, after: str) -> str:
         """Transfer `tid` of `rows` rows across boundary b after `after`, the sender's CPU for
         it, then the receiver's; the id the receiver's next compute waits for. Measured:
-        gloo's send is a rendezvous (it starts when the receiving rank has posted its
-        receive, i.e. finished what its program does before, and returns when the bytes
-        arrived)."""
+        gloo's send is a rendezvous (its bytes go when the receiving rank has posted its
+        receive, i.e. finished what its program does before: gloo's tcp ``Pair::send``
+        notifies the peer and waits for its ``NOTIFY_RECV_READY``), and returns when its
+        bytes are written to the socket; on the lab machine (``Measured.lab``) the socket
+        takes up to ``LabProfile.send_buffer_bytes`` of them, so the sender goes on when
+        the rest has left (`sim.tasks.sent`), the receiver when the last byte arrived.
+        Elsewhere the sender waits for the delivery."""
         ready = (after,) + ((last[dst],) if base and dst in last else ())
-        tasks.append(Transfer(tid, src, dst, cut[b] * rows, ready))
+        buf = base.lab.send_buffer_bytes if base and base.lab is not None else None
+        tasks.append(Transfer(tid, src, dst, cut[b] * rows, ready, buffer=buf))
         if not msg(b, rows):
             return tid
-        compute(f"{tid}/tx", src, msg(b, rows), (tid,))
+        compute(f"{tid}/tx", src, msg(b, rows), (tid if buf is None else sent(tid),))
         return compute(f"{tid}/rx", dst, msg(b, rows), (tid,))
 
     links = [pieces(shares[b], shares[b + 1]) for b in range(k - 1)]
@@ -297,12 +302,21 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     return tasks, grads
 
 
-def lab_network(network: Network, hosts: list[str], measured: Measured | None) -> Network:
-    """`network` with the hosts' compute on the lab machine's shared cores (processor sharing,
-    `Network.cpu_pool`) when `measured` says every rank runs on this machine."""
+def lab_network(network: Network, hosts: list[str], measured: Measured | None,
+                mtu: int) -> Network:
+    """`network` as the lab runs it when `measured` says every rank runs on this machine:
+    the hosts' compute on the lab machine's shared cores (processor sharing,
+    `Network.cpu_pool`), and every link with the token credit the lab shapes a cable of its
+    line rate with (`Link.credit`, ``LabProfile.cable_credit_s`` at frames of `mtu` bytes;
+    the links' capacities are goodput, `sim.fabric.tcp_efficiency`): a message that starts
+    on a cable that idled passes its first bytes at once (measured,
+    bench/results/lab-cable-credit-2026-11-28.txt)."""
     if not measured or measured.lab is None:
         return network
-    return replace(network, cpu_pool=(frozenset(hosts), measured.lab.cores), _cache={})
+    lab, eff = measured.lab, tcp_efficiency(mtu)
+    links = {k: replace(ln, credit=lab.cable_credit_s(ln.capacity * 8.0 / eff, mtu)
+                        * ln.capacity) for k, ln in network.links.items()}
+    return replace(network, links=links, cpu_pool=(frozenset(hosts), lab.cores), _cache={})
 
 
 def _search(p: PlacementProblem, method: str) -> list[Placement]:
@@ -389,7 +403,7 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
                               for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
                       for d in order]
             sgroups = [groups[d] for d in order]
-            net = lab_network(network, hosts, meas)
+            net = lab_network(network, hosts, meas, ctx.fabric.mtu)
             syncs, sync_times = (([default_sync(grp) for grp in sgroups], [{}] * len(sgroups))
                                  if sync == "ring" else
                                  choose_syncs(ctx, stages, sgroups, net, meas))
@@ -477,7 +491,7 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
     rows = sorted({x for sh in shares for x in sh})
     measured_at = {r: measured_stage_costs(ctx, r) for r in rows}
     meas = None if any(m is None for m in measured_at.values()) else measured_at[rows[0]]
-    net = lab_network(network, [h for grp in groups for h in grp], meas)
+    net = lab_network(network, [h for grp in groups for h in grp], meas, ctx.fabric.mtu)
     syncs, sync_times = (([default_sync(grp) for grp in groups], [{}] * len(groups))
                          if sync == "ring" else choose_syncs(ctx, stages, groups, net, meas))
     tasks, grads = pipeline_tasks(ctx, stages, groups, micro, 1.0 / ctx.local_batch, meas,

@@ -310,7 +310,8 @@ class Evaluator:
                     return math.inf
         tasks, _ = _placement.pipeline_tasks(self.ctx, stages, hgroups, micro, scale, meas,
                                              syncs, shares, at)
-        net = _placement.lab_network(self.network, list(self.ctx.hosts), meas)
+        net = _placement.lab_network(self.network, list(self.ctx.hosts), meas,
+                                     self.ctx.fabric.mtu)
         if self.speeds:
             net = replace(net, speed=self.speeds, _cache={})
         return simulate(tasks, net, record=False).iteration_time
@@ -617,7 +618,7 @@ def pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
     stages, hgroups, syncs, micro, scale, meas, shares, at = ev.pp_parts(plan)
     tasks, grads = _placement.pipeline_tasks(ctx, stages, hgroups, micro, scale, meas, syncs,
                                              shares, at)
-    net = _placement.lab_network(ev.network, list(ctx.hosts), meas)
+    net = _placement.lab_network(ev.network, list(ctx.hosts), meas, ctx.fabric.mtu)
     stage_of = {op: i for i, ops in enumerate(stages) for op in ops}
     g = len(hgroups[0])
     mb = ctx.job.batch.global_ // (g * micro) if shares is None else shares[0][0]
