@@ -41,7 +41,8 @@ def sysctl_lines(ns: str, patterns: list[str]) -> str:
     expanded there), read by this process: a thread of its own enters the namespace (setns),
     reads /proc/sys (which shows the reading thread's namespace) and ends. The kernel's own
     report, as with grep, without the three processes `ip netns exec ns sh -c grep` costs:
-    a host dump is read thousands of times in the property tests."""
+    a host dump is read thousands of times in the property tests. (Not the agent's
+    `Target.inside`, which does the same: the dump must read the host independently of it.)"""
     out: list[str] = []
     failed: list[BaseException] = []
 
