@@ -11,6 +11,26 @@ import pytest
 from tests import netns as nsutil
 
 _counter = itertools.count()
+_CACHE_ENV = "TOPOCTL_CACHE"  # the planner's op times and the runtime's calibration live there
+
+
+def pytest_configure(config):
+    """Give the whole run (every xdist worker inherits the controller's environment) a cache of
+    its own, empty, unless the caller chose one: op times taken while the suite loads the cores,
+    or a calibration a test re-measures, must never land in the user's ~/.cache/topoctl, which
+    the benchmarks and `topoctl plan` predict with; and a test must not pass locally only
+    because the user's cache holds a timing that CI's clean machine does not."""
+    if hasattr(config, "workerinput") or os.environ.get(_CACHE_ENV):
+        return
+    config._topoctl_cache = tempfile.mkdtemp(prefix="tpt-cache-")
+    os.environ[_CACHE_ENV] = config._topoctl_cache
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_topoctl_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ.pop(_CACHE_ENV, None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,18 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.ansible_lab import (
-    HOSTS,
-    PLAN,
-    agent_routes,
-    ansible_lab,
-    dumps,
-    inventory_with,
-    lab_inventory_file,
-    results,
-    run,
-    write_plan,
-)
+from tests.e2e.ansible_lab import inventory_with, lab_inventory_file, results, run
+from tests.e2e.labs import HOSTS, PLAN, agent_routes, dumps, ring4_lab, write_plan
 from tests.netns import sh, tc_json
 from topoctl import cli
 
@@ -38,7 +28,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.timeout(1800)]
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with ansible_lab(tmp_path_factory, "tpa") as lab:
+    with ring4_lab(tmp_path_factory.mktemp("labs"), "tpa") as lab:
         yield lab
 
 

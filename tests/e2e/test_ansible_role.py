@@ -16,15 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.ansible_lab import (
-    HOSTS,
-    PLAN,
-    ROOT,
-    ansible_lab,
-    lab_inventory_file,
-    results,
-    run,
-)
+from tests.e2e.ansible_lab import ROOT, lab_inventory_file, results, run
+from tests.e2e.labs import HOSTS, PLAN, ring4_lab
 from tests.netns import ip_json
 from topoctl.rollout.ansible import AnsibleRunError
 
@@ -33,7 +26,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.timeout(1800)]
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with ansible_lab(tmp_path_factory, "tpr") as lab:
+    with ring4_lab(tmp_path_factory.mktemp("labs"), "tpr") as lab:
         yield lab
 
 

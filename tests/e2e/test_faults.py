@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.test_rollout import HOSTS, PLAN, dumps, lab, topoctl  # noqa: F401
+from tests.e2e.labs import HOSTS, PLAN, dumps, ring4_lab, topoctl
 from tests.netns import sh, tc_classes, tc_json
 from topoctl.rollout import twophase
 from topoctl.rollout.transports.ssh import lab_ssh_transport
@@ -25,11 +25,17 @@ from topoctl.rollout.transports.ssh import lab_ssh_transport
 pytestmark = pytest.mark.netns
 
 
-def confirm_record(lab, host: str) -> dict:  # noqa: F811
+@pytest.fixture
+def lab(tmp_path):
+    with ring4_lab(tmp_path / "labs", "e") as lab:
+        yield lab
+
+
+def confirm_record(lab, host: str) -> dict:
     return json.loads((lab.state_dir / "agent" / host / "confirm.json").read_text())
 
 
-def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,  # noqa: F811
+def test_an_agent_killed_during_apply_is_named_and_recovered(lab, monkeypatch,
                                                              capsys):
     before = dumps(lab)
     monkeypatch.setenv("TOPO_AGENT_CRASH_AFTER", "3")  # test-only: SIGKILL after operation 3
@@ -81,7 +87,7 @@ CONFIRM_S = 12
 
 
 @pytest.mark.serial
-def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa: F811
+def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):
     # CONFIRM_S: each confirmation is two agent calls and half a megabyte each way (the probe
     # of the management path), 4 hosts at once on 2 shared cores
     assert topoctl("apply", str(PLAN), "--lab", lab.name, "--ssh", "--confirm-within",
@@ -98,7 +104,7 @@ def test_over_ssh_every_host_confirms_and_the_apply_stays(lab, capsys):  # noqa:
 
 
 @pytest.mark.serial
-def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
+def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):
     """h2 applies, then its management path dies (every packet it sends goes to a blackhole):
     topoctl cannot confirm it, says so, rolls every other host back; h2's own watchdog reverts
     it at the deadline. Afterwards every host is exactly as before."""
@@ -150,7 +156,7 @@ def test_a_host_cut_off_after_its_apply_reverts_by_itself(lab):  # noqa: F811
     assert dumps(lab) == before
 
 
-def test_a_host_whose_apply_starves_its_ssh_reverts_by_itself(lab):  # noqa: F811
+def test_a_host_whose_apply_starves_its_ssh_reverts_by_itself(lab):
     """h2's state gains an HTB class holding the controller's address at 1 kbit/s on its
     management NIC, applied over the lab's real sshd with --force-mgmt (the guard would refuse
     it) and a confirmation deadline: the small apply reply and a bare confirm would still
@@ -192,7 +198,7 @@ def test_a_host_whose_apply_starves_its_ssh_reverts_by_itself(lab):  # noqa: F81
     assert dumps(lab) == before
 
 
-def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
+def test_a_host_rebooted_between_prepare_and_apply_converges(lab):
     """h3 loses its kernel state (a reboot: the agent's addresses, routes and sysctls gone, its
     state directory kept) after prepare and before apply: its agent diffs again at apply time,
     so every host ends in the new state, `status` says in sync and a second apply is a no-op."""
@@ -235,7 +241,7 @@ def test_a_host_rebooted_between_prepare_and_apply_converges(lab):  # noqa: F811
     assert again.exit_code == 0, again.message
 
 
-def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # noqa: F811
+def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):
     """`apply --keep-going`: h1's apply fails (its agent raises after operation 3 and reverts
     itself); the 3 others keep the new state instead of being rolled back, exit 3, and the
     report says so; a second apply changes only h1, a third is a no-op."""
@@ -262,7 +268,7 @@ def test_keep_going_keeps_the_hosts_that_applied(lab, monkeypatch, capsys):  # n
 
 
 @pytest.mark.serial
-def test_a_stream_to_a_host_cut_off_ends_within_seconds(lab):  # noqa: F811
+def test_a_stream_to_a_host_cut_off_ends_within_seconds(lab):
     """`topoctl run` streams its ranks' lines over SSH for minutes: when the host's management
     path dies the stream ends UNREACHABLE within seconds (keepalives), naming why, instead of
     waiting for TCP to give up."""

@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.labs import CLUSTER, HOSTS, PLAN  # noqa: F401 (HOSTS: for the modules)
-from tests.netns import host_dump, ip_json, sh
-from topoctl import cli
+from tests.e2e.labs import (
+    CLUSTER,
+    HOSTS,
+    PLAN,
+    agent_routes,
+    dumps,
+    ring4_lab,
+    topoctl,
+    write_plan,
+)
+from tests.netns import sh
 from topoctl.lab import lab as labmod
 from topoctl.spec.cluster_load import load_cluster
 
@@ -26,34 +34,9 @@ pytestmark = pytest.mark.netns
 
 
 @pytest.fixture
-def lab(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
-    name = f"e{os.getpid() % 10**6}"
-    lab = labmod.up(load_cluster(CLUSTER), name=name)
-    try:
+def lab(tmp_path):
+    with ring4_lab(tmp_path / "labs", "e") as lab:
         yield lab
-    finally:
-        labmod.down(name)
-
-
-def dumps(lab) -> dict[str, dict]:
-    return {h.name: host_dump(lab.netns(h.name), [n.name for n in h.nics] + ["lo"])
-            for h in lab.cluster.hosts}
-
-
-def topoctl(*args: str) -> int:
-    return cli.main(list(args))
-
-
-def write_plan(tmp_path: Path, doc: dict, name: str = "plan.yaml") -> str:
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return str(p)
-
-
-def agent_routes(lab, host: str) -> list[dict]:
-    return [r for r in ip_json(lab.netns(host), "-4", "route", "show", "table", "all")
-            if r.get("protocol") == "76"]
 
 
 def test_apply_reapply_status_drift_repair_rollback_over_ssh(lab, capsys):

@@ -18,14 +18,20 @@ import paramiko
 import pytest
 import yaml
 
+from tests.e2e.labs import HOSTS, PLAN, dumps, ring4_lab, topoctl
 from tests.e2e.test_faults import CONFIRM_S
-from tests.e2e.test_rollout import HOSTS, PLAN, dumps, lab, topoctl  # noqa: F401
 from tests.netns import ip_json
 from topoctl.lab.ssh import sshd_pids
 from topoctl.rollout import twophase
 from topoctl.rollout.transports.ssh import lab_ssh_transport
 
 pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def lab(tmp_path):
+    with ring4_lab(tmp_path / "labs", "e") as lab:
+        yield lab
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -35,7 +41,7 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def agent_pids(lab, host: str, verb: str) -> list[int]:  # noqa: F811
+def agent_pids(lab, host: str, verb: str) -> list[int]:
     """This lab host's agent processes running `verb` (the Python process, not the
     transport's /bin/sh wrapper around it)."""
     mark = str(lab.state_dir / "agent" / host)
@@ -88,8 +94,38 @@ def journal_lines(state: Path) -> int:
         return 0
 
 
+def _stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (state T) after a SIGSTOP; False once it is gone or a zombie."""
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in "tT":
+            return True
+        if state in "ZX":
+            return False
+        time.sleep(0.0005)
+
+
+def step_until(pid: int, ready, step_s: float = 0.002) -> bool:
+    """Run process `pid` in steps of `step_s` (SIGCONT, sleep, SIGSTOP) until `ready()` holds
+    while it is stopped: True, and `pid` is left stopped; False if it ended first."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        while _stopped(pid):
+            if ready():
+                return True
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(step_s)
+            os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    return False
+
+
 @pytest.mark.parametrize("agent", ["goes on", "dies"])
-def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):  # noqa: F811
+def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):
     """h3's SSH connection is killed (both sshd processes of its session) while its agent
     holds the store lock mid-apply: topoctl sees no exit status, reconnects and waits for that
     agent to end. If it goes on, the apply went through: h3 is rolled back with every other
@@ -102,26 +138,28 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):  # noqa: F811
     seen: dict = {}
     stop = threading.Event()
 
+    def caught(pid: int) -> bool:  # the moment to cut: the apply begun (and changes made)
+        return holds(pid, state / "lock") and (agent == "goes on" or journal_lines(state) >= 3)
+
     def drop() -> None:
         while not stop.is_set():
             for pid in agent_pids(lab, "h3", "apply"):
-                if holds(pid, state / "lock"):
-                    if agent == "dies":  # die with changes made: the journal's header
-                        # and the inverses of two operations begun
-                        while journal_lines(state) < 3 and holds(pid, state / "lock"):
-                            time.sleep(0.001)
-                    # freeze the agent so its reply cannot get out first, cut the session,
-                    # then let the agent go on (it ends its apply with nobody listening) or
-                    # kill it; what it left on disk says what topoctl must find
-                    os.kill(pid, signal.SIGSTOP)
-                    seen["sessions"] = session_sshds(pid, listener)
-                    for s in seen["sessions"]:
-                        os.kill(s, signal.SIGKILL)
-                    seen["journal"] = journal_lines(state)
-                    time.sleep(0.3)
-                    os.kill(pid, signal.SIGCONT if agent == "goes on" else signal.SIGKILL)
-                    return
-            time.sleep(0.01)
+                # the agent runs in steps of a few ms from here on, so the moment is caught
+                # however loaded the machine is (a poll alone missed it under load)
+                if not step_until(pid, lambda pid=pid: caught(pid)):
+                    continue  # it ended first (another phase's agent): look again
+                # frozen: its reply cannot get out first; cut the session, then let the agent
+                # go on (it ends its apply with nobody listening) or kill it (with its
+                # journal's header and the inverses of two operations begun); what it left
+                # on disk says what topoctl must find
+                seen["sessions"] = session_sshds(pid, listener)
+                for s in seen["sessions"]:
+                    os.kill(s, signal.SIGKILL)
+                seen["journal"] = journal_lines(state)
+                time.sleep(0.3)
+                os.kill(pid, signal.SIGCONT if agent == "goes on" else signal.SIGKILL)
+                return
+            time.sleep(0.005)
 
     def applied_states() -> int:  # history entries beyond the baseline (0000.json)
         return len([f for f in (state / "history").glob("*.json") if f.name != "0000.json"])
@@ -168,7 +206,7 @@ def test_an_ssh_session_dropped_during_apply(lab, capsys, agent):  # noqa: F811
     assert dumps(lab) == applied
 
 
-def _session_env(lab, host: str, name: str) -> str | None:  # noqa: F811
+def _session_env(lab, host: str, name: str) -> str | None:
     """$name in a new SSH session on `host` (None while sshd does not answer)."""
     c = paramiko.SSHClient()
     c.load_host_keys(str(lab.known_hosts))
@@ -184,7 +222,7 @@ def _session_env(lab, host: str, name: str) -> str | None:  # noqa: F811
         c.close()
 
 
-def _reload_sshd(lab, host: str, env: str = "") -> None:  # noqa: F811
+def _reload_sshd(lab, host: str, env: str = "") -> None:
     """Add `env` (NAME=VALUE, or nothing) to `host`'s sshd_config SetEnv line and make sshd
     re-read it (SIGHUP: it re-executes itself); returns once a new session has it."""
     conf = lab.state_dir / "ssh" / f"sshd_config.{host}"
@@ -200,7 +238,7 @@ def _reload_sshd(lab, host: str, env: str = "") -> None:  # noqa: F811
         time.sleep(0.2)
 
 
-def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa: F811
+def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):
     """h1's agent SIGKILLs itself after its 3rd operation (the agent's test-only crash switch,
     set through h1's sshd): the transport's wrapper reports the signal, which paramiko would
     drop, topoctl recovers h1 from its journal and rolls the 3 others back."""
@@ -226,7 +264,7 @@ def test_an_agent_killed_over_ssh_is_named_with_its_signal(lab, capsys):  # noqa
 
 
 @pytest.mark.serial
-def test_a_host_cut_off_by_its_own_apply_is_reported_within_seconds(lab):  # noqa: F811
+def test_a_host_cut_off_by_its_own_apply_is_reported_within_seconds(lab):
     """h2's state sends the controller's address into table 100, whose route leads out of a
     fabric port where nobody answers: applied with --force-mgmt (the path check off), the apply
     cuts h2 off and its reply never comes. SSH keepalives report h2 unreachable seconds after
