@@ -162,6 +162,19 @@ def check_host(desired: HostState, obs: Observed) -> None:
         raise StateError(problems)
 
 
+def _prefix_route_keys(desired: HostState) -> set[tuple[int, str, int]]:
+    """Keys of the routes the kernel makes itself while the agent works (an address added or
+    a link brought up gets its prefix route, in the main table; an IPv6 link its fe80::/64):
+    a desired route at one of these keys replaces the kernel's (`SetRoute.exclusive` off)."""
+    keys = {(254, "fe80::/64", 256)}
+    for iface in desired.interfaces:
+        for a in iface.addresses:
+            net = ipaddress.ip_interface(a).network
+            if net.prefixlen < net.max_prefixlen:
+                keys.add((254, str(net), 256 if net.version == 6 else 0))
+    return keys
+
+
 def _foreign_conflicts(desired: HostState, obs: Observed) -> list[tuple[str, str]]:
     """A desired object whose key an object the agent does not own already holds (a route with
     the same table/dst/metric, a rule at the same priority, the same IP): the agent would have
@@ -295,12 +308,13 @@ def diff(desired: HostState, obs: Observed) -> list[Op]:
                 if proto == RT_PROTO and (dev, a) not in wanted_addrs and is_ifname(dev)]
 
     wanted_routes = {r.key: r for r in desired.routes}
+    kernel_made = _prefix_route_keys(desired)
     for route in desired.routes:
         have = obs.routes.get(route.key)
         if route.key in obs.opaque_routes:
             continue  # someone else's (check_host reports it): never replaced
-        if have is None:
-            ops.append(SetRoute(route))
+        if have is None:  # create only, unless the kernel may make it during this apply
+            ops.append(SetRoute(route, exclusive=route.key not in kernel_made))
         elif not _same_route(route, have.route):
             ops.append(SetRoute(route, RT_PROTO, have.route, have.proto))
     ops += [DelRoute(o.route, o.proto) for key, o in obs.routes.items()

@@ -397,8 +397,11 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
     # refusals are retried below, then judged by the diff
     failed = [f.op for f in execute(drv, undo, [], stop=False)]
     execute(drv, failed, [], stop=False)
-    now = observe(drv.target).routes
-    execute(drv, [SetRoute(route, proto) for route, proto in routes if route.key not in now],
+    now = observe(drv.target)
+    # a key held now by a route of someone else (one the agent cannot express included) stays
+    # theirs: putting ours back would replace it
+    held = now.routes.keys() | now.opaque_routes.keys()
+    execute(drv, [SetRoute(route, proto) for route, proto in routes if route.key not in held],
             [], stop=False)
 
     def left() -> list[Op]:

@@ -88,8 +88,9 @@ class Driver(Protocol):
                         nodad: bool = False) -> Any:
         """The request adding or deleting `address` on `dev`."""
 
-    def route_request(self, delete: bool, route: Route, proto: int) -> Any:
-        """The request replacing or deleting `route`."""
+    def route_request(self, delete: bool, route: Route, proto: int,
+                      exclusive: bool = False) -> Any:
+        """The request replacing (`exclusive`: creating only) or deleting `route`."""
 
     def rule_request(self, delete: bool, rule: Rule, proto: int) -> Any:
         """The request adding or deleting `rule`."""
@@ -263,16 +264,22 @@ def route_text(r: Route) -> str:
 
 @dataclass(frozen=True)
 class SetRoute(Op):
-    """Add or replace a route (replace keeps the (table, dst, metric) key, so it is atomic)."""
+    """Add or replace a route (replace keeps the (table, dst, metric) key, so it is atomic).
+
+    `exclusive`: the diff saw no route at this key, so the kernel must create it, not replace
+    one: a route someone else added there after the agent looked is refused (EEXIST), never
+    overwritten (it could not be given back: the rollback would delete it). Inverses and
+    journal replays replace (they must be idempotent: after a crash the route may be there)."""
 
     phase: ClassVar[str] = "route-set"
     route: Route
     proto: int = RT_PROTO
     old: Route | None = None
     old_proto: int = 0
+    exclusive: bool = False
 
     def requests(self, drv: Driver) -> list | None:
-        return [drv.route_request(False, self.route, self.proto)]
+        return [drv.route_request(False, self.route, self.proto, self.exclusive)]
 
     def inverse(self) -> Op:
         if self.old is None:

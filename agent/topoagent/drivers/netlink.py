@@ -150,13 +150,15 @@ class NetlinkDriver:
                 self.target.write_sysctl(knob, old)
 
     # --- routes -----------------------------------------------------------------------------------
-    def route_request(self, delete: bool, route: Route, proto: int) -> Request:
-        """Replace (create or change) or delete `route` with protocol `proto`."""
+    def route_request(self, delete: bool, route: Route, proto: int,
+                      exclusive: bool = False) -> Request:
+        """Replace (create or change) or delete `route` with protocol `proto`; `exclusive`:
+        create only, refused when a route holds its key."""
         hops = ([(h.via, self.index(h.dev) if h.dev else None, h.weight)
                  for h in route.nexthops] if route.nexthops else
                 [(route.via, self.index(route.dev) if route.dev else None, 1)])
         return nlwrite.route(delete, route.dst, route.table, route.metric, proto,
-                             [] if delete else hops, bool(route.nexthops), route.src)
+                             [] if delete else hops, bool(route.nexthops), route.src, exclusive)
 
     def set_route(self, route: Route, proto: int) -> None:
         """Create or replace a route with protocol `proto`."""

@@ -246,8 +246,9 @@ def _table_fields(table: int) -> tuple[int, bytes]:
 
 def route(delete: bool, dst: str, table: int, metric: int, proto: int,
           hops: list[tuple[str | None, int | None, int]], multipath: bool,
-          src: str | None = None) -> Request:
-    """Replace (create or change) or delete a unicast route. `hops`: (gateway, ifindex,
+          src: str | None = None, exclusive: bool = False) -> Request:
+    """Replace (create or change) or delete a unicast route; with `exclusive`, create only
+    (the kernel refuses with EEXIST when a route holds the key). `hops`: (gateway, ifindex,
     weight) of each next hop; `multipath`: as RTA_MULTIPATH (weights) even when... always for
     two or more. A delete names the key (table, dst, metric) and the protocol; scope NOWHERE
     is the kernel's wildcard, as `ip route del` sends it."""
@@ -283,7 +284,7 @@ def route(delete: bool, dst: str, table: int, metric: int, proto: int,
             body += u32(RTA_OIF, oif)
     if src:
         body += attr(RTA_PREFSRC, packed(src))
-    return Request(RTM_NEWROUTE, REPLACE, body)
+    return Request(RTM_NEWROUTE, ADD if exclusive else REPLACE, body)
 
 
 # --- policy rules --------------------------------------------------------------------------------
