@@ -168,7 +168,7 @@ def _positive(text: str) -> bool:
     # found by these fuzzers: tracebacks (exit 70) before the fixes of this branch
     (["lab", "status", "--lab", "BAD"], "topoctl: --lab: lab name 'BAD'"),
     (["lab", "down", "--lab", "1x"], "topoctl: --lab: lab name '1x'"),
-    (["lab", "up", str(PLANS / "hetero8-cluster.yaml"), "--name", "BAD_NAME"], "--name"),
+    (["lab", "up", str(PLANS / "hetero8-cluster.yaml"), "--lab", "BAD_NAME"], "--lab"),
     (["lab", "up", str(PLANS / "hetero8-cluster.yaml"), "--mgmt-net", "garbage"],
      "topoctl: --mgmt-net: not an IPv4 network"),
     # accepted before: a lab outside the README's 10.232.0.0/16

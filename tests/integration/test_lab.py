@@ -271,7 +271,7 @@ def test_cli_up_with_plan_then_rewire(tmp_path):
                     "  links:\n  - {a: 'h0:eth0', b: 'h5:eth0', bandwidth: 20mbit}\n")
     cluster = str(PLANS / "hetero8-cluster.yaml")
     try:
-        p = _cli("up", cluster, "--name", name, "--plan", str(plan), "--no-ssh",
+        p = _cli("up", cluster, "--lab", name, "--plan", str(plan), "--no-ssh",
                  env_root=tmp_path)
         assert p.returncode == 0, p.stderr
         assert "1 cables" in p.stdout

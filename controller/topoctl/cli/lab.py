@@ -57,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = cmd("up", _up, "build a lab from a cluster file", "up cluster.yaml --plan plan.yaml",
             lab=False)
     c.add_argument("cluster", help="cluster.yaml")
-    c.add_argument("--name", help="lab name (default: the cluster's name; <= 9 of [a-z0-9])")
+    # --lab as every other lab verb spells it; --name kept for scripts that use it
+    c.add_argument("--lab", "--name", dest="name",
+                   help="lab name (default: the cluster's name; <= 9 of [a-z0-9])")
     c.add_argument("--plan", help="cable it as this plan's `fabric` says")
     c.add_argument("--mgmt-net", help="management subnet inside 10.232.0.0/16 (default: free)")
     c.add_argument("--no-ssh", action="store_true", help="no sshd per host")
@@ -134,10 +136,10 @@ def _check_fabric(cluster, fabric, path: str) -> None:
 def _up(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     if args.name is not None:
-        names.check_lab_name(args.name, "--name")
+        names.check_lab_name(args.name, "--lab")
     elif not names.LAB_NAME.match(cluster.name):
         raise ClusterError(f"{cluster.name!r} cannot name a lab (1-9 lowercase letters/digits, "
-                           f"starting with a letter): give --name", "name", source=args.cluster)
+                           f"starting with a letter): give --lab", "name", source=args.cluster)
     fabric = None
     if args.plan:
         fabric = _plan_fabric(args.plan)

@@ -232,7 +232,7 @@ def up(cluster: Cluster, name: str | None = None, root: str | Path | None = None
 def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: str | None,
         fabric: Any, with_ssh: bool) -> Lab:
     """`up`'s steps, under its lock."""
-    name = names.check_lab_name(name or cluster.name, "--name" if name else "")
+    name = names.check_lab_name(name or cluster.name, "--lab" if name else "")
     if fabric is not None:
         cluster = cluster.with_fabric(fabric, prefix="plan.fabric")
     backend, cores = cpu.detect(), cpu.machine_cores()
