@@ -71,6 +71,11 @@ BUDGET = 300  # simulations the search may spend
 # one more torch optimizer.step() whose other parameters have no gradient: about 20-30 us
 # for SGD on this CPU (ResNet-18's 62 parameters stepped one call each: 1.7 ms, one call 0.4 ms)
 STEP_CALL_S = 25e-6
+# the flatten's rate on gradients the backward has just written (not in cache): the lab's
+# events, from a bucket's last gradient ready to its AllReduce started, 3.7 ms for the MLP's
+# 15.9 MB and 4.0 ms for BERT's 16.8 MB (2026-11-28, quiet), against 1.2 ms at the runtime
+# calibration's copy rate (13.5 GB/s, buffers in cache)
+FLATTEN_BYTES_PER_S = 4.2e9
 OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
@@ -110,12 +115,14 @@ def flatten_s(ctx: PlanContext, units: Units, first: int, last: int) -> float:
     """Seconds the runtime's main thread spends flattening the bucket of units `first..last`
     once its last gradient is ready (`topotrain.buckets`: each gradient divided into the
     bucket's buffer, one pass per parameter): per parameter the runtime's per-piece time plus
-    its bytes at the machine's copy rate (`PlanContext.bucket_copy`, the runtime
-    calibration); 0 where the ranks' compute is not timed on this CPU. O(bucket units)."""
+    its bytes at the copy rate of gradients fresh from the backward (`PlanContext.bucket_copy`:
+    the calibrated copy rate, at most `FLATTEN_BYTES_PER_S`); 0 where the ranks' compute is not
+    timed on this CPU. O(bucket units)."""
     if ctx.bucket_copy is None:
         return 0.0
     per_piece, rate = ctx.bucket_copy
-    return (last - first + 1) * per_piece + sum(units.size[first:last + 1]) / rate
+    return (last - first + 1) * per_piece + sum(units.size[first:last + 1]) / min(
+        rate, FLATTEN_BYTES_PER_S)
 
 
 def _chunk_bounds(units: Units, cuts: tuple[int, ...], n_ops: int) -> list[tuple[int, int]]:
