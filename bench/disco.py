@@ -25,7 +25,9 @@ Lab runs are timed: run the bench under the machine-wide lock (``flock
 most); the lab is named `BENCH_LAB_PREFIX` (default ``dbuck``) and the process id. Each
 variant is measured `--repeats` times on the model's lab in rotating order,
 the median of the runs' iteration times (each the median over its iterations after the
-warm-up) is the figure.
+warm-up) is the figure. The JSON keeps, per variant and run, both ranks' `iter` events (the
+phases, CPU seconds and each bucket's ready / start / end times: 0.3-0.4 MB per model) and
+each variant's candidate, for comparing the runtime's timeline with the simulator's.
 
     python -m bench.disco [--models mlp bert resnet] [--sim-only] [--repeats 3]
                           [--iterations 12] [--out bench/results/disco-DATE.json]
