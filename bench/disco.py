@@ -20,10 +20,14 @@ gradient alone. In the lab both come from the one-bucket variant, where the AllR
 starts after the backward pass: T_comm the median duration of its bucket's AllReduce
 (`buckets` events), T_compute the median iteration less it.
 
-Lab runs follow the quiet protocol (/work/shared/helpers/QUIET: waited for, held per model,
-released); each variant is measured `--repeats` times on the model's lab in rotating order,
+Lab runs are timed: run the bench under the machine-wide lock (``flock
+/tmp/topoctl-quiet.lock python -m bench.disco ...``, split by `--models` to hold it ~20 min at
+most); the lab is named `BENCH_LAB_PREFIX` (default ``dbuck``) and the process id. Each
+variant is measured `--repeats` times on the model's lab in rotating order,
 the median of the runs' iteration times (each the median over its iterations after the
-warm-up) is the figure.
+warm-up) is the figure. The JSON keeps, per variant and run, both ranks' `iter` events (the
+phases, CPU seconds and each bucket's ready / start / end times: 0.3-0.4 MB per model) and
+each variant's candidate, for comparing the runtime's timeline with the simulator's.
 
     python -m bench.disco [--models mlp bert resnet] [--sim-only] [--repeats 3]
                           [--iterations 12] [--out bench/results/disco-DATE.json]
@@ -42,8 +46,7 @@ from pathlib import Path
 from bench.common import ROOT, switched
 from topoagent.cliutil import ArgumentParser
 
-QUIET = Path("/work/shared/helpers/QUIET")
-HOLDER = "dbuck"
+LAB_PREFIX = os.environ.get("BENCH_LAB_PREFIX", "dbuck")
 MODELS = {  # catalog model, params, global batch (two ranks): small enough for this CPU
     "mlp": ("mlp", {"layers": 4, "hidden": 1024}, 1024),
     "bert": ("bert", {"layers": 4, "hidden": 256, "heads": 4, "seq": 64, "vocab": 2000}, 16),
@@ -144,6 +147,9 @@ def simulate_model(model: str) -> dict:
     return {"model": model, "mbit": mbit, "cluster": cluster, "plans": plans,
             "best_anchor": best_anchor, "units": len(units.size),
             "buckets": {k: len(c.cuts) for k, (c, _) in variants.items()},
+            # each variant's candidate (cuts, overlap, tail) and its simulated seconds
+            "candidates": {k: [list(c.cuts), c.overlap, c.tail, t]
+                           for k, (c, t) in variants.items()},
             "disco_overlap": res.best.overlap, "disco_tail": res.best.tail,
             # DisCo's partition is the best anchor's: the two lab figures then differ by noise
             "disco_is_best_anchor": res.best == Candidate("none", anchors[best_anchor][0]),
@@ -171,20 +177,6 @@ def forward_bound(units, model: dict, t_compute: float) -> float:
 
 def _gap(t_default: float, t: float, ideal_t: float) -> float | None:
     return (t_default - t) / (t_default - ideal_t) if t_default > ideal_t else None
-
-
-def wait_quiet() -> None:
-    """Wait until no one holds the quiet window, then hold it."""
-    while QUIET.exists() and QUIET.read_text().strip() != HOLDER:
-        log(f"QUIET held by {QUIET.read_text().strip()!r}: waiting")
-        time.sleep(30)
-    QUIET.write_text(HOLDER + "\n")
-
-
-def release_quiet() -> None:
-    """Give the quiet window back (only ours)."""
-    if QUIET.exists() and QUIET.read_text().strip() == HOLDER:
-        QUIET.unlink()
 
 
 def _events(lines: list[str]) -> list[dict]:
@@ -229,26 +221,24 @@ def measure_model(sim: dict, repeats: int, iterations: int) -> dict:
 
     names = list(sim["plans"])
     runs: dict[str, list[float]] = {k: [] for k in names}
+    events: dict[str, list[list[dict]]] = {k: [] for k in names}
     split: list[tuple[float, float]] = []
-    wait_quiet()
     load0 = os.getloadavg()[0]
-    lab_name = f"dbuck{os.getpid() % 1000}"
+    lab_name = f"{LAB_PREFIX}{os.getpid() % 1000}"
+    lab = labmod.up(sim["cluster"], name=lab_name)
+    transport = lab_ssh_transport(lab)
     try:
-        lab = labmod.up(sim["cluster"], name=lab_name)
-        transport = lab_ssh_transport(lab)
-        try:
-            for r in range(repeats):
-                for k in names[r % len(names):] + names[:r % len(names)]:  # rotating order
-                    m = run_variant(k, sim["plans"][k], transport, iterations)
-                    runs[k].append(m["seconds"])
-                    if k == "one-bucket":
-                        split.append(_one_bucket_split(m["events"]))
-                    log(f"{sim['model']} {k}: {m['seconds']:.4f} s/it (run {r + 1})")
-        finally:
-            transport.close()
-            labmod.down(lab_name)
+        for r in range(repeats):
+            for k in names[r % len(names):] + names[:r % len(names)]:  # rotating order
+                m = run_variant(k, sim["plans"][k], transport, iterations)
+                runs[k].append(m["seconds"])
+                events[k].append(m["events"])
+                if k == "one-bucket":
+                    split.append(_one_bucket_split(m["events"]))
+                log(f"{sim['model']} {k}: {m['seconds']:.4f} s/it (run {r + 1})")
     finally:
-        release_quiet()
+        transport.close()
+        labmod.down(lab_name)
     t = {k: statistics.median(v) for k, v in runs.items()}
     t_compute = statistics.median(s[0] for s in split)
     t_comm = statistics.median(s[1] for s in split)
@@ -257,7 +247,8 @@ def measure_model(sim: dict, repeats: int, iterations: int) -> dict:
             "gap_closed": _gap(t["ddp-default"], t["disco"], ideal_t),
             "best_anchor_gap_closed": _gap(t["ddp-default"], t["best-anchor"], ideal_t),
             "backward_gap_closed": _gap(t["ddp-default"], t["disco-backward"], ideal_t),
-            "load_before": load0, "load_after": os.getloadavg()[0]}
+            "load_before": load0, "load_after": os.getloadavg()[0],
+            "events": events}  # per variant, per run: the ranks' `iter` events
 
 
 def table(rows: list[dict]) -> str:

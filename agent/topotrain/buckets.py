@@ -6,8 +6,9 @@
     run.take_events()   # [[bucket, bytes, ready_s, start_s, end_s], ...] in start order
 
 Every parameter gets a post-accumulate-grad hook. When the last gradient of bucket k is ready
-and bucket k-1 has started, bucket k is flattened into one buffer (each gradient divided by
-the world size first, as DDP does, so the average equals DDP's) and its AllReduce starts
+and bucket k-1 has started, bucket k is flattened into its buffer (allocated once and reused;
+each gradient divided by the world size on the way in, as DDP does, so the average equals
+DDP's) and its AllReduce starts
 asynchronously: gloo's ring (``dist.all_reduce(async_op=True)``) or the plan's packed trees
 (`topotrain.collectives.tree_allreduce`, on one background thread, buckets one after another).
 Buckets start in the plan's order on every rank, which is what matches the collectives up.
@@ -69,6 +70,31 @@ class _Bucket:
     start: float = 0.0
     end: float = 0.0
     t0: float = 0.0  # its iteration's first ready gradient (forward overlap: events later)
+    flat: torch.Tensor | None = None  # the bucket's buffer, allocated once (`_flatten`)
+
+
+def _flatten(b: _Bucket, world: int) -> torch.Tensor:
+    """Bucket `b`'s gradients, each divided by `world` (as DDP pre-divides), written into the
+    bucket's own flat buffer (allocated on first use, then reused: a fresh buffer per iteration
+    costs the page faults of its first touch, measured 4-9 ms per iteration for the MLP's 15.9 MB
+    against 1.5 ms reused) in one pass per parameter (the division writes the buffer: no separate
+    copy); a parameter without a gradient contributes zeros. The averages are later viewed as
+    the gradients (`PlannedBuckets._wait`), so the buffer is only rewritten after the
+    optimizer step that read them. O(bucket bytes)."""
+    if b.flat is None:
+        first = b.params[0]
+        b.flat = torch.empty(sum(p.numel() for p in b.params), dtype=first.dtype,
+                             device=first.device)
+    off = 0
+    for p in b.params:
+        n = p.numel()
+        out = b.flat[off:off + n]
+        if p.grad is None:
+            out.zero_()
+        else:
+            torch.div(p.grad.reshape(-1), world, out=out)
+        off += n
+    return b.flat
 
 
 @dataclass
@@ -108,8 +134,7 @@ class PlannedBuckets:
         AllReduce (forward overlap: on the one communication thread, the local gradients
         dropped: the average comes back in the next forward)."""
         b = self.buckets[k]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params]
-        b.buf = torch.cat([g.reshape(-1) for g in grads]).div_(self.world)
+        b.buf = _flatten(b, self.world)
         b.start, b.t0 = time.perf_counter(), self.t0
         if self.overlap == "forward":
             for p in b.params:

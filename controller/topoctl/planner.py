@@ -177,8 +177,10 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     if measured is None:  # the model does not train on real tensors here
         return ctx
     ops, step = rank_op_costs(ctx.graph, measured, ctx.job.cost.scale)
+    rt = runtime_costs(load_calibration() if ctx.use_cache else None)
     return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
-                   cpu_pool=CpuPool(frozenset(ctx.hosts), ctx.lab.cores, lab_messages(ctx)))
+                   cpu_pool=CpuPool(frozenset(ctx.hosts), ctx.lab.cores, lab_messages(ctx)),
+                   bucket_copy=(rt.per_piece_s, rt.copy_bytes_per_s))
 
 
 def lab_messages(ctx: PlanContext):

@@ -54,6 +54,7 @@ def _grads(rank: int, port: int, out: str) -> None:
             model.zero_grad(set_to_none=True)
             run = attach_buckets(model, {"algorithm": algorithm, "bucket_plan": _plan(model)},
                                  schedule=random_schedule(WORLD, 2, seed=1))
+            where = []
             for _ in range(2):  # twice: the runtime resets between iterations
                 model.zero_grad(set_to_none=True)
                 model(x).pow(2).mean().backward()
@@ -61,6 +62,9 @@ def _grads(rank: int, port: int, out: str) -> None:
                 order = [e[0] for e in run.take_events()]
                 if order != [0, 1, 2]:
                     problems.append(f"{algorithm}: buckets started in order {order}")
+                where.append([p.grad.data_ptr() for p in model.parameters()])
+            if where[0] != where[1]:  # each bucket's buffer is allocated once, then reused
+                problems.append(f"{algorithm}: the averages moved to new buffers")
             for (name, p), q in zip(plain.named_parameters(), model.parameters(), strict=True):
                 if not torch.equal(p.grad, q.grad):
                     err = (q.grad - p.grad).abs().max().item()

@@ -216,3 +216,34 @@ def test_forward_overlap_is_simulated_across_iterations():
     t_compute, t_comm = d.ideal(ctx, units, score)
     best = min(score(Candidate("none", cuts, "forward", t)) for t in range(1, len(cuts) + 1))
     assert max(t_compute, t_comm) - 1e-9 <= best < backward
+
+
+def test_lab_ranks_pay_the_flatten_of_each_bucket_on_their_main_thread():
+    """With the runtime's copy costs (`PlanContext.bucket_copy`, lab ranks) bucket k's
+    backward chunk grows by `flatten_s` of its units (per parameter the per-piece time, its
+    bytes at the lower of the calibrated and the measured cold rate), in both overlaps; the
+    tail chunk and plans without the costs are unchanged."""
+    from dataclasses import replace
+
+    from topoctl.strategies import disco as d
+
+    cluster = load_cluster(PLANS / "fast4-cluster.yaml")
+    _, ctx, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
+    units = d.grad_units(ctx.graph)
+    n = len(units.size)
+    cuts = (n // 2, n - 1)
+    costs = lambda h: ctx.host_costs(h)  # noqa: E731
+    lab = replace(ctx, bucket_copy=(4e-6, 13.5e9))
+    assert d.flatten_s(ctx, units, 0, n - 1) == 0.0
+    want = [d.flatten_s(lab, units, 0, n // 2), d.flatten_s(lab, units, n // 2 + 1, n - 1)]
+    assert want[0] == pytest.approx((n // 2 + 1) * 4e-6
+                                    + sum(units.size[:n // 2 + 1]) / d.FLATTEN_BYTES_PER_S)
+    h = ctx.hosts[0]
+    for make in (lambda c: d.partition_tasks(c, units, cuts, costs)[0],
+                 lambda c: d.overlap_tasks(c, units, cuts, 1, costs)[0]):
+        plain = {t.id: t for t in make(ctx)}
+        charged = {t.id: t for t in make(lab)}
+        for k in range(3):
+            tid = f"bwd{k}@{h}"
+            extra = want[k] if k < 2 else 0.0
+            assert charged[tid].duration == pytest.approx(plain[tid].duration + extra)

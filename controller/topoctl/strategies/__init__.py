@@ -68,6 +68,10 @@ class PlanContext:
     # strategy builds its network with it (`network_from_fabric(..., cpu_pool=...)`)
     cpu_pool: tuple[frozenset[str], int] | None = None
     step_s: float | None = None  # a rank's optimiser step timed on this CPU (lab), else roofline
+    # lab ranks timed on this CPU: what the runtime's copy of gradients into a bucket's buffer
+    # costs the rank's main thread, (seconds per parameter, bytes per second) from the runtime
+    # calibration (`strategies.disco.flatten_s`); None elsewhere
+    bucket_copy: tuple[float, float] | None = None
     # the lab machine's facts (cores the ranks share, cable emulation cost, cable credit), read
     # once by `planner.prepare` (`labprofile.machine_profile`); strategies take them from here
     # when they cost ranks that all run on one machine

@@ -6,8 +6,9 @@ Units are the model's parameters in gradient-ready order (`OpGraph.gradient_orde
 bucket is any run of consecutive units; the plan names each bucket's parameters
 (``job.collective.bucket_plan``, `topocontract.buckets`) and the runtime (`topotrain.buckets`)
 starts a bucket's AllReduce once its last gradient is ready. In the simulator one iteration
-is: per host forward, backward in chunks ending where a bucket's last op ends, one ring
-AllReduce per bucket on one communication stream (bucket k after bucket k-1), the step. On
+is: per host forward, backward in chunks ending where a bucket's last op ends (and its
+gradients are flattened into the bucket's buffer on the rank's main thread: `flatten_s`), one
+ring AllReduce per bucket on one communication stream (bucket k after bucket k-1), the step. On
 lab hosts the simulator charges each AllReduce's messages the runtime's CPU
 (`topoctl.sim.network.CpuPool.messages`, as for every strategy): per bucket gloo's
 per-message time, and the CPU its bytes take from the compute it overlaps.
@@ -70,6 +71,11 @@ BUDGET = 300  # simulations the search may spend
 # one more torch optimizer.step() whose other parameters have no gradient: about 20-30 us
 # for SGD on this CPU (ResNet-18's 62 parameters stepped one call each: 1.7 ms, one call 0.4 ms)
 STEP_CALL_S = 25e-6
+# the flatten's rate on gradients the backward has just written (not in cache): the lab's
+# events, from a bucket's last gradient ready to its AllReduce started, 3.7 ms for the MLP's
+# 15.9 MB and 4.0 ms for BERT's 16.8 MB (2026-11-28, quiet), against 1.2 ms at the runtime
+# calibration's copy rate (13.5 GB/s, buffers in cache)
+FLATTEN_BYTES_PER_S = 4.2e9
 OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
@@ -105,22 +111,49 @@ def host_costs(ctx: PlanContext, options: dict[str, dict[str, OpCost]], fusion: 
     return {k: OpCost(v.fwd * f, v.bwd * f) for k, v in opt.items()}
 
 
+def flatten_s(ctx: PlanContext, units: Units, first: int, last: int) -> float:
+    """Seconds the runtime's main thread spends flattening the bucket of units `first..last`
+    once its last gradient is ready (`topotrain.buckets`: each gradient divided into the
+    bucket's buffer, one pass per parameter): per parameter the runtime's per-piece time plus
+    its bytes at the copy rate of gradients fresh from the backward (`PlanContext.bucket_copy`:
+    the calibrated copy rate, at most `FLATTEN_BYTES_PER_S`); 0 where the ranks' compute is not
+    timed on this CPU. O(bucket units)."""
+    if ctx.bucket_copy is None:
+        return 0.0
+    per_piece, rate = ctx.bucket_copy
+    return (last - first + 1) * per_piece + sum(units.size[first:last + 1]) / min(
+        rate, FLATTEN_BYTES_PER_S)
+
+
+def _chunk_bounds(units: Units, cuts: tuple[int, ...], n_ops: int) -> list[tuple[int, int]]:
+    """(last op in backward order, flatten units first..last or (0, -1)) per backward chunk:
+    bucket k's chunk ends with its last unit's op and then flattens the bucket; the tail
+    chunk (ops after the last bucket's) flattens nothing."""
+    out, first = [], 0
+    for last in cuts:
+        out.append((units.pos[last], (first, last)))
+        first = last + 1
+    return out + [(n_ops - 1, (0, -1))]
+
+
 def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
                     costs: Callable[[str], dict[str, OpCost]]) -> tuple[list[Task], list[int]]:
     """One iteration's tasks under the partition `cuts` (module docstring); (tasks, bucket
     bytes). `costs(host)`: that host's per-op costs."""
     order, algorithm = list(ctx.hosts), ALGORITHMS["ring"]
     ops = list(reversed(ctx.graph.ops))
-    ends = [units.pos[c] for c in cuts]  # bucket k's chunk ends with this op (backward order)
+    # bucket k's chunk ends with its last op (backward order), then flattens the bucket
+    bounds = _chunk_bounds(units, cuts, len(ops))
     tasks: list[Task] = []
     for h in ctx.hosts:
         c = costs(h)
         tasks.append(Compute(f"fwd@{h}", h, sum(c[o.name].fwd for o in ctx.graph.ops)))
         bwd = [c[o.name].bwd for o in ops]
         prev, first = f"fwd@{h}", 0
-        for k, end in enumerate([*ends, len(ops) - 1]):
+        for k, (end, (u0, u1)) in enumerate(bounds):
             tid = _baseline.backward_task(k, h)
-            tasks.append(Compute(tid, h, sum(bwd[first:end + 1]), (prev,)))
+            tasks.append(Compute(tid, h, sum(bwd[first:end + 1]) + flatten_s(ctx, units, u0, u1),
+                                 (prev,)))
             prev, first = tid, max(first, end + 1)
     sizes, first = [], 0
     for k, last in enumerate(cuts):
@@ -209,8 +242,9 @@ def _overlap_compute(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
         fwd.append(Compute(f"fwd{j}@{h}", h, dur, prev + tuple(ar(k) for k in ks)))
         prev = (fwd[-1].id,)
     times, first, out = [c[o.name].bwd for o in back], 0, []
-    for k, end in enumerate([*(units.pos[x] for x in cuts), len(back) - 1]):
-        out.append(Compute(_baseline.backward_task(k, h), h, sum(times[first:end + 1]), prev))
+    for k, (end, (u0, u1)) in enumerate(_chunk_bounds(units, cuts, len(back))):
+        out.append(Compute(_baseline.backward_task(k, h), h,
+                           sum(times[first:end + 1]) + flatten_s(ctx, units, u0, u1), prev))
         prev, first = (out[-1].id,), max(first, end + 1)
     return fwd, out
 
