@@ -238,7 +238,7 @@ def main(job: LaunchSpec) -> int:
     t_prev, c_prev = time.perf_counter(), time.process_time()
     for it in range(iters):
         full = batch_inputs(inputs_spec, total * m_count, it, seed)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         micro_inputs = [[x[m * total + lo:m * total + lo + rows] for x in full]
                         for m in range(m_count)]
@@ -246,11 +246,11 @@ def main(job: LaunchSpec) -> int:
         loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt,
                                           total * m_count / rows, dist)
         t_fwd = t0 + fwd_s
-        t_bwd = time.perf_counter()
+        t_bwd, c_bwd = time.perf_counter(), time.process_time()
         sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist, trees)
-        t_ar = time.perf_counter()
+        t_ar, c_ar = time.perf_counter(), time.process_time()
         opt.step()
-        t_step = time.perf_counter()
+        t_step, c_step = time.perf_counter(), time.process_time()
         loss_val = None
         if s == k - 1:
             t = torch.tensor([loss_sum * rows / total])
@@ -261,12 +261,16 @@ def main(job: LaunchSpec) -> int:
         # phases (wall seconds, sends and receives included): forwards, backwards, the
         # replicas' gradient AllReduce, the optimiser step, and the rest ("other": the
         # next batch's inputs, the last stage's loss all-reduce with its wait); they sum
-        # to `seconds`
+        # to `seconds`. phases_cpu: the same in this process's CPU seconds (all its threads,
+        # gloo's too, and kernel time on its behalf), forward and backward together ("passes")
         _emit(event="iter", rank=rank, iter=it, seconds=t_end - t_prev, loss=loss_val,
               stage=s, cpu_seconds=round(c_end - c_prev, 6), end=round(wall_end, 6),
               phases={"forward": round(t_fwd - t0, 6), "backward": round(t_bwd - t_fwd, 6),
                       "allreduce": round(t_ar - t_bwd, 6), "step": round(t_step - t_ar, 6),
-                      "other": round((t0 - t_prev) + (t_end - t_step), 6)})
+                      "other": round((t0 - t_prev) + (t_end - t_step), 6)},
+              phases_cpu={"passes": round(c_bwd - c0, 6), "allreduce": round(c_ar - c_bwd, 6),
+                          "step": round(c_step - c_ar, 6),
+                          "other": round((c0 - c_prev) + (c_end - c_step), 6)})
         t_prev, c_prev = t_end, c_end
     _emit(event="done", rank=rank, checksum=checksum(model), stage=s)
     dist.destroy_process_group()
