@@ -458,7 +458,8 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
         s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
                               "micro_batch": global_batch // (g * micro),
                               "threads": ctx.job.launch.threads,
-                              "runtime_cpu": meas.runtime.source if meas else None}
+                              "runtime_cpu": meas.runtime.source if meas else None,
+                              "inputs_s": meas.inputs_s, "crowding": meas.crowding}
     return s
 
 
