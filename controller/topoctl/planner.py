@@ -20,6 +20,7 @@ from topoctl.graph.profile import (
     job_costs,
     job_graph,
     measure_batch_inputs,
+    measure_stage_crowding,
     measure_train_job,
     retime_runtime_calibration,
 )
@@ -137,8 +138,10 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
     train = _lab_timing(job, retime, lab_corun(r, lab.cores)) if timed else None
     inputs = ((lambda batch: measure_batch_inputs(job, batch, use_cache=True, retime=retime))
               if timed else None)
+    crowded = ((lambda batch, copies: measure_stage_crowding(job, batch, copies))
+               if timed else None)
     ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
-                      use_cache, train, lab=lab, inputs_cost=inputs)
+                      use_cache, train, lab=lab, inputs_cost=inputs, crowded_ratio=crowded)
     return _on_lab_cpu(ctx) if train is not None else ctx
 
 
@@ -149,12 +152,9 @@ def _lab_timing(job: Job, retime: bool, corun: int):
     is what the pipeline strategies search (timed beside 7 copies, the demo's one-host
     pipeline was predicted 0.110 s and ran 0.087 s)."""
 
-    def train_costs(batch: int, runtime: str = "module", copies: int | None = None):
-        """`copies`: time beside that many co-running copies instead (the pipeline
-        strategies' crowding calibration, `strategies.placement.measured_stage_costs`)."""
+    def train_costs(batch: int, runtime: str = "module"):
         return measure_train_job(job, batch, use_cache=True, retime=retime, runtime=runtime,
-                                 corun=(copies if copies is not None else
-                                        corun if runtime == "module" else 0))
+                                 corun=corun if runtime == "module" else 0)
     return train_costs
 
 

@@ -181,6 +181,33 @@ def measure_batch_inputs(job, batch: int, use_cache: bool = True, retime: bool =
     return seconds
 
 
+def measure_stage_crowding(job, batch: int, copies: int, use_cache: bool = True) -> float | None:
+    """CPU time of a pipeline stage's step (the whole model as one stage at `batch`, as the
+    runtime runs it) beside `copies` co-running copies over its CPU time alone, both timed
+    now one after the other (`measure_train_job`); cached per model, batch and copies and not
+    timed again on `retime` (a ratio of two timings made together: the machine's speed drift
+    cancels, and the demo's budget has no room for the copies' seconds on every plan). None
+    when the model does not train here."""
+    m = job.model
+    key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
+                            f"stage-crowding-float32-corun{copies}")
+    if use_cache:
+        hit = cache.load(key)
+        if hit is not None and "ratio" in hit:
+            return hit["ratio"].fwd
+    alone = measure_train_job(job, batch, use_cache=False, runtime="stage")
+    crowded = measure_train_job(job, batch, use_cache=False, runtime="stage", corun=copies)
+    if alone is None or crowded is None:
+        return None
+    base = sum(c.fwd + c.bwd_inputs + c.step for c in alone.values())
+    busy = sum(c.fwd + c.bwd_inputs + c.step for c in crowded.values())
+    if base <= 0:
+        return None
+    if use_cache:
+        cache.store(key, {"ratio": OpCost(busy / base, 0.0)})
+    return busy / base
+
+
 def job_costs(job, graph: OpGraph, device: Device, measured: bool,
               use_cache: bool = True) -> dict[str, OpCost]:
     """Per-op costs for `graph` (captured at the per-rank batch) on `device`."""
