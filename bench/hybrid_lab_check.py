@@ -68,6 +68,10 @@ def main(cluster_file: str, job_file: str, iterations: int = 5, replicas: int = 
                   f"stage {i} {','.join(st['hosts'])} sync {st['sync']['kind']}"
                   + (f" on {st['sync']['server']}" if 'server' in st['sync'] else "")
                   for i, st in enumerate(stages)) + f" (plan {path})")
+        comp = doc["metadata"].get("collective", {}).get("compute") or {}
+        if "crowding" in comp:  # what the prediction charges the crowded cores
+            print(f"  inputs {comp['inputs_s'] * 1e3:.2f} ms per rank, crowding "
+                  f"{comp['crowding']:.3f} per unit of oversubscription")
         plans.append(yaml.safe_load(path.read_text()))
     sys.stdout.flush()
     rows = []

@@ -225,6 +225,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         window = [math.inf, -math.inf]  # wall clock of the measured iterations, all ranks
         cpu: dict[str, list[float]] = {}  # host -> its rank's CPU seconds per iteration
         phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
+        phases_cpu: dict = {}  # pipeline ranks: host -> per-iteration phase CPU seconds
         buckets: dict[str, list] = {}  # tree plans: host -> per-iteration bucket timings
         with CpuSampler() as sampler:
             outs = {h: p.communicate()[0] for h, p in procs.items()}
@@ -254,6 +255,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                     cpu.setdefault(h, []).append(ev["cpu_seconds"])
                 if ev.get("phases"):
                     phases.setdefault(ev.get("stage"), []).append(ev["phases"])
+                if ev.get("phases_cpu"):
+                    phases_cpu.setdefault(h, []).append(ev["phases_cpu"])
             if p.returncode:
                 print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
                 return None
@@ -296,6 +299,11 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
     for st, ph in sorted(phases.items()):
         med = {k: statistics.median(x[k] for x in ph) for k in ph[0]}
         print(f"  stage {st}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))
+    if phases_cpu:  # each rank's own CPU per phase (its threads, kernel time included)
+        print("  ranks' CPU per iteration, median: " + "; ".join(
+            f"{h} " + ", ".join(f"{k} {statistics.median(x[k] for x in ph) * 1e3:.1f}"
+                                for k in ph[0]) + " ms"
+            for h, ph in sorted(phases_cpu.items())))
     sys.stdout.flush()  # a long --repeats run shows each check as it ends
     return {"strategy": plan["metadata"]["strategy"], "predicted": predicted,
             "measured": measured, "error_pct": error_pct}

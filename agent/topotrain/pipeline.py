@@ -238,19 +238,20 @@ def main(job: LaunchSpec) -> int:
     t_prev, c_prev = time.perf_counter(), time.process_time()
     for it in range(iters):
         full = batch_inputs(inputs_spec, total * m_count, it, seed)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         micro_inputs = [[x[m * total + lo:m * total + lo + rows] for x in full]
                         for m in range(m_count)]
         # the loss of these rows weighs rows / (total x micro-batches) of the batch's mean
+        _MESSAGE_CPU[0] = 0.0
         loss_sum, fwd_s, _ = gpipe_passes(stage, micro_inputs, prev, nxt,
                                           total * m_count / rows, dist)
         t_fwd = t0 + fwd_s
-        t_bwd = time.perf_counter()
+        t_bwd, c_bwd = time.perf_counter(), time.process_time()
         sync_grads(model, kind, stages[s]["ranks"], server_rank, rank, groups[s], dist, trees)
-        t_ar = time.perf_counter()
+        t_ar, c_ar = time.perf_counter(), time.process_time()
         opt.step()
-        t_step = time.perf_counter()
+        t_step, c_step = time.perf_counter(), time.process_time()
         loss_val = None
         if s == k - 1:
             t = torch.tensor([loss_sum * rows / total])
@@ -261,12 +262,18 @@ def main(job: LaunchSpec) -> int:
         # phases (wall seconds, sends and receives included): forwards, backwards, the
         # replicas' gradient AllReduce, the optimiser step, and the rest ("other": the
         # next batch's inputs, the last stage's loss all-reduce with its wait); they sum
-        # to `seconds`
+        # to `seconds`. phases_cpu: the same in this process's CPU seconds (all its threads,
+        # gloo's too, and kernel time on its behalf), forward and backward together ("passes"),
+        # of which the sends and receives between stages ("messages")
         _emit(event="iter", rank=rank, iter=it, seconds=t_end - t_prev, loss=loss_val,
               stage=s, cpu_seconds=round(c_end - c_prev, 6), end=round(wall_end, 6),
               phases={"forward": round(t_fwd - t0, 6), "backward": round(t_bwd - t_fwd, 6),
                       "allreduce": round(t_ar - t_bwd, 6), "step": round(t_step - t_ar, 6),
-                      "other": round((t0 - t_prev) + (t_end - t_step), 6)})
+                      "other": round((t0 - t_prev) + (t_end - t_step), 6)},
+              phases_cpu={"passes": round(c_bwd - c0, 6), "messages": round(_MESSAGE_CPU[0], 6),
+                          "allreduce": round(c_ar - c_bwd, 6),
+                          "step": round(c_step - c_ar, 6),
+                          "other": round((c0 - c_prev) + (c_end - c_step), 6)})
         t_prev, c_prev = t_end, c_end
     _emit(event="done", rank=rank, checksum=checksum(model), stage=s)
     dist.destroy_process_group()
@@ -305,17 +312,27 @@ def _rows_factor(t, rows: int) -> int:
     return t.shape[0] // rows
 
 
+_MESSAGE_CPU = [0.0]  # this process's CPU seconds inside the stages' sends and receives
+
+
+def _timed_message(op, *args) -> None:
+    """`op(*args)` (a gloo send or receive), its process CPU time added to `_MESSAGE_CPU`."""
+    c = time.process_time()
+    op(*args)
+    _MESSAGE_CPU[0] += time.process_time() - c
+
+
 def _recv_value(template, prev, rows: int, dist, torch):
     """One tensor from the previous stage: whole from one peer, or its row pieces gathered."""
     if not isinstance(prev, list):
         buf = torch.empty(template.shape, dtype=template.dtype)
-        dist.recv(buf, prev)
+        _timed_message(dist.recv, buf, prev)
         return buf
     c = _rows_factor(template, rows)
     parts = []
     for peer, a, z in prev:
         part = torch.empty((c * (z - a), *template.shape[1:]), dtype=template.dtype)
-        dist.recv(part, peer)
+        _timed_message(dist.recv, part, peer)
         parts.append(part)
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -323,11 +340,11 @@ def _recv_value(template, prev, rows: int, dist, torch):
 def _send_value(t, link, rows: int, dist) -> None:
     """One tensor to its peer whole, or its row pieces to the peers that take them."""
     if not isinstance(link, list):
-        dist.send(t.contiguous(), link)
+        _timed_message(dist.send, t.contiguous(), link)
         return
     c = _rows_factor(t, rows)
     for peer, a, z in link:
-        dist.send(t[c * a:c * z].contiguous(), peer)
+        _timed_message(dist.send, t[c * a:c * z].contiguous(), peer)
 
 
 def _forward(stage: Stage, inputs, prev, nxt, dist, torch):

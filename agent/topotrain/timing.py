@@ -3,7 +3,8 @@ as the runtime runs it, and the runtime's CPU-cost calibration.
 
 - `data_parallel(model, bucket_cap_mb)`: the trainer's DDP wrapping (`topotrain.workload`).
 - `Stage`, `gpipe_passes`: a pipeline stage and its forward/backward passes as the pipeline
-  runtime runs them (`topotrain.pipeline`).
+  runtime runs them (`topotrain.pipeline`); `batch_inputs`: the global batch every pipeline
+  rank draws at the start of each iteration.
 - `load_calibration`, `ensure_calibration`, `calibration_path`: the tree runtime's CPU costs on
   this machine (`topotrain.collectives.calibrate`), and `TCP_CONGESTION`, the congestion
   control they were measured under (the lab's hosts use the same).
@@ -22,11 +23,11 @@ from topotrain.collectives.calibrate import (
 )
 
 if TYPE_CHECKING:
-    from topotrain.pipeline import Stage, gpipe_passes
+    from topotrain.pipeline import Stage, batch_inputs, gpipe_passes
     from topotrain.workload import data_parallel
 
-__all__ = ["TCP_CONGESTION", "Stage", "calibration_path", "data_parallel", "ensure_calibration",
-           "gpipe_passes", "load_calibration"]
+__all__ = ["TCP_CONGESTION", "Stage", "batch_inputs", "calibration_path", "data_parallel",
+           "ensure_calibration", "gpipe_passes", "load_calibration"]
 
 
 def __getattr__(name: str):
@@ -36,7 +37,7 @@ def __getattr__(name: str):
         from topotrain.workload import data_parallel  # torch: see above
 
         return data_parallel
-    if name in ("Stage", "gpipe_passes"):
+    if name in ("Stage", "gpipe_passes", "batch_inputs"):
         from topotrain import pipeline  # torch: see above
 
         return getattr(pipeline, name)

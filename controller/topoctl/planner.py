@@ -19,6 +19,8 @@ from topoctl.graph.profile import (
     device_table,
     job_costs,
     job_graph,
+    measure_batch_inputs,
+    measure_stage_crowding,
     measure_train_job,
     retime_runtime_calibration,
 )
@@ -134,8 +136,12 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
     if lab is None:
         lab = machine_profile(use_cache)
     train = _lab_timing(job, retime, lab_corun(r, lab.cores)) if timed else None
+    inputs = ((lambda batch: measure_batch_inputs(job, batch, use_cache=True, retime=retime))
+              if timed else None)
+    crowded = ((lambda batch, copies: measure_stage_crowding(job, batch, copies))
+               if timed else None)
     ctx = PlanContext(cluster, job, cluster.graph(), hosts, ranks, g // r, graph, device, costs,
-                      use_cache, train, lab=lab)
+                      use_cache, train, lab=lab, inputs_cost=inputs, crowded_ratio=crowded)
     return _on_lab_cpu(ctx) if train is not None else ctx
 
 

@@ -24,6 +24,7 @@ from topoctl.graph.cost import (
 from topoctl.graph.devices import DEVICES, Device
 from topoctl.graph.forks import FORKS
 from topoctl.graph.ops import OpGraph
+from topoctl.graph.steptime import batch_inputs_seconds
 from topotrain.timing import ensure_calibration
 
 PROFILE_BATCH = 4  # default batch timed on this CPU; costs scale linearly to the rank's batch
@@ -157,6 +158,54 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
         return costs
     finally:
         torch.set_num_threads(threads)
+
+
+def measure_batch_inputs(job, batch: int, use_cache: bool = True, retime: bool = False
+                         ) -> float:
+    """CPU seconds a pipeline rank spends drawing the iteration's global batch of `batch`
+    samples (`graph.steptime.batch_inputs_seconds`, on the plan's input specs), cached like
+    the op times (`graph.cache`; `retime`: once per process again)."""
+    from topoctl.render.plan import model_launch_spec  # the specs the ranks get
+
+    m = job.model
+    key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
+                            "batch-inputs-float32")
+    if use_cache and not (retime and key not in _RETIMED):
+        hit = cache.load(key)
+        if hit is not None and "batch_inputs" in hit:
+            return hit["batch_inputs"].fwd
+    _RETIMED.add(key)
+    seconds = batch_inputs_seconds(model_launch_spec(m)["inputs"], batch)
+    if use_cache:
+        cache.store(key, {"batch_inputs": OpCost(seconds, 0.0)})
+    return seconds
+
+
+def measure_stage_crowding(job, batch: int, copies: int, use_cache: bool = True) -> float | None:
+    """CPU time of a pipeline stage's step (the whole model as one stage at `batch`, as the
+    runtime runs it) beside `copies` co-running copies over its CPU time alone, both timed
+    now one after the other (`measure_train_job`); cached per model, batch and copies and not
+    timed again on `retime` (a ratio of two timings made together: the machine's speed drift
+    cancels, and the demo's budget has no room for the copies' seconds on every plan). None
+    when the model does not train here."""
+    m = job.model
+    key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
+                            f"stage-crowding-float32-corun{copies}")
+    if use_cache:
+        hit = cache.load(key)
+        if hit is not None and "ratio" in hit:
+            return hit["ratio"].fwd
+    alone = measure_train_job(job, batch, use_cache=False, runtime="stage")
+    crowded = measure_train_job(job, batch, use_cache=False, runtime="stage", corun=copies)
+    if alone is None or crowded is None:
+        return None
+    base = sum(c.fwd + c.bwd_inputs + c.step for c in alone.values())
+    busy = sum(c.fwd + c.bwd_inputs + c.step for c in crowded.values())
+    if base <= 0:
+        return None
+    if use_cache:
+        cache.store(key, {"ratio": OpCost(busy / base, 0.0)})
+    return busy / base
 
 
 def job_costs(job, graph: OpGraph, device: Device, measured: bool,

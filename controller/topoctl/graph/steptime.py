@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import fx, nn
 
-from topotrain.timing import Stage, gpipe_passes
+from topotrain.timing import Stage, batch_inputs, gpipe_passes
 
 __all__ = ["MAX_STEP_REPEATS", "MIN_TIMED_S", "stage_step_times", "step_clock", "timed_steps",
            "whole_step_times"]
@@ -79,6 +79,26 @@ def whole_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], warmup:
     times = timed_steps(step, warmup, repeats)
     _restore(params, saved)
     return times
+
+
+def batch_inputs_seconds(specs: list[dict], batch: int, warmup: int = 2,
+                         repeats: int = 7) -> float:
+    """Median thread-CPU seconds of drawing one global batch of `batch` samples of the job's
+    inputs (`specs`: the plan's ``model.inputs``) as every pipeline rank draws it at the start
+    of each iteration (`topotrain.pipeline.batch_inputs`); one torch thread as the ranks run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        def draw(i: int) -> float:
+            t0 = time.thread_time()
+            batch_inputs(specs, batch, i)
+            return time.thread_time() - t0
+
+        for i in range(warmup):
+            draw(i)
+        return statistics.median(draw(warmup + i) for i in range(repeats))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def stage_step_times(model: nn.Module, inputs: tuple[torch.Tensor, ...], microbatches: int = 4,

@@ -144,7 +144,7 @@ def sync_tasks(tid: str, members: Sequence[str], sync: dict, size: float,
         if trees_cpu is not None:
             for i, (h, sec) in enumerate(zip(members, trees_cpu(
                     TreeSchedule.model_validate(sync["schedule"]), size), strict=True)):
-                tasks.append(Compute(f"{tid}/cpu.{i}", h, sec, deps))
+                tasks.append(Compute(f"{tid}/cpu.{i}", h, sec, deps, communication=True))
                 tasks.append(Compute(f"{tid}/join.{i}", h, 0.0, (tid, f"{tid}/cpu.{i}")))
                 done[h] = f"{tid}/join.{i}"
         return tasks, done
@@ -153,7 +153,7 @@ def sync_tasks(tid: str, members: Sequence[str], sync: dict, size: float,
             server = sync["kind"] == "ps" and h == sync.get("server")
             seconds = cpu(sync["kind"], size, len(members), server)
             if seconds > 0:
-                tasks.append(Compute(f"{tid}/cpu.{i}", h, seconds, (tid,)))
+                tasks.append(Compute(f"{tid}/cpu.{i}", h, seconds, (tid,), communication=True))
                 done[h] = f"{tid}/cpu.{i}"
     return tasks, done
 

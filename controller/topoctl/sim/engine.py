@@ -13,6 +13,11 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   "flow" of CPU-seconds at most one core fast, all of them max-min fair over the cores
   (processor sharing, as the kernel schedules single-threaded processes); its device still
   runs one task at a time;
+- with `network.cpu_pool.crowding` (`CpuPool`), a pooled compute task that is not
+  ``Compute.communication`` gets through its CPU-seconds `network.crowded_cost` times slower
+  while more CPU flows run than the pool has cores (it still takes its fair share of the
+  cores: the rest is the caches refilled after the others ran); the runtimes' own CPU
+  (``communication`` tasks, message CPU) is calibrated on the shared cores and is not slowed;
 - with `network.cpu_pool.messages` (`CpuPool`: a collective runtime's CPU per message, the
   machine's calibration), every step of a collective between two pooled devices (unless the
   collective is ``own_cpu``) also costs its sender and its receiver `MessageCost.seconds` of
@@ -65,7 +70,7 @@ from dataclasses import dataclass, field
 
 from topoagent.protocol import TopoError
 from topoctl.sim.maxmin import maxmin_rates
-from topoctl.sim.network import Network
+from topoctl.sim.network import Network, crowded_cost
 from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done, sent
 
 _COMPUTE, _FLOW, _JOIN = 0, 1, 2
@@ -276,6 +281,12 @@ def _messages(network: Network):
     return pool[2] if pool is not None and len(pool) > 2 else None
 
 
+def _crowding(network: Network) -> float:
+    """The pool's `CpuPool.crowding` (0 without a pool or on a plain (devices, cores) pair)."""
+    pool = network.cpu_pool
+    return float(pool[3]) if pool is not None and len(pool) > 3 else 0.0
+
+
 def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
     """The capacity of everything flows share: the links, the (src, dst) rate caps (pseudo
     links ``("cap", src, dst)``) and, with a CPU pool, its cores (``("cores",)``), each
@@ -312,6 +323,9 @@ class _Run:
         self.start = [math.nan] * n
         self.capacity, self.pooled = _capacities(network)
         self.messages = _messages(network)
+        self.crowding = _crowding(network)
+        self.cores = network.cpu_pool[1] if network.cpu_pool is not None else 0
+        self.model_cpu: set[int] = set()  # flows of pooled model compute (`crowded_cost`)
         self.link_bytes = dict.fromkeys(network.links, 0.0)
         self.busy: dict[str, float] = {}
         self.compute_busy: dict[str, float] = {}  # the model's compute only (not `communication`)
@@ -380,6 +394,10 @@ class _Run:
         by_path = got[0]
         for f, p in zip(self.flows.values(), paths, strict=True):
             f[1] = by_path[p]
+        if self.crowding and self.model_cpu and self.cpu_flows > self.cores:
+            slow = crowded_cost(self.crowding, self.cpu_flows, self.cores)
+            for fid in self.model_cpu:  # its share of the cores gets less of its work done
+                self.flows[fid][1] /= slow
         self.dirty = False
         if self.credit:  # what the flows leave of each credited link fills its bucket
             load = dict.fromkeys(self.credit, 0.0)
@@ -436,6 +454,7 @@ class _Run:
             f = self.flows.pop(fid)
             if self.flow_links.pop(fid)[-1] == ("cores",):
                 self.cpu_flows -= 1
+                self.model_cpu.discard(fid)
             self.dirty = True
             node = f[3]
             self.subflows_left[node] -= 1
@@ -522,7 +541,9 @@ class _Run:
         if node not in g.communication:
             self.compute_busy[dev] = self.compute_busy.get(dev, 0.0) + wall
         if dev in self.pooled and d > 0:  # CPU-seconds on the shared cores
-            self._add_flow(node, d, (("core", dev), ("cores",)), 0.0)
+            fid = self._add_flow(node, d, (("core", dev), ("cores",)), 0.0)
+            if node not in g.communication:
+                self.model_cpu.add(fid)
             self.subflows_left[node] = 1
             self.cpu_flows += 1
             self.dirty = True

@@ -49,11 +49,26 @@ class CpuPool(NamedTuple):
     """Devices whose work shares one machine's `cores` (the lab's single-threaded ranks):
     their compute tasks are processor-shared (`Network.cpu_pool`). `messages`: what each
     message of a collective between two of them costs its ends' CPU (None: nothing), drawn
-    from the same cores on a communication thread per device (`topoctl.sim.engine`)."""
+    from the same cores on a communication thread per device (`topoctl.sim.engine`).
+
+    `crowding`: the extra CPU a model compute task costs per unit of oversubscription while
+    more of the pool's CPU flows run than it has cores (`crowded_cost`: time-slicing, each
+    task's caches refilled after the others ran); 0: a CPU-second of work is one whatever
+    runs beside it (compute timed beside co-running copies already carries it). Calibrated
+    by timing a stage alone and beside copies (`topoctl.strategies.placement`)."""
 
     devices: frozenset[str]
     cores: int
     messages: MessageCost | None = None
+    crowding: float = 0.0
+
+
+def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
+    """CPU-seconds one CPU-second of model compute (timed alone) takes while `runnable` CPU
+    flows share `cores` cores: ``1 + crowding * max(0, runnable / cores - 1)``, linear in the
+    oversubscription (measured on the 2-core Xeon VM, a pipeline stage of the lab MLP beside
+    1, 3 and 5 co-running copies: +0%, +10%, +19% of CPU time; 2026-11-28). O(1)."""
+    return 1.0 + max(0.0, crowding) * max(0.0, runnable / max(1, cores) - 1.0)
 
 
 class NoRoute(TopoError, LookupError):

@@ -63,6 +63,12 @@ class PlanContext:
     # cached; `runtime="stage"`: fitted to the pipeline runtime's path); the pipeline strategies
     # cost their micro-batches with it. None: roofline/profile
     train_costs: Callable[..., dict[str, TrainCost] | None] | None = None
+    # with `train_costs`: CPU seconds a pipeline rank spends drawing the iteration's global
+    # batch of so many samples (`graph.profile.measure_batch_inputs`)
+    inputs_cost: Callable[[int], float] | None = None
+    # with `train_costs`: a pipeline stage's CPU time at a micro-batch beside so many
+    # co-running copies over alone (`graph.profile.measure_stage_crowding`)
+    crowded_ratio: Callable[[int, int], float | None] | None = None
     # lab hosts whose ranks' compute was timed on this CPU (`planner.prepare`): the ranks share
     # this machine's cores (processor sharing in the simulator, `Network.cpu_pool`); every
     # strategy builds its network with it (`network_from_fabric(..., cpu_pool=...)`)

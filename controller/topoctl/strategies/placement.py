@@ -53,7 +53,7 @@ from topoctl.placement.search import candidates
 from topoctl.placement.stagesync import choose_sync, stage_trees, sync_schedule, tree_cpu
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
-from topoctl.sim.network import Network
+from topoctl.sim.network import CpuPool, Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer, sent
 from topoctl.spec.job import JobError
@@ -130,6 +130,10 @@ class Measured:
     runtime: RuntimeCosts
     per_message_shared_s: float | None = None
     lab: LabProfile | None = None
+    # CPU seconds a rank spends drawing the iteration's global batch (`topotrain.pipeline`
+    # draws it on every rank), and the cores' crowding (`sim.network.CpuPool.crowding`)
+    inputs_s: float = 0.0
+    crowding: float = 0.0
 
 
 def default_sync(group: list[str]) -> dict:
@@ -235,10 +239,12 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
     tasks: list[Task] = []
     last: dict[str, str] = {}  # measured: each rank runs its program in order (GPipe)
 
-    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...]) -> str:
+    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...],
+                runtime: bool = False) -> str:
+        """`runtime`: a runtime's own CPU (messages, the sync), `Compute.communication`."""
         if base and h in last:
             deps = (last[h],) + deps
-        tasks.append(Compute(tid, h, seconds, deps))
+        tasks.append(Compute(tid, h, seconds, deps, communication=runtime))
         last[h] = tid
         return tid
 
@@ -257,10 +263,14 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
         tasks.append(Transfer(tid, src, dst, cut[b] * rows, ready, buffer=buf))
         if not msg(b, rows):
             return tid
-        compute(f"{tid}/tx", src, msg(b, rows), (tid if buf is None else sent(tid),))
-        return compute(f"{tid}/rx", dst, msg(b, rows), (tid,))
+        compute(f"{tid}/tx", src, msg(b, rows), (tid if buf is None else sent(tid),), True)
+        return compute(f"{tid}/rx", dst, msg(b, rows), (tid,), True)
 
     links = [pieces(shares[b], shares[b + 1]) for b in range(k - 1)]
+    if base and base.inputs_s > 0:  # every rank draws the iteration's global batch first
+        for s in range(k):
+            for j, h in enumerate(groups[s]):
+                compute(f"in{s}.{j}", h, base.inputs_s, ())
     for m in range(micro):
         for s in range(k):
             for j, h in enumerate(groups[s]):
@@ -284,7 +294,7 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
         if trees:  # the tree runtime's CPU runs while its chunks travel (`stagesync`)
             for j, sec in enumerate(tcpu(TreeSchedule.model_validate(syncs[s]["schedule"]),
                                          float(grads[s]))):
-                compute(f"ar{s}/cpu.{j}", groups[s][j], sec, done)
+                compute(f"ar{s}/cpu.{j}", groups[s][j], sec, done, True)
         if sched is not None:
             tasks.append(Collective(f"ar{s}", sched, done))
             done = (f"ar{s}",)
@@ -294,11 +304,16 @@ def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[
             elif cpu and sched is not None:  # the replicas' CPU for it, then the step
                 server = syncs[s]["kind"] == "ps" and syncs[s]["server"] == h
                 compute(f"ar{s}/cpu.{j}", h, cpu(syncs[s]["kind"], float(grads[s]),
-                                                  len(groups[s]), server), done)
+                                                  len(groups[s]), server), done, True)
             d = ctx.device[h]
             step = (per_stage[shares[s][j]][s][2] if per_stage else
                     ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
             compute(f"step{s}.{j}", h, step, done)
+    if base and len(groups[-1]) > 1:  # the last stage's replicas all-reduce the loss (gloo)
+        sec = allreduce_cpu(4.0, len(groups[-1]), base.runtime, base.lab,
+                            base.per_message_shared_s)
+        for j, h in enumerate(groups[-1]):
+            compute(f"loss.{j}", h, sec, (f"step{k - 1}.{j}",), True)
     return tasks, grads
 
 
@@ -316,7 +331,8 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None,
     lab, eff = measured.lab, tcp_efficiency(mtu)
     links = {k: replace(ln, credit=lab.cable_credit_s(ln.capacity * 8.0 / eff, mtu)
                         * ln.capacity) for k, ln in network.links.items()}
-    return replace(network, links=links, cpu_pool=(frozenset(hosts), lab.cores), _cache={})
+    return replace(network, links=links, _cache={},
+                   cpu_pool=CpuPool(frozenset(hosts), lab.cores, None, measured.crowding))
 
 
 def _search(p: PlacementProblem, method: str) -> list[Placement]:
@@ -442,7 +458,8 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
         s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
                               "micro_batch": global_batch // (g * micro),
                               "threads": ctx.job.launch.threads,
-                              "runtime_cpu": meas.runtime.source if meas else None}
+                              "runtime_cpu": meas.runtime.source if meas else None,
+                              "inputs_s": meas.inputs_s, "crowding": meas.crowding}
     return s
 
 
@@ -538,8 +555,28 @@ def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
         return None
     cal = load_calibration()
     shared = (cal or {}).get("per_message_shared_s")
+    inputs = ctx.inputs_cost(ctx.job.batch.global_) if ctx.inputs_cost is not None else 0.0
     return Measured(ops, runtime_costs(cal),
-                    float(shared) if isinstance(shared, (int, float)) else None, lab=ctx.lab)
+                    float(shared) if isinstance(shared, (int, float)) else None, lab=ctx.lab,
+                    inputs_s=inputs, crowding=stage_crowding(ctx, micro_batch))
+
+
+def stage_crowding(ctx: PlanContext, micro_batch: int) -> float:
+    """The lab cores' crowding (`sim.network.CpuPool.crowding`) for pipeline ranks: a stage's
+    CPU time at `micro_batch` beside as many co-running copies as the lab has other ranks
+    (at most 4 per core, as `planner.lab_corun`) over alone (`PlanContext.crowded_ratio`),
+    less one, per unit of the oversubscription those copies make (``(copies + 1) / cores -
+    1``); 0 when the ranks do not outnumber the cores or there is no timing. Stages are
+    timed alone (`planner._lab_timing`: how many compute at once is what the plan decides)
+    and the simulator slows them while they crowd. Measured on the 2-core Xeon VM for the
+    lab MLP at 64 rows beside 5 copies: 0.12-0.15 (2026-11-28)."""
+    cores = ctx.lab.cores
+    copies = min(ctx.world_size, 4 * cores) - 1
+    over = (copies + 1) / cores - 1.0
+    if over <= 0 or ctx.crowded_ratio is None:
+        return 0.0
+    ratio = ctx.crowded_ratio(micro_batch, copies)
+    return max(0.0, (ratio - 1.0) / over) if ratio else 0.0
 
 
 def _fx_pos(ctx: PlanContext):

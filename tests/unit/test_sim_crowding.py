@@ -1,0 +1,74 @@
+"""Crowded cores (`topoctl.sim.network.CpuPool.crowding`, issue 33): while more of a CPU
+pool's flows run than it has cores, a model compute task gets through its CPU-seconds
+`crowded_cost` times slower (time-slicing: its caches refilled after the others ran); the
+runtimes' own CPU (``Compute.communication``: the tree runtime's, gloo's messages) is
+calibrated on the shared cores and is not slowed; a pool without crowding is processor
+sharing as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from topoctl.sim import Compute
+from topoctl.sim.engine import simulate
+from topoctl.sim.network import CpuPool, crowded_cost, star
+
+HOSTS = ("a", "b", "c", "d")
+
+
+def _net(cores: int, crowding: float, hosts=HOSTS):
+    net = star(list(hosts), 1e9)
+    net.cpu_pool = CpuPool(frozenset(hosts), cores, None, crowding)
+    return net
+
+
+def test_crowded_cost_is_linear_in_the_oversubscription():
+    assert crowded_cost(0.1, 2, 2) == 1.0  # as many flows as cores: no time-slicing
+    assert crowded_cost(0.1, 1, 2) == 1.0
+    assert crowded_cost(0.1, 4, 2) == pytest.approx(1.1)
+    assert crowded_cost(0.1, 6, 2) == pytest.approx(1.2)
+    assert crowded_cost(0.0, 6, 2) == 1.0
+    assert crowded_cost(-1.0, 6, 2) == 1.0  # a calibration below zero is none
+
+
+def test_ranks_on_fewer_cores_take_longer_by_the_crowded_cost():
+    """Four ranks of 10 ms each: on four cores 10 ms; on two cores processor sharing alone
+    gives 20 ms, and crowding 0.25 stretches it by crowded_cost(0.25, 4, 2) = 1.25."""
+    tasks = [Compute(f"f{h}", h, 0.010) for h in HOSTS]
+    assert simulate(tasks, _net(4, 0.25)).iteration_time == pytest.approx(0.010)
+    assert simulate(tasks, _net(2, 0.0)).iteration_time == pytest.approx(0.020)
+    assert simulate(tasks, _net(2, 0.25)).iteration_time == pytest.approx(0.025)
+
+
+def test_the_slowdown_ends_when_the_crowd_does():
+    """Three ranks on two cores, two of 10 ms and one of 30 ms, crowding 0.5: while three run
+    (1.5 flows per core, cost 1.25) each gets 2/3 of a core and does 2/3 / 1.25 of its work per
+    second; the short ones end at 0.010 * 1.25 * 1.5 = 18.75 ms, when the long one has 10 ms
+    of its work done; alone on a core it does the last 20 ms at full speed: 38.75 ms."""
+    hosts = ("a", "b", "c")
+    tasks = [Compute("fa", "a", 0.010), Compute("fb", "b", 0.010), Compute("fc", "c", 0.030)]
+    res = simulate(tasks, _net(2, 0.5, hosts))
+    assert res.finish["fa"] == pytest.approx(0.01875)
+    assert res.iteration_time == pytest.approx(0.01875 + 0.020)
+
+
+def test_the_runtimes_own_cpu_is_not_slowed_but_takes_its_share():
+    """Two model tasks and two of a runtime's CPU (`communication`) on two cores, crowding
+    1.0 (cost 2 with four flows): every flow gets half a core; the runtime's 10 ms end at
+    20 ms, the model's 10 ms then have 5 ms done and finish alone on a core each: 25 ms."""
+    tasks = [Compute("fa", "a", 0.010), Compute("fb", "b", 0.010),
+             Compute("ca", "c", 0.010, communication=True),
+             Compute("cb", "d", 0.010, communication=True)]
+    res = simulate(tasks, _net(2, 1.0))
+    assert res.finish["ca"] == pytest.approx(0.020)
+    assert res.iteration_time == pytest.approx(0.025)
+    plain = simulate(tasks, _net(2, 0.0))
+    assert plain.iteration_time == pytest.approx(0.020)
+
+
+def test_a_pool_without_crowding_is_unchanged():
+    tasks = [Compute(f"f{h}", h, 0.010 * (i + 1)) for i, h in enumerate(HOSTS)]
+    old = star(list(HOSTS), 1e9)
+    old.cpu_pool = (frozenset(HOSTS), 2)  # the plain (devices, cores) pair
+    assert simulate(tasks, _net(2, 0.0)).iteration_time == \
+        simulate(tasks, old).iteration_time
