@@ -67,7 +67,7 @@ def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
     """CPU-seconds one CPU-second of model compute (timed alone) takes while `runnable` CPU
     flows share `cores` cores: ``1 + crowding * max(0, runnable / cores - 1)``, linear in the
     oversubscription (measured on the 2-core Xeon VM, a pipeline stage of the lab MLP beside
-    1, 3 and 5 co-running copies: +0%, +10%, +19% of CPU time; 2026-11-28). O(1)."""
+    1, 3 and 5 co-running copies: +0%, +10%, +19% of CPU time: docs/results.md). O(1)."""
     return 1.0 + max(0.0, crowding) * max(0.0, runnable / max(1, cores) - 1.0)
 
 

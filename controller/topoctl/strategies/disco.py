@@ -73,7 +73,7 @@ BUDGET = 300  # simulations the search may spend
 STEP_CALL_S = 25e-6
 # the flatten's rate on gradients the backward has just written (not in cache): the lab's
 # events, from a bucket's last gradient ready to its AllReduce started, 3.7 ms for the MLP's
-# 15.9 MB and 4.0 ms for BERT's 16.8 MB (2026-11-28, quiet), against 1.2 ms at the runtime
+# 15.9 MB and 4.0 ms for BERT's 16.8 MB (quiet, docs/results.md), against 1.2 ms at the runtime
 # calibration's copy rate (13.5 GB/s, buffers in cache)
 FLATTEN_BYTES_PER_S = 4.2e9
 OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first

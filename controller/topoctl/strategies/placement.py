@@ -569,7 +569,7 @@ def stage_crowding(ctx: PlanContext, micro_batch: int) -> float:
     1``); 0 when the ranks do not outnumber the cores or there is no timing. Stages are
     timed alone (`planner._lab_timing`: how many compute at once is what the plan decides)
     and the simulator slows them while they crowd. Measured on the 2-core Xeon VM for the
-    lab MLP at 64 rows beside 5 copies: 0.12-0.15 (2026-11-28)."""
+    lab MLP at 64 rows beside 5 copies: 0.12-0.15 (docs/results.md)."""
     cores = ctx.lab.cores
     copies = min(ctx.world_size, 4 * cores) - 1
     over = (copies + 1) / cores - 1.0
