@@ -178,3 +178,24 @@ def test_budget_interrupts_a_seed_and_the_search_still_plans():
     out = T.run_search(ctx, 100, time_limit=1e-3, seed_share=0.5)
     assert "trees" in out.skipped and out.result.stopped_by_time
     assert out.time < float("inf")
+
+
+def test_valued_period_is_the_planners():
+    """The time TAG values a plan at is what `planner.evaluate` would simulate for it (the
+    steady-state period of a tree plan whose ranks leave one by one), so the emitted plan
+    hands it on (`Strategy.period`) instead of the planner simulating it again."""
+    from dataclasses import replace
+
+    from topoctl import planner
+    from topoctl.sim.steady import steady_period
+    from topoctl.sim.tasks import Collective
+    from topoctl.strategies import host_speeds
+    from topoctl.tag.space import Plan
+
+    ctx = _ctx(load_cluster(PLANS / "hetero4-compute-cluster.yaml"), job("mlp", {}, 384))
+    ev = T.Evaluator(ctx, T.op_groups(ctx, 4))
+    s = ev.dp_strategy("trees")
+    assert any(isinstance(t, Collective) and t.member_done for t in s.tasks)
+    net = replace(s.network, speed=host_speeds(ctx), _cache={})
+    assert ev.time(Plan("dp", "trees")) == steady_period(s.tasks, net,
+                                                         planner.STEADY_ITERATIONS)

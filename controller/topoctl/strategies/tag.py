@@ -22,8 +22,9 @@ sync (`topocontract.stages`); `metadata.collective.tag` records each group's dec
 Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
 + simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
 seconds (default 40) for the whole strategy: the seeds (the other strategies' plans it starts
-from) get the first half, cheap ones first, and one still running then is abandoned
-(`Budget`, `topoctl.tag.budget`); the search gets the rest.
+from) run first, cheap ones first, and one still running at the end of `time_limit` is
+abandoned (`Budget`, `SEED_SHARE`, `topoctl.tag.budget`); the search gets the rest, less
+the room the planner's simulation of the chosen plan needs (`final_reserve`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.steady import steady_period
-from topoctl.sim.tasks import Collective
+from topoctl.sim.tasks import Collective, has_previous
 from topoctl.tag import mcts
 from topoctl.tag.budget import OutOfTime, call_until
 from topoctl.tag.features import JointGraph, joint_graph
@@ -178,6 +179,7 @@ class Evaluator:
         self.hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
         self.network = network_from_fabric(ctx.fabric, self.hops)
         self.cache: dict[Plan, float] = {}
+        self.seconds = 0.0  # wall clock of the slowest valuation so far
         self._dp: dict[str, Strategy | None] = {}
         self.speeds = host_speeds(ctx)
         self.memory = {h: ctx.device[h].memory for h in ctx.hosts}
@@ -205,7 +207,8 @@ class Evaluator:
 
     def _sim(self, s: Strategy) -> float:
         net = replace(s.network, speed=self.speeds, _cache={}) if self.speeds else s.network
-        if any(isinstance(t, Collective) and t.member_done for t in s.tasks):
+        if has_previous(s.tasks) or any(isinstance(t, Collective) and t.member_done
+                                        for t in s.tasks):  # as `planner.evaluate`
             return steady_period(s.tasks, net, STEADY_ITERATIONS)
         return simulate(s.tasks, net, record=False).iteration_time
 
@@ -213,7 +216,9 @@ class Evaluator:
         """Seconds per iteration; inf when some host's memory does not hold its part or the
         plan cannot be built."""
         if plan not in self.cache:
+            t0 = time.perf_counter()
             self.cache[plan] = self._dp_time(plan) if plan.form == "dp" else self._pp_time(plan)
+            self.seconds = max(self.seconds, time.perf_counter() - t0)
         return self.cache[plan]
 
     def dp_plan(self, plan: Plan) -> Strategy | None:
@@ -314,6 +319,9 @@ class Evaluator:
                                      self.ctx.fabric.mtu)
         if self.speeds:
             net = replace(net, speed=self.speeds, _cache={})
+        if has_previous(tasks) or any(isinstance(t, Collective) and t.member_done
+                                      for t in tasks):  # as `planner.evaluate`
+            return steady_period(tasks, net, STEADY_ITERATIONS)
         return simulate(tasks, net, record=False).iteration_time
 
 
@@ -387,12 +395,14 @@ def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> Join
                        [ev.memory[h] for h in hosts])
 
 
-# The seeds (the other strategies' plans TAG starts from) are not cut short by default: they
-# are its floor ("never slower than the best other strategy"), and a seed stopped by the clock
-# made plans depend on the machine's load (under load, 7 of the 48 example plans fell back to
-# the ring, tworack8 x bert to 516 s against topoopt's 9 s). A caller may still give them a
-# share of `time_limit` (`seed_share`, e.g. 0.5), which is then a hard deadline.
-SEED_SHARE: float | None = None
+# The seeds (the other strategies' plans TAG starts from) may use the whole `time_limit`
+# and are cut at its end (share 1.0): so the strategy never runs past `time_limit` (the
+# planner's own simulation of the chosen plan is left room for, `final_reserve`). They are
+# TAG's floor ("never slower than the best other strategy"), so they are not cut earlier: with
+# them cut at half the budget, under heavy load 7 of the 48 example plans got worse
+# (tworack8 x bert fell back to the ring, 516 s against topoopt's 9 s). None: no deadline for
+# the seeds (then the strategy can take longer than `time_limit`).
+SEED_SHARE: float | None = 1.0
 
 
 @dataclass
@@ -419,11 +429,16 @@ class Budget:
     def seed(self, name: str, fn, until: float | None = None):
         """fn() within the seeds' share (or until `until`); None (and `name` recorded) when
         it ran out."""
+        t0 = time.perf_counter()
         try:
-            return call_until(fn, self.seeds if until is None else until)
+            out = call_until(fn, self.seeds if until is None else until)
         except OutOfTime:
             self.skipped.append(name)
+            print(f"tag: seed {name}: out of time after {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
             return None
+        print(f"tag: seed {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        return out
 
 
 def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
@@ -471,12 +486,21 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
         return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
 
     start = anchors(space, groups, sfb or frozenset()) if use_anchors else []
-    left = None if budget.end is None else max(0.0, budget.end - time.perf_counter())
+    left = None if budget.end is None else max(0.0, budget.end - time.perf_counter()
+                                               - final_reserve(ev))
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=left,
                       progress=progress, start=start)
     return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
                    ev, jg, other, budget.skipped)
+
+
+def final_reserve(ev: Evaluator) -> float:
+    """Seconds the search leaves of `time_limit` for the planner's own simulation of the
+    chosen plan (`planner.evaluate`: one isolated iteration; the steady-state period is
+    passed on, `Strategy.period`): the slowest valuation so far (the seeds' plans, up to
+    `STEADY_ITERATIONS` iterations each) over `STEADY_ITERATIONS`."""
+    return ev.seconds / STEADY_ITERATIONS
 
 
 LOOKAHEAD = 3  # next-stage host sets a staged node's value tries besides the default
@@ -606,6 +630,8 @@ def emit(ctx: PlanContext, out: Outcome) -> Strategy:
             s = replace(base, notes=dict(base.notes))
     else:
         s = pipeline_strategy(ctx, plan, ev)
+    if not plan.sfb:  # the very tasks the evaluator valued (SFB's are built anew here)
+        s.period = out.time
     s.name = "tag"
     s.notes["tag"] = _notes(out)
     return s
@@ -720,7 +746,7 @@ def _adopt_placement(out: Outcome) -> Strategy | None:
     notes["adopted"] = f"placement, {p.notes.get('search')}"
     notes["speedup_over_baseline"] = (out.base_time / t if math.isfinite(out.base_time)
                                       else None)
-    p.name, p.notes = "tag", dict(p.notes) | {"tag": notes}
+    p.name, p.notes, p.period = "tag", dict(p.notes) | {"tag": notes}, t
     return p
 
 
