@@ -148,7 +148,10 @@ def build_space(ctx: PlanContext, groups: list[Group], dp_kinds: tuple[str, ...]
     sizes = tuple(g for g in range(1, len(hosts) + 1) if one_rank and (
         g <= rows if widen else ctx.job.batch.global_ % (g * micro) == 0))
     sfb = frozenset(i for i, g in enumerate(groups) if g.linear) if one_rank else frozenset()
-    speed = {h: _shares.host_speed(ctx, h) for h in hosts}
+    # fastest first: by the whole model's seconds on each host (its device type and `speed`;
+    # `hosts[].speed` alone ranked a V100 before an H100 on mixed GPUs), else by `speed`
+    speed = {h: (-sum(row[j] for row in times) if times else _shares.host_speed(ctx, h))
+             for j, h in enumerate(hosts)}
     order = tuple(sorted(hosts, key=lambda h: (-speed[h], hosts.index(h))))
     if not widen:
         return Space(hosts, len(groups), sizes, dp_kinds, sfb, order=order)
