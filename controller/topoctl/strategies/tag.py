@@ -598,13 +598,17 @@ def _dp_kinds(ctx: PlanContext, ev: Evaluator, budget: Budget | None = None,
                 k == "topoopt" and ctx.fabric.kind != "direct"):
             continue
         if k == "trees" and budget.seeds is not None:
-            half = time.perf_counter() + (budget.seeds - time.perf_counter()) / 2
+            t0 = time.perf_counter()
+            half = t0 + (budget.seeds - t0) / 2
             try:
                 call_until(lambda: _valued(ev, "trees"), half)
             except OutOfTime:
                 if "trees" not in ev._dp:  # still planning: plan it again, cheaper
                     ev.fixed_fusion = True
                     budget.skipped.append("trees fusion search")
+            print(f"tag: seed trees with its fusion search: {time.perf_counter() - t0:.1f} s"
+                  + ("" if "trees" in ev._dp else " (out of time)"), file=sys.stderr,
+                  flush=True)
         if k != "ring" and budget.seed(k, lambda k=k: _valued(ev, k)) is None:
             continue
         if ev.dp_strategy(k) is not None:
