@@ -46,7 +46,7 @@ from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.steady import steady_period
 from topoctl.sim.tasks import Collective, has_previous
-from topoctl.tag import mcts
+from topoctl.tag import mcmc, mcts
 from topoctl.tag.budget import OutOfTime, call_until
 from topoctl.tag.features import JointGraph, joint_graph
 from topoctl.tag.space import (
@@ -374,6 +374,7 @@ class Outcome:
     graph: JointGraph
     placement: tuple[Strategy, float] | None = None  # its pipeline and time (a seed)
     skipped: list[str] = field(default_factory=list)  # seeds the budget left out
+    walk: dict | None = None  # the MCMC walk after the tree (`_walk`)
 
 
 def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> JointGraph:
@@ -494,8 +495,33 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=left,
                       progress=progress, start=start)
-    return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
-                   ev, jg, other, budget.skipped)
+    state, walk = res.best_state, None
+    if use_anchors:
+        state, walk = _walk(space, ev, base, playouts, seed, budget, res)
+    return Outcome(state, ev.time(plan_of(state)), base, res, space, groups,
+                   ev, jg, other, budget.skipped, walk)
+
+
+def _walk(space: Space, ev: Evaluator, base: float, steps: int, seed: int, budget: Budget,
+          res: mcts.SearchResult) -> tuple[State, dict]:
+    """After the tree: FlexFlow's Metropolis-Hastings walk (`topoctl.tag.mcmc`) from the
+    baseline, `steps` steps with the search's seed, on the same space and cached values,
+    until the budget's end (less `final_reserve`); the better of its best and the tree's. It
+    reaches deep pipelines of unequal replica sets (4-5 stages) the tree does not in the
+    same number of playouts (docs/results.md, TAG evaluation 1), the tree the plans a walk
+    from the baseline does not. Deterministic for a seed when the budget does not cut it.
+    O(steps * groups) besides one value call per step (most of them cached)."""
+    t0 = time.perf_counter()
+    end = None if budget.end is None else budget.end - final_reserve(ev)
+    best, v, hist = mcmc.search(space, lambda s: reward(base, ev.time(plan_of(s))), steps,
+                                seed=seed, deadline=end)
+    cut = hist[-1][0] < 0
+    better = v > res.best_value
+    print(f"tag: walk (MCMC) {-hist[-1][0] if cut else steps} steps in "
+          f"{time.perf_counter() - t0:.1f} s, {'better' if better else 'not better'} than the "
+          "tree's best", file=sys.stderr, flush=True)
+    return (best if better else res.best_state), {
+        "steps": -hist[-1][0] if cut else steps, "stopped_by_time": cut, "chosen": better}
 
 
 def final_reserve(ev: Evaluator) -> float:
@@ -686,7 +712,9 @@ def _notes(out: Outcome) -> dict:
                      "decision": describe(a)})
     return {"groups": rows, "playouts": out.result.playouts,
             "simulated_plans": len(out.evaluator.cache),
-            "stopped_by_time": out.result.stopped_by_time or bool(out.skipped),
+            "stopped_by_time": out.result.stopped_by_time or bool(out.skipped) or bool(
+                out.walk and out.walk["stopped_by_time"]),
+            **({"walk": out.walk} if out.walk else {}),
             **({"out_of_time": list(out.skipped)} if out.skipped else {}),
             "speedup_over_baseline": (out.base_time / out.time
                                       if math.isfinite(out.base_time) else None)}
