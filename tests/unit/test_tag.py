@@ -199,3 +199,18 @@ def test_valued_period_is_the_planners():
     net = replace(s.network, speed=host_speeds(ctx), _cache={})
     assert ev.time(Plan("dp", "trees")) == steady_period(s.tasks, net,
                                                          planner.STEADY_ITERATIONS)
+
+
+def test_walk_after_the_tree_is_the_evaluations_mcmc():
+    """The MCMC walk after the tree is FlexFlow's walk of the evaluation (same seed, steps,
+    start and values): the result is never slower than it, and the plan records it."""
+    from topoctl.tag import mcmc
+
+    ctx = _ctx(parse_cluster(generated(4, 1)), job("vgg", {}, 256))
+    out = T.run_search(ctx, 150, seed=0, max_groups=6)
+    assert out.walk is not None and out.walk["steps"] == 150 and not out.walk["stopped_by_time"]
+    ev = out.evaluator
+    best, _, _ = mcmc.search(out.space, lambda s: T.reward(out.base_time, ev.time(plan_of(s))),
+                             150, seed=0)
+    assert out.time <= ev.time(plan_of(best))
+    assert "walk" in T._notes(out)

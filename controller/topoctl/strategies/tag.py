@@ -14,7 +14,9 @@ Reward (the paper's, without its fourth root): r - 1, r = t_baseline / t; -1 whe
 host's memory does not hold its part (4 x parameters + activations of every micro-batch in
 flight, `placement.build.node_memory`). Anchors valued before the search: every data-parallel
 kind, the balanced pipeline over all hosts and the whole model on the fastest host, so the
-result is never slower than those. The emitted plan reuses the existing plan shapes: a
+result is never slower than those; after the tree, FlexFlow's MCMC walk from the baseline
+(`_walk`, the same number of steps and cached values) and the better of the two. The emitted
+plan reuses the existing plan shapes: a
 data-parallel plan (ring or trees, ``+shares``, ``+sfb``) or a pipeline collective with per-stage
 sync (`topocontract.stages`); `metadata.collective.tag` records each group's decision (shown by
 `topoctl explain`). Progress goes to stderr.
