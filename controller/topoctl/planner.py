@@ -223,7 +223,8 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
             # ranks leave a collective one by one, or a task waits for one of the previous
             # iteration (`bucket_overlap: forward`): the next iteration's compute starts under
             # the communication's tail, and the period is the prediction (`topoctl.sim.steady`)
-            period = steady_period(s.tasks, s.network, STEADY_ITERATIONS)
+            period = (s.period if s.period is not None
+                      else steady_period(s.tasks, s.network, STEADY_ITERATIONS))
             res = replace(res, iteration_time=period, exposed_comm=max(
                 0.0, period - res.compute_time), isolated_iteration=res.iteration_time)
     except StrategyError as e:

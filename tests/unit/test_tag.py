@@ -178,3 +178,39 @@ def test_budget_interrupts_a_seed_and_the_search_still_plans():
     out = T.run_search(ctx, 100, time_limit=1e-3, seed_share=0.5)
     assert "trees" in out.skipped and out.result.stopped_by_time
     assert out.time < float("inf")
+
+
+def test_valued_period_is_the_planners():
+    """The time TAG values a plan at is what `planner.evaluate` would simulate for it (the
+    steady-state period of a tree plan whose ranks leave one by one), so the emitted plan
+    hands it on (`Strategy.period`) instead of the planner simulating it again."""
+    from dataclasses import replace
+
+    from topoctl import planner
+    from topoctl.sim.steady import steady_period
+    from topoctl.sim.tasks import Collective
+    from topoctl.strategies import host_speeds
+    from topoctl.tag.space import Plan
+
+    ctx = _ctx(load_cluster(PLANS / "hetero4-compute-cluster.yaml"), job("mlp", {}, 384))
+    ev = T.Evaluator(ctx, T.op_groups(ctx, 4))
+    s = ev.dp_strategy("trees")
+    assert any(isinstance(t, Collective) and t.member_done for t in s.tasks)
+    net = replace(s.network, speed=host_speeds(ctx), _cache={})
+    assert ev.time(Plan("dp", "trees")) == steady_period(s.tasks, net,
+                                                         planner.STEADY_ITERATIONS)
+
+
+def test_walk_after_the_tree_is_the_evaluations_mcmc():
+    """The MCMC walk after the tree is FlexFlow's walk of the evaluation (same seed, steps,
+    start and values): the result is never slower than it, and the plan records it."""
+    from topoctl.tag import mcmc
+
+    ctx = _ctx(parse_cluster(generated(4, 1)), job("vgg", {}, 256))
+    out = T.run_search(ctx, 150, seed=0, max_groups=6)
+    assert out.walk is not None and out.walk["steps"] == 150 and not out.walk["stopped_by_time"]
+    ev = out.evaluator
+    best, _, _ = mcmc.search(out.space, lambda s: T.reward(out.base_time, ev.time(plan_of(s))),
+                             150, seed=0)
+    assert out.time <= ev.time(plan_of(best))
+    assert "walk" in T._notes(out)

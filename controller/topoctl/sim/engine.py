@@ -333,10 +333,15 @@ class _Run:
         self.dev_running: dict[str, int | None] = {}
         self.events: list[tuple[float, int, int]] = []  # (time, seq, node): completion/delivery
         self.seq = 0  # ties between events at the same time go in push order
-        # flows in flight: fid -> [remaining, rate, size, node, latency]; and fid -> the links
+        # flows in flight: fid -> [remaining, rate, size, node, latency, slack]; fid -> the links
         # (and pseudo links) it crosses
         self.flows: dict[int, list] = {}
         self.flow_links: dict[int, tuple] = {}
+        # the same flows' paths as small integers (same order as `flows`), and how many
+        # flows each path has in flight: the rate memo's key without hashing the paths
+        self.flow_pid: dict[int, int] = {}
+        self.path_id: dict[tuple, int] = {}
+        self.in_flight: dict[int, int] = {}
         self.fid_counter = 0
         self.cpu_flows = 0  # flows that are pooled compute, not bytes
         self.subflows_left = [0] * n  # flows of a node still in flight
@@ -345,7 +350,7 @@ class _Run:
         self.dirty = False  # the set of flows changed since the rates were computed
         self.done_stack: list[int] = []  # nodes done now whose successors are not yet released
         self.plans: dict[tuple, list] = {}  # (src, dst) -> `_route_plan`
-        self.rate_memo: dict = {}  # multiset of paths in flight -> (rate per path, paths)
+        self.rate_memo: dict = {}  # multiset of path ids in flight -> rate per path id
         self.conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
         self.posted: set[int] = set()  # charged steps whose per-message CPU has started
         self.posting: set[int] = set()  # ... and is still running
@@ -382,18 +387,16 @@ class _Run:
         """Give every flow in flight its max-min fair rate."""
         # rates depend only on the set of paths in flight (max-min gives flows on the same path
         # the same rate), which repeats round after round in a collective: memoise
-        paths = list(self.flow_links.values())
-        key = tuple(sorted(paths, key=hash))  # the multiset of paths
-        got = self.rate_memo.get(key) if self.memo else None
-        if got is None:
+        key = frozenset(self.in_flight.items())  # the multiset of paths (their ids)
+        by_path = self.rate_memo.get(key) if self.memo else None
+        if by_path is None:
             rates = maxmin_rates(self.flow_links, self.capacity)
-            got = ({p: rates[fid] for fid, p in self.flow_links.items()}, paths)
+            by_path = {pid: rates[fid] for fid, pid in self.flow_pid.items()}
             if len(self.rate_memo) > 4096:
                 self.rate_memo.clear()
-            self.rate_memo[key] = got
-        by_path = got[0]
-        for f, p in zip(self.flows.values(), paths, strict=True):
-            f[1] = by_path[p]
+            self.rate_memo[key] = by_path
+        for f, pid in zip(self.flows.values(), self.flow_pid.values(), strict=True):
+            f[1] = by_path[pid]
         if self.crowding and self.model_cpu and self.cpu_flows > self.cores:
             slow = crowded_cost(self.crowding, self.cpu_flows, self.cores)
             for fid in self.model_cpu:  # its share of the cores gets less of its work done
@@ -401,7 +404,7 @@ class _Run:
         self.dirty = False
         if self.credit:  # what the flows leave of each credited link fills its bucket
             load = dict.fromkeys(self.credit, 0.0)
-            for f, p in zip(self.flows.values(), paths, strict=True):
+            for f, p in zip(self.flows.values(), self.flow_links.values(), strict=True):
                 for ln in p:
                     if ln in load:
                         load[ln] += f[1]
@@ -410,10 +413,7 @@ class _Run:
     def _next_step(self) -> float:
         """Seconds to the next event: the first flow to finish at its rate, or the first
         pending event."""
-        t_flow = math.inf
-        for f in self.flows.values():
-            if f[1] > 0:
-                t_flow = min(t_flow, f[0] / f[1])
+        t_flow = min([f[0] / f[1] for f in self.flows.values() if f[1] > 0], default=math.inf)
         for _, buf, fids in self.sending.values():  # a sender's part when `buffer` remain
             rem = rate = 0.0
             for fid in fids:
@@ -443,7 +443,7 @@ class _Run:
         finished = []
         for fid, f in self.flows.items():
             f[0] -= f[1] * dt
-            if f[0] <= 1e-9 * f[2] + 1e-6:  # relative and absolute slack for rounding
+            if f[0] <= f[5]:  # relative and absolute slack for rounding (`_add_flow`)
                 finished.append(fid)
         return finished
 
@@ -455,6 +455,11 @@ class _Run:
             if self.flow_links.pop(fid)[-1] == ("cores",):
                 self.cpu_flows -= 1
                 self.model_cpu.discard(fid)
+            pid = self.flow_pid.pop(fid)
+            if self.in_flight[pid] == 1:
+                del self.in_flight[pid]
+            else:
+                self.in_flight[pid] -= 1
             self.dirty = True
             node = f[3]
             self.subflows_left[node] -= 1
@@ -641,9 +646,16 @@ class _Run:
         """A new flow in flight for `node`: `size` to carry over `links`, delivered `latency`
         after its last byte; its id."""
         self.fid_counter += 1
-        self.flows[self.fid_counter] = [size, 0.0, size, node, latency]
-        self.flow_links[self.fid_counter] = links
-        return self.fid_counter
+        fid = self.fid_counter
+        # [remaining, rate, size, node, latency, done when remaining <= this]
+        self.flows[fid] = [size, 0.0, size, node, latency, 1e-9 * size + 1e-6]
+        self.flow_links[fid] = links
+        pid = self.path_id.get(links)
+        if pid is None:
+            pid = self.path_id[links] = len(self.path_id)
+        self.flow_pid[fid] = pid
+        self.in_flight[pid] = self.in_flight.get(pid, 0) + 1
+        return fid
 
     def release(self, node: int) -> None:
         """The node's last byte left: its connection takes the next queued step."""

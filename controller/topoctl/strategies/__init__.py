@@ -119,6 +119,10 @@ class Strategy:
     # a mapping section (e.g. {"sysctl": {"ip_forward": True}}, "forwarding") is merged key by key
     extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+    # the steady-state period of exactly these `tasks` on `network` (with the hosts' speeds:
+    # `planner.evaluate`'s `steady_period`) when the strategy already simulated it (`tag`
+    # values its plans so): the planner does not simulate it again; None: it does
+    period: float | None = None
 
 
 StrategyFn = Callable[[PlanContext], Strategy]

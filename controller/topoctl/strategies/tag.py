@@ -14,7 +14,9 @@ Reward (the paper's, without its fourth root): r - 1, r = t_baseline / t; -1 whe
 host's memory does not hold its part (4 x parameters + activations of every micro-batch in
 flight, `placement.build.node_memory`). Anchors valued before the search: every data-parallel
 kind, the balanced pipeline over all hosts and the whole model on the fastest host, so the
-result is never slower than those. The emitted plan reuses the existing plan shapes: a
+result is never slower than those; after the tree, FlexFlow's MCMC walk from the baseline
+(`_walk`, the same number of steps and cached values) and the better of the two. The emitted
+plan reuses the existing plan shapes: a
 data-parallel plan (ring or trees, ``+shares``, ``+sfb``) or a pipeline collective with per-stage
 sync (`topocontract.stages`); `metadata.collective.tag` records each group's decision (shown by
 `topoctl explain`). Progress goes to stderr.
@@ -22,8 +24,9 @@ sync (`topocontract.stages`); `metadata.collective.tag` records each group's dec
 Cost: one simulation per playout (cached per distinct plan), O(playouts * (depth * branching
 + simulation)); the budget is `job.tag.playouts` (default 2000) capped by `job.tag.time_limit`
 seconds (default 40) for the whole strategy: the seeds (the other strategies' plans it starts
-from) get the first half, cheap ones first, and one still running then is abandoned
-(`Budget`, `topoctl.tag.budget`); the search gets the rest.
+from) run first, cheap ones first, and one still running at the end of `time_limit` is
+abandoned (`Budget`, `SEED_SHARE`, `topoctl.tag.budget`); the search gets the rest, less
+the room the planner's simulation of the chosen plan needs (`final_reserve`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.steady import steady_period
-from topoctl.sim.tasks import Collective
-from topoctl.tag import mcts
+from topoctl.sim.tasks import Collective, has_previous
+from topoctl.tag import mcmc, mcts
 from topoctl.tag.budget import OutOfTime, call_until
 from topoctl.tag.features import JointGraph, joint_graph
 from topoctl.tag.space import (
@@ -147,7 +150,10 @@ def build_space(ctx: PlanContext, groups: list[Group], dp_kinds: tuple[str, ...]
     sizes = tuple(g for g in range(1, len(hosts) + 1) if one_rank and (
         g <= rows if widen else ctx.job.batch.global_ % (g * micro) == 0))
     sfb = frozenset(i for i, g in enumerate(groups) if g.linear) if one_rank else frozenset()
-    speed = {h: _shares.host_speed(ctx, h) for h in hosts}
+    # fastest first: by the whole model's seconds on each host (its device type and `speed`;
+    # `hosts[].speed` alone ranked a V100 before an H100 on mixed GPUs), else by `speed`
+    speed = {h: (-sum(row[j] for row in times) if times else _shares.host_speed(ctx, h))
+             for j, h in enumerate(hosts)}
     order = tuple(sorted(hosts, key=lambda h: (-speed[h], hosts.index(h))))
     if not widen:
         return Space(hosts, len(groups), sizes, dp_kinds, sfb, order=order)
@@ -178,6 +184,7 @@ class Evaluator:
         self.hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
         self.network = network_from_fabric(ctx.fabric, self.hops)
         self.cache: dict[Plan, float] = {}
+        self.seconds = 0.0  # wall clock of the slowest valuation so far
         self._dp: dict[str, Strategy | None] = {}
         self.speeds = host_speeds(ctx)
         self.memory = {h: ctx.device[h].memory for h in ctx.hosts}
@@ -205,7 +212,8 @@ class Evaluator:
 
     def _sim(self, s: Strategy) -> float:
         net = replace(s.network, speed=self.speeds, _cache={}) if self.speeds else s.network
-        if any(isinstance(t, Collective) and t.member_done for t in s.tasks):
+        if has_previous(s.tasks) or any(isinstance(t, Collective) and t.member_done
+                                        for t in s.tasks):  # as `planner.evaluate`
             return steady_period(s.tasks, net, STEADY_ITERATIONS)
         return simulate(s.tasks, net, record=False).iteration_time
 
@@ -213,7 +221,9 @@ class Evaluator:
         """Seconds per iteration; inf when some host's memory does not hold its part or the
         plan cannot be built."""
         if plan not in self.cache:
+            t0 = time.perf_counter()
             self.cache[plan] = self._dp_time(plan) if plan.form == "dp" else self._pp_time(plan)
+            self.seconds = max(self.seconds, time.perf_counter() - t0)
         return self.cache[plan]
 
     def dp_plan(self, plan: Plan) -> Strategy | None:
@@ -314,6 +324,9 @@ class Evaluator:
                                      self.ctx.fabric.mtu)
         if self.speeds:
             net = replace(net, speed=self.speeds, _cache={})
+        if has_previous(tasks) or any(isinstance(t, Collective) and t.member_done
+                                      for t in tasks):  # as `planner.evaluate`
+            return steady_period(tasks, net, STEADY_ITERATIONS)
         return simulate(tasks, net, record=False).iteration_time
 
 
@@ -363,6 +376,7 @@ class Outcome:
     graph: JointGraph
     placement: tuple[Strategy, float] | None = None  # its pipeline and time (a seed)
     skipped: list[str] = field(default_factory=list)  # seeds the budget left out
+    walk: dict | None = None  # the MCMC walk after the tree (`_walk`)
 
 
 def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> JointGraph:
@@ -387,12 +401,14 @@ def joint_graph_of(ctx: PlanContext, groups: list[Group], ev: Evaluator) -> Join
                        [ev.memory[h] for h in hosts])
 
 
-# The seeds (the other strategies' plans TAG starts from) are not cut short by default: they
-# are its floor ("never slower than the best other strategy"), and a seed stopped by the clock
-# made plans depend on the machine's load (under load, 7 of the 48 example plans fell back to
-# the ring, tworack8 x bert to 516 s against topoopt's 9 s). A caller may still give them a
-# share of `time_limit` (`seed_share`, e.g. 0.5), which is then a hard deadline.
-SEED_SHARE: float | None = None
+# The seeds (the other strategies' plans TAG starts from) may use the whole `time_limit`
+# and are cut at its end (share 1.0): so the strategy never runs past `time_limit` (the
+# planner's own simulation of the chosen plan is left room for, `final_reserve`). They are
+# TAG's floor ("never slower than the best other strategy"), so they are not cut earlier: with
+# them cut at half the budget, under heavy load 7 of the 48 example plans got worse
+# (tworack8 x bert fell back to the ring, 516 s against topoopt's 9 s). None: no deadline for
+# the seeds (then the strategy can take longer than `time_limit`).
+SEED_SHARE: float | None = 1.0
 
 
 @dataclass
@@ -419,11 +435,16 @@ class Budget:
     def seed(self, name: str, fn, until: float | None = None):
         """fn() within the seeds' share (or until `until`); None (and `name` recorded) when
         it ran out."""
+        t0 = time.perf_counter()
         try:
-            return call_until(fn, self.seeds if until is None else until)
+            out = call_until(fn, self.seeds if until is None else until)
         except OutOfTime:
             self.skipped.append(name)
+            print(f"tag: seed {name}: out of time after {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
             return None
+        print(f"tag: seed {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        return out
 
 
 def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float | None = None,
@@ -471,12 +492,46 @@ def run_search(ctx: PlanContext, playouts: int, seed: int = 0, time_limit: float
         return max((reward(base, ev.time(plan_of(f))), -k, f) for k, f in enumerate(fulls))[::2]
 
     start = anchors(space, groups, sfb or frozenset()) if use_anchors else []
-    left = None if budget.end is None else max(0.0, budget.end - time.perf_counter())
+    left = None if budget.end is None else max(0.0, budget.end - time.perf_counter()
+                                               - final_reserve(ev))
     res = mcts.search(lambda s: _legal(space, s), value, playouts,
                       prior or mcts.uniform, seed=seed, time_limit=left,
                       progress=progress, start=start)
-    return Outcome(res.best_state, ev.time(plan_of(res.best_state)), base, res, space, groups,
-                   ev, jg, other, budget.skipped)
+    state, walk = res.best_state, None
+    if use_anchors:
+        state, walk = _walk(space, ev, base, playouts, seed, budget, res)
+    return Outcome(state, ev.time(plan_of(state)), base, res, space, groups,
+                   ev, jg, other, budget.skipped, walk)
+
+
+def _walk(space: Space, ev: Evaluator, base: float, steps: int, seed: int, budget: Budget,
+          res: mcts.SearchResult) -> tuple[State, dict]:
+    """After the tree: FlexFlow's Metropolis-Hastings walk (`topoctl.tag.mcmc`) from the
+    baseline, `steps` steps with the search's seed, on the same space and cached values,
+    until the budget's end (less `final_reserve`); the better of its best and the tree's. It
+    reaches deep pipelines of unequal replica sets (4-5 stages) the tree does not in the
+    same number of playouts (docs/results.md, TAG evaluation 1), the tree the plans a walk
+    from the baseline does not. Deterministic for a seed when the budget does not cut it.
+    O(steps * groups) besides one value call per step (most of them cached)."""
+    t0 = time.perf_counter()
+    end = None if budget.end is None else budget.end - final_reserve(ev)
+    best, v, hist = mcmc.search(space, lambda s: reward(base, ev.time(plan_of(s))), steps,
+                                seed=seed, deadline=end)
+    cut = hist[-1][0] < 0
+    better = v > res.best_value
+    print(f"tag: walk (MCMC) {-hist[-1][0] if cut else steps} steps in "
+          f"{time.perf_counter() - t0:.1f} s, {'better' if better else 'not better'} than the "
+          "tree's best", file=sys.stderr, flush=True)
+    return (best if better else res.best_state), {
+        "steps": -hist[-1][0] if cut else steps, "stopped_by_time": cut, "chosen": better}
+
+
+def final_reserve(ev: Evaluator) -> float:
+    """Seconds the search leaves of `time_limit` for the planner's own simulation of the
+    chosen plan (`planner.evaluate`: one isolated iteration; the steady-state period is
+    passed on, `Strategy.period`): the slowest valuation so far (the seeds' plans, up to
+    `STEADY_ITERATIONS` iterations each) over `STEADY_ITERATIONS`."""
+    return ev.seconds / STEADY_ITERATIONS
 
 
 LOOKAHEAD = 3  # next-stage host sets a staged node's value tries besides the default
@@ -571,13 +626,17 @@ def _dp_kinds(ctx: PlanContext, ev: Evaluator, budget: Budget | None = None,
                 k == "topoopt" and ctx.fabric.kind != "direct"):
             continue
         if k == "trees" and budget.seeds is not None:
-            half = time.perf_counter() + (budget.seeds - time.perf_counter()) / 2
+            t0 = time.perf_counter()
+            half = t0 + (budget.seeds - t0) / 2
             try:
                 call_until(lambda: _valued(ev, "trees"), half)
             except OutOfTime:
                 if "trees" not in ev._dp:  # still planning: plan it again, cheaper
                     ev.fixed_fusion = True
                     budget.skipped.append("trees fusion search")
+            print(f"tag: seed trees with its fusion search: {time.perf_counter() - t0:.1f} s"
+                  + ("" if "trees" in ev._dp else " (out of time)"), file=sys.stderr,
+                  flush=True)
         if k != "ring" and budget.seed(k, lambda k=k: _valued(ev, k)) is None:
             continue
         if ev.dp_strategy(k) is not None:
@@ -606,6 +665,8 @@ def emit(ctx: PlanContext, out: Outcome) -> Strategy:
             s = replace(base, notes=dict(base.notes))
     else:
         s = pipeline_strategy(ctx, plan, ev)
+    if not plan.sfb:  # the very tasks the evaluator valued (SFB's are built anew here)
+        s.period = out.time
     s.name = "tag"
     s.notes["tag"] = _notes(out)
     return s
@@ -653,7 +714,9 @@ def _notes(out: Outcome) -> dict:
                      "decision": describe(a)})
     return {"groups": rows, "playouts": out.result.playouts,
             "simulated_plans": len(out.evaluator.cache),
-            "stopped_by_time": out.result.stopped_by_time or bool(out.skipped),
+            "stopped_by_time": out.result.stopped_by_time or bool(out.skipped) or bool(
+                out.walk and out.walk["stopped_by_time"]),
+            **({"walk": out.walk} if out.walk else {}),
             **({"out_of_time": list(out.skipped)} if out.skipped else {}),
             "speedup_over_baseline": (out.base_time / out.time
                                       if math.isfinite(out.base_time) else None)}
@@ -720,7 +783,7 @@ def _adopt_placement(out: Outcome) -> Strategy | None:
     notes["adopted"] = f"placement, {p.notes.get('search')}"
     notes["speedup_over_baseline"] = (out.base_time / t if math.isfinite(out.base_time)
                                       else None)
-    p.name, p.notes = "tag", dict(p.notes) | {"tag": notes}
+    p.name, p.notes, p.period = "tag", dict(p.notes) | {"tag": notes}, t
     return p
 
 

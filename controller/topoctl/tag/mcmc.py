@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable
 
 from topoctl.tag.space import Space, State, complete, legal
@@ -30,14 +31,20 @@ def repair(space: Space, prefix: State, rest: State) -> State:
 
 
 def search(space: Space, value: Callable[[State], float], steps: int, seed: int = 0,
-           temperature: float = 0.05, start: State | None = None
+           temperature: float = 0.05, start: State | None = None,
+           deadline: float | None = None, clock: Callable[[], float] = time.perf_counter
            ) -> tuple[State, float, list[tuple[int, float]]]:
-    """(best state, its value, improvements as (step, value)) after `steps` value calls."""
+    """(best state, its value, improvements as (step, value)) after `steps` value calls, or
+    fewer when `clock` passes `deadline` (the last item of the improvements is then
+    ``(-steps done, best value)``)."""
     rng = random.Random(seed)
     cur = start or complete(space, ())
     v = value(cur)
     best, best_v, hist = cur, v, [(0, v)]
     for step in range(1, steps):
+        if deadline is not None and clock() > deadline:
+            hist.append((-step, best_v))
+            break
         i = rng.randrange(space.groups)
         acts = legal(space, cur[:i])
         cand = repair(space, cur[:i] + (rng.choice(acts),), cur[i + 1:])
