@@ -7,11 +7,14 @@ sharing as before."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from topoctl.sim import Compute
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import CpuPool, crowded_cost, star
+from topoctl.strategies.placement import stage_crowding
 
 HOSTS = ("a", "b", "c", "d")
 
@@ -72,3 +75,21 @@ def test_a_pool_without_crowding_is_unchanged():
     old.cpu_pool = (frozenset(HOSTS), 2)  # the plain (devices, cores) pair
     assert simulate(tasks, _net(2, 0.0)).iteration_time == \
         simulate(tasks, old).iteration_time
+
+
+def test_the_crowding_is_timed_at_twice_the_cores_and_scaled_to_the_oversubscription():
+    """8 lab ranks on 2 cores: the ratio is timed beside 3 copies (2x the cores, not 7: the
+    first plan on a machine pays those seconds), and the coefficient is its excess per unit of
+    the oversubscription it was timed at; no crowding (and no timing) where ranks fit."""
+    asked = []
+
+    def ratio(micro_batch, copies):
+        asked.append((micro_batch, copies))
+        return 1.1
+
+    ctx = SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8, crowded_ratio=ratio)
+    assert stage_crowding(ctx, 64) == pytest.approx(0.1)  # (1.1 - 1) / ((3 + 1) / 2 - 1)
+    assert asked == [(64, 3)]
+    assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=2,
+                                          crowded_ratio=ratio), 64) == 0.0
+    assert asked == [(64, 3)]

@@ -563,20 +563,24 @@ def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
 
 def stage_crowding(ctx: PlanContext, micro_batch: int) -> float:
     """The lab cores' crowding (`sim.network.CpuPool.crowding`) for pipeline ranks: a stage's
-    CPU time at `micro_batch` beside as many co-running copies as the lab has other ranks
-    (at most 4 per core, as `planner.lab_corun`) over alone (`PlanContext.crowded_ratio`),
-    less one, per unit of the oversubscription those copies make (``(copies + 1) / cores -
-    1``); 0 when the ranks do not outnumber the cores or there is no timing. Stages are
-    timed alone (`planner._lab_timing`: how many compute at once is what the plan decides)
-    and the simulator slows them while they crowd. Measured on the 2-core Xeon VM for the
-    lab MLP at 64 rows beside 5 copies: 0.12-0.15 (docs/results.md)."""
+    CPU time at `micro_batch` beside co-running copies (as many as the lab has other ranks, up
+    to twice as many ranks as cores in all) over alone (`PlanContext.crowded_ratio`), less one,
+    per unit of the oversubscription those copies make (``(copies + 1) / cores - 1``); 0 when
+    the lab's ranks (at most 4 per core, as `planner.lab_corun`) do not outnumber the cores or
+    there is no timing. Stages are timed alone (`planner._lab_timing`: how many compute at
+    once is what the plan decides) and the simulator slows them while they crowd. Measured on
+    the 2-core Xeon VM for the lab MLP at 64 rows beside 5 copies: 0.12-0.15
+    (docs/results.md)."""
     cores = ctx.lab.cores
     copies = min(ctx.world_size, 4 * cores) - 1
-    over = (copies + 1) / cores - 1.0
-    if over <= 0 or ctx.crowded_ratio is None:
+    if (copies + 1) / cores <= 1.0 or ctx.crowded_ratio is None:
         return 0.0
-    ratio = ctx.crowded_ratio(micro_batch, copies)
-    return max(0.0, (ratio - 1.0) / over) if ratio else 0.0
+    # timed at twice as many ranks as cores at most: the slowdown is linear in the
+    # oversubscription (+10% beside 3 copies, +19% beside 5 on 2 cores), and every copy more
+    # costs the first plan on a machine seconds of timing (`make demo`'s budget)
+    timed = min(copies, 2 * cores - 1)
+    ratio = ctx.crowded_ratio(micro_batch, timed)
+    return max(0.0, (ratio - 1.0) / ((timed + 1) / cores - 1.0)) if ratio else 0.0
 
 
 def _fx_pos(ctx: PlanContext):
