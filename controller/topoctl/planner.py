@@ -34,8 +34,7 @@ from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.network import CpuPool
 from topoctl.sim.routing import RoutingError
-from topoctl.sim.steady import steady_period
-from topoctl.sim.tasks import Collective, has_previous
+from topoctl.sim.steady import overlaps_iterations, steady_period
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
 from topoctl.strategies import PlanContext, Strategy, StrategyError, available, host_speeds
@@ -218,11 +217,9 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
         if speeds:  # hosts that differ in compute (`hosts[].speed`); none: as before
             s.network = replace(s.network, speed=speeds, _cache={})
         res = simulate(s.tasks, s.network, record=False)
-        if has_previous(s.tasks) or any(isinstance(t, Collective) and t.member_done
-                                        for t in s.tasks):
-            # ranks leave a collective one by one, or a task waits for one of the previous
-            # iteration (`bucket_overlap: forward`): the next iteration's compute starts under
-            # the communication's tail, and the period is the prediction (`topoctl.sim.steady`)
+        if overlaps_iterations(s.tasks):
+            # the next iteration's compute starts under the communication's tail, and the
+            # period is the prediction (`topoctl.sim.steady`)
             period = (s.period if s.period is not None
                       else steady_period(s.tasks, s.network, STEADY_ITERATIONS))
             res = replace(res, iteration_time=period, exposed_comm=max(

@@ -25,9 +25,18 @@ from dataclasses import replace
 
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
-from topoctl.sim.tasks import PREVIOUS, Compute, Task
+from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, has_previous
 
-__all__ = ["chain_iterations", "steady_period"]
+__all__ = ["chain_iterations", "overlaps_iterations", "steady_period"]
+
+
+def overlaps_iterations(tasks: Sequence[Task]) -> bool:
+    """Whether the next iteration of `tasks` starts under this one's tail, so that its
+    prediction is `steady_period`, not one isolated iteration: ranks leave a collective one
+    by one (``Collective.member_done``), or a task waits for one of the previous iteration
+    (`tasks.previous`, ``bucket_overlap: forward``). O(tasks)."""
+    return has_previous(tasks) or any(isinstance(t, Collective) and t.member_done
+                                      for t in tasks)
 
 
 def _copy_id(i: int, tid: str) -> str:

@@ -46,8 +46,7 @@ from topoctl.placement.stagesync import stage_trees
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.steady import steady_period
-from topoctl.sim.tasks import Collective, has_previous
+from topoctl.sim.steady import overlaps_iterations, steady_period
 from topoctl.tag import mcmc, mcts
 from topoctl.tag.budget import OutOfTime, call_until
 from topoctl.tag.features import JointGraph, joint_graph
@@ -212,8 +211,7 @@ class Evaluator:
 
     def _sim(self, s: Strategy) -> float:
         net = replace(s.network, speed=self.speeds, _cache={}) if self.speeds else s.network
-        if has_previous(s.tasks) or any(isinstance(t, Collective) and t.member_done
-                                        for t in s.tasks):  # as `planner.evaluate`
+        if overlaps_iterations(s.tasks):  # as `planner.evaluate`
             return steady_period(s.tasks, net, STEADY_ITERATIONS)
         return simulate(s.tasks, net, record=False).iteration_time
 
@@ -324,8 +322,7 @@ class Evaluator:
                                      self.ctx.fabric.mtu)
         if self.speeds:
             net = replace(net, speed=self.speeds, _cache={})
-        if has_previous(tasks) or any(isinstance(t, Collective) and t.member_done
-                                      for t in tasks):  # as `planner.evaluate`
+        if overlaps_iterations(tasks):  # as `planner.evaluate`
             return steady_period(tasks, net, STEADY_ITERATIONS)
         return simulate(tasks, net, record=False).iteration_time
 
