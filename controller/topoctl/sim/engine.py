@@ -415,11 +415,7 @@ class _Run:
         pending event."""
         t_flow = min([f[0] / f[1] for f in self.flows.values() if f[1] > 0], default=math.inf)
         for _, buf, fids in self.sending.values():  # a sender's part when `buffer` remain
-            rem = rate = 0.0
-            for fid in fids:
-                f = self.flows.get(fid)
-                if f is not None:
-                    rem, rate = rem + f[0], rate + f[1]
+            rem, rate = self._to_send(fids)
             if rate > 0:
                 t_flow = min(t_flow, max(0.0, rem - buf) / rate)
         t_event = self.events[0][0] - self.now if self.events else math.inf
@@ -476,11 +472,8 @@ class _Run:
     def _senders_done(self) -> None:
         """Complete the sender's parts (`tasks.sent`) of transfers that have at most their
         buffer still to leave."""
-        done = []
-        for node, (_, buf, fids) in self.sending.items():
-            rem = sum(self.flows[f][0] for f in fids if f in self.flows)
-            if rem <= buf + 1e-9 * self.g.size[node] + 1e-6:
-                done.append(node)
+        done = [node for node, (_, buf, fids) in self.sending.items()
+                if self._handed_over(node, buf, self._to_send(fids)[0])]
         for node in done:
             self.complete(self.sending.pop(node)[0])
 
@@ -619,11 +612,24 @@ class _Run:
         """Transfer `node` started with flows `fids`: its sender's part is done now if at most
         its buffer is still to leave, else when that much is left (`_senders_done`)."""
         k, buf = self.g.sender_part[node]
-        rem = sum(self.flows[f][0] for f in fids)
-        if rem <= buf + 1e-9 * self.g.size[node] + 1e-6:
+        if self._handed_over(node, buf, self._to_send(fids)[0]):
             self.done_stack.append(k)
         else:
             self.sending[node] = (k, buf, fids)
+
+    def _to_send(self, fids: list[int]) -> tuple[float, float]:
+        """(bytes still in flight, their rate) over a transfer's flows `fids` (ended ones: 0)."""
+        rem = rate = 0.0
+        for fid in fids:
+            f = self.flows.get(fid)
+            if f is not None:
+                rem, rate = rem + f[0], rate + f[1]
+        return rem, rate
+
+    def _handed_over(self, node: int, buf: float, rem: float) -> bool:
+        """Whether transfer `node`'s sender is done: at most its `buf` bytes (the socket's send
+        buffer) are still to leave (with `_add_flow`'s slack for rounding)."""
+        return rem <= buf + 1e-9 * self.g.size[node] + 1e-6
 
     def _cpu_flows(self, node: int, seconds: float, latency: float) -> None:
         """Two flows of `seconds` CPU-seconds for step `node`: its sender's and its receiver's,
