@@ -25,7 +25,7 @@ from topoctl.graph.profile import (
     retime_runtime_calibration,
 )
 from topoctl.labprofile import LabProfile, machine_profile
-from topoctl.placement.runtime import message_cost, rank_op_costs
+from topoctl.placement.runtime import message_cost, rank_op_costs, shared_message_s
 from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.ovs import ovs_host
@@ -197,9 +197,7 @@ def lab_messages(ctx: PlanContext):
     (`placement.runtime.message_cost`); the defaults without the caches."""
     cal = load_calibration() if ctx.use_cache else None
     crowded = ctx.world_size > ctx.lab.cores
-    shared = (cal or {}).get("per_message_shared_s") if crowded else None
-    return message_cost(runtime_costs(cal), ctx.lab,
-                        float(shared) if isinstance(shared, (int, float)) else None)
+    return message_cost(runtime_costs(cal), ctx.lab, shared_message_s(cal) if crowded else None)
 
 
 STEADY_ITERATIONS = 3  # iterations simulated back to back for a steady-state period

@@ -34,7 +34,7 @@ from topoctl.labprofile import LabProfile
 from topoctl.sim.network import MessageCost
 
 __all__ = ["allreduce_cpu", "message_cost", "message_cpu", "needs_grad", "ps_cpu",
-           "rank_op_costs", "stage_costs"]
+           "rank_op_costs", "shared_message_s", "stage_costs"]
 
 
 def _is_float(graph: OpGraph, name: str) -> bool:
@@ -87,6 +87,13 @@ def rank_op_costs(graph: OpGraph, measured: Mapping[str, TrainCost],
     bwd = whole_step_backward(graph, dict(measured))
     out = {o.name: OpCost(scale * measured[o.name].fwd, scale * bwd[o.name]) for o in graph.ops}
     return out, scale * sum(measured[o.name].step for o in graph.ops)
+
+
+def shared_message_s(calibration: Mapping | None) -> float | None:
+    """The runtime calibration's per-message CPU measured with ranks sharing the cores
+    (``per_message_shared_s``), None when it has none (or there is no calibration)."""
+    shared = (calibration or {}).get("per_message_shared_s")
+    return float(shared) if isinstance(shared, (int, float)) else None
 
 
 def message_cost(costs: RuntimeCosts, lab: LabProfile | None = None,

@@ -48,7 +48,13 @@ from topoctl.labprofile import LabProfile
 from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, node_memory, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
-from topoctl.placement.runtime import allreduce_cpu, message_cpu, ps_cpu, stage_costs
+from topoctl.placement.runtime import (
+    allreduce_cpu,
+    message_cpu,
+    ps_cpu,
+    shared_message_s,
+    stage_costs,
+)
 from topoctl.placement.search import candidates
 from topoctl.placement.stagesync import choose_sync, stage_trees, sync_schedule, tree_cpu
 from topoctl.sim.engine import simulate
@@ -554,10 +560,8 @@ def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
     if ops is None:  # the model does not train on real tensors here: the context's costs
         return None
     cal = load_calibration()
-    shared = (cal or {}).get("per_message_shared_s")
     inputs = ctx.inputs_cost(ctx.job.batch.global_) if ctx.inputs_cost is not None else 0.0
-    return Measured(ops, runtime_costs(cal),
-                    float(shared) if isinstance(shared, (int, float)) else None, lab=ctx.lab,
+    return Measured(ops, runtime_costs(cal), shared_message_s(cal), lab=ctx.lab,
                     inputs_s=inputs, crowding=stage_crowding(ctx, micro_batch))
 
 
