@@ -87,32 +87,33 @@ def neighbours(c: Candidate, n: int, fusions: Sequence[str], rng: random.Random,
     for _ in range(moves * ATTEMPTS):
         if len(out) >= moves:
             break
-        cuts = list(c.cuts)
         kind = kinds[rng.randrange(len(kinds))]
         if kind >= 4:
             new = _overlap_move(c, kind, overlaps, rng)
-            if new != c and new not in out and new not in exclude:
-                out.append(new)
-            continue
-        if kind == 0 and len(cuts) > 1:  # merge bucket k with bucket k+1
-            del cuts[rng.randrange(len(cuts) - 1)]
-        elif kind == 1 and len(cuts) < n:  # split: a new boundary where there is none
-            free = sorted(set(range(n - 1)) - set(cuts))
-            cuts = sorted(cuts + [free[rng.randrange(len(free))]])
-        elif kind == 2 and len(cuts) > 1:  # move a boundary by 1..3 units
-            k = rng.randrange(len(cuts) - 1)
-            lo = cuts[k - 1] + 1 if k else 0
-            cuts[k] = min(max(cuts[k] + rng.choice((-3, -2, -1, 1, 2, 3)), lo), cuts[k + 1] - 1)
         elif kind == 3:
             others = [f for f in fusions if f != c.fusion]
             new = replace(c, fusion=others[rng.randrange(len(others))])
-            if new not in out and new not in exclude:
-                out.append(new)
-            continue
-        new = replace(c, cuts=tuple(cuts), tail=min(c.tail, len(cuts)))
+        else:
+            cuts = _cuts_move(list(c.cuts), kind, n, rng)
+            new = replace(c, cuts=tuple(cuts), tail=min(c.tail, len(cuts)))
         if new != c and new not in out and new not in exclude:
             out.append(new)
     return out
+
+
+def _cuts_move(cuts: list[int], kind: int, n: int, rng: random.Random) -> list[int]:
+    """`cuts` after move `kind` (0: merge two neighbouring buckets, 1: split one, 2: move a
+    boundary by 1..3 units), unchanged where the move does not apply."""
+    if kind == 0 and len(cuts) > 1:  # merge bucket k with bucket k+1
+        del cuts[rng.randrange(len(cuts) - 1)]
+    elif kind == 1 and len(cuts) < n:  # split: a new boundary where there is none
+        free = sorted(set(range(n - 1)) - set(cuts))
+        cuts = sorted(cuts + [free[rng.randrange(len(free))]])
+    elif kind == 2 and len(cuts) > 1:  # move a boundary by 1..3 units
+        k = rng.randrange(len(cuts) - 1)
+        lo = cuts[k - 1] + 1 if k else 0
+        cuts[k] = min(max(cuts[k] + rng.choice((-3, -2, -1, 1, 2, 3)), lo), cuts[k + 1] - 1)
+    return cuts
 
 
 def _overlap_move(c: Candidate, kind: int, overlaps: Sequence[str], rng: random.Random
