@@ -19,7 +19,12 @@ into docs: every strategy is planned right before it is measured with its ops ti
 table gives the medians (bench/demo_median.py), each run's files in `OUT/run<k>/`.
 
     python -m bench.demo [--iterations N] [--min-seconds 6] [--out demo-results]
-                         [--strategies baseline trees] [--no-ovs] [--careful [--runs 3]]
+                         [--strategies baseline trees | --all] [--no-ovs]
+                         [--careful [--runs 3]]
+
+A strategy whose plan runs exactly as an earlier row's (`as_run`: the same fabric, host
+state and job; e.g. TAG choosing the placement search's plan) is not run again: its row shows
+its own prediction beside that row's measurement and says which row it is.
 """
 
 from __future__ import annotations
@@ -62,22 +67,43 @@ def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
     return plan
 
 
-# post-passes with nothing to do on this cluster and job: its hosts are equally fast (no batch
-# shares), and SFB has its own lab check (bench/sfb_crossover.py, docs/results.md); DisCo's
-# buckets (bench/disco.py) and TAG (bench/tag_sim.py, docs/tag.md) have theirs: one more lab
-# row would take `make demo` past its 4 minutes (3 min 50 s without them, docs/results.md)
+# `make demo`'s rows leave out the strategies below: each row costs 15-35 s on this 2-core VM
+# (an 8-rank ring row about 34 s) and the demo has 4 minutes; `--all` adds them (the demo table
+# in docs/results.md is an `--all` run). On this cluster batch shares change nothing (its hosts
+# are equally fast: each row is the same plan as the one it post-passes) and TAG's plan is the
+# placement search's (the same plan again); SFB and DisCo's buckets plan something of their own.
 NOT_IN_DEMO = ("shares", "sfb", "disco", "tag")
 
 
-def default_strategies(registry: dict) -> list[str]:
+def default_strategies(registry: dict, every: bool = False) -> list[str]:
     """The demo's rows: the baseline, then one row per strategy function of `registry` (an
     alias, "bandwidth" = "baseline+bandwidth", runs once under its longest, most descriptive
-    name), without the post-passes of :data:`NOT_IN_DEMO`."""
+    name), without the post-passes of :data:`NOT_IN_DEMO` unless `every`."""
     names: dict = {}
     for s, fn in sorted(registry.items()):
-        if s != "baseline" and not any(p in s.split("+") for p in NOT_IN_DEMO):
+        if s != "baseline" and (every or not any(p in s.split("+") for p in NOT_IN_DEMO)):
             names.setdefault(fn, []).append(s)
     return ["baseline"] + sorted(max(v, key=len) for v in names.values())
+
+
+def as_run(plan: dict) -> dict:
+    """What of `plan` the hosts apply and the ranks run: its `fabric`, `hosts` and `job`
+    sections, an even `job.batch.shares` left out (the runtime's weighted average with equal
+    weights is the plain one: `+shares` on equally fast hosts changes nothing). Two plans
+    with the same `as_run` are one measurement."""
+    job = dict(plan.get("job") or {})
+    batch = dict(job.get("batch") or {})
+    if len(set(batch.get("shares") or [])) <= 1:
+        batch.pop("shares", None)
+    job["batch"] = batch
+    return {"fabric": plan.get("fabric"), "hosts": plan.get("hosts"), "job": job}
+
+
+def same_plan_as(plan: dict, measured: list[tuple[str, dict]]) -> str | None:
+    """The strategy of the first row in `measured` ((strategy, plan) pairs) whose plan runs
+    the same as `plan` (`as_run`), or None."""
+    mine = as_run(plan)
+    return next((s for s, p in measured if as_run(p) == mine), None)
 
 
 def allreduce_optimum(plans: dict[str, dict]) -> float | None:
@@ -258,6 +284,17 @@ def row(cluster, s: str, plan: dict, k: int, args, phases: Phases) -> dict:
         log(f"lab {name} removed")
 
 
+def reused(s: str, plan: dict, twin: dict) -> dict:
+    """The row of strategy `s` whose plan runs exactly as the measured row `twin`'s
+    (`same_plan_as`): its own prediction beside `twin`'s measurement, not run a second time."""
+    r = {"strategy": s, "plan": f"{plan_summary(plan)} (= {twin['strategy']})",
+         "predicted": plan["metadata"]["prediction"]["iteration_time"],
+         "measured": twin["measured"], "same_as": twin["strategy"]}
+    log(f"{s}: the same plan as {twin['strategy']}; its measurement ({r['measured']:.3f} "
+        f"s/it) is this row's too, predicted {r['predicted']:.3f} s/it")
+    return r
+
+
 def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
             ) -> tuple[list[dict], dict[str, dict], Phases]:
     """Every row once: (rows, plans by strategy, phase times). Default: the step timed once
@@ -289,7 +326,10 @@ def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
             # timing from the start of the demo can be 20% off by its end
             forget_retimed()
             planned(s)
-        rows.append(row(cluster, s, plans[s], k, args, phases))
+        twin = same_plan_as(plans[s], [(r["strategy"], plans[r["strategy"]]) for r in rows
+                                       if r["strategy"] in plans and not r.get("same_as")])
+        rows.append(reused(s, plans[s], next(r for r in rows if r["strategy"] == twin))
+                    if twin else row(cluster, s, plans[s], k, args, phases))
     if not args.no_ovs:
         from bench.demo_ovs import ovs_row
 
@@ -325,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                          "to 6 samples nor to a tree plan's first, still settling iterations")
     ap.add_argument("--out", default="demo-results")
     ap.add_argument("--strategies", nargs="+")
+    ap.add_argument("--all", action="store_true",
+                    help="every strategy, the post-passes left out of the default rows "
+                         "(batch shares, SFB, DisCo, TAG) included: about 6 minutes")
     ap.add_argument("--no-ovs", action="store_true",
                     help="skip the baseline+bandwidth row through Open vSwitch")
     ap.add_argument("--careful", action="store_true",
@@ -355,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "planning the cluster as the lab emulates it (no latency, no loss)")
         cluster = parse_cluster(doc, f"{CLUSTER} (as emulated)")
     job_doc = yaml.safe_load(JOB.read_text())
-    strategies = args.strategies or default_strategies(available())
+    strategies = args.strategies or default_strategies(available(), every=args.all)
     t_start = time.perf_counter()
     runs = args.runs if args.careful else 1
     log(f"{JOB.name} on {cluster.name} with: {', '.join(strategies)}; " + (

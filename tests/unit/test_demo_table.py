@@ -77,3 +77,34 @@ def test_the_demo_rows_are_one_per_strategy_without_the_post_passes_with_nothing
     assert rows == ["baseline", "baseline+bandwidth", "pipeline", "placement", "topoopt",
                     "trees", "trees+bandwidth"]
     assert "bandwidth" not in rows and not [r for r in rows if "shares" in r or "sfb" in r]
+
+
+def test_all_rows_add_the_post_passes_once_each():
+    from bench.demo import default_strategies
+    from topoctl.strategies import available
+
+    rows = default_strategies(available(), every=True)
+    assert {"baseline+shares", "baseline+sfb", "baseline+disco", "tag"} <= set(rows)
+    assert len(rows) == len(set(rows)) and "bandwidth" not in rows and "disco" not in rows
+
+
+def _run_plan(shares=None, hosts=("h0", "h1")) -> dict:
+    batch = {"global": 96, **({"shares": shares} if shares else {})}
+    return {"metadata": {"strategy": "x", "prediction": {"iteration_time": 1.0}},
+            "fabric": {"links": []}, "hosts": {h: {"interfaces": []} for h in hosts},
+            "job": {"batch": batch, "collective": {"algorithm": "ring"}}}
+
+
+def test_a_plan_that_runs_as_a_measured_one_is_found_and_differences_are_not_hidden():
+    from bench.demo import same_plan_as
+
+    measured = [("baseline", _run_plan()), ("pipeline", _run_plan(hosts=("h0",)))]
+    assert same_plan_as(_run_plan(shares=[48, 48]), measured) == "baseline"  # even shares
+    assert same_plan_as(_run_plan(hosts=("h0",)), measured) == "pipeline"
+    assert same_plan_as(_run_plan(shares=[64, 32]), measured) is None  # uneven shares run apart
+    other = _run_plan()
+    other["job"]["collective"]["algorithm"] = "trees"
+    assert same_plan_as(other, measured) is None
+    other = _run_plan()
+    other["metadata"]["strategy"] = "tag"  # metadata is not what runs
+    assert same_plan_as(other, measured) == "baseline"
