@@ -13,7 +13,13 @@ from dataclasses import dataclass, replace
 from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.fabric.capgraph import FabricError
 from topoctl.graph.capture import CaptureError
-from topoctl.graph.cost import roofline_costs, scale_costs, totals
+from topoctl.graph.cost import (
+    interpolate_train_costs,
+    roofline_costs,
+    scale_costs,
+    timing_grid,
+    totals,
+)
 from topoctl.graph.devices import Device
 from topoctl.graph.profile import (
     device_table,
@@ -149,11 +155,25 @@ def _lab_timing(job: Job, retime: bool, corun: int):
     runs it. Data-parallel ranks ("module") are timed beside `corun` copies (every rank
     computes at once); pipeline stages ("stage") alone, since how many stages compute at once
     is what the pipeline strategies search (timed beside 7 copies, the demo's one-host
-    pipeline was predicted 0.110 s and ran 0.087 s)."""
+    pipeline was predicted 0.110 s and ran 0.087 s). Stages are timed at the micro-batches
+    of `graph.cost.timing_grid` and interpolated between them: a search tries many
+    micro-batches (TAG on the demo's job: six, 2.5 s of timing each, which took its whole
+    budget on a first plan)."""
 
-    def train_costs(batch: int, runtime: str = "module"):
+    def timed(batch: int, runtime: str):
         return measure_train_job(job, batch, use_cache=True, retime=retime, runtime=runtime,
                                  corun=corun if runtime == "module" else 0)
+
+    def train_costs(batch: int, runtime: str = "module"):
+        if runtime != "stage":  # one batch per plan: timed exactly
+            return timed(batch, runtime)
+        # searches try many micro-batches: timed on the grid, interpolated between
+        lo, hi = timing_grid(batch)
+        at_lo = timed(lo, runtime)
+        if lo == hi or at_lo is None:
+            return at_lo
+        at_hi = timed(hi, runtime)
+        return None if at_hi is None else interpolate_train_costs(at_lo, at_hi, lo, hi, batch)
     return train_costs
 
 

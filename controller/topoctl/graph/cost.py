@@ -11,6 +11,7 @@ Measuring is I/O-free but not pure (it runs the model); its results are cached b
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections.abc import Callable
@@ -120,6 +121,36 @@ class TrainCost:
     bwd_params: float
     bwd_inputs: float
     step: float = 0.0
+
+
+def timing_grid(batch: int) -> tuple[int, int]:
+    """The batch sizes of the timing grid (1, 2, 3, 4, 6, 8, 12, 16, ...: the powers of two
+    and three times them) just below and just above `batch`, the same one twice when `batch`
+    is on it. A search that tries many micro-batches (TAG's, each 2-3 s of timing on this CPU)
+    times at most two grid points per octave and interpolates between them
+    (`interpolate_train_costs`). O(log batch)."""
+    if batch < 1:
+        raise ValueError(f"batch {batch}: at least 1")
+    n = batch.bit_length() + 1
+    grid = sorted({2 ** i for i in range(n)} | {3 * 2 ** i for i in range(n)})
+    k = bisect.bisect_left(grid, batch)
+    return (batch, batch) if grid[k] == batch else (grid[k - 1], grid[k])
+
+
+def interpolate_train_costs(lo: dict[str, TrainCost], hi: dict[str, TrainCost],
+                            lo_batch: int, hi_batch: int, batch: int) -> dict[str, TrainCost]:
+    """Per op, its `TrainCost` at `batch` linearly between its timings at `lo_batch` and
+    `hi_batch` (`timing_grid`'s neighbours: an op's time is affine in the batch between
+    them, a fixed per-call part plus a part per sample). Ops timed at only one of the two
+    keep that timing. O(ops)."""
+    w = (batch - lo_batch) / (hi_batch - lo_batch) if hi_batch != lo_batch else 0.0
+
+    def mix(a: TrainCost, b: TrainCost) -> TrainCost:
+        return TrainCost(*(x + w * (y - x) for x, y in zip(
+            (a.fwd, a.bwd_params, a.bwd_inputs, a.step),
+            (b.fwd, b.bwd_params, b.bwd_inputs, b.step), strict=True)))
+    return {k: mix(lo[k], hi[k]) if k in hi else lo[k] for k in lo} | \
+        {k: v for k, v in hi.items() if k not in lo}
 
 
 def _median_time(fn: Callable[[], object], warmup: int, repeats: int) -> float:

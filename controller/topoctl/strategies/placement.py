@@ -43,7 +43,7 @@ from topocontract.stages import pieces
 from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
 from topoctl.fabric.graph import connection_links
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
-from topoctl.graph.cost import TrainCost
+from topoctl.graph.cost import TrainCost, timing_grid
 from topoctl.labprofile import LabProfile
 from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, node_memory, route_matrix
@@ -583,7 +583,9 @@ def stage_crowding(ctx: PlanContext, micro_batch: int) -> float:
     # oversubscription (+10% beside 3 copies, +19% beside 5 on 2 cores), and every copy more
     # costs the first plan on a machine seconds of timing (`make demo`'s budget)
     timed = min(copies, 2 * cores - 1)
-    ratio = ctx.crowded_ratio(micro_batch, timed)
+    # a ratio, near the same for neighbouring micro-batches: the grid point below (a search's
+    # many micro-batches cost one timing per grid point, `graph.cost.timing_grid`)
+    ratio = ctx.crowded_ratio(timing_grid(micro_batch)[0], timed)
     return max(0.0, (ratio - 1.0) / ((timed + 1) / cores - 1.0)) if ratio else 0.0
 
 
