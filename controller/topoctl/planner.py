@@ -202,20 +202,21 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     if measured is None:  # the model does not train on real tensors here
         return ctx
     ops, step = rank_op_costs(ctx.graph, measured, ctx.job.cost.scale)
-    rt = runtime_costs(load_calibration() if ctx.use_cache else None)
+    cal = load_calibration() if ctx.use_cache else None
+    rt = runtime_costs(cal)
     return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
-                   cpu_pool=CpuPool(frozenset(ctx.hosts), ctx.lab.cores, lab_messages(ctx)),
+                   cpu_pool=CpuPool(frozenset(ctx.hosts), ctx.lab.cores,
+                                    lab_messages(ctx, cal)),
                    bucket_copy=(rt.per_piece_s, rt.copy_bytes_per_s))
 
 
-def lab_messages(ctx: PlanContext):
+def lab_messages(ctx: PlanContext, cal: dict | None):
     """What a gloo message costs a lab rank's CPU (`sim.network.MessageCost`, charged by the
     simulator to every collective's steps between the lab's ranks): the machine's runtime
     calibration (``python -m topotrain.collectives.calibrate``; its per-message figure
     measured with ranks sharing the cores when the lab has more ranks than cores, its
     one-rank figure otherwise) and the lab's cable emulation per byte
-    (`placement.runtime.message_cost`); the defaults without the caches."""
-    cal = load_calibration() if ctx.use_cache else None
+    (`placement.runtime.message_cost`); the defaults without the calibration `cal`."""
     crowded = ctx.world_size > ctx.lab.cores
     return message_cost(runtime_costs(cal), ctx.lab, shared_message_s(cal) if crowded else None)
 
