@@ -22,7 +22,8 @@ seconds of its AllReduce]; plans naming their buckets, `job.collective.bucket_pl
 `buckets`, per bucket [index, bytes, ready, start, end] in seconds from its first ready
 gradient, in the order started: `topotrain.buckets`; with `bucket_overlap: forward` the
 buckets applied in this iteration's forward (the previous iteration's) or flushed after the
-last, with where and when they were waited for) and
+last, with where and when they were waited for; the last iteration's `seconds` leave the
+flush out, `flush_seconds` says how long it took) and
 `done` (checksum of the final parameters, identical on every rank when training was synchronous).
 
 With `checkpoint.every` the run checkpoints (`topotrain.checkpoint`) and with `checkpoint.resume`
@@ -248,10 +249,16 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor], last: bool = False
     t1, m1 = time.perf_counter(), time.thread_time()
     # DDP's AllReduces run inside the backward (the tree hook waits for its buckets)
     (loss * weight if weight != 1.0 else loss).backward()
+    flush = 0.0
     if run.buckets is not None:  # plan-named buckets: started inside the backward, wait here
         run.buckets.finish()  # (forward overlap: the next forward waits instead)
-        if last:
+        if last and run.buckets.overlap == "forward":
+            # the last iteration's AllReduces, which the next forward would
+            # have waited for, drained now: timed apart (`flush_seconds`), since an iteration
+            # of the steady state (the period a plan predicts) has no such tail
+            f0 = time.perf_counter()
             run.buckets.flush()
+            flush = time.perf_counter() - f0
     if run.sfb is not None:  # the SFB layers' gradients from all ranks' factors
         run.sfb.sync()
     t2, m2 = time.perf_counter(), time.thread_time()
@@ -262,18 +269,21 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor], last: bool = False
     # too, kernel time on its behalf included) during the iteration
     # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
     # CPU samples (bench/planner_lab_check.py)
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    t3 = time.perf_counter()
+    seconds, cpu = t3 - t0 - flush, time.process_time() - c0
     # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]
     extra = ({"allreduce": [[b, round(w, 6), round(r, 6)] for b, w, r in
                             run.tree_hook.take_timings()]} if run.tree_hook is not None else {})
     if run.buckets is not None:  # per bucket, in the order started (the plan's)
         extra["buckets"] = run.buckets.take_events()
+        if last and run.buckets.overlap == "forward":
+            extra["flush_seconds"] = round(flush, 6)
     if run.sfb is not None:  # seconds of the SFB gathers and products (inside `backward`)
         extra["sfb_seconds"] = round(run.sfb.seconds, 6)
     # phases: wall seconds of forward (with zero_grad and the loss), backward (with the
     # AllReduces DDP runs in it) and the optimizer step: a rank's own timeline
-    phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1, 6),
-              "step": round(t0 + seconds - t2, 6)}
+    phases = {"forward": round(t1 - t0, 6), "backward": round(t2 - t1 - flush, 6),
+              "step": round(t3 - t2, 6)}
     # the same phases in CPU seconds of this (the main) thread: the model's compute, which
     # torch runs here with one thread; not the collectives' threads
     phases_cpu = {"forward": round(m1 - m0, 6), "backward": round(m2 - m1, 6),

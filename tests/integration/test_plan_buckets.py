@@ -176,8 +176,16 @@ def test_train_runs_the_plans_buckets_in_order(tmp_path):
             == [round(e["loss"], 6) for e in iters])
     for e in (e for e in fwd if e["event"] == "iter"):
         where = [b[5] for b in e["buckets"]]
+        last = e["iter"] == JOB["iterations"] - 1
         assert where == ["forward"] * len(plan) * (e["iter"] > 0) + ["flush"] * len(plan) * (
-            e["iter"] == JOB["iterations"] - 1), e["buckets"]
+            last), e["buckets"]
+        # the drain after the last iteration is timed apart from it: every flushed bucket's
+        # wait (seconds since the flush began) within `flush_seconds`, none in `seconds`
+        assert ("flush_seconds" in e) == last, e
+        if last:
+            assert all(0 <= b[6] <= b[7] <= e["flush_seconds"] for b in e["buckets"]
+                       if b[5] == "flush"), (e["buckets"], e["flush_seconds"])
+        assert abs(sum(e["phases"].values()) - e["seconds"]) < 1e-4, e
 
 
 def test_train_refuses_a_plan_missing_a_parameter(tmp_path):
