@@ -245,7 +245,7 @@ def row(cluster, s: str, plan: dict, k: int, args, phases: Phases) -> dict:
     # iteration on a new lab, 0.680-0.709 s (once 0.662) after other strategies on the
     # same lab, predicted 0.648-0.663 s throughout);
     # a lab takes about a second to build and to remove
-    name = f"demo{os.getpid() % 10**4}{k}"  # at most 9 characters (k < 10)
+    name = f"dm{os.getpid() % 10**5}{k:02d}"  # at most 9 characters (k < 100)
     t0 = time.perf_counter()
     lab = labmod.up(cluster, name=name)
     phases.add("lab up/down", time.perf_counter() - t0)
