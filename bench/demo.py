@@ -128,6 +128,7 @@ def plan_summary(plan: dict) -> str:
     model, N stages, N replicas), the cables of a plan that re-cables (TopoOpt's topology in
     `metadata.collective`), then the per-destination bandwidth classes it sets, if any.
     E.g. "8 hosts, ring", "8 hosts, 3 trees, bandwidth classes: 16",
+    "8 hosts, ring, 4 buckets (forward overlap)", "8 hosts, ring, SFB on 4 layers",
     "8 hosts, 8 trees, re-cabled: 8 cables", "1 host (h0): whole model"."""
     job = plan.get("job") or {}
     coll = job.get("collective") or {}
@@ -147,6 +148,12 @@ def plan_summary(plan: dict) -> str:
             what = f"{trees} tree" + ("s" if trees != 1 else "")
         else:
             what = str(algo or "no collective")
+        if coll.get("bucket_plan"):  # DisCo's buckets, named by the plan
+            what += f", {len(coll['bucket_plan'])} buckets"
+            if coll.get("bucket_overlap") == "forward":
+                what += " (forward overlap)"
+        if job.get("sfb"):
+            what += f", SFB on {len(job['sfb'])} layers"
         text = f"{_hosts_word(used)}, {what}"
     # a topology strategy (topoopt) cables the hosts its own way: the plan's `fabric`
     if ((plan.get("metadata") or {}).get("collective") or {}).get("topology"):

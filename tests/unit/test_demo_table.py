@@ -108,3 +108,16 @@ def test_a_plan_that_runs_as_a_measured_one_is_found_and_differences_are_not_hid
     other = _run_plan()
     other["metadata"]["strategy"] = "tag"  # metadata is not what runs
     assert same_plan_as(other, measured) == "baseline"
+
+
+def test_plan_summary_names_disco_buckets_and_sfb_layers():
+    from bench.demo import plan_summary
+
+    plan = _run_plan()
+    plan["job"]["collective"].update(bucket_plan=[{"params": ["a"]}, {"params": ["b"]}],
+                                     bucket_overlap="forward", order=["h0", "h1"])
+    assert plan_summary(plan) == "2 hosts, ring, 2 buckets (forward overlap)"
+    plan = _run_plan()
+    plan["job"].update(sfb=["net.0", "net.2"])
+    plan["job"]["collective"]["order"] = ["h0", "h1"]
+    assert plan_summary(plan) == "2 hosts, ring, SFB on 2 layers"
