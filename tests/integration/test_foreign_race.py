@@ -11,6 +11,7 @@ from tests.integration.test_agent import Host, dump, host  # noqa: F401
 from tests.netns import ip_json, sh
 from topoagent.apply import transaction
 from topoagent.apply.journal import restore
+from topoagent.apply.kernel_ops import DelRoute
 from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.state.host import parse_host_state
 from topoagent.target import Target
@@ -76,3 +77,19 @@ def test_a_route_at_the_prefix_route_of_a_new_address_replaces_the_kernels(host:
     assert r.returncode == 0, r.stderr
     got = routes_at(host.ns, "10.231.5.0/24")
     assert [(x["protocol"], x.get("prefsrc")) for x in got] == [("76", "10.231.1.1")], got
+
+
+def test_a_journal_replay_does_not_put_a_deleted_route_back_over_someone_elses(
+        host: Host):  # noqa: F811
+    """The crashed apply deleted a route of the agent's (the journal's undo puts it back);
+    while the agent lay crashed someone else put a blackhole at its key: the undo leaves it."""
+    assert host.apply(BASE).returncode == 0
+    target = Target(netns=host.ns)
+    drv = NetlinkDriver(target)
+    ours = parse_host_state({**BASE, "routes": [NEW_ROUTE]})
+    sh(["ip", "-n", host.ns, "route", "add", "blackhole", "10.236.9.0/24", "proto", "static"])
+    before = dump(host.ns)
+    restore(drv, [DelRoute(ours.routes[0], 76).inverse()], ours, [])
+    assert [(r.get("type"), r["protocol"]) for r in routes_at(host.ns, "10.236.9.0/24")] == [
+        ("blackhole", "static")]
+    assert dump(host.ns)["route"] == before["route"]

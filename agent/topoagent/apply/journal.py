@@ -394,6 +394,12 @@ def restore(drv: Driver, undo: list[Op], before: HostState,
     Each step tolerates errors: after a crash the newest inverse may undo a change that never
     reached the kernel, and an inverse may need a later one first (a route's preferred source
     address comes back after the route); the final diff settles both, and decides."""
+    # a route the crashed apply deleted goes back (its inverse replaces) unless a route the
+    # agent cannot express took its key meanwhile: that one is someone else's, and the diff
+    # below never replaces it either
+    opaque = observe(drv.target).opaque_routes.keys()
+    undo = [op for op in undo if not (isinstance(op, SetRoute) and op.old is None
+                                      and op.route.key in opaque)]
     # refusals are retried below, then judged by the diff
     failed = [f.op for f in execute(drv, undo, [], stop=False)]
     execute(drv, failed, [], stop=False)
