@@ -5,7 +5,10 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
 - communication: every transfer or collective step becomes a flow on its route (split over
   weighted multipaths); steps of one collective between the same two members use one
   connection and go in order (FIFO, as over gloo's/NCCL's per-peer connections), so a ring
-  over uneven links pipelines instead of stalling; all flows in flight share links max-min
+  over uneven links pipelines instead of stalling; collectives that name a ``group`` (a
+  process group) share one connection per pair, served in issue order (`sim.connections`:
+  a collective's steps there wait until every one issued before it is done there); all
+  flows in flight share links max-min
   fairly (`maxmin`), each
   (src, dst) aggregate also capped by `network.rate_caps`; a flow is delivered its path latency
   after its last byte leaves;
@@ -69,6 +72,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from topoagent.protocol import TopoError
+from topoctl.sim.connections import GroupConnections, connection_steps
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Network, crowded_cost
 from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done, sent
@@ -122,6 +126,8 @@ class _Graph:
         self.duration: dict[int, float] = {}
         self.communication: set[int] = set()  # compute nodes that are a runtime's own time
         self.own_cpu: set[int] = set()  # join nodes of collectives that are `own_cpu`
+        # join node of a collective with a process group -> (the group, its steps per pair)
+        self.group: dict[int, tuple[str, dict[tuple[str, str], int]]] = {}
         self.src: list[str | None] = []
         self.dst: list[str | None] = []
         self.size: list[float] = []
@@ -210,6 +216,8 @@ class _Graph:
         self.ndeps[n] = m
         if t.own_cpu:
             self.own_cpu.add(n)
+        if t.group is not None:
+            self.group[n] = (t.group, connection_steps(zip(srcs, dsts, strict=True)))
         if not m:
             pending.append((n, t.deps, t.id))
         # members' parts (join + 1 + k, as `_shape` numbered them): each waits for its steps
@@ -352,6 +360,7 @@ class _Run:
         self.plans: dict[tuple, list] = {}  # (src, dst) -> `_route_plan`
         self.rate_memo: dict = {}  # multiset of path ids in flight -> rate per path id
         self.conn_queue: dict[tuple, deque] = {}  # busy connections -> steps waiting for them
+        self.shared = GroupConnections()  # the connections of collectives with a group
         self.posted: set[int] = set()  # charged steps whose per-message CPU has started
         self.posting: set[int] = set()  # ... and is still running
         # token credit (`Link.credit`): link -> its bucket's size, what it holds (full: the
@@ -508,11 +517,16 @@ class _Run:
     def _take_connection(self, node: int) -> bool:
         """Whether flow node `node` may send now. A collective's steps between two members
         share one connection and go in order (FIFO): a step that finds it busy waits in its
-        queue until `release`."""
+        queue until `release`. Collectives of one process group share the connection, in
+        issue order (`sim.connections`)."""
         g = self.g
         j = g.owner[node]
         if j < 0:
             return True
+        grp = g.group.get(j)
+        if grp is not None:
+            self.shared.issue(j, *grp)
+            return self.shared.take((grp[0], g.src[node], g.dst[node]), j, node)
         ck = (j, g.src[node], g.dst[node])
         q = self.conn_queue.get(ck)
         if q is not None:
@@ -667,7 +681,12 @@ class _Run:
         """The node's last byte left: its connection takes the next queued step."""
         g = self.g
         j = g.owner[node]
-        if j >= 0:
+        grp = g.group.get(j) if j >= 0 else None
+        if grp is not None:
+            nxt = self.shared.release((grp[0], g.src[node], g.dst[node]), j)
+            if nxt is not None:
+                self.send(nxt)
+        elif j >= 0:
             ck = (j, g.src[node], g.dst[node])
             q = self.conn_queue[ck]
             if q:

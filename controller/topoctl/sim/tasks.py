@@ -55,7 +55,11 @@ class Collective:
     a collective when its part is done, not when the last member's is (a tree's root and
     shallow members leave its broadcast steps before the deepest leaves do). On a network
     whose CPU pool prices messages (`network.CpuPool.messages`), every step between two pooled
-    devices also costs its sender's and receiver's CPU (`engine`), unless `own_cpu`."""
+    devices also costs its sender's and receiver's CPU (`engine`), unless `own_cpu`.
+    `group`: the process group it runs in; collectives of one group share one connection per
+    (src, dst) pair and are served there in the order they were issued (`sim.connections`),
+    as a gloo process group's collectives share its one pair per peer. None: a connection
+    of its own per pair."""
 
     id: str
     schedule: Schedule
@@ -65,6 +69,7 @@ class Collective:
     # runtime's model, `collective.trees.pipeline`): the engine does not charge its messages
     # (`CpuPool.messages`)
     own_cpu: bool = False
+    group: str | None = None
 
 
 def member_done(collective_id: str, member: str) -> str:

@@ -3,8 +3,9 @@ on the given fabric: what a user gets today from NCCL/gloo defaults.
 
 `dp_tasks` builds the simulator's task DAG for one data-parallel iteration with DDP-style
 gradient buckets (Li et al., VLDB'20, PyTorch DDP): buckets fill in backward order up to
-`sync.bucket` bytes; bucket k all-reduces as soon as every host has produced it and bucket k-1
-is done (one communication stream), overlapping the rest of the backward pass. Other
+`sync.bucket` bytes; bucket k all-reduces as soon as every host has produced it, overlapping the
+rest of the backward pass (`bucket_allreduces`: a ring's AllReduces queue on the process
+group's one connection per peer, other algorithms run one bucket after another). Other
 data-parallel strategies reuse it with another order or collective algorithm. O(ops + hosts *
 buckets) tasks, plus the collective schedules.
 """
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from topoctl.graph.ops import OpGraph
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.schedules import ALGORITHMS, CollectiveAlgorithm
+from topoctl.sim.schedules import ALGORITHMS, CollectiveAlgorithm, ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task
 from topoctl.strategies import PlanContext, Strategy
 
@@ -66,6 +67,29 @@ def backward_task(k: int, host: str) -> str:
     return f"bwd{k}@{host}"
 
 
+# the process group gloo's ring AllReduces run in (DDP's, the bucket runtime's: the default one)
+GLOO_GROUP = "world"
+
+
+def bucket_allreduces(order: Sequence[str], algorithm: CollectiveAlgorithm,
+                      sizes: Sequence[float], ready: Sequence[tuple[str, ...]]
+                      ) -> list[Collective]:
+    """The AllReduce ``ar<k>`` of each bucket (`sizes[k]` bytes over `order`), issued once the
+    tasks `ready[k]` are done. The ring runs as gloo's asynchronous AllReduces of one process
+    group (DDP's buckets, `topotrain.buckets` with backward overlap): issued as soon as ready,
+    they queue on the group's one connection per peer in issue order (`GLOO_GROUP`,
+    `sim.connections`), so a bucket's bytes wait for the buckets issued before it without
+    sharing the wire with them. Other algorithms (the tree runtime's one thread per DDP hook)
+    run bucket k after bucket k-1. O(buckets)."""
+    out: list[Collective] = []
+    ring = algorithm is ring_allreduce
+    for k, size in enumerate(sizes):
+        chain = (f"ar{k - 1}",) if k and not ring else ()
+        out.append(Collective(f"ar{k}", algorithm(list(order), float(size)),
+                              tuple(ready[k]) + chain, group=GLOO_GROUP if ring else None))
+    return out
+
+
 def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgorithm,
              bucket_cap: int | None = None) -> tuple[list[Task], list[int]]:
     """One data-parallel iteration: per host forward, backward in bucket chunks, optimizer step;
@@ -82,13 +106,13 @@ def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgori
             tid = backward_task(k, h)
             tasks.append(Compute(tid, h, t, (prev,)))
             prev = tid
-    for k, (_, size) in enumerate(bks):
-        deps = tuple(backward_task(k, h) for h in ctx.hosts) + ((f"ar{k - 1}",) if k else ())
-        tasks.append(Collective(f"ar{k}", algorithm(list(order), float(size)), deps))
-    last = (f"ar{len(bks) - 1}",) if bks else ()
+    tasks += bucket_allreduces(order, algorithm, [s for _, s in bks],
+                               [tuple(backward_task(k, h) for h in ctx.hosts)
+                                for k in range(len(bks))])
+    every = tuple(f"ar{k}" for k in range(len(bks)))
     for h in ctx.hosts:
         tasks.append(Compute(f"step@{h}", h, step_time(ctx, h),
-                             (backward_task(len(bks), h),) + last))
+                             (backward_task(len(bks), h),) + every))
     return tasks, [s for _, s in bks]
 
 

@@ -8,7 +8,9 @@ bucket is any run of consecutive units; the plan names each bucket's parameters
 starts a bucket's AllReduce once its last gradient is ready. In the simulator one iteration
 is: per host forward, backward in chunks ending where a bucket's last op ends (and its
 gradients are flattened into the bucket's buffer on the rank's main thread: `flatten_s`), one
-ring AllReduce per bucket on one communication stream (bucket k after bucket k-1), the step. On
+ring AllReduce per bucket, issued as soon as it is flattened and queued on the process group's
+one connection per peer in issue order (gloo's asynchronous AllReduces share the group's
+pairs: `baseline.bucket_allreduces`, `topoctl.sim.connections`), the step. On
 lab hosts the simulator charges each AllReduce's messages the runtime's CPU
 (`topoctl.sim.network.CpuPool.messages`, as for every strategy): per bucket gloo's
 per-message time, and the CPU its bytes take from the compute it overlaps.
@@ -156,15 +158,16 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
                                  (prev,)))
             prev, first = tid, max(first, end + 1)
     sizes, first = [], 0
-    for k, last in enumerate(cuts):
+    for last in cuts:
         sizes.append(sum(units.size[first:last + 1]))
         first = last + 1
-        deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
-        tasks.append(Collective(f"ar{k}", algorithm(order, float(sizes[-1])),
-                                deps + ((f"ar{k - 1}",) if k else ())))
+    # gloo's asynchronous AllReduces, queued on the group's connections in issue order
+    tasks += _baseline.bucket_allreduces(order, algorithm, sizes, [
+        tuple(_baseline.backward_task(k, h) for h in ctx.hosts) for k in range(len(cuts))])
+    every = tuple(f"ar{k}" for k in range(len(cuts)))
     for h in ctx.hosts:
         tasks.append(Compute(f"step@{h}", h, _baseline.step_time(ctx, h),
-                             (_baseline.backward_task(len(cuts), h), f"ar{len(cuts) - 1}")))
+                             (_baseline.backward_task(len(cuts), h),) + every))
     return tasks, sizes
 
 
