@@ -245,9 +245,10 @@ def test_train_costs_are_measured_for_real():
 
 
 def test_per_op_times_are_fitted_to_a_whole_step():
-    """Each phase (forward, backward, step) gets its own factor, the same for every op, so that
-    a whole-model step adds up to the whole step timed; the backward counted is the one
-    autograd runs (the staged rule of `needs_grad` with one stage)."""
+    """Backward and step get one factor per phase, the same for every op; the forward's excess
+    over its ops is shared equally per interpreted node (placeholders not); a whole-model step
+    adds up to the whole step timed, with the backward autograd runs (the staged rule of
+    `needs_grad` with one stage)."""
     g = capture_catalog("mlp", MLP, 8)
     names = [o.name for o in g.ops]
     costs = {n: TrainCost(1.0 + i, 10.0 + i, 100.0 + i, 0.5) for i, n in enumerate(names)}
@@ -255,12 +256,40 @@ def test_per_op_times_are_fitted_to_a_whole_step():
     fwd, bwd, step = stage_costs(g, one, 0, costs)
     fitted = fit_to_whole_step(costs, g, (2 * fwd, 3 * bwd, 4 * step))
     assert stage_costs(g, one, 0, fitted) == pytest.approx((2 * fwd, 3 * bwd, 4 * step))
+    nodes = [o.name for o in g.ops if o.kind != "placeholder"]
+    assert 0 < len(nodes) < len(names)  # the input is a placeholder: no share
     for n in names:
         c, f = costs[n], fitted[n]
+        share = fwd / len(nodes) if n in nodes else 0.0
         assert (f.fwd, f.bwd_params, f.bwd_inputs, f.step) == pytest.approx(
-            (2 * c.fwd, 3 * c.bwd_params, 3 * c.bwd_inputs, 4 * c.step))
+            (c.fwd + share, 3 * c.bwd_params, 3 * c.bwd_inputs, 4 * c.step))
     zero = {n: TrainCost(0.0, 0.0, 0.0) for n in names}  # nothing timed: nothing to fit
     assert fit_to_whole_step(zero, g, (1.0, 1.0, 1.0)) == zero
+    # a whole forward below its ops' sum: one factor, no work per node to share
+    below = fit_to_whole_step(costs, g, (0.5 * fwd, bwd, step))
+    assert all(below[n].fwd == pytest.approx(0.5 * costs[n].fwd) for n in names)
+
+
+def test_a_stage_of_cheap_nodes_is_charged_their_runtime_work():
+    """Two stages whose ops add up to the same forward, one of a single heavy op and one of
+    several cheap ones: the runtime's work per node (what a whole step takes beyond its ops)
+    goes to the stage with more nodes, not in proportion to the ops' times (which charged
+    stars6's seven-node second stage 15% short of the stage run alone)."""
+    g = capture_catalog("mlp", MLP, 8)
+    names = [o.name for o in g.ops]
+    first = next(i for i, o in enumerate(g.ops) if o.param_bytes > 0)
+    heavy, rest = names[:first + 1], names[first + 1:]
+    costs = dict.fromkeys(names, TrainCost(0.0, 0.0, 0.0, 0.0))
+    costs[names[first]] = TrainCost(float(len(rest)), 1.0, 1.0)
+    costs.update({n: TrainCost(1.0, 1.0, 1.0) for n in rest})
+    stage_of = {n: 0 if n in heavy else 1 for n in names}
+    raw = [stage_costs(g, stage_of, s, costs)[0] for s in (0, 1)]
+    assert raw[0] == raw[1] == len(rest)
+    whole = sum(raw) + 2.0 * (1 + len(rest))  # two seconds of the runtime's work per node
+    fitted = fit_to_whole_step(costs, g, (whole, 1.0, 1.0))
+    f0, f1 = (stage_costs(g, stage_of, s, fitted)[0] for s in (0, 1))
+    assert f0 == pytest.approx(raw[0] + 2.0)
+    assert f1 == pytest.approx(raw[1] + 2.0 * len(rest))
 
 
 def build_model_again(params):

@@ -349,17 +349,48 @@ def whole_step_backward(graph: OpGraph, costs: dict[str, TrainCost]) -> dict[str
 
 def fit_to_whole_step(costs: dict[str, TrainCost], graph: OpGraph,
                       whole: tuple[float, float, float]) -> dict[str, TrainCost]:
-    """`costs` scaled so that a whole-model step adds up to `whole` (forward, backward, step):
+    """`costs` fitted so that a whole-model step adds up to `whole` (forward, backward, step):
     each op timed alone runs with its operands hot in cache and without the step's framework
-    work between ops (autograd's graph, allocation), so the sum of the per-op times falls short
-    of a real step (MLP of the demo, batch 96 on this CPU: forward 12%, backward 12% and step
-    47% short, which made the one-host pipeline's prediction -11% to -20% in the lab). One
-    factor per phase, the same for every op: a split of the model is still costed by its ops.
-    The whole step's backward is the one autograd runs (`whole_step_backward`). O(ops)."""
+    work between ops (autograd's graph, allocation), so the sum of the per-op times differs from
+    a real step (MLP of the demo, batch 96 on this CPU: forward 12%, backward 12% and step
+    47% short, which made the one-host pipeline's prediction -11% to -20% in the lab).
+
+    Forward: what the whole step takes beyond its ops' sum is the runtime's work per node
+    (fx interpretation, autograd's node, the output's allocation), the same for a cheap node as
+    for a heavy one: it is shared equally among the nodes the runtime interprets (every op but
+    the placeholders: views and the output node too), so that a stage is charged by its number
+    of nodes as well as by its ops. Timed on the 2-core Xeon VM for the lab MLP at 64 rows,
+    every two-stage split's stages as the runtime runs them (fake neighbours): per stage, the
+    forward is ``0.98 x (sum of its ops) + 38 us per node and micro-batch`` (least squares),
+    and one factor per phase missed the stages by 15.6% rms (a one-linear stage -46%, stars6's
+    seven-node second stage -4 to -18%); equal shares per node, fitted to the whole step alone
+    as here, by 8.6%. When the whole forward takes less than the ops' sum there is no such
+    work to share: the ops are scaled by one factor.
+
+    Backward and step: one factor per phase, the same for every op (an op's backward timed
+    alone pays an autograd call of its own, so the ops' sum is above a real backward there, and
+    equal shares per node missed the split stages by 39% rms). The whole step's backward is
+    the one autograd runs (`whole_step_backward`). A split of the model is then costed by its
+    ops (`placement.runtime.stage_costs`). O(ops)."""
     fwd = sum(c.fwd for c in costs.values())
     bwd = sum(whole_step_backward(graph, costs).values())
     step = sum(c.step for c in costs.values())
-    kf, kb, ks = (w / s if s > 0 and w > 0 else 1.0
-                  for w, s in zip(whole, (fwd, bwd, step), strict=True))
-    return {k: TrainCost(kf * c.fwd, kb * c.bwd_params, kb * c.bwd_inputs, ks * c.step)
+    kb, ks = (w / s if s > 0 and w > 0 else 1.0
+              for w, s in zip(whole[1:], (bwd, step), strict=True))
+    fitted_fwd = _fit_forward(costs, graph, whole[0], fwd)
+    return {k: TrainCost(fitted_fwd[k], kb * c.bwd_params, kb * c.bwd_inputs, ks * c.step)
             for k, c in costs.items()}
+
+
+def _fit_forward(costs: dict[str, TrainCost], graph: OpGraph, whole: float, summed: float
+                 ) -> dict[str, float]:
+    """Per op, its forward fitted to a `whole` forward whose ops add up to `summed`
+    (`fit_to_whole_step`): the excess in equal shares per interpreted node, or, when the whole
+    is not above the sum, one factor; nothing timed: as they are. O(ops)."""
+    nodes = {o.name for o in graph.ops if o.kind != "placeholder"} & set(costs)
+    if summed <= 0 or whole <= 0:
+        return {k: c.fwd for k, c in costs.items()}
+    if whole <= summed or not nodes:
+        return {k: c.fwd * whole / summed for k, c in costs.items()}
+    share = (whole - summed) / len(nodes)
+    return {k: c.fwd + (share if k in nodes else 0.0) for k, c in costs.items()}
