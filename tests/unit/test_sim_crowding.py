@@ -87,9 +87,15 @@ def test_the_crowding_is_timed_at_twice_the_cores_and_scaled_to_the_oversubscrip
         asked.append((micro_batch, copies))
         return 1.1
 
-    ctx = SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8, crowded_ratio=ratio)
-    assert stage_crowding(ctx, 64) == pytest.approx(0.1)  # (1.1 - 1) / ((3 + 1) / 2 - 1)
+    ctx = SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8, crowded_ratio=ratio,
+                          local_batch=64)
+    assert stage_crowding(ctx) == pytest.approx(0.1)  # (1.1 - 1) / ((3 + 1) / 2 - 1)
     assert asked == [(64, 3)]
     assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=2,
-                                          crowded_ratio=ratio), 64) == 0.0
+                                          crowded_ratio=ratio, local_batch=64)) == 0.0
     assert asked == [(64, 3)]
+    # one timing per model: at the grid point below the ranks' batch (48 rows), whatever the
+    # micro-batch the pipeline runs
+    assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8,
+                                          crowded_ratio=ratio, local_batch=50)) > 0
+    assert asked[-1] == (48, 3)

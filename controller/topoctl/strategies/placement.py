@@ -562,12 +562,12 @@ def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
     cal = load_calibration()
     inputs = ctx.inputs_cost(ctx.job.batch.global_) if ctx.inputs_cost is not None else 0.0
     return Measured(ops, runtime_costs(cal), shared_message_s(cal), lab=ctx.lab,
-                    inputs_s=inputs, crowding=stage_crowding(ctx, micro_batch))
+                    inputs_s=inputs, crowding=stage_crowding(ctx))
 
 
-def stage_crowding(ctx: PlanContext, micro_batch: int) -> float:
+def stage_crowding(ctx: PlanContext) -> float:
     """The lab cores' crowding (`sim.network.CpuPool.crowding`) for pipeline ranks: a stage's
-    CPU time at `micro_batch` beside co-running copies (as many as the lab has other ranks, up
+    CPU time at the ranks' batch beside co-running copies (as many as the lab has other ranks, up
     to twice as many ranks as cores in all) over alone (`PlanContext.crowded_ratio`), less one,
     per unit of the oversubscription those copies make (``(copies + 1) / cores - 1``); 0 when
     the lab's ranks (at most 4 per core, as `planner.lab_corun`) do not outnumber the cores or
@@ -583,9 +583,11 @@ def stage_crowding(ctx: PlanContext, micro_batch: int) -> float:
     # oversubscription (+10% beside 3 copies, +19% beside 5 on 2 cores), and every copy more
     # costs the first plan on a machine seconds of timing (`make demo`'s budget)
     timed = min(copies, 2 * cores - 1)
-    # a ratio, near the same for neighbouring micro-batches: the grid point below (a search's
-    # many micro-batches cost one timing per grid point, `graph.cost.timing_grid`)
-    ratio = ctx.crowded_ratio(timing_grid(micro_batch)[0], timed)
+    # one timing per model, at the grid point at or below the ranks' batch, whatever the
+    # micro-batch: a ratio of two timings, which moved less between micro-batches (0.12-0.16 for
+    # the lab MLP at 24-96 rows) than between runs, and each costs a first plan about 8 s
+    # (three micro-batches took the demo's first planning from 26 to 52 s)
+    ratio = ctx.crowded_ratio(timing_grid(ctx.local_batch)[0], timed)
     return max(0.0, (ratio - 1.0) / ((timed + 1) / cores - 1.0)) if ratio else 0.0
 
 
