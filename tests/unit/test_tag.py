@@ -214,3 +214,14 @@ def test_walk_after_the_tree_is_the_evaluations_mcmc():
                              150, seed=0)
     assert out.time <= ev.time(plan_of(best))
     assert "walk" in T._notes(out)
+
+
+def test_the_placement_plan_wins_when_faster_or_tied_on_fewer_hosts():
+    from topoctl.strategies.tag import TIE, placement_wins
+
+    assert placement_wins(0.100, 2, 0.101, 1)  # faster wins whatever its hosts
+    assert placement_wins(0.105, 1, 0.105, 2)  # a tie: fewer hosts
+    assert placement_wins(0.105 * (1 + TIE), 1, 0.105, 2)
+    assert not placement_wins(0.105 * (1 + 2 * TIE), 1, 0.105, 2)  # slower than a tie
+    assert not placement_wins(0.105, 2, 0.105, 2)  # a tie on as many hosts: the search's
+    assert not placement_wins(0.105, 3, 0.105, 2)
