@@ -247,3 +247,36 @@ def test_lab_ranks_pay_the_flatten_of_each_bucket_on_their_main_thread():
             tid = f"bwd{k}@{h}"
             extra = want[k] if k < 2 else 0.0
             assert charged[tid].duration == pytest.approx(plain[tid].duration + extra)
+
+
+def test_ring_buckets_queue_on_the_groups_connections_in_issue_order():
+    """Backward overlap on the ring (`partition_tasks`): every bucket's AllReduce is issued
+    when its gradients are flattened (no dependency on the bucket before) in gloo's process
+    group (`baseline.GLOO_GROUP`), and the step waits for all of them. A 4 KB bucket issued
+    while a 4 MB one is on the wire ends after it (one connection per peer, in issue order);
+    sharing the wire instead (no group) it would end first."""
+    from dataclasses import replace
+
+    from topoctl.sim.engine import simulate
+    from topoctl.sim.tasks import Collective
+    from topoctl.strategies import baseline
+    from topoctl.strategies import disco as d
+
+    cluster = load_cluster(PLANS / "fast4-cluster.yaml")
+    _, ctx, (_, ev) = make_plan(cluster, parse_job(JOB), use_cache=False)
+    units = d.grad_units(ctx.graph)
+    n = len(units.size)
+    big = next(i for i in range(n) if units.size[i] > 1e6)  # the first weight of 4 MB
+    cuts = (big, big + 1, n - 1)  # then its neighbour's bias alone, then the rest
+    costs = lambda h: ctx.host_costs(h)  # noqa: E731
+    tasks, sizes = d.partition_tasks(ctx, units, cuts, costs)
+    assert sizes[0] > 1e6 > 1e5 > sizes[1]
+    ars = {t.id: t for t in tasks if isinstance(t, Collective)}
+    assert all(t.group == baseline.GLOO_GROUP and not [x for x in t.deps if x.startswith("ar")]
+               for t in ars.values())
+    assert set(ars) <= set(next(t for t in tasks if t.id == f"step@{ctx.hosts[0]}").deps)
+    fifo = simulate(tasks, ev.strategy.network).finish
+    shared = simulate([replace(t, group=None) if t.id in ars else t for t in tasks],
+                      ev.strategy.network).finish
+    assert fifo["ar0"] < fifo["ar1"] < fifo["ar2"]
+    assert shared["ar1"] < shared["ar0"]  # side by side the small one would overtake
