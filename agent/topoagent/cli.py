@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -483,4 +484,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # every module is loaded: what they hold (pydantic's schemas above all) lives as long as
+    # the process, so the collector need not walk it again, in the verb or at exit; a
+    # `diff` or `apply` costs 0.03 s of CPU less (of 0.21 s, every agent call pays it)
+    gc.freeze()
     sys.exit(main())

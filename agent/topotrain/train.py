@@ -37,6 +37,12 @@ deterministic stand-in for a run stopped by a failure."""
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the collector is switched off before the imports below, in a rank only)
+import gc
+
+if __name__ == "__main__":  # a rank: no collections while torch loads (see the end)
+    gc.disable()
+
 import os
 import sys
 import time
@@ -303,6 +309,13 @@ def _checkpoints(job: LaunchSpec, model: torch.nn.Module, world: int
 
 
 if __name__ == "__main__":
+    # A rank's start-up is mostly loading torch (1.3 s of CPU), then torch._dynamo, which
+    # DistributedDataParallel's constructor imports (0.9 s): eight ranks on the lab's two
+    # cores wait for it. Without collections during the imports, and with what they loaded
+    # frozen out of every later collection (it lives as long as the rank), the collector no
+    # longer walks torch's objects over and over: 0.2 s and 0.13 s less.
+    gc.freeze()
+    gc.enable()
     code = main()
     # leave without the interpreter's teardown: gloo's threads can outlive
     # destroy_process_group and abort a rank that has finished cleanly ("terminate called
