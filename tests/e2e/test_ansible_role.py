@@ -48,11 +48,12 @@ def test_role_wrong_variable_type_fails_on_every_host_and_changes_nothing(lab, i
     assert not etc.exists()
 
 
-# three of the four hosts (the first, a middle one, the last): the role does the same on each
-# (its per-host values come from the inventory), and three runs of it cost minutes of this
-# machine's two cores; the first test above and the apply playbooks' (test_ansible.py) run on
-# all four
-ROLE_HOSTS = ["h0", "h2", "h3"]
+# two of the four hosts (the first and the last, one per rack, so the limit leaves out two):
+# the role does the same on each (its per-host values come from the inventory, which the
+# config files read back below check host by host), and every host in three runs of it costs
+# ~4.5 s of CPU on this machine's two cores; the first test above and the apply playbooks'
+# (test_ansible.py) run on all four
+ROLE_HOSTS = ["h0", "h3"]
 
 
 def test_role_check_mode_changes_nothing_then_installs_then_is_idempotent(lab, inventory):

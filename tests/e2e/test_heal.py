@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -54,22 +55,27 @@ JOB = {
 ITERATIONS, EVERY = 24, 4
 
 
-def _lab(tmp_path, monkeypatch, with_ssh: bool):
-    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
+def _lab(root: Path, with_ssh: bool, name: str):
+    """A lab of CLUSTER named `name` under $TOPOCTL_LAB_DIR, JOB's plan and job files in `root`."""
     cluster = parse_cluster(CLUSTER)
-    job = tmp_path / "job.yaml"
+    job = root / "job.yaml"
     job.write_text(yaml.safe_dump(JOB))
     plan, _, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
-    path = tmp_path / "plan.yaml"
+    path = root / "plan.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
-    name = f"hl{os.getpid() % 10**6}"  # other suites' labs are t<pid>, demo ones by cluster
     lab = labmod.up(cluster, name=name, with_ssh=with_ssh)
     return lab, str(path), str(job)
 
 
+# other suites' labs are t<pid>, demo ones by cluster
+def _name(kind: str) -> str:
+    return f"{kind}{os.getpid() % 10**6}"
+
+
 @pytest.fixture
 def lab_plan(tmp_path, monkeypatch):
-    lab, plan, job = _lab(tmp_path, monkeypatch, with_ssh=False)
+    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
+    lab, plan, job = _lab(tmp_path, with_ssh=False, name=_name("hl"))
     try:
         yield lab, plan, job
     finally:
@@ -78,11 +84,28 @@ def lab_plan(tmp_path, monkeypatch):
 
 @pytest.fixture
 def ssh_lab_plan(tmp_path, monkeypatch):
-    lab, plan, job = _lab(tmp_path, monkeypatch, with_ssh=True)
+    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
+    lab, plan, job = _lab(tmp_path, with_ssh=True, name=_name("hl"))
     try:
         yield lab, plan, job
     finally:
         labmod.down(lab.name)
+
+
+@pytest.fixture(scope="module")
+def shared_ssh_lab_plan(tmp_path_factory):
+    """One SSH lab for the signal tests: each applies the plan (in sync after the first) and
+    asserts that nothing of its run is left on any host, so the next one finds the lab as the
+    first did; a lab and a 4-host apply over SSH less per test. (The cable-cut tests have labs
+    of their own: a cut cable stays cut.)"""
+    root = tmp_path_factory.mktemp("heal-ssh")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOPOCTL_LAB_DIR", str(root / "labs"))
+        lab, plan, job = _lab(root, with_ssh=True, name=_name("hs"))
+        try:
+            yield lab, plan, job
+        finally:
+            labmod.down(lab.name)
 
 
 def cut(lab, port: str) -> float:
@@ -190,11 +213,11 @@ def test_without_heal_the_run_stops_within_seconds_naming_the_cable(ssh_lab_plan
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_run_over_ssh_ended_by_a_signal_leaves_nothing_behind(ssh_lab_plan, sig):
+def test_a_run_over_ssh_ended_by_a_signal_leaves_nothing_behind(shared_ssh_lab_plan, sig):
     """`topoctl run --ssh` killed (-9: nothing of it runs any more; the hosts see their SSH
     connections close) or terminated: no launcher and no rank is left on any host within
     seconds."""
-    lab, plan, _ = ssh_lab_plan
+    lab, plan, _ = shared_ssh_lab_plan
     assert cli.main(["apply", plan, "--lab", lab.name, "--ssh"]) == 0
     rc, gone = signal_a_run(lab, plan, sig, ssh=True)
     assert rc == (-9 if sig == signal.SIGKILL else 130) and gone < 10, (rc, gone)
