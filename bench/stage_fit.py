@@ -31,7 +31,7 @@ from torch import fx
 
 from topoagent.cliutil import ArgumentParser
 from topoctl.catalog.build import build_model, example_inputs
-from topoctl.graph.cost import TrainCost, _op_train_costs, fit_to_whole_step
+from topoctl.graph.cost import TrainCost, fit_to_whole_step, op_train_costs
 from topoctl.graph.profile import job_graph
 from topoctl.placement.runtime import stage_costs
 from topoctl.spec.job import load_job
@@ -95,7 +95,7 @@ def one_round(model, x, graph, micro: int) -> list[tuple]:
     """Per stage of every split: (first stage's nodes, s, nodes, raw, factor, per-node,
     alone), the last four as (forward, backward) ms per iteration."""
     names = [o.name for o in graph.ops]
-    raw = _op_train_costs(model, (x,), graph, 2, 7)
+    raw = op_train_costs(model, (x,), graph, 2, 7)
     whole = stage_seconds(model, x, [names], 0, micro)
     whole3 = (whole[0] / micro, whole[1] / micro, 0.0)
     rules = [raw, _factor(raw, graph, whole3), fit_to_whole_step(raw, graph, whole3)]

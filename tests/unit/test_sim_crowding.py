@@ -99,3 +99,17 @@ def test_the_crowding_is_timed_at_twice_the_cores_and_scaled_to_the_oversubscrip
     assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8,
                                           crowded_ratio=ratio, local_batch=50)) > 0
     assert asked[-1] == (48, 3)
+
+
+def test_a_crowding_ratio_below_one_is_no_ratio():
+    """Faster beside copies than alone: the machine was busy during the timing alone."""
+    from topoctl.graph.cost import TrainCost
+    from topoctl.graph.profile import crowding_ratio
+
+    alone = {"a": TrainCost(1.0, 0.0, 1.0, 0.5), "b": TrainCost(0.5, 0.0, 0.0)}
+    assert crowding_ratio(alone, {k: TrainCost(c.fwd * 1.2, 0.0, c.bwd_inputs * 1.2,
+                                               c.step * 1.2) for k, c in alone.items()}) \
+        == pytest.approx(1.2)
+    assert crowding_ratio(alone, {k: TrainCost(c.fwd * 0.9, 0.0, c.bwd_inputs * 0.9,
+                                               c.step * 0.9) for k, c in alone.items()}) is None
+    assert crowding_ratio({"a": TrainCost(0.0, 0.0, 0.0)}, alone) is None

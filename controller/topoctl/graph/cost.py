@@ -200,9 +200,9 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     from capturing the same model (names match). Runs the model (and with `corun` child
     processes): not pure; cached by `graph.cache`.
 
-    Steps: `_op_train_costs` (every op alone), `_runtime_step_times` (the whole step, beside
+    Steps: `op_train_costs` (every op alone), `_runtime_step_times` (the whole step, beside
     the co-running copies), `fit_to_whole_step`."""
-    costs = _op_train_costs(model, inputs, graph, warmup, repeats)
+    costs = op_train_costs(model, inputs, graph, warmup, repeats)
     if runtime not in ("module", "stage"):
         raise ValueError(f"runtime {runtime!r}: module or stage")
     whole = _runtime_step_times(model, inputs, runtime, corun, ddp_bucket_bytes, warmup,
@@ -210,7 +210,7 @@ def measure_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], grap
     return fit_to_whole_step(costs, graph, whole)
 
 
-def _op_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph,
+def op_train_costs(model: nn.Module, inputs: tuple[torch.Tensor, ...], graph: OpGraph,
                     warmup: int, repeats: int) -> dict[str, TrainCost]:
     """Per op of `graph`, its `TrainCost` timed alone (`_node_train_cost`) on the values one
     no-grad run of the traced `model` on `inputs` gave every node; placeholders, views (but

@@ -189,7 +189,8 @@ def measure_stage_crowding(job, batch: int, copies: int, use_cache: bool = True)
     now one after the other (`measure_train_job`); cached per model, batch and copies and not
     timed again on `retime` (a ratio of two timings made together: the machine's speed drift
     cancels, and the demo's budget has no room for the copies' seconds on every plan). None
-    when the model does not train here."""
+    when the model does not train here or the ratio is not plausible (`crowding_ratio`), and
+    then nothing is cached."""
     m = job.model
     key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
                             f"stage-crowding-float32-corun{copies}")
@@ -201,13 +202,20 @@ def measure_stage_crowding(job, batch: int, copies: int, use_cache: bool = True)
     crowded = measure_train_job(job, batch, use_cache=False, runtime="stage", corun=copies)
     if alone is None or crowded is None:
         return None
+    ratio = crowding_ratio(alone, crowded)
+    if ratio is not None and use_cache:
+        cache.store(key, {"ratio": OpCost(ratio, 0.0)})
+    return ratio
+
+
+def crowding_ratio(alone: dict[str, TrainCost], crowded: dict[str, TrainCost]) -> float | None:
+    """A stage step's CPU time beside co-running copies over alone (`measure_stage_crowding`),
+    or None when it is below 1: faster beside copies than alone means the machine was busy
+    while the step ran alone (0.80 and 0.92 were timed so), and a cached ratio would outlive
+    the load that made it. O(ops)."""
     base = sum(c.fwd + c.bwd_inputs + c.step for c in alone.values())
     busy = sum(c.fwd + c.bwd_inputs + c.step for c in crowded.values())
-    if base <= 0:
-        return None
-    if use_cache:
-        cache.store(key, {"ratio": OpCost(busy / base, 0.0)})
-    return busy / base
+    return busy / base if base > 0 and busy >= base else None
 
 
 def job_costs(job, graph: OpGraph, device: Device, measured: bool,
