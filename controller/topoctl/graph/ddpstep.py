@@ -19,6 +19,7 @@ the collective is costed on its own (strategies); the model is wrapped as the tr
 """
 
 # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
+import gc
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,6 +112,7 @@ def _bucket_as_is(state: object, bucket: dist.GradBucket) -> torch.futures.Futur
 def _child(path: str, conn: Connection) -> None:
     """The child: set up the step of the request in file `path` and say so, time it when told
     to go; send (True, times) or (False, the error) on `conn`."""
+    gc.freeze()  # as a rank: what the fork server loaded is out of the collector's reach
     try:
         req = torch.load(path, weights_only=False)
         torch.set_num_threads(req["threads"])

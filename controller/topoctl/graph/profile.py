@@ -126,11 +126,12 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
     try:
         m = job.model
         # "-fitted": per-op times fitted to a whole step (older cached timings are not;
-        # "-node": the forward's excess over the ops shared per node, `fit_to_whole_step`);
+        # "-node": the forward's excess over the ops shared per node, `fit_to_whole_step`;
+        # "-gcfrozen": timed with the collector frozen, as ranks run, `graph.cost.frozen_gc`);
         # "-ddp": data-parallel steps timed through DDP (older ones were the bare model's)
         ddp = int(job.sync.bucket) if runtime == "module" else None
         key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
-                                "train-float32-fitted-node"
+                                "train-float32-fitted-node-gcfrozen"
                                 + ("-stage" if runtime == "stage" else "")
                                 + (f"-ddp{ddp}" if ddp else "")
                                 + (f"-corun{corun}" if corun > 0 else ""))
