@@ -111,5 +111,6 @@ def test_the_planner_prices_lab_messages_from_the_calibration():
     """Without the machine's caches the defaults (plans that do not depend on the machine);
     the pool the planner gives lab ranks carries them (`planner._on_lab_cpu`)."""
     ctx = SimpleNamespace(use_cache=False, world_size=2, lab=DEFAULT_LAB)
-    assert lab_messages(ctx) == MSG
-    assert lab_messages(SimpleNamespace(use_cache=False, world_size=8, lab=DEFAULT_LAB)) == MSG
+    assert lab_messages(ctx, None) == MSG
+    assert lab_messages(SimpleNamespace(use_cache=False, world_size=8, lab=DEFAULT_LAB),
+                        None) == MSG
