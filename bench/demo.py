@@ -34,6 +34,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -49,6 +50,7 @@ from topoctl.rollout.run import iterations_for
 
 CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
 JOB = ROOT / "plans" / "mlp-job.yaml"
+T = TypeVar("T")
 
 
 def log(msg: str) -> None:
@@ -99,11 +101,11 @@ def as_run(plan: dict) -> dict:
     return {"fabric": plan.get("fabric"), "hosts": plan.get("hosts"), "job": job}
 
 
-def same_plan_as(plan: dict, measured: list[tuple[str, dict]]) -> str | None:
-    """The strategy of the first row in `measured` ((strategy, plan) pairs) whose plan runs
+def same_plan_as(plan: dict, measured: list[tuple[T, dict]]) -> T | None:
+    """The key (a strategy, a row) of the first (key, plan) pair in `measured` whose plan runs
     the same as `plan` (`as_run`), or None."""
     mine = as_run(plan)
-    return next((s for s, p in measured if as_run(p) == mine), None)
+    return next((key for key, p in measured if as_run(p) == mine), None)
 
 
 def allreduce_optimum(plans: dict[str, dict]) -> float | None:
@@ -333,10 +335,10 @@ def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
             # timing from the start of the demo can be 20% off by its end
             forget_retimed()
             planned(s)
-        twin = same_plan_as(plans[s], [(r["strategy"], plans[r["strategy"]]) for r in rows
+        twin = same_plan_as(plans[s], [(r, plans[r["strategy"]]) for r in rows
                                        if r["strategy"] in plans and not r.get("same_as")])
-        rows.append(reused(s, plans[s], next(r for r in rows if r["strategy"] == twin))
-                    if twin else row(cluster, s, plans[s], k, args, phases))
+        rows.append(reused(s, plans[s], twin) if twin else row(cluster, s, plans[s], k, args,
+                                                               phases))
     if not args.no_ovs:
         from bench.demo_ovs import ovs_row
 
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", nargs="+")
     ap.add_argument("--all", action="store_true",
                     help="every strategy, the post-passes left out of the default rows "
-                         "(batch shares, SFB, DisCo, TAG) included: about 6 minutes")
+                         "(batch shares, SFB, DisCo, TAG) included: about 5.5 minutes")
     ap.add_argument("--no-ovs", action="store_true",
                     help="skip the baseline+bandwidth row through Open vSwitch")
     ap.add_argument("--careful", action="store_true",

@@ -12,6 +12,7 @@ train.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,16 +56,24 @@ JOB = {
 ITERATIONS, EVERY = 24, 4
 
 
-def _lab(root: Path, with_ssh: bool, name: str):
-    """A lab of CLUSTER named `name` under $TOPOCTL_LAB_DIR, JOB's plan and job files in `root`."""
+@contextlib.contextmanager
+def _lab_up(root: Path, with_ssh: bool, name: str):
+    """A lab of CLUSTER named `name` under `root`/labs (as $TOPOCTL_LAB_DIR while it is up), with
+    JOB's plan and job files in `root`: yields (lab, plan path, job path), takes the lab down
+    whatever happens."""
     cluster = parse_cluster(CLUSTER)
     job = root / "job.yaml"
     job.write_text(yaml.safe_dump(JOB))
     plan, _, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
     path = root / "plan.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
-    lab = labmod.up(cluster, name=name, with_ssh=with_ssh)
-    return lab, str(path), str(job)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOPOCTL_LAB_DIR", str(root / "labs"))
+        lab = labmod.up(cluster, name=name, with_ssh=with_ssh)
+        try:
+            yield lab, str(path), str(job)
+        finally:
+            labmod.down(lab.name)
 
 
 # other suites' labs are t<pid>, demo ones by cluster
@@ -73,23 +82,15 @@ def _name(kind: str) -> str:
 
 
 @pytest.fixture
-def lab_plan(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
-    lab, plan, job = _lab(tmp_path, with_ssh=False, name=_name("hl"))
-    try:
-        yield lab, plan, job
-    finally:
-        labmod.down(lab.name)
+def lab_plan(tmp_path):
+    with _lab_up(tmp_path, with_ssh=False, name=_name("hl")) as up:
+        yield up
 
 
 @pytest.fixture
-def ssh_lab_plan(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOPOCTL_LAB_DIR", str(tmp_path / "labs"))
-    lab, plan, job = _lab(tmp_path, with_ssh=True, name=_name("hl"))
-    try:
-        yield lab, plan, job
-    finally:
-        labmod.down(lab.name)
+def ssh_lab_plan(tmp_path):
+    with _lab_up(tmp_path, with_ssh=True, name=_name("hl")) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +99,8 @@ def shared_ssh_lab_plan(tmp_path_factory):
     asserts that nothing of its run is left on any host, so the next one finds the lab as the
     first did; a lab and a 4-host apply over SSH less per test. (The cable-cut tests have labs
     of their own: a cut cable stays cut.)"""
-    root = tmp_path_factory.mktemp("heal-ssh")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TOPOCTL_LAB_DIR", str(root / "labs"))
-        lab, plan, job = _lab(root, with_ssh=True, name=_name("hs"))
-        try:
-            yield lab, plan, job
-        finally:
-            labmod.down(lab.name)
+    with _lab_up(tmp_path_factory.mktemp("heal-ssh"), with_ssh=True, name=_name("hs")) as up:
+        yield up
 
 
 def cut(lab, port: str) -> float:
