@@ -9,12 +9,25 @@ from pathlib import Path
 import pytest
 
 from tests import netns as nsutil
+from topoctl.lab import lab as labmod
+from topoctl.lab import owners
 
 _counter = itertools.count()
 _CACHE_ENV = "TOPOCTL_CACHE"  # the planner's op times and the runtime's calibration live there
 
 
 def pytest_configure(config):
+    """Labs this run builds belong to it (`topoctl.lab.owners`: the workers inherit the
+    controller's pid), and the labs of earlier runs that were killed before taking theirs down
+    go first; then `_own_cache`."""
+    owners.claim()
+    if not hasattr(config, "workerinput") and nsutil.is_root():
+        for lab in owners.orphans(sorted(set(labmod.list_labs()) | set(owners.recorded()))):
+            labmod.down(lab)
+    _own_cache(config)
+
+
+def _own_cache(config) -> None:
     """Give the whole run (every xdist worker inherits the controller's environment) a cache of
     its own, empty, unless the caller chose one: op times taken while the suite loads the cores,
     or a calibration a test re-measures, must never land in the user's ~/.cache/topoctl, which

@@ -7,6 +7,7 @@ the quickstart writes into the checkout is removed (a file that was there before
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -83,8 +84,8 @@ def _lab_name(commands: list[str]) -> str:
 
 
 def _labs() -> list[str]:
-    out = _topoctl("lab", "list")
-    return out.stdout.split() if out.returncode == 0 else []
+    out = _topoctl("lab", "list", "--json")
+    return json.loads(out.stdout)["labs"] if out.returncode == 0 else []
 
 
 @pytest.fixture

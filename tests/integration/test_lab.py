@@ -21,6 +21,7 @@ import pytest
 from tests import netns as nsutil
 from topoctl import cli
 from topoctl.lab import lab as labmod
+from topoctl.lab import owners
 from topoctl.lab.commands import BURST_S
 from topoctl.lab.measure import measure
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
@@ -380,3 +381,41 @@ def test_plan_as_lab_plans_the_cables_the_lab_builds(tmp_path, capsys):
         code, err = _plan([c, j, "-o", str(tmp_path / "user.yaml"), "--as-lab"], capsys)
     assert code == 1 and "needs root" in err, err
     assert not (tmp_path / "user.yaml").exists()
+
+
+def test_down_orphans_removes_only_labs_whose_owner_exited(tmp_path, monkeypatch):
+    """A lab built under $TOPOCTL_LAB_OWNER of a process that then dies is an orphan: `lab list`
+    says so and `lab down --orphans` removes it (namespaces and record); a lab of a live owner
+    and a lab without one (a person's) stay."""
+    live = subprocess.Popen(["sleep", "300"])
+    dying = subprocess.Popen(["sleep", "300"])
+    labs = {"live": _name("o"), "dying": _name("q"), "person": _name("r")}
+    try:
+        for who, name in labs.items():
+            if who == "person":
+                monkeypatch.delenv(owners.OWNER_ENV, raising=False)
+            else:
+                monkeypatch.setenv(owners.OWNER_ENV, str({"live": live, "dying": dying}[who].pid))
+            assert _cli("up", str(PLANS / "mesh4-cluster.yaml"), "--lab", name, "--no-ssh",
+                        env_root=tmp_path).returncode == 0
+        dying.kill()
+        dying.wait()
+        listed = json.loads(_cli("list", "--json", env_root=tmp_path).stdout)
+        assert listed["orphans"] == [labs["dying"]]
+        assert set(labs.values()) <= set(listed["labs"])
+        p = _cli("down", "--orphans", "--json", env_root=tmp_path)
+        assert p.returncode == 0 and json.loads(p.stdout)["removed"] == [labs["dying"]], p
+        assert _gone(labs["dying"]) == [] and owners.owner(labs["dying"]) is None
+        for who in ("live", "person"):
+            assert any(n.startswith(f"tp-{labs[who]}-") for n in nsutil.list_netns()), who
+        assert owners.owner(labs["live"]) == (live.pid, True)
+        assert owners.owner(labs["person"]) is None
+        p = _cli("down", "--orphans", "--lab", labs["live"], env_root=tmp_path)
+        assert p.returncode == 1 and "--orphans" in p.stderr  # one or the other
+    finally:
+        for name in labs.values():
+            labmod.down(name, tmp_path)
+        for proc in (live, dying):
+            proc.kill()
+            proc.wait()
+    assert all(_gone(name) == [] for name in labs.values())

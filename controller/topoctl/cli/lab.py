@@ -22,7 +22,7 @@ from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
 from topoagent.state.host import load_yaml_file
 from topoagent.state.values import format_rate
 from topoctl.lab import lab as labmod
-from topoctl.lab import names
+from topoctl.lab import names, owners
 from topoctl.lab.layout import find_cable
 from topoctl.lab.measure import measure
 from topoctl.lab.netops import LabError
@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--no-ssh", action="store_true", help="no sshd per host")
     c = cmd("down", _down, "remove everything a lab created (also after a crash)",
             "down --lab demo")
+    c.add_argument("--orphans", action="store_true",
+                   help="instead: remove every lab whose owner, the test or benchmark run "
+                        "that built it ($TOPOCTL_LAB_OWNER), has exited")
     c = cmd("status", _status, "hosts and cables, configured vs kernel vs measured rate",
             "status --plan plan.yaml --detailed-exitcode", detailed=True)
     c.add_argument("--plan", help="also compare the cables the kernel has with this plan's "
@@ -184,6 +187,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
+    if args.orphans:
+        return _down_orphans(args)
     name = _lab_name(args)
     t = time.monotonic()
     r = labmod.down(name, args.state_dir)
@@ -193,6 +198,23 @@ def _down(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"lab {name} down in {time.monotonic() - t:.1f}s: removed {r['namespaces']} "
           f"namespaces, {r['links']} root links, {r['processes']} processes")
+    return EXIT_OK
+
+
+def _down_orphans(args: argparse.Namespace) -> int:
+    """`down --orphans`: every lab whose owning run has exited (`topoctl.lab.owners`)."""
+    if args.lab is not None:
+        raise LabError("give either --lab or --orphans", source="--orphans")
+    known = sorted(set(labmod.list_labs(args.state_dir)) | set(owners.recorded()))
+    gone = owners.orphans(known)
+    for name in gone:
+        labmod.down(name, args.state_dir)
+    if args.json:
+        print(json.dumps({"ok": True, "removed": gone}))
+    elif gone:
+        print(f"removed {len(gone)} orphan lab(s): {', '.join(gone)}")
+    else:
+        print("no orphan labs")
     return EXIT_OK
 
 
@@ -356,8 +378,11 @@ def _exec(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     labs = labmod.list_labs(args.state_dir)
+    orphaned = set(owners.orphans(labs))
     if args.json:
-        print(json.dumps({"ok": True, "labs": list(labs)}))
+        print(json.dumps({"ok": True, "labs": list(labs), "orphans": sorted(orphaned)}))
     for name in [] if args.json else labs:
-        print(name)
+        # an orphan's owner (a test or benchmark run) was killed before it took the lab down
+        print(f"{name}  (orphan: `topoctl lab down --orphans` removes it)" if name in orphaned
+              else name)
     return EXIT_OK

@@ -22,7 +22,7 @@ from topoagent.congestion import set_congestion_control
 from topoagent.machinelock import machine_lock
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoagent.target import Target, drop_netns_etc, give_files_only_names
-from topoctl.lab import cabling, commands, cpu, names, netops, ovs, ssh
+from topoctl.lab import cabling, commands, cpu, names, netops, ovs, owners, ssh
 from topoctl.lab.layout import Layout, build_layout, cables_of, find_cable, mgmt_block_size
 from topoctl.lab.netops import LabError
 from topoctl.spec.cluster import LAB_MANAGEMENT, Cluster, ClusterError
@@ -245,6 +245,7 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
     net = pick_mgmt_net(len(cluster.hosts), mgmt_net or cluster.addressing.management,
                         "--mgmt-net" if mgmt_net else "addressing.management")
     layout = build_layout(cluster, name, net)
+    owners.record(name)  # before anything is created: a run killed mid-`up` leaves an orphan
     d = state_root(root) / name
     if d.exists():
         shutil.rmtree(d)
@@ -378,6 +379,7 @@ def down(name: str, root: str | Path | None = None) -> dict[str, int]:
     left = netops.list_netns(pre) + netops.root_links(pre) + cpu.remove_groups(pre)
     if left:
         raise LabError(f"could not remove {', '.join(left)}")
+    owners.forget(name)
     return {"processes": len(pids), "namespaces": len(namespaces), "links": len(links),
             "cpu_groups": len(groups)}
 
