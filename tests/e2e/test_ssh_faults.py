@@ -110,17 +110,25 @@ def _stopped(pid: int) -> bool:
 
 def step_until(pid: int, ready, step_s: float = 0.002) -> bool:
     """Run process `pid` in steps of `step_s` (SIGCONT, sleep, SIGSTOP) until `ready()` holds
-    while it is stopped: True, and `pid` is left stopped; False if it ended first."""
+    while it is stopped: True, and `pid` is left stopped; False if it ended first. The signals
+    go through a pidfd: once the agent has ended, its pid may name another process, which a
+    plain kill would stop."""
     try:
-        os.kill(pid, signal.SIGSTOP)
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGSTOP)
         while _stopped(pid):
             if ready():
                 return True
-            os.kill(pid, signal.SIGCONT)
+            signal.pidfd_send_signal(fd, signal.SIGCONT)
             time.sleep(step_s)
-            os.kill(pid, signal.SIGSTOP)
+            signal.pidfd_send_signal(fd, signal.SIGSTOP)
     except ProcessLookupError:
         pass
+    finally:
+        os.close(fd)
     return False
 
 
