@@ -24,7 +24,9 @@ each check's plan and every rank's output (its JSON events) in DIR/CLUSTER-STRAT
 
 Each check also prints the machine's speed before the plan and after the run (a one-thread
 matmul probe): on a shared VM the same one-rank plan measured 0.161 and 0.182 s per iteration
-minutes apart, so an error of that size is the machine's drift, not the model's."""
+minutes apart, so an error of that size is the machine's drift, not the model's. SFB plans
+also get each rank's seconds in its gathers and rebuilds (the `iter` event's ``sfb_seconds``)
+and how far apart the ranks end an iteration: they leave the gathers one by one."""
 
 from __future__ import annotations
 
@@ -226,6 +228,8 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
         cpu: dict[str, list[float]] = {}  # host -> its rank's CPU seconds per iteration
         phases: dict = {}  # pipeline ranks: stage -> per-iteration phase seconds
         phases_cpu: dict = {}  # pipeline ranks: host -> per-iteration phase CPU seconds
+        sfb_sync: dict[str, list[float]] = {}  # SFB plans: host -> seconds in `SfbLayers.sync`
+        ends: dict[int, list[float]] = {}  # iteration -> the ranks' end times (wall clock)
         buckets: dict[str, list] = {}  # tree plans: host -> per-iteration bucket timings
         with CpuSampler() as sampler:
             outs = {h: p.communicate()[0] for h, p in procs.items()}
@@ -257,6 +261,9 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                     phases.setdefault(ev.get("stage"), []).append(ev["phases"])
                 if ev.get("phases_cpu"):
                     phases_cpu.setdefault(h, []).append(ev["phases_cpu"])
+                if "sfb_seconds" in ev:
+                    sfb_sync.setdefault(h, []).append(ev["sfb_seconds"])
+                    ends.setdefault(ev["iter"], []).append(ev["end"])
             if p.returncode:
                 print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
                 return None
@@ -304,6 +311,11 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
             f"{h} " + ", ".join(f"{k} {statistics.median(x[k] for x in ph) * 1e3:.1f}"
                                 for k in ph[0]) + " ms"
             for h, ph in sorted(phases_cpu.items())))
+    if sfb_sync:  # SFB: each rank's gathers and rebuilds; ranks leave them one by one
+        spread = statistics.median(max(e) - min(e) for e in ends.values())
+        print("  ranks' SFB sync (gathers and rebuilds) per iteration, median: " + ", ".join(
+            f"{h} {statistics.median(v):.3f} s" for h, v in sorted(sfb_sync.items()))
+            + f"; the ranks end an iteration {spread * 1e3:.0f} ms apart (median)")
     sys.stdout.flush()  # a long --repeats run shows each check as it ends
     return {"strategy": plan["metadata"]["strategy"], "predicted": predicted,
             "measured": measured, "error_pct": error_pct}

@@ -25,8 +25,7 @@ import yaml
 from bench.common import PLANS
 from topoagent.cliutil import ArgumentParser
 from topoctl.lab.emulated import lab_emulation
-from topoctl.planner import Evaluated, evaluate, prepare, render
-from topoctl.sim.engine import simulate
+from topoctl.planner import Evaluated, evaluate, prepare, render, score
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
 from topoctl.strategies import baseline
@@ -47,7 +46,9 @@ def one_batch(cluster_doc: dict, job_doc: dict, batch: int) -> dict:
     base = evaluate(ctx, "baseline")
     hidden = hidden_layers(ctx)
     forced = with_sfb(ctx, baseline.plan(ctx), [op for op, _, _ in hidden])
-    forced_eval = Evaluated(forced, simulate(forced.tasks, forced.network, record=False), 0.0)
+    # scored as the planner scores a strategy (the steady period: ranks leave the gathers one
+    # by one), not one isolated iteration
+    forced_eval = Evaluated(forced, score(ctx, forced), 0.0)
     chosen = with_sfb(ctx, baseline.plan(ctx)).collective["sfb"]
     p = ctx.world_size
     return {"global": batch, "k": ctx.local_batch, "p": p,

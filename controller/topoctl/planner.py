@@ -232,17 +232,7 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     t0 = time.perf_counter()
     try:
         s = available()[name](ctx)
-        speeds = host_speeds(ctx)
-        if speeds:  # hosts that differ in compute (`hosts[].speed`); none: as before
-            s.network = replace(s.network, speed=speeds, _cache={})
-        res = simulate(s.tasks, s.network, record=False)
-        if overlaps_iterations(s.tasks):
-            # the next iteration's compute starts under the communication's tail, and the
-            # period is the prediction (`topoctl.sim.steady`)
-            period = (s.period if s.period is not None
-                      else steady_period(s.tasks, s.network, STEADY_ITERATIONS))
-            res = replace(res, iteration_time=period, exposed_comm=max(
-                0.0, period - res.compute_time), isolated_iteration=res.iteration_time)
+        res = score(ctx, s)
     except StrategyError as e:
         i = ctx.job.strategies.index(name) if name in ctx.job.strategies else 0
         raise JobError([(f"strategies[{i}]", f"{name}: {m}") for _, m in e.problems]) from None
@@ -251,6 +241,25 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     except (FabricError, SimError) as e:
         raise ClusterError([("fabric", m) for _, m in e.problems]) from None
     return Evaluated(s, res, time.perf_counter() - t0)
+
+
+def score(ctx: PlanContext, s: Strategy) -> SimResult:
+    """The simulated iteration of strategy `s` as the planner predicts it: its tasks at the
+    hosts' speeds (`host_speeds`; `s.network` takes them), and when ranks leave a collective
+    one by one or a task waits for the previous iteration, the steady-state period. Raises
+    what the simulator raises (`evaluate` turns it into the files' errors)."""
+    speeds = host_speeds(ctx)
+    if speeds:  # hosts that differ in compute (`hosts[].speed`); none: as before
+        s.network = replace(s.network, speed=speeds, _cache={})
+    res = simulate(s.tasks, s.network, record=False)
+    if overlaps_iterations(s.tasks):
+        # the next iteration's compute starts under the communication's tail, and the
+        # period is the prediction (`topoctl.sim.steady`)
+        period = (s.period if s.period is not None
+                  else steady_period(s.tasks, s.network, STEADY_ITERATIONS))
+        res = replace(res, iteration_time=period, exposed_comm=max(
+            0.0, period - res.compute_time), isolated_iteration=res.iteration_time)
+    return res
 
 
 def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:

@@ -16,7 +16,13 @@ per-rank batch). Each is costed on the plan's own network and op costs:
 simulator's iteration then all-reduces only the other layers' gradients (DDP buckets rebuilt
 without the chosen layers), and after the backward pass and the AllReduce (where the runtime
 runs them: `topotrain.sfb`) all-gathers the chosen layers' factors and adds each host's extra
-compute before its optimiser step. The plan's ``job.sfb`` names the chosen modules (the
+compute before its optimiser step. A rank leaves a ring all-gather when its own pieces are
+through (``member_done``), not when the slowest rank's are, and rebuilds that layer's
+gradient then, as the runtime does after each layer's gather: its rebuilds, its step and its
+next forward and backward run while the ranks behind the slow cables still receive, and the
+prediction is the steady period (`sim.steady`). All ranks' rebuilds after the slowest rank's
+last gather put that compute on the critical path: +7.9% on the demo's row (K = 48 on
+hetero8), +13% at K = 8 (docs/results.md). The plan's ``job.sfb`` names the chosen modules (the
 renderer moves them there from ``collective.sfb``); ``metadata.collective.sfb`` the layers, the
 objective and the bytes.
 
@@ -35,7 +41,7 @@ from topoctl.graph.ops import Op, OpGraph
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS, ring_allgather, ring_allreduce
-from topoctl.sim.tasks import Collective, Compute, Task
+from topoctl.sim.tasks import Collective, Compute, Task, member_done
 
 from . import PlanContext, Strategy, StrategyError
 from . import baseline as _baseline
@@ -124,8 +130,16 @@ def _without(graph: OpGraph, ops: set[str]) -> OpGraph:
 def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float]
               ) -> tuple[list[Task], list[int]]:
     """One iteration: `baseline.dp_tasks` without the chosen layers' gradients, then (after
-    the backward pass and the last AllReduce, as the runtime does) one ring all-gather per
-    factor, each host's extra compute, then its optimiser step (the whole model's)."""
+    the backward pass and the last AllReduce, as the runtime's `SfbLayers.sync` does) per
+    layer one ring all-gather of its factors and each host's rebuild of its gradient
+    (``rebuild<i>@<host>``), then each host's optimiser step (the whole model's).
+
+    A rank leaves a gather when its own part is done (``member_done``: gloo's ranks leave a
+    ring all-gather one by one) and rebuilds that layer's gradient then, while the ranks
+    behind the slow cables still receive; the next layer's gather starts when every rank has
+    rebuilt (it needs every rank in it). The last layer's rebuild and the step of a rank
+    that leaves early run under the gathers' tail, and so does its next forward and
+    backward: the planner predicts the steady period (`sim.steady`)."""
     order, p = list(ctx.hosts), ctx.world_size
     tasks, sizes = _baseline.dp_tasks(replace(ctx, graph=_without(ctx.graph, set(chosen))),
                                       order, ALGORITHMS["ring"])
@@ -135,14 +149,19 @@ def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float
     body = [t for t in tasks if t.id not in steps]
     after = tuple(d for t in steps.values() for d in t.deps)  # backward tails, last AllReduce
     prev = tuple(dict.fromkeys(after))
-    for i, op in enumerate(chosen):
-        # x and d of one layer: one gather task of both (the runtime gathers them back to back)
-        body.append(Collective(f"sfb{i}", ring_allgather(order, p * factor_bytes[op]), prev))
-        prev = (f"sfb{i}",)
     extra = extra_seconds(ctx, chosen)
-    for h in ctx.hosts:
-        body.append(Compute(f"sfb@{h}", h, sum(extra[(op, h)] for op in chosen), prev))
-        body.append(Compute(f"step@{h}", h, _baseline.step_time(ctx, h), (f"sfb@{h}",)))
+    for i, op in enumerate(chosen):
+        # x and d of one layer: one gather task of both (the runtime gathers them as one
+        # tensor), in the process group of DDP's AllReduces (gloo's default one)
+        cid = f"sfb{i}"
+        body.append(Collective(cid, ring_allgather(order, p * factor_bytes[op]), prev,
+                               member_done=True, group=_baseline.GLOO_GROUP))
+        body += [Compute(f"rebuild{i}@{h}", h, extra[(op, h)], (member_done(cid, h),))
+                 for h in ctx.hosts]
+        prev = tuple(f"rebuild{i}@{h}" for h in ctx.hosts)
+    last = len(chosen) - 1
+    body += [Compute(f"step@{h}", h, _baseline.step_time(ctx, h), (f"rebuild{last}@{h}",))
+             for h in ctx.hosts]
     return body, sizes
 
 
