@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from bench.common import MIN_TIMED_SECONDS
+from bench.hybrid_phases import format_phases, stage_phases
 from bench.planner_lab_check import check, median_table
 from topoagent.cliutil import ArgumentParser
 from topoctl.planner import Evaluated, prepare, render
@@ -38,17 +39,20 @@ from topoctl.strategies.placement import search, search_shape
 
 
 def shaped_plan(cluster_file: str, job_file: str, replicas: int, sync: str | None,
-                shape: list[int] | None = None) -> dict:
+                shape: list[int] | None = None) -> tuple[dict, list[dict[str, float]]]:
     """The plan of the job's pipeline with `replicas` replicas per stage (sync chosen by
     simulation, or `ring` on every stage), its prediction simulated as the planner does, on
-    op times measured now (`retime`)."""
+    op times measured now (`retime`), and the prediction's phases per stage
+    (`bench.hybrid_phases`)."""
     ctx = prepare(load_cluster(cluster_file), load_job(job_file), retime=True)
     t0 = time.perf_counter()
     name = f"hybrid-{sync or 'chosen'}"
     s = (search_shape(ctx, shape, name, sync) if shape else
          search(ctx, "partition", name, replicas=replicas, split=True, sync=sync))
     ev = Evaluated(s, simulate(s.tasks, s.network, record=False), time.perf_counter() - t0)
-    return render(ctx, ev, [ev])
+    groups = [st["hosts"] for st in s.collective["stages"]]
+    phases = stage_phases(s.tasks, simulate(s.tasks, s.network), groups)
+    return render(ctx, ev, [ev]), phases
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5, replicas: int = 3,
@@ -59,7 +63,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5, replicas: int = 
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-lab-"))
     plans = []
     for sync in syncs:
-        doc = shaped_plan(cluster_file, job_file, replicas, sync, shape)
+        doc, phases = shaped_plan(cluster_file, job_file, replicas, sync, shape)
         path = tmp / f"{doc['metadata']['strategy']}.yaml"
         path.write_text(dump_plan(doc))
         stages = doc["job"]["collective"]["stages"]
@@ -72,6 +76,7 @@ def main(cluster_file: str, job_file: str, iterations: int = 5, replicas: int = 
         if "crowding" in comp:  # what the prediction charges the crowded cores
             print(f"  inputs {comp['inputs_s'] * 1e3:.2f} ms per rank, crowding "
                   f"{comp['crowding']:.3f} per unit of oversubscription")
+        print("\n".join(format_phases(phases)))
         plans.append(yaml.safe_load(path.read_text()))
     sys.stdout.flush()
     rows = []

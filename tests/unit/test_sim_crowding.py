@@ -77,10 +77,12 @@ def test_a_pool_without_crowding_is_unchanged():
         simulate(tasks, old).iteration_time
 
 
-def test_the_crowding_is_timed_at_twice_the_cores_and_scaled_to_the_oversubscription():
-    """8 lab ranks on 2 cores: the ratio is timed beside 3 copies (2x the cores, not 7: the
-    first plan on a machine pays those seconds), and the coefficient is its excess per unit of
-    the oversubscription it was timed at; no crowding (and no timing) where ranks fit."""
+def test_the_crowding_is_timed_at_three_times_the_cores_and_scaled_to_the_oversubscription():
+    """8 lab ranks on 2 cores: the ratio is timed beside 5 copies (3x the cores, not 7: the
+    first plan on a machine pays those seconds; not 3: beside 3 copies four timings in a row
+    gave crowding 0.002-0.178, beside 5 0.108-0.146), and the coefficient is its excess per
+    unit of the oversubscription it was timed at; no crowding (and no timing) where ranks
+    fit; fewer ranks than that: timed beside all the others."""
     asked = []
 
     def ratio(micro_batch, copies):
@@ -89,16 +91,21 @@ def test_the_crowding_is_timed_at_twice_the_cores_and_scaled_to_the_oversubscrip
 
     ctx = SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8, crowded_ratio=ratio,
                           local_batch=64)
-    assert stage_crowding(ctx) == pytest.approx(0.1)  # (1.1 - 1) / ((3 + 1) / 2 - 1)
-    assert asked == [(64, 3)]
+    assert stage_crowding(ctx) == pytest.approx(0.05)  # (1.1 - 1) / ((5 + 1) / 2 - 1)
+    assert asked == [(64, 5)]
     assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=2,
                                           crowded_ratio=ratio, local_batch=64)) == 0.0
-    assert asked == [(64, 3)]
+    assert asked == [(64, 5)]
+    # stars6's six ranks: beside the five others; four ranks: beside three
+    assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=4,
+                                          crowded_ratio=ratio, local_batch=64)) == (
+        pytest.approx(0.1))
+    assert asked[-1] == (64, 3)
     # one timing per model: at the grid point below the ranks' batch (48 rows), whatever the
     # micro-batch the pipeline runs
     assert stage_crowding(SimpleNamespace(lab=SimpleNamespace(cores=2), world_size=8,
                                           crowded_ratio=ratio, local_batch=50)) > 0
-    assert asked[-1] == (48, 3)
+    assert asked[-1] == (48, 5)
 
 
 def test_a_crowding_ratio_below_one_is_no_ratio():
