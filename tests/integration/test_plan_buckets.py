@@ -22,8 +22,8 @@ from tests.integration.test_pipeline_runtime import free_port, run_local
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
-from tests.ranks import start_ranks  # noqa: E402
 from topoctl.catalog.dense import MLP  # noqa: E402
 from topotrain.buckets import attach_buckets  # noqa: E402
 from topotrain.workload import data_parallel  # noqa: E402
@@ -134,7 +134,7 @@ def _forward_overlap_problems(rank: int) -> list[str]:
 
 def test_bucket_gradients_equal_ddps(tmp_path):
     out = str(tmp_path / "grads")
-    start_ranks(_grads, (free_port(), out), WORLD)
+    mp.start_processes(_grads, args=(free_port(), out), nprocs=WORLD, start_method="spawn")
     for r in range(WORLD):
         assert json.loads(open(f"{out}.{r}").read()) == [], f"rank {r}"
 

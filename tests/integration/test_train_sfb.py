@@ -17,8 +17,8 @@ from tests.integration.test_pipeline_runtime import free_port, run_local, run_ra
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
-from tests.ranks import start_ranks  # noqa: E402
 from topoctl.catalog.dense import MLP  # noqa: E402
 from topotrain.sfb import attach_sfb  # noqa: E402
 from topotrain.workload import data_parallel  # noqa: E402
@@ -60,7 +60,7 @@ def _grads(rank: int, port: int, out: str) -> None:
 
 def test_sfb_gradients_equal_the_allreduce(tmp_path):
     out = str(tmp_path / "grads")
-    start_ranks(_grads, (free_port(), out), WORLD)
+    mp.start_processes(_grads, args=(free_port(), out), nprocs=WORLD, start_method="spawn")
     for r in range(WORLD):
         assert json.loads(open(f"{out}.{r}").read()) == [], f"rank {r}"
 
