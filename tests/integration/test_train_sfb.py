@@ -82,19 +82,27 @@ def _losses(events: list[dict]) -> list[float]:
                                       key=lambda e: (e["iter"], e["rank"]))]
 
 
-def test_sfb_trains_to_the_same_losses(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    plain = run_local(JOB, tmp_path / "a")
-    sfb = run_local(JOB | {"sfb": LAYERS}, tmp_path / "b")
-    want, got = _losses(plain), _losses(sfb)
-    assert len(got) == len(want) == WORLD * 20
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-8)
-    assert got[-1] != pytest.approx(got[0], rel=1e-3)  # it trained: the losses moved
-    done = {e["checksum"] for e in sfb if e["event"] == "done"}
-    assert len(done) == 1  # every rank holds the same parameters
-    iters = [e for e in sfb if e["event"] == "iter"]
-    assert all(e["sfb_seconds"] > 0 for e in iters)
+def test_sfb_trains_to_the_same_losses(tmp_path, monkeypatch):
+    """SFB alone, and SFB with the whole model compiled (`job.fusion`; the runtime attaches the
+    SFB layers first, then compiles: their hooks run inside the compiled model)."""
+    monkeypatch.setenv("TOPOCTL_INDUCTOR_CACHE", str(tmp_path / "inductor"))
+    runs = {}
+    for name, extra in (("plain", {}), ("sfb", {"sfb": LAYERS}),
+                        ("sfb+fusion", {"sfb": LAYERS, "fusion": {"mode": "whole"}})):
+        (tmp_path / name).mkdir()
+        runs[name] = run_local(JOB | extra, tmp_path / name)
+    want = _losses(runs["plain"])
+    assert len(want) == WORLD * 20
+    assert want[-1] != pytest.approx(want[0], rel=1e-3)  # it trained: the losses moved
+    for name in ("sfb", "sfb+fusion"):
+        events = runs[name]
+        assert _losses(events) == pytest.approx(want, rel=1e-5, abs=1e-8), name
+        done = {e["checksum"] for e in events if e["event"] == "done"}
+        assert len(done) == 1, name  # every rank holds the same parameters
+        iters = [e for e in events if e["event"] == "iter"]
+        assert all(e["sfb_seconds"] > 0 for e in iters), name
+    fused = [e for e in runs["sfb+fusion"] if e["event"] == "fusion"]
+    assert len(fused) == WORLD and not any(e["fallback"] for e in fused)
 
 
 def test_a_layer_that_is_not_linear_is_a_clear_error_on_every_rank(tmp_path):
