@@ -21,38 +21,15 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
 from bench.common import MIN_TIMED_SECONDS
-from bench.hybrid_phases import format_phases, stage_phases
+from bench.hybrid_phases import format_phases, shaped_plan
 from bench.planner_lab_check import check, median_table
 from topoagent.cliutil import ArgumentParser
-from topoctl.planner import Evaluated, prepare, render
 from topoctl.render.yamlout import dump as dump_plan
-from topoctl.sim.engine import simulate
-from topoctl.spec.cluster_load import load_cluster
-from topoctl.spec.job import load_job
-from topoctl.strategies.placement import search, search_shape
-
-
-def shaped_plan(cluster_file: str, job_file: str, replicas: int, sync: str | None,
-                shape: list[int] | None = None) -> tuple[dict, list[dict[str, float]]]:
-    """The plan of the job's pipeline with `replicas` replicas per stage (sync chosen by
-    simulation, or `ring` on every stage), its prediction simulated as the planner does, on
-    op times measured now (`retime`), and the prediction's phases per stage
-    (`bench.hybrid_phases`)."""
-    ctx = prepare(load_cluster(cluster_file), load_job(job_file), retime=True)
-    t0 = time.perf_counter()
-    name = f"hybrid-{sync or 'chosen'}"
-    s = (search_shape(ctx, shape, name, sync) if shape else
-         search(ctx, "partition", name, replicas=replicas, split=True, sync=sync))
-    ev = Evaluated(s, simulate(s.tasks, s.network, record=False), time.perf_counter() - t0)
-    groups = [st["hosts"] for st in s.collective["stages"]]
-    phases = stage_phases(s.tasks, simulate(s.tasks, s.network), groups)
-    return render(ctx, ev, [ev]), phases
 
 
 def main(cluster_file: str, job_file: str, iterations: int = 5, replicas: int = 3,

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 
 from topoagent.cliutil import ArgumentParser
-from topoctl.sim.engine import SimResult
+from topoctl.planner import Evaluated, prepare, render
+from topoctl.sim.engine import SimResult, simulate
 from topoctl.sim.tasks import Compute
+from topoctl.spec.cluster_load import load_cluster
+from topoctl.spec.job import load_job
+from topoctl.strategies.placement import search, search_shape
 
 PHASES = ("forward", "backward", "allreduce", "step", "other")
 
@@ -63,10 +68,25 @@ def format_phases(phases: list[dict[str, float]]) -> list[str]:
             for s, p in enumerate(phases)]
 
 
+def shaped_plan(cluster_file: str, job_file: str, replicas: int, sync: str | None,
+                shape: list[int] | None = None) -> tuple[dict, list[dict[str, float]]]:
+    """The plan of the job's pipeline with `replicas` replicas per stage (sync chosen by
+    simulation, or `ring` on every stage; `shape`: the stages' replica counts instead), its
+    prediction simulated as the planner does, on op times measured now (`retime`), and the
+    prediction's phases per stage (`stage_phases`): what `bench.hybrid_lab_check` measures."""
+    ctx = prepare(load_cluster(cluster_file), load_job(job_file), retime=True)
+    t0 = time.perf_counter()
+    name = f"hybrid-{sync or 'chosen'}"
+    s = (search_shape(ctx, shape, name, sync) if shape else
+         search(ctx, "partition", name, replicas=replicas, split=True, sync=sync))
+    res = simulate(s.tasks, s.network)  # recorded: the phases need every task's finish
+    ev = Evaluated(s, res, time.perf_counter() - t0)
+    groups = [st["hosts"] for st in s.collective["stages"]]
+    return render(ctx, ev, [ev]), stage_phases(s.tasks, res, groups)
+
+
 def cli(argv: list[str] | None = None) -> int:
     """Plan the shape as `bench.hybrid_lab_check` does (op times re-timed) and print it."""
-    from bench.hybrid_lab_check import shaped_plan  # noqa: PLC0415 (imports this module)
-
     ap = ArgumentParser(prog="python -m bench.hybrid_phases", description=__doc__)
     ap.add_argument("cluster")
     ap.add_argument("job")
