@@ -22,7 +22,7 @@ def pytest_configure(config):
     go first; then `_own_cache`."""
     owners.claim()
     if not hasattr(config, "workerinput") and nsutil.is_root():
-        for lab in owners.orphans(sorted(set(labmod.list_labs()) | set(owners.recorded()))):
+        for lab in labmod.orphaned_labs():
             labmod.down(lab)
     _own_cache(config)
 

@@ -205,8 +205,7 @@ def _down_orphans(args: argparse.Namespace) -> int:
     """`down --orphans`: every lab whose owning run has exited (`topoctl.lab.owners`)."""
     if args.lab is not None:
         raise LabError("give either --lab or --orphans", source="--orphans")
-    known = sorted(set(labmod.list_labs(args.state_dir)) | set(owners.recorded()))
-    gone = owners.orphans(known)
+    gone = labmod.orphaned_labs(args.state_dir)
     for name in gone:
         labmod.down(name, args.state_dir)
     if args.json:

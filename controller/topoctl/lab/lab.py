@@ -192,6 +192,13 @@ def list_labs(root: str | Path | None = None) -> list[str]:
     return sorted(found)
 
 
+def orphaned_labs(root: str | Path | None = None) -> list[str]:
+    """Labs whose owning run (a test or benchmark, `topoctl.lab.owners`) has exited: of every
+    lab `list_labs` finds and every lab with an owner record (one whose `up` was killed before
+    it created anything)."""
+    return owners.orphans(sorted(set(list_labs(root)) | set(owners.recorded())))
+
+
 # --- up ------------------------------------------------------------------------------------------
 def pick_mgmt_net(hosts: int, wanted: str | None = None, source: str = "--mgmt-net") -> str:
     """`wanted`, or the first free block in 10.232.0.0/16 that no root address overlaps;
