@@ -21,6 +21,9 @@ from topoctl import cli
 from topoctl.lab import cpu, names
 from topoctl.lab import lab as labmod
 from topoctl.planner import make_plan
+from topoctl.rollout.run import run_job
+from topoctl.rollout.transports.local import lab_transport
+from topoctl.rollout.twophase import load_plan
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
 
@@ -68,18 +71,15 @@ def single_process(spec: dict) -> list[float]:
     return out
 
 
-def rank_events(text: str) -> list[dict]:
-    """The ranks' events `topoctl run --verbose` echoed (`<host> <json line>`), with host."""
+def rank_events(lines: list[str]) -> list[dict]:
+    """The ranks' events `run_job` echoed when verbose (`<host> [event N] <json>`), each with
+    its host."""
     out = []
-    for line in text.splitlines():
+    for line in lines:
         host, _, rest = line.partition(" ")
-        if rest.startswith("{"):
-            try:
-                ev = json.loads(rest)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and "rank" in ev:
-                out.append(ev | {"host": host})
+        if rest.startswith("[event "):
+            ev = json.loads(rest.partition("] ")[2])
+            out.append(ev | {"host": host})
     return out
 
 
@@ -133,18 +133,21 @@ def test_ranks_between_a_hosts_ranks_take_loopback(lab_and_plans):
 
 
 @pytest.mark.parametrize("variant", ["flat", "hierarchical"])
-def test_two_ranks_per_host_train_as_one_process(lab_and_plans, variant, capsys):
+def test_two_ranks_per_host_train_as_one_process(lab_and_plans, variant):
     lab, plan, paths = lab_and_plans
     groups = {h: names.cpu_group(lab.name, h) for h in ("h0", "h1", "h2", "h3")}
     throttled0 = {h: BACKEND.stat(g).get("nr_throttled", 0) for h, g in groups.items()}
-    capsys.readouterr()
-    code = cli.main(["run", str(paths[variant]), "--lab", lab.name, "--json", "--verbose",
-                     "--timeout", "900"])
-    out = capsys.readouterr()
-    assert code == 0, out.err[-3000:]
-    result = json.loads(out.out[out.out.index("{\n"):] if "{\n" in out.out else out.out)
+    lines: list[str] = []
+    transport = lab_transport(lab)
+    try:
+        res = run_job(load_plan(str(paths[variant])), transport, iterations=STEPS,
+                      out=lines.append, verbose=True, timeout=900)
+    finally:
+        transport.close()
+    assert res.exit_code == 0, "\n".join(lines[-40:])
+    result = res.to_dict()
     assert result["synchronous"] is True
-    events = rank_events(out.out + "\n" + out.err)
+    events = rank_events(lines)
     starts = {e["rank"]: e for e in events if e["event"] == "start"}
     assert sorted(starts) == list(range(8))
     procs = plan["job"]["processes"]
