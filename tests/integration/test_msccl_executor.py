@@ -1,9 +1,10 @@
-"""Exported MSCCL programs computed by the reference executor with real processes over gloo.
+"""MSCCL programs computed by the reference executor with real processes over gloo.
 
-One spawn of 8 processes; subgroups give every world size 2..8. Each program (ring in a random
-order, rings on two channels, random packed trees, the planner's 16-tree schedule) goes through
-its XML text, is checked against the executor's limits and must sum random tensors exactly like
-`dist.all_reduce`.
+One spawn of 12 processes; subgroups give every world size 2..12. Each program goes through its
+XML text, is checked against the executor's limits and must sum random tensors exactly like
+`dist.all_reduce`: rings in a random order, rings on two channels, random packed trees, the
+planner's 16-tree schedule, and every program `topoctl export nccl` writes for the example plans
+(the checked-in plans/*-plan.yaml, and trees plans of mesh4 and tworack8 planned here).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+import yaml
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -30,7 +32,8 @@ from topoctl.msccl.ring import ring_allreduce  # noqa: E402
 from topoctl.msccl.trees import trees_allreduce  # noqa: E402
 from topotrain.collectives.msccl import run_allreduce  # noqa: E402
 
-WORLD = 8
+WORLD = 12
+PLANS = Path(__file__).resolve().parents[2] / "plans"
 SIZES = (1, 7, 1000)
 
 
@@ -40,10 +43,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def programs() -> dict[int, dict[str, str]]:
-    """World size -> case name -> program XML (built and checked in the parent)."""
+def trees_plan(cluster: str, tmp: Path) -> Path:
+    """The mlp job planned with `trees` on an example cluster (roofline costs)."""
+    from topoctl.cli import main
+
+    spec = yaml.safe_load((PLANS / "mlp-job.yaml").read_text()) | {"strategies": ["trees"]}
+    job = tmp / "mlp-trees-job.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    out = tmp / f"mlp-{cluster}-trees-plan.yaml"
+    assert main(["plan", str(PLANS / f"{cluster}-cluster.yaml"), str(job), "-o", str(out),
+                 "--no-cache"]) == 0
+    return out
+
+
+def exported(tmp: Path) -> dict[int, dict[str, str]]:
+    """World size -> plan name -> the program `topoctl export nccl` wrote (every host's copy
+    the same)."""
+    from topoctl.cli import main
+
+    plans = sorted(PLANS.glob("*-plan.yaml")) + [trees_plan(c, tmp) for c in ("mesh4", "tworack8")]
     out: dict[int, dict[str, str]] = {}
-    for w in range(2, WORLD + 1):
+    for plan in plans:
+        d = tmp / plan.stem
+        assert main(["export", "nccl", str(plan), "-o", str(d)]) == 0
+        files = sorted(d.glob("*/msccl/*.xml"))
+        texts = {f.read_text() for f in files}
+        assert len(files) == len(list(d.glob("*/topo.xml"))) and len(texts) == 1, plan
+        xml = texts.pop()
+        out.setdefault(from_xml(xml).ngpus, {})[plan.stem] = xml
+    assert any("trees" in name for cases in out.values() for name in cases)
+    return out
+
+
+def programs(tmp: Path) -> dict[int, dict[str, str]]:
+    """World size -> case name -> program XML (built and checked in the parent)."""
+    out = exported(tmp)
+    for w in range(2, 9):
         order = list(range(w))
         random.Random(w).shuffle(order)
         cases = {"ring": ring_allreduce(order), "ring2": ring_allreduce(order, channels=2)}
@@ -51,13 +86,16 @@ def programs() -> dict[int, dict[str, str]]:
             sched = random_schedule(w, ntrees, seed=100 * w + ntrees)
             cases[f"trees{ntrees}x{nchunks}"] = trees_allreduce(
                 [(t.parents, t.rate) for t in sched.trees], nchunks)
-        if w == WORLD:
+        if w == 8:
             sched = planned_schedule()
             cases["planned"] = trees_allreduce(
                 [(t["parents"], t["rate"]) for t in sched["trees"]], 64)
         for name, prog in cases.items():
             assert check(prog) == [], (w, name, check(prog))
-        out[w] = {name: to_xml(p) for name, p in cases.items()}
+        out.setdefault(w, {}).update({name: to_xml(p) for name, p in cases.items()})
+    for cases in out.values():
+        for name, xml in cases.items():
+            assert check(from_xml(xml)) == [], (name, check(from_xml(xml)))
     return out
 
 
@@ -72,7 +110,7 @@ def _worker(rank: int, port: int, outdir: str, progs: dict) -> None:
                                 world_size=WORLD, timeout=timedelta(seconds=240))
         groups = {w: dist.new_group(list(range(w))) for w in range(2, WORLD)}
         groups[WORLD] = None
-        for w in range(2, WORLD + 1):
+        for w in sorted(progs):
             if rank >= w:
                 continue
             for name, xml in progs[w].items():
@@ -96,7 +134,7 @@ def _worker(rank: int, port: int, outdir: str, progs: dict) -> None:
 
 @pytest.mark.timeout(600)
 def test_programs_compute_the_allreduce_world_2_to_8(tmp_path):
-    progs = programs()
+    progs = programs(tmp_path)
     mp.spawn(_worker, args=(free_port(), str(tmp_path), progs), nprocs=WORLD, join=True)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
