@@ -39,7 +39,8 @@ def main() -> None:
     if os.environ.get("TOPO_TREE_SCHEDULE"):  # the plan's packed trees
         from topotrain.collectives import register_tree_hook
 
-        register_tree_hook(model)
+        hook = register_tree_hook(model)
+        print(f"rank {rank}: tree hook over {len(hook.schedule.trees)} tree(s)", flush=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = dataset()
     sampler = DistributedSampler(data, seed=0)
