@@ -10,12 +10,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from tests.integration import forkrank
 from topoctl.planner import make_plan
 from topoctl.rollout.run import job_payload
 from topoctl.spec.cluster_load import parse_cluster
@@ -69,46 +67,22 @@ def free_port() -> int:
 
 
 def run_ranks(job: dict, tmp_path, timeout: float = 300) -> list[tuple[int, str]]:
-    """Every rank of the launch spec `job` on loopback, each a process running
-    `topotrain.train.main` (children of this worker's rank fork server,
-    `tests.integration.forkrank`; `python -m topotrain.train` for a job that compiles):
+    """`python -m topotrain.train` for every rank of the launch spec `job` on loopback:
     (exit code, stdout and stderr) per rank, in the spec's order; every rank killed if one
     outlives `timeout`."""
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     port = free_port()
-    envs = [{**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-             "TOPOCTL_JOB": str(path), "GLOO_SOCKET_IFNAME": "lo",
-             "TOPOCTL_BIND_ADDRESS": "127.0.0.1"}
-            for specs in job["processes"].values() for spec in specs]
-    if "fusion" in job:
-        return _run_interpreters(envs, timeout)
-    srv = forkrank.server()
-    outs = [tmp_path / f"rank{i}.out" for i in range(len(envs))]
-    pids = [srv.spawn(env, out) for env, out in zip(envs, outs, strict=True)]
-    deadline = time.monotonic() + timeout
-    codes: list[int] = []
-    try:
-        for pid in pids:
-            codes.append(srv.wait(pid, max(0.0, deadline - time.monotonic())))
-    except subprocess.TimeoutExpired:
-        for pid in pids:
-            srv.kill(pid)
-        srv.pending()
-        for pid in pids[len(codes) + 1:]:
-            srv.wait(pid)
-        raise
-    return [(code, out.read_text()) for code, out in zip(codes, outs, strict=True)]
-
-
-def _run_interpreters(envs: list[dict], timeout: float) -> list[tuple[int, str]]:
-    """`run_ranks` with each rank a new interpreter, `python -m topotrain.train`."""
     procs = []
     try:
-        for env in envs:
-            procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"],
-                                          env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+        for specs in job["processes"].values():
+            for spec in specs:
+                env = {**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port), "TOPOCTL_JOB": str(path),
+                       "GLOO_SOCKET_IFNAME": "lo", "TOPOCTL_BIND_ADDRESS": "127.0.0.1"}
+                procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"],
+                                              env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
         return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
     finally:
