@@ -84,7 +84,8 @@ def test_a_refused_mtu_leaves_the_credit_and_diff_sees_it(veth, tmp_path, rate, 
     a = state(rate, [{"id": 2, "dst": "10.231.97.2/32", "rate": half}])
     r = agent(ns, st, "apply", "-", doc=a)
     assert r.returncode == 0, r.stderr
-    want = {1: (htb_credit(r_bits, 1500),) * 2, 2: (htb_credit(r_bits // 2, 1500), htb_credit(r_bits, 1500))}  # ceil: the link's
+    link = htb_credit(r_bits, 1500)
+    want = {1: (link, link), 2: (htb_credit(r_bits // 2, 1500), link)}  # ceil: the link's
     applied = credit(ns, "tcr0")
     assert set(applied) == {1, 2} and all(near(applied[k], want[k]) for k in want), applied
 
