@@ -20,10 +20,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
+from tests.fuzzgen import fuzz_settings
 from tests.integration.forkagent import ForkAgent
 from tests.integration.test_agent import Host, dump, full_state
 from tests.netns import PREFIX, sh
@@ -304,3 +308,33 @@ def test_a_journal_whose_header_cannot_be_read_is_judged_by_the_history(host: Fa
     assert not path.exists() and list(host.state_dir.glob("journal.damaged.*"))
     agreeing(host, 0)
     assert host.run("rollback").returncode == 0  # every verb works
+
+
+@given(header=st.binary(max_size=300).filter(lambda b: b"\n" not in b),
+       keep_lines=st.booleans())
+@fuzz_settings(int(os.environ.get("TOPO_FUZZ_JOURNAL_EXAMPLES", "6")))
+def test_fuzz_any_journal_header_ends_with_the_committed_state(shared: FastHost, header: bytes,
+                                                               keep_lines: bool):
+    """Item 4's family as a fuzz: any bytes as the header line of a half-applied journal (with
+    or without its undo lines): recovery ends with the host in the last committed state,
+    never a traceback, never "as before"."""
+    import shutil
+    import tempfile
+    host = dataclasses.replace(shared, state_dir=Path(tempfile.mkdtemp(prefix="tpt-jfz-")))
+    try:
+        assert host.apply(full_state()).returncode == 0
+        original = dump(host.ns)
+        r = host.run("apply", "-", stdin=yaml.safe_dump(new_state()),
+                      env={"TOPO_AGENT_CRASH_AFTER": "5"})
+        assert r.returncode == -9
+        path = host.state_dir / "journal"
+        good = path.read_bytes()
+        rest = good[good.index(b"\n"):] if keep_lines else b""
+        path.write_bytes(header + rest)
+        r = host.run("recover")
+        assert "Traceback" not in r.stderr and "host is as before" not in r.stderr, r.stderr
+        assert r.returncode == 0, r.stderr
+        assert dump(host.ns) == original
+        agreeing(host, 0)
+    finally:
+        shutil.rmtree(host.state_dir, ignore_errors=True)

@@ -7,9 +7,13 @@ numeric flag added later is covered too."""
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from tests.fuzzgen import fuzz_settings
 from topoagent import cli as agent_cli
 from topoagent.protocol import EXIT_ERROR
 
@@ -82,3 +86,24 @@ def test_watch_interval_minus_one_is_exit_1_as_a_program(tmp_path):
     assert r.returncode == EXIT_ERROR, r.stderr
     assert "--interval" in r.stderr and "expected seconds" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+_PARSER = agent_cli.build_parser()  # one for every example: parsing is what is under test
+
+
+@given(data=st.data())
+@fuzz_settings(100)
+def test_fuzz_numeric_flags_parse_to_a_value_in_range_or_exit_1(data):
+    """Any text for any numeric flag: a usage error (exit 1) or a finite value in the flag's
+    range, parsed before any verb runs; never an exception of another kind (exit 70)."""
+    prefix, option = data.draw(st.sampled_from(OPTIONS))
+    text = data.draw(st.text(max_size=12)
+                     | st.from_regex(r"-?[0-9]{0,25}(\.[0-9]*)?(e-?[0-9]+)?", fullmatch=True))
+    argv = [f"{option}={text}", "show"] if not prefix else [*prefix, f"{option}={text}"]
+    try:
+        args = _PARSER.parse_known_args(argv)[0]
+    except SystemExit as e:
+        assert e.code == EXIT_ERROR
+        return
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    assert math.isfinite(value) and value > 0, (option, text, value)
