@@ -18,7 +18,12 @@ import importlib
 import sys
 
 import topoctl
-from topoagent.cliutil import ArgumentParser, add_global_options, run_verb
+from topoagent.cliutil import (
+    ArgumentParser,
+    add_global_options,
+    parse_command_line,
+    run_verb,
+)
 from topoagent.protocol import EXIT_ERROR
 
 DESCRIPTION = ("plan the network of a distributed DNN training job (cabling, routes, QoS,\n"
@@ -33,7 +38,7 @@ exit codes:
   1    error: bad input (file and YAML path named) or usage
   3    partial: some hosts failed, the others were rolled back
   70   a bug (traceback)
-  130  interrupted
+  130  interrupted (run: also stopped by `topoctl stop`)
   with --detailed-exitcode (apply, diff, status, rollback, stop, lab status, lab rewire):
   0 nothing to do / in sync, 2 changes made or pending / drift"""
 
@@ -75,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the verb, return its exit code (errors mapped by `run_guarded`)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(modules_for(argv))
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parse_command_line(parser, argv, known=True)
     if extra:  # only pass-through verbs (bench) take arguments they do not declare
         if not hasattr(args, "args"):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parse_command_line(parser, argv)  # the usage error argparse gives for them
         args.args = [*extra, *args.args]
     if not getattr(args, "func", None):
         parser.print_help()
