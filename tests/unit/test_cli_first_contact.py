@@ -26,7 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import topoctl
-from tests.fuzzgen import fuzz_settings, topoctl as run_topoctl
+from tests.fuzzgen import fuzz_settings
+from tests.fuzzgen import topoctl as run_topoctl
 from topoagent import cli as agent_cli
 from topoagent.state.host import StateError
 from topoctl import cli as topoctl_cli
