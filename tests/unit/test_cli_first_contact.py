@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import topoctl
 from tests.fuzzgen import fuzz_settings
 from tests.fuzzgen import topoctl as run_topoctl
+from tests.unit.test_exit_codes import AGENT_VERBS, TOPOCTL_VERBS
 from topoagent import cli as agent_cli
 from topoagent.state.host import StateError
 from topoctl import cli as topoctl_cli
@@ -76,12 +77,32 @@ def test_topoctl_usage_errors_answer_json_on_stdout(verb, bad, before):
 
 @pytest.mark.parametrize("argv", [["--json", "stop", "--bogus"], ["--json", "watch",
                                   "--interval", "x"], ["--json", "nosuchverb"],
-                                  ["--json", "apply"], ["launch", "--json"]])
+                                  ["--json", "apply"], ["launch", "--json"], ["--json"]])
 def test_agent_usage_errors_answer_json_on_stdout(argv, capsys):
     rc, out, err = _agent(argv, capsys)
     assert rc == 1 and "usage:" in err, (argv, rc, err)
     doc = json.loads(out)
     assert doc["ok"] is False and doc["problems"][0]["message"], out
+
+
+@pytest.mark.parametrize("argv", [["--json"], ["--json", "nosuchverb"], ["tag", "--json"],
+                                  ["--json", "lab"], ["lab", "up", "--json", "--bogus"]])
+def test_topoctl_usage_errors_without_a_verb_answer_json(argv):
+    rc, out, err = run_topoctl(argv)
+    assert rc == 1, (argv, err)
+    assert json.loads(out)["ok"] is False, (argv, out)
+
+
+@pytest.mark.parametrize("verb", TOPOCTL_VERBS, ids=" ".join)
+def test_every_topoctl_verb_answers_a_usage_error_in_json(verb):
+    rc, out, err = run_topoctl([*verb, "--no-such-option", "--json"])
+    assert rc == 1 and json.loads(out)["ok"] is False, (verb, out, err)
+
+
+@pytest.mark.parametrize("verb", AGENT_VERBS)
+def test_every_agent_verb_answers_a_usage_error_in_json(verb, capsys):
+    rc, out, err = _agent(["--json", verb, "--no-such-option"], capsys)
+    assert rc == 1 and json.loads(out)["ok"] is False, (verb, out, err)
 
 
 def test_usage_errors_without_json_print_nothing_on_stdout(capsys):

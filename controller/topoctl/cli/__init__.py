@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 import topoctl
 from topoagent.cliutil import (
     ArgumentParser,
+    UsageError,
     add_global_options,
+    error_document,
     parse_command_line,
     run_verb,
+    wants_json,
 )
 from topoagent.protocol import EXIT_ERROR
 
@@ -85,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "args"):
             parse_command_line(parser, argv)  # the usage error argparse gives for them
         args.args = [*extra, *args.args]
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # no verb: a usage error (JSON too when asked)
+        if wants_json(argv):
+            print(json.dumps(error_document(UsageError("a command is required",
+                                                       source="topoctl"))))
+        parser.print_help(sys.stderr if wants_json(argv) else sys.stdout)
         return EXIT_ERROR
     return run_verb("topoctl", args, lambda: args.func(args))
 
