@@ -249,7 +249,7 @@ def check_model(job: dict) -> None:
         return
     # the capture child's side imports torch: only `run` pays for it, not `stop`
     from topoctl.graph.capture import CaptureError
-    from topoctl.graph.sandbox import model_problems
+    from topoctl.graph.sandbox import model_problems  # torch too: `run` only, as above
     try:
         problems = model_problems(model["factory"], model.get("kwargs") or {},
                                   named_in_model(job))
