@@ -44,12 +44,19 @@ from topoagent.cliutil import (
     add_detailed_exitcode,
     add_global_options,
     add_json,
+    parse_command_line,
     run_verb,
 )
 from topoagent.observe.host import observe, to_host_state
 from topoagent.observe.ovs import show_ovs
 from topoagent.process.launch import launch, stop
-from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, TopoError
+from topoagent.protocol import (
+    EXIT_CHANGES,
+    EXIT_ERROR,
+    EXIT_OK,
+    STOP_BY_OPERATOR,
+    TopoError,
+)
 from topoagent.state.host import HostState, StateError, load_yaml, parse_host_state, read_text
 from topoagent.state.values import format_rate, parse_rate
 from topoagent.state.wire import load_launch_spec
@@ -289,7 +296,7 @@ def cmd_launch(args, target: Target) -> int:
 def cmd_stop(args, target: Target) -> int:
     """Stop the ranks of a running launch; EXIT_CHANGES when some were stopped (exit 2 with
     --detailed-exitcode, else 0), EXIT_OK when none ran."""
-    n = stop(target.store_dir / "run")
+    n = stop(target.store_dir / "run", args.reason)
     print(json.dumps({"ok": True, "stopped": n}) if args.json else f"stopped {n} ranks")
     return EXIT_CHANGES if n else EXIT_OK
 
@@ -471,8 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--status-file", type=Path,
                    help="JSON status written every round (default <state dir>/watch.json)")
     w.set_defaults(func=cmd_watch)
-    _verb(sub, "stop", "stop the ranks of a running launch", "topo-agent stop",
-          detailed=True).set_defaults(func=cmd_stop)
+    st = _verb(sub, "stop", "stop the ranks of a running launch", "topo-agent stop",
+               detailed=True)
+    st.add_argument("--reason", default=STOP_BY_OPERATOR,
+                    help="why, as the launch reports it in its `stopped` event (default "
+                         f"{STOP_BY_OPERATOR}: topoctl run then reports the job stopped, exit 130)")
+    st.set_defaults(func=cmd_stop)
     rc = _verb(sub, "recover", "undo an apply that was killed half-way (every start does this "
                "first)", "topo-agent recover --wait 30", detailed=True)
     rc.add_argument("--wait", type=_seconds, metavar="SECONDS",
@@ -486,7 +497,8 @@ READ_ONLY = ("show", "diff")
 
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_command_line(build_parser(), argv)
 
     only = os.environ.get("TOPO_AGENT_CRASH_TARGET")  # test-only (topoagent.apply.journal)
     if only is not None and only != (args.netns or ""):

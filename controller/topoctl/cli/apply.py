@@ -287,11 +287,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                            epilog=f"example: {examples[name]}")
         add_transport_args(p)
         add_detailed_exitcode(p)
-        p.add_argument("--force-mgmt", action="store_true",
-                       help="allow changes to the management interface, address or route")
-        p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
-        p.add_argument("--dry-run", action="store_true", help="(apply) show, change nothing")
+        # each verb lists only the flags it uses (`status --help` showed apply's --dry-run);
+        # the others' defaults keep `run` one code path
+        p.set_defaults(force_mgmt=False, no_probe=False, dry_run=False)
+        if name in ("apply", "diff"):
+            p.add_argument("--force-mgmt", action="store_true",
+                           help="allow changes to the management interface, address or route")
         if name == "apply":
+            p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
+            p.add_argument("--dry-run", action="store_true", help="show, change nothing")
             p.add_argument("--confirm-within", type=_seconds, metavar="SECONDS",
                            help="each agent reverts by itself unless confirmed within SECONDS "
                                 "of its apply; topoctl confirms every host it still reaches "

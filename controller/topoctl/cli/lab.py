@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     text = "build and drive a cluster of namespaces on this machine"
     p = sub.add_parser("lab", help=text, description=text,
                        epilog="example: topoctl lab up cluster.yaml && topoctl lab status")
-    lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND")
+    # required: a bare `topoctl lab` is a usage error (with --json, a JSON error document)
+    lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)
 
     def cmd(name: str, func, help: str, example: str, lab: bool = True, json: bool = True,
             detailed: bool = False) -> argparse.ArgumentParser:
@@ -90,7 +91,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("host")
     c.add_argument("command", nargs=argparse.REMAINDER, help="command and its arguments")
     cmd("list", _list, "labs on this machine", "list", lab=False)
-    p.set_defaults(func=lambda a: p.print_help() or EXIT_ERROR)
 
 
 def _guard(func):
