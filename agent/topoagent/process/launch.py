@@ -58,6 +58,7 @@ from topoagent.process.ranks import (
     write_job_spec,
 )
 from topoagent.protocol import EXIT_INTERRUPTED, TopoError
+from topoagent.signals import only_here
 from topoagent.state.wire import TREE_SCHEDULE_ENV, TREE_SCHEDULE_FILE, LaunchSpec
 from topoagent.target import Target
 
@@ -311,7 +312,8 @@ class _stop_on_signals:  # noqa: N801 - used as a context manager, named like on
             raise _Stopped(signum)
 
         main = threading.current_thread() is threading.main_thread()  # handlers live there
-        self.old = {s: signal.signal(s, stop) for s in STOP_SIGNALS} if main else {}
+        self.old = ({s: signal.signal(s, only_here(stop)) for s in STOP_SIGNALS} if main
+                    else {})
 
     def __exit__(self, *exc) -> None:
         for s, h in self.old.items():
@@ -324,8 +326,8 @@ class _signals_ignored(_stop_on_signals):  # noqa: N801
     def __enter__(self) -> None:
         sigs = (*STOP_SIGNALS, signal.SIGINT)
         main = threading.current_thread() is threading.main_thread()
-        self.old = ({s: signal.signal(s, lambda signum, frame: None) for s in sigs}
-                    if main else {})
+        self.old = ({s: signal.signal(s, only_here(lambda signum, frame: None))
+                     for s in sigs} if main else {})
 
 
 def _pump(stream: IO[bytes], prefix: str, out: _Output, tail: deque | None) -> None:
