@@ -42,6 +42,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=cmd_train)
 
 
+def contexts(docs: list[tuple[dict, dict]]) -> list:
+    """The planner contexts of the training cases, (cluster doc, job doc) pairs (roofline,
+    no caches): built here so that `topoctl.tag` never imports the planner."""
+    # the planner and the catalog (torch) load only for this verb: CLI start-up stays quick
+    from topoctl.planner import prepare
+    from topoctl.spec.cluster_load import parse_cluster  # with the planner
+    from topoctl.spec.job import parse_job  # with the planner
+    return [prepare(parse_cluster(c), parse_job(j), use_cache=False) for c, j in docs]
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train, write the weights and the plot; EXIT_OK."""
     for flag in ("rounds", "playouts", "epochs", "clusters"):
@@ -49,6 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise TopoError(f"must be at least 1, got {getattr(args, flag)}",
                             source=f"--{flag}")
     # torch, the planner and the catalog load only for this verb (CLI start-up stays quick)
+    from topoctl.strategies.tag import kit as tag_kit  # the planner's strategies
     from topoctl.tag import train
     from topoctl.tag.gnn import to_plain  # torch
     from topoctl.tag.prior import WEIGHTS  # torch
@@ -59,8 +70,9 @@ def cmd_train(args: argparse.Namespace) -> int:
               flush=True)
 
     say(f"capturing {args.clusters} clusters x {len(train.TRAIN_MODELS)} models")
-    ctxs = train.contexts(train.case_docs(args.clusters, args.seed))
-    out = train.self_play(ctxs, args.rounds, args.playouts, args.epochs, args.seed, say)
+    ctxs = contexts(train.case_docs(args.clusters, args.seed))
+    out = train.self_play(ctxs, tag_kit(), args.rounds, args.playouts, args.epochs, args.seed,
+                          say)
     path = args.output or str(WEIGHTS)
     doc = {"trained": {"rounds": args.rounds, "playouts": args.playouts,
                        "epochs": args.epochs, "clusters": args.clusters, "seed": args.seed,
