@@ -31,13 +31,18 @@ HOG = "while True: pass"  # a CPU-bound process
 HOGS = 2  # both cores of this machine busy
 
 
+# the keys a plan's metadata names a wall clock with: a search the clock cut (`cut_short`, the
+# project's one name, `topoctl.limits`; `stopped_by_time`, tag's before its budget was
+# counted), a wall-clock limit that governed it (tag's `time_limit`)
+CLOCK_KEYS = ("cut_short", "stopped_by_time", "time_limit")
+
+
 def clock_cuts(doc: object, path: str = "metadata") -> list[str]:
-    """Where a plan's metadata says a wall clock cut a search (`cut_short`), or that a
-    wall-clock limit governed it (tag's `time_limit`)."""
+    """Where a plan's metadata names a wall clock (`CLOCK_KEYS` with a true value)."""
     out: list[str] = []
     if isinstance(doc, dict):
         for k, v in doc.items():
-            if k in ("cut_short", "time_limit") and v:
+            if k in CLOCK_KEYS and v:
                 out.append(f"{path}.{k}: {v}")
             out += clock_cuts(v, f"{path}.{k}")
     elif isinstance(doc, list):

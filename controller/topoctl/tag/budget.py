@@ -3,7 +3,10 @@
 By default (`job.tag.time_limit` unset) everything is counted, so the same input gives the same
 plan bytes on a quiet machine and a loaded one (`topoctl.limits`, docs/architecture.md rule
 5): the seeds (the other strategies' plans TAG starts from) run to completion, the tree search
-runs `playouts` playouts and the walk after it as many steps.
+runs `playouts` playouts and the walk after it as many steps, and the two together simulate
+at most `simulations` distinct plans (a simulation is the search's unit of cost: on 12 hosts
+one costs 100x what it does on 4, so a playout count alone does not bound the time). The tree
+stops at `TREE_SHARE` of `simulations`, the walk gets the rest (and what the tree left).
 
 With `time_limit` seconds the whole strategy is also cut by the clock: a seed still running at
 the deadline is abandoned (`call_until`), the search and the walk stop early, the planner's
@@ -30,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
+
+TREE_SHARE = 0.75  # of the simulations budget, the most the tree may use; the walk: the rest
 
 
 class OutOfTime(Exception):
@@ -69,12 +74,14 @@ def call_until(fn: Callable[[], T], deadline: float | None,
 @dataclass
 class Budget:
     """The strategy's budget (module docstring): `playouts` of the tree search (and steps of
-    the walk after it); `seconds`: the job's `tag.time_limit` from `start` (None: counted
-    only, the default); `seed_share`: the fraction of `seconds` the seeds may use (1.0: all
-    of it; they are TAG's floor, "never slower than the best other strategy", so they are not
-    cut earlier by default); `cut`: what the clock cut short, in order."""
+    the walk after it); `simulations`: distinct plans the tree and the walk may simulate
+    together (None: no cap); `seconds`: the job's `tag.time_limit` from `start` (None:
+    counted only, the default); `seed_share`: the fraction of `seconds` the seeds may use
+    (1.0: all of it; they are TAG's floor, "never slower than the best other strategy", so
+    they are not cut earlier by default); `cut`: what the clock cut short, in order."""
 
     playouts: int
+    simulations: int | None = None
     seconds: float | None = None
     seed_share: float = 1.0
     start: float = field(default_factory=time.perf_counter)
@@ -98,6 +105,16 @@ class Budget:
     def end(self, reserve: float = 0.0) -> float | None:
         """The reading the search must stop at, `reserve` seconds early (None: no limit)."""
         return None if self.seconds is None else self.start + self.seconds - reserve
+
+    def sims_stop(self, simulated: Callable[[], int], share: float = 1.0, spent: int = 0
+                  ) -> Callable[[], bool] | None:
+        """A `stop` for the tree or the walk: True once `simulated()` (distinct plans valued
+        so far) has grown from now by `share` of `simulations` less the `spent` ones (None:
+        no cap)."""
+        if self.simulations is None:
+            return None
+        cap = simulated() + int(share * self.simulations) - spent
+        return lambda: simulated() >= cap
 
     def note_cut(self, step: str) -> None:
         """Record that the clock cut `step` short (each step once)."""
@@ -123,7 +140,9 @@ class Budget:
     def report(self) -> dict:
         """What the plan's metadata says of the budget: the counts, and with a wall clock its
         seconds and (when it cut in) `cut_short` with a note, as `topoctl.limits` does."""
-        out: dict = {"playouts_budget": self.playouts}
+        out: dict = {"playouts_budget": self.playouts,
+                     **({"simulations_budget": self.simulations}
+                        if self.simulations is not None else {})}
         if self.seconds is None:
             return out
         out["time_limit"] = self.seconds

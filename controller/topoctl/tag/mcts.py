@@ -21,7 +21,8 @@ root's visit distribution and every expanded node's (self-play targets for the p
 
 Deterministic for a seed: ties in PUCT go to the earlier action of a permutation drawn once per
 node from `random.Random(seed)`; no other randomness. With a `time_limit` the number of
-playouts depends on the machine (the plan then too): the default budget is a playout count.
+playouts depends on the machine (the plan then too): the default budget is a playout count
+(and the caller's counted `stop`).
 Complexity: O(playouts * depth * branching) besides the value calls (one per playout).
 """
 
@@ -110,12 +111,15 @@ def _pick(node: Node, c: float, mix: float, lo: float, hi: float) -> int:
 def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
            c_puct: float = 1.0, seed: int = 0, time_limit: float | None = None,
            progress: Progress | None = None, clock: Callable[[], float] = time.perf_counter,
-           start: Sequence[State] = (), max_mix: float = 0.5) -> SearchResult:
+           start: Sequence[State] = (), max_mix: float = 0.5,
+           stop: Callable[[], bool] | None = None) -> SearchResult:
     """PUCT search (module docstring) for at most `playouts` playouts (and `time_limit`
     seconds of `clock`). `start`: complete states valued first (anchors: the result is never
     worse than them). `progress` is called every 10% of the budget. `max_mix`: Q blends the
     child's mean with the best value below it, (1 - mix) mean + mix max (single-player search
-    of a deterministic reward looks for the best leaf, not the best average)."""
+    of a deterministic reward looks for the best leaf, not the best average). `stop`: asked
+    before each playout, True ends the search (a counted cap of the caller's, e.g. on the
+    distinct plans simulated: deterministic, unlike `time_limit`)."""
     rng = random.Random(seed)
     t0 = clock()
     best_v, best_s = -math.inf, ()
@@ -138,7 +142,7 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
     root = _expand((), legal, prior, rng)
     root.n, root.w = 1, val(())
     timed_out, step = False, max(1, playouts // 10)
-    while done < playouts and not all(root.done):
+    while done < playouts and not all(root.done) and not (stop is not None and stop()):
         if time_limit is not None and clock() - t0 > time_limit:
             timed_out = True
             break

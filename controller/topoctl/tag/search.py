@@ -13,7 +13,8 @@ balanced pipeline over all hosts and the whole model on the fastest host, so the
 never slower than those; after the tree, FlexFlow's walk (`walk`) and the better of the two.
 
 Budget (`budget.Budget`): counted by default (seeds to completion, `playouts` playouts and as
-many walk steps: the same input gives the same plan on any machine and load); a wall clock
+many walk steps, at most `simulations` distinct plans simulated by the two: the same input
+gives the same plan on any machine and load); a wall clock
 only when the job sets `tag.time_limit`, and the plan then says what it cut.
 Cost: one simulation per distinct plan valued, O(playouts * (depth * branching + lookahead *
 simulation)).
@@ -26,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from topoctl.tag import mcts
-from topoctl.tag.budget import Budget
+from topoctl.tag.budget import TREE_SHARE, Budget
 from topoctl.tag.evaluator import Evaluator, final_reserve, reward
 from topoctl.tag.features import JointGraph
 from topoctl.tag.lookahead import lookahead
@@ -152,7 +153,8 @@ def _tree(space: Space, ev: Evaluator, base: float, budget: Budget, prior, seed:
 
     res = mcts.search(lambda s: legal(space, s), value, budget.playouts,
                       prior or mcts.uniform, seed=seed, time_limit=budget.left(final_reserve(ev)),
-                      progress=progress, start=start)
+                      progress=progress, start=start,
+                      stop=budget.sims_stop(lambda: len(ev.cache), TREE_SHARE))
     if res.stopped_by_time:
         budget.note_cut("tree search")
     return res
@@ -162,15 +164,17 @@ def run_search(ctx: PlanContext, kit: Kit, playouts: int, seed: int = 0,
                time_limit: float | None = None, net=None, max_groups: int = 24,
                progress: mcts.Progress | None = None, use_anchors: bool = True,
                started: float | None = None, with_placement: bool = False,
-               widen: bool = True, seed_share: float = 1.0) -> Outcome:
+               widen: bool = True, seed_share: float = 1.0,
+               simulations: int | None = None) -> Outcome:
     """The search on `ctx` with the other strategies' functions in `kit` (module docstring).
     `net`: a `topoctl.tag.gnn.TagNet` for the prior, None for uniform; `use_anchors`: value
     the anchors and walk after the tree (off: to measure the prior); `time_limit`: None
     (counted, the default) or seconds for everything from `started` (default: now), seeds
     included, `seed_share` of it for the seeds; `with_placement`: the placement strategy's
     pipeline as a seed; `widen`: the space with unequal replica counts, per-stage trees and
-    batch shares (docs/tag.md)."""
-    budget = Budget(playouts, time_limit, seed_share)
+    batch shares (docs/tag.md); `simulations`: distinct plans the tree and the walk may
+    simulate together (None: no cap; `budget.Budget`)."""
+    budget = Budget(playouts, simulations, time_limit, seed_share)
     if started is not None:
         budget.start = started
     groups = op_groups(ctx, max_groups, kit)
@@ -184,9 +188,11 @@ def run_search(ctx: PlanContext, kit: Kit, playouts: int, seed: int = 0,
         prior = net_prior(net, space, jg)
     base = _base_time(space, ev, groups, seeded.kinds, kit.error)
     start = anchors(space, groups, seeded.sfb or frozenset()) if use_anchors else []
+    before = len(ev.cache)
     res = _tree(space, ev, base, budget, prior, seed, progress, start)
     state, walked = res.best_state, None
     if use_anchors:
-        state, walked = walk(space, ev, base, playouts, seed, budget, res)
+        state, walked = walk(space, ev, base, playouts, seed, budget, res,
+                             len(ev.cache) - before)
     return Outcome(state, ev.time(plan_of(state)), base, res, space, groups, ev, jg, budget,
                    seeded.placement, walked)

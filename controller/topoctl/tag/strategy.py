@@ -2,9 +2,9 @@
 
 `plan(ctx, kit)` is what the strategies registry runs for ``tag`` (registered by
 `topoctl.strategies.tag`, which passes the `Kit` of the other strategies' functions). The job's
-`tag` section: `playouts` (the counted budget of the tree and the walk), `time_limit` (unset by
-default: no wall clock; set, the plan records what it cut), `seed`, `prior`, `max_groups`
-(docs/tag.md). Progress goes to stderr.
+`tag` section: `playouts` and `simulations` (the counted budget of the tree and the walk),
+`time_limit` (unset by default: no wall clock; set, the plan records what it cut), `seed`,
+`prior`, `max_groups` (docs/tag.md). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ if TYPE_CHECKING:  # annotations only
 
 def stderr_progress(t0: float) -> Progress:
     """A search progress callback printing playouts, the best speed-up and seconds."""
+    c0 = time.process_time()
+
     def show(done: int, total: int, best: float) -> None:
         print(f"tag: {done}/{total} playouts, best {best + 1:.3g}x the baseline, "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+              f"{time.perf_counter() - t0:.1f} s (search CPU {time.process_time() - c0:.1f} s)",
+              file=sys.stderr, flush=True)
     return show
 
 
@@ -40,7 +43,8 @@ def plan(ctx: PlanContext, kit: Kit) -> Strategy:
         from topoctl.tag.prior import shipped  # lazily: torch
         net = shipped()
     out = run_search(ctx, kit, opts.playouts, opts.seed, opts.time_limit, net, opts.max_groups,
-                     stderr_progress(t0), started=t0, with_placement=True)
+                     stderr_progress(t0), started=t0, with_placement=True,
+                     simulations=opts.simulations)
     print(f"tag: {out.result.playouts} playouts, {len(out.evaluator.cache)} plans simulated "
           f"in {time.perf_counter() - t0:.1f} s (CPU {time.process_time() - c0:.1f} s)"
           + (f"; cut by the clock (tag.time_limit): {', '.join(out.cut)}" if out.cut else ""),
