@@ -92,7 +92,7 @@ def test_tag_plans_the_same_bytes_on_a_loaded_machine(tmp_path, capsys):
     hogs is the quiet one, byte for byte, and no clock is named in it."""
     job = yaml.safe_load((PLANS / "bert-job.yaml").read_text())
     job["strategies"] = ["tag"]
-    job["tag"] = {"playouts": 200}  # a count, small: the seeds are this case's cost
+    job["tag"] = {"playouts": 200, "simulations": 100}  # counts, small: the seeds are the cost
     quiet = plan_bytes("topoopt12", job, tmp_path / "quiet.yaml")
     with cpu_hogs():
         loaded = plan_bytes("topoopt12", job, tmp_path / "loaded.yaml")

@@ -161,21 +161,26 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
                 child.n, child.w = 1, v
                 break
             node = child
-        finished = not child.actions if path else False  # reached a complete state
-        for nd, i in reversed(path):  # a subtree is done when all its children are
-            nd.done[i] = nd.done[i] or finished
-            finished = all(nd.done)
-        for nd, i in path:
-            nd.visits[i] += 1
-            nd.total[i] += v
-            nd.best[i] = max(nd.best[i], v)
-            nd.n += 1
-            nd.w += v
+        _backup(path, v, not child.actions if path else False)
         done += 1
         if progress is not None and done % step == 0:
             progress(done, playouts, best_v)
     return SearchResult(best_s, best_v, root.actions, root.visits, done, evals,
                         _targets(root, ()), timed_out, improvements)
+
+
+def _backup(path: list[tuple[Node, int]], v: float, finished: bool) -> None:
+    """Back the playout's value `v` up its `path` of (node, child index); `finished`: it
+    reached a complete state (a subtree is done when all its children are)."""
+    for nd, i in reversed(path):
+        nd.done[i] = nd.done[i] or finished
+        finished = all(nd.done)
+    for nd, i in path:
+        nd.visits[i] += 1
+        nd.total[i] += v
+        nd.best[i] = max(nd.best[i], v)
+        nd.n += 1
+        nd.w += v
 
 
 def _targets(node: Node, state: State) -> list[tuple[State, list, list[int]]]:
