@@ -86,6 +86,7 @@ def test_plan_twice_gives_identical_bytes(strategy, tmp_path, capsys):
 
 
 @pytest.mark.serial  # two CPU hogs: it loads the whole machine for a minute or two
+@pytest.mark.timeout(1800)  # two 12-host plans, one beside the hogs (10.6 min at load 35)
 def test_tag_plans_the_same_bytes_on_a_loaded_machine(tmp_path, capsys):
     """TAG's default budget is counted: on topoopt12 x bert (its seeds, trees with its fusion
     search and topoopt with its path trees, are the cost there) the plan made beside two CPU
