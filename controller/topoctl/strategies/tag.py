@@ -39,8 +39,10 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from topoagent.protocol import TopoError
+from topoctl.apportion import apportion
 from topoctl.fabric.graph import connection_links
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
+from topoctl.pipeline import gpipe
 from topoctl.placement.build import node_memory, route_matrix
 from topoctl.placement.stagesync import stage_trees
 from topoctl.sim.engine import simulate
@@ -163,18 +165,6 @@ def build_space(ctx: PlanContext, groups: list[Group], dp_kinds: tuple[str, ...]
                      for j in range(len(hosts))) if times else ())
 
 
-def speed_shares(rows: int, speeds: list[float]) -> list[int]:
-    """`rows` split in proportion to `speeds`, every member at least one row (largest
-    remainders first, ties to the earlier member): a stage's batch shares by speed. O(m log m)."""
-    m = len(speeds)
-    total = sum(speeds)
-    exact = [(rows - m) * v / total for v in speeds]
-    out = [1 + int(x) for x in exact]
-    for j in sorted(range(m), key=lambda j: (-(exact[j] - int(exact[j])), j))[:rows - sum(out)]:
-        out[j] += 1
-    return out
-
-
 class Evaluator:
     """Simulated iteration time of a TAG plan on the context (cached per canonical plan)."""
 
@@ -253,9 +243,9 @@ class Evaluator:
             if split_sync(st.sync)[2]:  # by the stage's own compute on each member
                 pos = [self.ctx.hosts.index(h) for h in st.hosts]
                 work = [sum(self.times[i][j] for i in range(st.first, st.last + 1)) for j in pos]
-                out.append(speed_shares(rows, [1.0 / max(w, 1e-12) for w in work]))
+                out.append(apportion(rows, [1.0 / max(w, 1e-12) for w in work]))
             else:
-                out.append(_placement.even_shares(rows, len(st.hosts)))
+                out.append(apportion(rows, [1.0] * len(st.hosts)))
         if len({tuple(r) for r in out}) == 1 and len(set(out[0])) == 1:
             return None
         return out
@@ -274,12 +264,12 @@ class Evaluator:
         if shares is None:
             g = len(hgroups[0])
             scale = ctx.job.batch.global_ / (g * micro) / ctx.local_batch
-            meas = _placement.measured_stage_costs(ctx, ctx.job.batch.global_ // (g * micro))
+            meas = gpipe.measured_stage_costs(ctx, ctx.job.batch.global_ // (g * micro))
             at = None
         else:
             scale = 1.0 / ctx.local_batch
             rows = sorted({x for sh in shares for x in sh})
-            at = {r: _placement.measured_stage_costs(ctx, r) for r in rows}
+            at = {r: gpipe.measured_stage_costs(ctx, r) for r in rows}
             meas = None if any(m is None for m in at.values()) else at[rows[0]]
             at = at if meas else None
         syncs = [self.sync_dict(st, stages[i], meas) for i, st in enumerate(plan.stages)]
@@ -294,10 +284,10 @@ class Evaluator:
             return {"kind": "ps", "server": server}
         if kind != "trees":
             return {"kind": kind}
-        nbytes = float(_placement.grad_bytes(self.ctx, [ops])[0])
+        nbytes = float(gpipe.grad_bytes(self.ctx, [ops])[0])
         key = (st.hosts, nbytes, meas is None)
         if key not in self._trees:
-            costs, lab = _placement.trees_cpu_model(self.ctx, meas)
+            costs, lab = gpipe.trees_cpu_model(self.ctx, meas)
             links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(self.ctx.fabric)]
             sched = stage_trees(links, list(st.hosts), nbytes, costs, lab,
                                 tcp_efficiency(self.ctx.fabric.mtu))
@@ -316,9 +306,9 @@ class Evaluator:
                 need = sum(node_memory(g.param_bytes, sc * g.act_bytes, micro) for g in gs)
                 if need > self.memory[h]:
                     return math.inf
-        tasks, _ = _placement.pipeline_tasks(self.ctx, stages, hgroups, micro, scale, meas,
+        tasks, _ = gpipe.pipeline_tasks(self.ctx, stages, hgroups, micro, scale, meas,
                                              syncs, shares, at)
-        net = _placement.lab_network(self.network, list(self.ctx.hosts), meas,
+        net = gpipe.lab_network(self.network, list(self.ctx.hosts), meas,
                                      self.ctx.fabric.mtu)
         if self.speeds:
             net = replace(net, speed=self.speeds, _cache={})
@@ -674,14 +664,14 @@ def pipeline_strategy(ctx: PlanContext, plan: Plan, ev: Evaluator) -> Strategy:
     replica counts or batch shares, every stage's `shares` as `placement.search_shape`
     writes them)."""
     stages, hgroups, syncs, micro, scale, meas, shares, at = ev.pp_parts(plan)
-    tasks, grads = _placement.pipeline_tasks(ctx, stages, hgroups, micro, scale, meas, syncs,
+    tasks, grads = gpipe.pipeline_tasks(ctx, stages, hgroups, micro, scale, meas, syncs,
                                              shares, at)
-    net = _placement.lab_network(ev.network, list(ctx.hosts), meas, ctx.fabric.mtu)
+    net = gpipe.lab_network(ev.network, list(ctx.hosts), meas, ctx.fabric.mtu)
     stage_of = {op: i for i, ops in enumerate(stages) for op in ops}
     g = len(hgroups[0])
     mb = ctx.job.batch.global_ // (g * micro) if shares is None else shares[0][0]
     # send_bytes: what `micro_batch` rows send (render.pipeline)
-    cut = _placement.cut_bytes(ctx, stage_of, len(stages), scale if shares is None
+    cut = gpipe.cut_bytes(ctx, stage_of, len(stages), scale if shares is None
                                else mb * scale)
     replicas = g if shares is None else max(len(grp) for grp in hgroups)
     coll = {"algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
