@@ -4,9 +4,9 @@ well, errors on models held out of training, and the compile times.
 
     python -m bench.fusion_costmodel --measure
         # compile (cold cache), time in a QUIET window, recompile in a new process (warm
-        # cache); writes controller/topoctl/fusion/data/regions.json, then as below
+        # cache); writes controller/topoctl/disco/fusion/data/regions.json, then as below
     python -m bench.fusion_costmodel
-        # fit and evaluate from the stored dataset; writes controller/topoctl/fusion/fitted.py
+        # fit and evaluate from the stored dataset; writes controller/topoctl/disco/fusion/fitted.py
         # and prints the Markdown of docs/results.md's section
 
 Held-out error: leave one model out (train on the regions of the five other catalog models,
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "controller/topoctl/fusion/data/regions.json"
-FITTED = ROOT / "controller/topoctl/fusion/fitted.py"
+DATA = ROOT / "controller/topoctl/disco/fusion/data/regions.json"
+FITTED = ROOT / "controller/topoctl/disco/fusion/fitted.py"
 QUIET = Path("/work/shared/helpers/QUIET")
 
 
@@ -43,14 +43,14 @@ def _quiet_window(name: str = "dfuse") -> bool:
 
 
 def _compile_all(models: list[str]) -> dict[str, list]:
-    from topoctl.fusion.measure import compile_regions
+    from topoctl.disco.fusion.measure import compile_regions
 
     return {m: compile_regions(m) for m in models}
 
 
 def compile_only() -> None:
     """Print {model: {region: compile seconds}} of a compile in this process (warm-cache run)."""
-    from topoctl.fusion.measure import CONFIGS
+    from topoctl.disco.fusion.measure import CONFIGS
 
     regions = _compile_all(list(CONFIGS))
     print(json.dumps({m: {r.region: [round(r.compile_s, 3), round(r.compile_cpu_s, 3)]
@@ -61,7 +61,7 @@ def measure() -> None:
     """The dataset: cold compile, quiet timing, warm recompile (see the module doc)."""
     cache = tempfile.mkdtemp(prefix="topoctl-fusion-bench-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-    from topoctl.fusion.measure import CONFIGS, time_regions
+    from topoctl.disco.fusion.measure import CONFIGS, time_regions
 
     t0 = time.perf_counter()
     regions = _compile_all(list(CONFIGS))
@@ -105,8 +105,8 @@ def _cpu_name() -> str:
 def evaluate(samples: list[dict]) -> dict:
     """Leave-one-model-out errors of the constant, launch and GNN models, and their fit on
     all samples."""
-    from topoctl.fusion.gnn import GnnModel
-    from topoctl.fusion.model import ConstantModel, LaunchModel, relative_errors, summary
+    from topoctl.disco.fusion.gnn import GnnModel
+    from topoctl.disco.fusion.model import ConstantModel, LaunchModel, relative_errors, summary
 
     kinds = {"constant": ConstantModel, "launch": LaunchModel, "gnn": GnnModel}
     models = sorted({s["model"] for s in samples})
@@ -126,14 +126,14 @@ def evaluate(samples: list[dict]) -> dict:
 
 
 def write_fitted(samples: list[dict]) -> str:
-    """controller/topoctl/fusion/fitted.py with the launch model fitted on every sample."""
-    from topoctl.fusion.model import LaunchModel
+    """controller/topoctl/disco/fusion/fitted.py with the launch model fitted on every sample."""
+    from topoctl.disco.fusion.model import LaunchModel
 
     m = LaunchModel.fit(samples)
     FITTED.write_text(
         '"""The fused-region cost model fitted by `bench/fusion_costmodel.py` on all the '
         "catalog's measured\nregions (`data/regions.json`); written by that program, do not "
-        'edit."""\n\nfrom topoctl.fusion.model import LaunchModel\n\n'
+        'edit."""\n\nfrom topoctl.disco.fusion.model import LaunchModel\n\n'
         f"MODEL = LaunchModel(r={m.r:.6g}, a={m.a:.6g}, b={m.b:.6g})\n")
     return f"r = {m.r:.4g}, a = {m.a * 1e6:.3g} us per op, b = {m.b * 1e12:.3g} ps per byte"
 

@@ -5,13 +5,13 @@ n servers with d ports each for one job's traffic.
    times the number of such groups, T_mp = total model-parallel bytes; the AllReduce share is
    d * T_dp / (T_dp + T_mp) rounded to an even number, at least 2 (a bidirectional ring) and
    all of d when there is no model-parallel traffic or `all_allreduce` is set.
-2. AllReduce rings (TotientPerms, `topoctl.fabric.totient`): each group size gets one ring,
+2. AllReduce rings (TotientPerms, `topoctl.topoopt.totient`): each group size gets one ring,
    the heaviest the rest; strides are searched for the least traffic-weighted mean hop count
    (groups without their own ring and model-parallel demand weigh their offsets), then the
    diameter. If no ring spans all servers (the heaviest group is not the whole cluster), stride
    1 is kept, which guarantees connectivity.
 3. Model-parallel links: repeated maximum-weight matching on the remaining demand
-   (`topoctl.fabric.matching`); ports still free afterwards are paired "across" (i with the
+   (`topoctl.topoopt.matching`); ports still free afterwards are paired "across" (i with the
    free server half the list away) so no port is wasted and the diameter shrinks.
 4. Ports: ring t uses port 2t for its cable to i + p and port 2t + 1 for the one from i - p
    (a patch-panel map humans can follow); other cables take the next free port.
@@ -30,8 +30,8 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
-from topoctl.fabric.matching import mp_links
-from topoctl.fabric.totient import (
+from topoctl.topoopt.matching import mp_links
+from topoctl.topoopt.totient import (
     TopologyError,
     candidate_strides,
     placement_stride,

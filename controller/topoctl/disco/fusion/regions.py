@@ -96,7 +96,7 @@ OP_FIELDS = ("kind", "flops", "bwd_flops", "in_bytes", "out_bytes", "param_bytes
 def region_ops(graph: OpGraph, region: str) -> list[dict]:
     """The ops of `graph` inside module `region` as plain data (`OP_FIELDS` and ``inputs``: the
     indices of their producers inside the region), in graph order: what the cost model reads
-    (`topoctl.fusion.model`). O(ops)."""
+    (`topoctl.disco.fusion.model`). O(ops)."""
     ops = [o for o in graph.ops if o.kind not in ("placeholder", "output")
            and inside(o.scope, region)]
     index = {o.name: i for i, o in enumerate(ops)}

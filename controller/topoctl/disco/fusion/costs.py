@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from topocontract.fusion import FusionPlan
-from topoctl.fusion.fitted import MODEL
-from topoctl.fusion.regions import choose_regions, op_regions, region_ops
+from topoctl.disco.fusion.fitted import MODEL
+from topoctl.disco.fusion.regions import choose_regions, op_regions, region_ops
 from topoctl.graph.cost import LOOKUP_KINDS, OpCost
 from topoctl.graph.devices import Device
 from topoctl.graph.ops import Op, OpGraph

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from topoctl.fusion.model import CATEGORIES, category, compute_ops
+from topoctl.disco.fusion.model import CATEGORIES, category, compute_ops
 
 HIDDEN = 32
 ROUNDS = 3

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from topoctl.catalog.build import build_model, example_inputs
-from topoctl.fusion.model import compute_ops
-from topoctl.fusion.regions import modules_with_ops, region_ops
+from topoctl.disco.fusion.model import compute_ops
+from topoctl.disco.fusion.regions import modules_with_ops, region_ops
 from topoctl.graph.capture import capture
 from topoctl.graph.steptime import step_clock
 
