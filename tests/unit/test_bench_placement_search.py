@@ -1,4 +1,4 @@
-"""bench/placement_search.py scores placements on the planner's GPipe iteration model
+"""bench/placement/search.py scores placements on the planner's GPipe iteration model
 (`pipeline.gpipe.pipeline_tasks`), not a model of its own: a placement's devices become stages
 in the order of the graph between them, a cyclic placement is no pipeline (infinity), and an
 iteration takes at least every micro-batch's compute on its busiest stage."""
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench import placement_search as ps
+from bench.placement import search as ps
 from topoctl.graph.coarsen import from_opgraph
 from topoctl.placement.build import build_problem
 from topoctl.sim.network import star

@@ -1,5 +1,5 @@
-"""The fused-region cost model fitted by `bench/fusion_costmodel.py` on all the catalog's measured
-regions (`data/regions.json`); written by that program, do not edit."""
+"""The fused-region cost model fitted by `bench/sync/fusion_costmodel.py` on all the catalog's
+measured regions (`data/regions.json`); written by that program, do not edit."""
 
 from topoctl.disco.fusion.model import LaunchModel
 

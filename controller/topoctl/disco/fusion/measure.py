@@ -1,5 +1,5 @@
 """Regions of the catalog models measured on this CPU, eager and compiled by inductor: the
-cost model's training data (`bench/fusion_costmodel.py` stores it in `data/regions.json`).
+cost model's training data (`bench/sync/fusion_costmodel.py` stores it in `data/regions.json`).
 
 `compile_regions` builds a catalog model, captures its op graph (`graph.capture`), records the
 inputs one eager forward gives every module with two compute ops or more
