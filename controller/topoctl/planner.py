@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from topoctl.collective.trees.pipeline import runtime_costs
@@ -28,6 +29,7 @@ from topoctl.graph.profile import (
     measure_batch_inputs,
     measure_stage_crowding,
     measure_train_job,
+    reporting,
     retime_runtime_calibration,
 )
 from topoctl.labprofile import LabProfile, machine_profile
@@ -137,8 +139,8 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
         device[h], measured[dev.name] = dev, meas
     try:
         graph = job_graph(job, g // r)
-    except CaptureError as e:
-        raise JobError([("model", str(e))]) from None
+    except CaptureError as e:  # its problems keep their paths (model.inputs, model.factory)
+        raise JobError([(f"model.{p}" if p else "model", m) for p, m in e.problems]) from None
     costs = {name: job_costs(job, graph, next(d for d in device.values() if d.name == name),
                              meas, use_cache) for name, meas in measured.items()}
     if job.cost.scale != 1.0:
@@ -295,11 +297,19 @@ def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
 
 
 def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool = False,
-              lab: LabProfile | None = None) -> tuple[dict, PlanContext, list[Evaluated]]:
+              lab: LabProfile | None = None, progress: Callable[[str], None] | None = None
+              ) -> tuple[dict, PlanContext, list[Evaluated]]:
     """The full pipeline; returns (plan document, context, all evaluated strategies). `lab`:
-    as `prepare`."""
-    ctx = prepare(cluster, job, use_cache, retime, lab)
-    evals = [evaluate(ctx, s) for s in job.strategies]
+    as `prepare`. `progress`: told of each step as it starts (the model's capture, every
+    timing on this CPU, each strategy), for a caller that shows progress."""
+    say = progress or (lambda msg: None)
+    with reporting(progress):
+        say(f"capturing {job.model.catalog or job.model.factory}")
+        ctx = prepare(cluster, job, use_cache, retime, lab)
+        evals = []
+        for s in job.strategies:
+            say(f"planning strategy {s}")
+            evals.append(evaluate(ctx, s))
     best = min(evals, key=lambda e: e.result.iteration_time)
     return render(ctx, best, evals), ctx, evals
 
