@@ -1,6 +1,6 @@
 """The simulator's per-phase prediction of a pipeline plan's ranks, in the phases the lab's
 pipeline runtime reports (`topotrain.pipeline`: forward, backward, allreduce, step, other):
-each rank's compute tasks (`strategies.placement.pipeline_tasks` chains them in the rank's
+each rank's compute tasks (`pipeline.gpipe.pipeline_tasks` chains them in the rank's
 program order) split at its first backward, its stage's sync and its step, timed by one
 simulated iteration (`SimResult.finish`).
 

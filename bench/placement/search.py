@@ -10,8 +10,12 @@ un-coarsened graph, to separate what coarsening buys from what the search buys),
 parallelism. The baseline of the speed-up column stays the MILP on the un-coarsened graph
 from scratch (scipy, the original formulation). For each:
 search seconds (coarsening included for the coarse rows) and the simulated makespan of one
-iteration of `--micro` micro-batches (`placement.simulate`: the placed graph's tasks, transfers
-as flows on the fabric; data parallel: compute then ring AllReduce). Targets: coarse MILP >= 100x
+iteration of `--micro` micro-batches on the GPipe iteration model the planner uses
+(`pipeline.gpipe.pipeline_tasks`: the placement's devices as stages in the order of the graph
+between them, every forward then every backward, values crossing a stage boundary as flows on
+the fabric, each stage's optimiser step; a placement whose devices form a cycle is no pipeline
+and scores infinity, as the planner falls back to the partition for it; data parallel:
+compute then ring AllReduce). Targets: coarse MILP >= 100x
 faster than the un-coarsened one at <= 5 % worse makespan; 12-layer BERT on 8 devices planned
 in <= 30 s. Prints a table; `--json` writes the rows.
 
@@ -27,18 +31,21 @@ import math
 import sys
 import time
 
-from topoctl.graph.capture import capture_catalog
-from topoctl.graph.coarsen import coarsen_graph, from_opgraph
-from topoctl.graph.cost import roofline_costs
+from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
 from topoctl.graph.devices import DEVICES
+from topoctl.pipeline.gpipe import pipeline_tasks
 from topoctl.placement import heft, milp, search
 from topoctl.placement.build import build_problem
-from topoctl.placement.problem import PlacementError
-from topoctl.placement.simulate import placed_tasks
+from topoctl.placement.problem import PlacementError, PlacementProblem
+from topoctl.planner import prepare
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import star
 from topoctl.sim.schedules import ring_allreduce
 from topoctl.sim.tasks import Collective, Compute
+from topoctl.spec.cluster_load import parse_cluster
+from topoctl.spec.job import parse_job
+from topoctl.strategies import PlanContext
+from topoctl.strategies.placement import stage_order
 
 MODELS = {
     "bert12": ("bert", {"layers": 12}, 8),  # BERT-base: 12 layers, hidden 768, seq 128
@@ -55,6 +62,38 @@ def kinds(n: int) -> dict[str, str]:
     return {h: ("A100" if i % 2 == 0 else "V100") for i, h in enumerate(devices(n))}
 
 
+def context(model: str, n: int) -> PlanContext:
+    """The planner's context for `model` on `n` devices (A100 and V100 alternating, one per
+    host, roofline costs, one switch): the graph at the catalog batch, one micro-batch's."""
+    name, params, batch = MODELS[model]
+    cluster = {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": f"mixed{n}",
+               "defaults": {"nic_speed": "100gbit"},
+               "hosts": [{"name": h, "gpus": {"count": 1, "type": t}, "nics": [{"name": "eth0"}]}
+                         for h, t in kinds(n).items()],
+               "fabric": {"kind": "switched", "switches": [{"name": "sw0"}]}}
+    job = {"apiVersion": "topoctl/v1", "kind": "Job", "name": model,
+           "model": {"catalog": name, "params": params}, "batch": {"global": batch * n},
+           "parallelism": {"data": True, "model": True}, "cost": {"method": "roofline"},
+           "strategies": ["pipeline"]}
+    return prepare(parse_cluster(cluster), parse_job(job), use_cache=False)
+
+
+def makespan(ctx: PlanContext, graph: CoarseGraph, p: PlacementProblem, assign: list[int],
+             net, micro: int) -> float:
+    """One iteration of the placement `assign` of `graph` (`p`'s nodes) as a GPipe pipeline
+    (module docstring); infinity when its devices form a cycle."""
+    order = stage_order(p, assign)
+    if order is None:
+        return math.inf
+    pos = {o.name: i for i, o in enumerate(ctx.graph.ops)}
+    stages = [sorted((o for i, a in enumerate(assign) if a == d
+                      for o in graph.nodes[p.nodes[i]].ops), key=pos.__getitem__)
+              for d in order]
+    hosts = devices(len(p.devices))
+    tasks, _ = pipeline_tasks(ctx, stages, [[hosts[d]] for d in order], micro, 1.0)
+    return simulate(tasks, net, record=False).iteration_time
+
+
 def dp_makespan(og, costs_by_type: dict, n: int, micro: int) -> float:
     """Data parallel over n devices: each computes micro*batch/n samples, then ring AllReduce."""
     net = star(devices(n), LINK)
@@ -69,9 +108,9 @@ def dp_makespan(og, costs_by_type: dict, n: int, micro: int) -> float:
 
 def row(model: str, n: int, micro: int, node_limit: int, time_limit: float,
         baseline: dict | None = None) -> list[dict]:
-    name, params, batch = MODELS[model]
-    og = capture_catalog(name, params, batch)
-    costs_by_type = {t: roofline_costs(og, DEVICES[t]) for t in ("A100", "V100")}
+    ctx = context(model, n)
+    og = ctx.graph
+    costs_by_type = {t: ctx.costs[t] for t in ("A100", "V100")}
     hosts = devices(n)
     op_cost = {h: {o: c.fwd + c.bwd for o, c in costs_by_type[kinds(n)[h]].items()}
                for h in hosts}
@@ -80,9 +119,8 @@ def row(model: str, n: int, micro: int, node_limit: int, time_limit: float,
     groups = [[h] for h in hosts]
     out = []
 
-    def record(label: str, seconds: float, pl, p, extra: dict) -> None:
-        span = (simulate(placed_tasks(p, pl.assign, hosts), net, record=False).iteration_time
-                if pl is not None else math.nan)
+    def record(label: str, seconds: float, pl, p, extra: dict, graph: CoarseGraph) -> None:
+        span = makespan(ctx, graph, p, pl.assign, net, micro) if pl is not None else math.nan
         out.append({"model": model, "devices": n, "method": label, "search_s": seconds,
                     "makespan_s": span, "nodes": len(p.nodes),
                     "devices_used": len(set(pl.assign)) if pl else 0, **extra})
@@ -98,19 +136,20 @@ def row(model: str, n: int, micro: int, node_limit: int, time_limit: float,
             extra = {"gap": mf.gap, "time_limited": mf.info["time_limited"]}
         except PlacementError as e:
             mf, extra = None, {"error": str(e)}
-        record("MILP, un-coarsened", time.perf_counter() - t0, mf, pf, extra)
+        record("MILP, un-coarsened", time.perf_counter() - t0, mf, pf, extra, fine)
     t0 = time.perf_counter()
     coarse, stats = coarsen_graph(fine, LINK)
     pc = build_problem(coarse, groups, op_cost, cap, net, micro)
     mc = milp.place(pc, node_limit=node_limit, time_limit=time_limit)
     record("MILP, coarse", time.perf_counter() - t0, mc, pc,
            {"gap": mc.gap, "time_limited": mc.info["time_limited"],
-            "coarsening": stats.to_dict()})
+            "coarsening": stats.to_dict()}, coarse)
     t0 = time.perf_counter()
     coarse, _ = coarsen_graph(fine, LINK)
     pc = build_problem(coarse, groups, op_cost, cap, net, micro)
     h = heft.place(pc)
-    record("heuristic, coarse", time.perf_counter() - t0, h, pc, {"chosen": h.info["chosen"]})
+    record("heuristic, coarse", time.perf_counter() - t0, h, pc, {"chosen": h.info["chosen"]},
+           coarse)
     for label, use_milp in (("search auto, coarse", False), ("search milp, coarse", True),
                             ("search milp, un-coarsened", True)):
         t0 = time.perf_counter()
@@ -118,15 +157,15 @@ def row(model: str, n: int, micro: int, node_limit: int, time_limit: float,
         t1 = time.perf_counter()
         pc = build_problem(coarse, groups, op_cost, cap, net, micro)
 
-        def score(assign: list[int], pc=pc) -> float:
-            return simulate(placed_tasks(pc, assign, hosts), net, record=False).iteration_time
+        def score(assign: list[int], pc=pc, coarse=coarse) -> float:
+            return makespan(ctx, coarse, pc, assign, net, micro)
 
         s = search.search(pc, score, milp=use_milp, node_limit=node_limit,
                           time_limit=time_limit)
         parts = {"coarsen": t1 - t0, **s.info["seconds"]}
         record(label, time.perf_counter() - t0, s, pc,
                {"chosen": s.info["chosen"], "parts_s": parts, "gap": s.info["milp"].get("gap"),
-                "candidates": s.info["candidates"]})
+                "candidates": s.info["candidates"]}, coarse)
     out.append({"model": model, "devices": n, "method": "data parallel", "search_s": 0.0,
                 "makespan_s": dp_makespan(og, costs_by_type, n, micro), "nodes": len(og.ops),
                 "devices_used": n})

@@ -117,10 +117,10 @@ def hybrid_time(ctx, mp_ops: list[str], network) -> float:
     another fabric: the baselines get the paper's footing, the best strategy on each fabric."""
     from topoctl.sim.engine import simulate
     from topoctl.sim.schedules import ALGORITHMS
-    from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
+    from topoctl.strategies.model_parallel import model_parallel_tasks, mp_candidates, owners
 
     own = owners(list(ctx.hosts), mp_candidates(ctx.graph))
-    tasks, _, _ = hybrid_tasks(ctx, {o: own[o] for o in mp_ops}, list(ctx.hosts),
+    tasks, _, _ = model_parallel_tasks(ctx, {o: own[o] for o in mp_ops}, list(ctx.hosts),
                                ALGORITHMS["ring"])
     return simulate(tasks, network, record=False).iteration_time
 

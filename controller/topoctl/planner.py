@@ -45,7 +45,14 @@ from topoctl.sim.routing import RoutingError
 from topoctl.sim.steady import overlaps_iterations, steady_period
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
-from topoctl.strategies import PlanContext, Strategy, StrategyError, available, host_speeds
+from topoctl.strategies import (
+    PlanContext,
+    Strategy,
+    StrategyError,
+    composition,
+    host_speeds,
+    resolve,
+)
 from topotrain.timing import load_calibration
 
 PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data parallelism
@@ -89,12 +96,14 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
         raise JobError([("forwarding", f"tc-offload forwards IPv4 only; cluster {cluster.name} "
                                        f"asks for addressing.family: "
                                        f"{cluster.addressing.family} (use forwarding: kernel)")])
-    known = available()
+    bases = []
     for i, s in enumerate(job.strategies):
-        if s not in known:
-            raise JobError([(f"strategies[{i}]", f"unknown strategy {s!r} (known: "
-                                                 f"{', '.join(sorted(known))})")])
-    dp_only = [s for s in job.strategies if s not in PIPELINE_STRATEGIES]
+        try:
+            bases.append(composition(s)[0])
+        except StrategyError as e:
+            raise JobError([(f"strategies[{i}]", m) for _, m in e.problems]) from None
+    dp_only = [s for s, b in zip(job.strategies, bases, strict=True)
+               if b not in PIPELINE_STRATEGIES]
     if not job.parallelism.data and dp_only:
         raise JobError([("parallelism.data", f"{', '.join(dp_only)}: data-parallel strategies; "
                                              "allow data: true or list only "
@@ -233,7 +242,7 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     FabricError, SimError -> ClusterError (the fabric cannot carry the job)."""
     t0 = time.perf_counter()
     try:
-        s = available()[name](ctx)
+        s = resolve(name)(ctx)
         res = score(ctx, s)
     except StrategyError as e:
         i = ctx.job.strategies.index(name) if name in ctx.job.strategies else 0

@@ -12,7 +12,7 @@ from topoctl.sim.tasks import Compute, Transfer
 
 def _pipeline() -> tuple[list, SimResult]:
     """Two stages of one rank each (h0, h1), one micro-batch, a sync on stage 0 only: the
-    task ids `strategies.placement.pipeline_tasks` gives, in each rank's program order, with
+    task ids `pipeline.gpipe.pipeline_tasks` gives, in each rank's program order, with
     hand-set finish times (ms; the collective ``ar0`` is read from the finish times only)."""
     c = Compute
     tasks = [c("in0.0", "h0", 1), c("in1.0", "h1", 1), c("F0.0.0", "h0", 1),

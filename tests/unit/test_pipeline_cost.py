@@ -1,5 +1,5 @@
 """The pipeline runtime's cost model on CPU hosts (`placement.runtime`, `graph.cost.TrainCost`,
-`strategies.placement.pipeline_tasks` with measured costs): which backward each op pays in
+`pipeline.gpipe.pipeline_tasks` with measured costs): which backward each op pays in
 a stage, the per-message CPU, the lab's core floor, the GPipe iteration against its closed
 form, timing real ops on this CPU, and the planner choosing no split when the split is
 slower."""
@@ -19,13 +19,14 @@ from topoctl.graph import cache
 from topoctl.graph.capture import capture_catalog
 from topoctl.graph.cost import TrainCost, fit_to_whole_step, measure_train_costs
 from topoctl.labprofile import LabProfile
+from topoctl.pipeline.gpipe import Measured, pipeline_tasks
 from topoctl.placement.runtime import allreduce_cpu, message_cpu, needs_grad, stage_costs
 from topoctl.planner import prepare
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.strategies.placement import Measured, pipeline_tasks, plan_pipeline
+from topoctl.strategies.placement import plan_pipeline
 
 MLP = {"layers": 2, "hidden": 64, "features": 32, "classes": 10}
 
@@ -178,7 +179,7 @@ def test_shared_cores_are_processor_shared():
 def test_lab_ranks_share_the_cores():
     """The same two-stage pipeline (micro-batch 16) on 1 core takes every task's CPU in
     sequence; on 64 cores the stages overlap."""
-    from topoctl.strategies.placement import lab_network
+    from topoctl.pipeline.gpipe import lab_network
 
     ctx = _ctx()
     names = [o.name for o in ctx.graph.ops]

@@ -12,11 +12,11 @@ import yaml
 
 from topoagent.state.host import StateError
 from topoagent.state.wire import parse_launch_spec, plan_problems
+from topoctl.apportion import apportion
 from topoctl.planner import make_plan
 from topoctl.render.explain import explain_text
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.strategies.shares import batch_shares
 from topotrain.shares import loss_weight
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
@@ -31,22 +31,29 @@ JOB = {"apiVersion": "topoctl/v1", "kind": "Job", "name": "sh",
     (384, SPEEDS), (10, [1, 1, 1]), (7, [3.3, 1.1, 0.7]), (5, [100, 1, 1, 1, 1]),
     (1000, [0.1 * i + 0.05 for i in range(1, 12)])])
 def test_shares_add_up_and_stay_within_one_sample_of_the_quota(total, speeds):
-    got = batch_shares(total, speeds)
+    got = apportion(total, speeds)
     assert sum(got) == total and min(got) >= 1
     quota = [total * s / sum(speeds) for s in speeds]
     assert all(abs(g - q) < 1 or g == 1 for g, q in zip(got, quota, strict=True))
-    assert batch_shares(total, speeds) == got  # deterministic
+    assert apportion(total, speeds) == got  # deterministic
 
 
 def test_shares_examples():
-    assert batch_shares(384, SPEEDS) == [64, 64, 32, 32, 16, 16, 96, 64]
-    assert batch_shares(384, [2, 2, 1, 1, 0.5, 0.5, 1.5, 1]) == [81, 81, 41, 40, 20, 20, 61, 40]
-    assert batch_shares(10, [1, 1, 1]) == [4, 3, 3]  # the remainder to the lowest rank
-    assert batch_shares(5, [100, 1, 1, 1, 1]) == [1, 1, 1, 1, 1]  # everyone takes one
+    assert apportion(384, SPEEDS) == [64, 64, 32, 32, 16, 16, 96, 64]
+    assert apportion(384, [2, 2, 1, 1, 0.5, 0.5, 1.5, 1]) == [81, 81, 41, 40, 20, 20, 61, 40]
+    assert apportion(10, [1, 1, 1]) == [4, 3, 3]  # the remainder to the lowest rank
+    assert apportion(5, [100, 1, 1, 1, 1]) == [1, 1, 1, 1, 1]  # everyone takes one
     with pytest.raises(ValueError):
-        batch_shares(2, [1, 1, 1])
+        apportion(2, [1, 1, 1])
     with pytest.raises(ValueError):
-        batch_shares(8, [1, 0])
+        apportion(8, [1, 0])
+
+
+@pytest.mark.parametrize("total, n", [(10, 3), (64, 4), (7, 7), (97, 5)])
+def test_equal_speeds_split_evenly_the_first_members_one_more(total, n):
+    # the pipeline's rows over a stage's replicas (`strategies.placement.search_shape`)
+    q, extra = divmod(total, n)
+    assert apportion(total, [1.0] * n) == [q + (j < extra) for j in range(n)]
 
 
 def _cluster(speeds):
@@ -60,7 +67,7 @@ def test_plan_carries_shares_and_scales_compute():
     doc, ctx, evals = make_plan(_cluster(SPEEDS), parse_job(JOB), use_cache=False)
     by = {e.strategy.name: e for e in evals}
     base, sh = by["baseline"].strategy, by["baseline+shares"].strategy
-    want = batch_shares(384, SPEEDS)
+    want = apportion(384, SPEEDS)
     assert sh.collective["shares"] == want
     dur = {t.id: t.duration for t in base.tasks if hasattr(t, "duration")}
     for t in sh.tasks:

@@ -6,7 +6,7 @@ the link's flows leave unused, up to the credit; a collective's step empties it 
 shortened (its runtime's model counts the credit where it does). Send buffers
 (`Transfer.buffer`): the sender's part (`tasks.sent`) is done once at most the buffer is still
 to leave, the transfer itself when the last byte is delivered. Then the pipeline tasks of a
-lab plan use both (`strategies.placement.lab_network`, `pipeline_tasks`)."""
+lab plan use both (`pipeline.gpipe.lab_network`, `pipeline_tasks`)."""
 
 from __future__ import annotations
 
@@ -118,8 +118,8 @@ def test_a_lab_plans_links_have_the_labs_credit_and_its_sends_the_socket_buffer(
     from tests.unit.test_pipeline_cost import _ctx, ctx_network
     from topoctl.collective.trees.pipeline import RuntimeCosts
     from topoctl.graph.cost import TrainCost
+    from topoctl.pipeline.gpipe import Measured, lab_network, pipeline_tasks
     from topoctl.sim.fabric import tcp_efficiency
-    from topoctl.strategies.placement import Measured, lab_network, pipeline_tasks
 
     ctx = _ctx()  # two hosts, one 200 Mbit/s cable, MTU 9000
     names = [o.name for o in ctx.graph.ops]

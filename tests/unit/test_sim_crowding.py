@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from topoctl.pipeline.gpipe import stage_crowding
 from topoctl.sim import Compute
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import CpuPool, crowded_cost, star
-from topoctl.strategies.placement import stage_crowding
 
 HOSTS = ("a", "b", "c", "d")
 

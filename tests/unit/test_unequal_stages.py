@@ -10,12 +10,13 @@ import pytest
 
 from tests.unit.test_stage_sync import JOB, PARAMS, _ring_cluster
 from topocontract.stages import pieces, stage_shares, sync_problems
+from topoctl.pipeline.gpipe import pipeline_tasks
 from topoctl.planner import prepare
 from topoctl.render.explain import stage_lines
 from topoctl.sim.engine import simulate
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import JobError, parse_job
-from topoctl.strategies.placement import pipeline_tasks, search, search_shape
+from topoctl.strategies.placement import search, search_shape
 
 
 def _coll(*shares, micro=4) -> dict:

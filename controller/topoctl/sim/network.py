@@ -55,7 +55,7 @@ class CpuPool(NamedTuple):
     more of the pool's CPU flows run than it has cores (`crowded_cost`: time-slicing, each
     task's caches refilled after the others ran); 0: a CPU-second of work is one whatever
     runs beside it (compute timed beside co-running copies already carries it). Calibrated
-    by timing a stage alone and beside copies (`topoctl.strategies.placement`)."""
+    by timing a stage alone and beside copies (`topoctl.pipeline.gpipe`)."""
 
     devices: frozenset[str]
     cores: int

@@ -30,7 +30,7 @@ class Transfer:
     The transfer then has a sender's part too, task :func:`sent` of its id, done as soon as
     at most `buffer` bytes are still to leave the sender (at once for a message that fits):
     a blocking socket send returns when the kernel holds the rest, not when the receiver has
-    it (gloo's ``send`` after the receiver posted its receive, `topoctl.strategies.placement`).
+    it (gloo's ``send`` after the receiver posted its receive, `topoctl.pipeline.gpipe`).
     None: no sender's part."""
 
     id: str

@@ -10,6 +10,12 @@ Plugging in a strategy: any module in this package may define
 `PLANNER_STRATEGIES = {"name": fn}`; `available()` imports the package's modules once and
 registers them (or call `register(name, fn)` yourself). Data-parallel strategies can reuse
 `baseline.dp_tasks(ctx, order, algorithm)` with another member order or collective algorithm.
+
+Post-passes rewrite a finished strategy (`fn(ctx, base) -> Strategy`) and are declared once,
+with the decorator `post_pass(name, applies_to=bases, after=passes)`. A job names a base and
+its passes in order, ``base+pass[+pass...]`` (a pass alone means ``baseline+pass``);
+`resolve` builds any such composition the declarations allow and refuses the others with a
+StrategyError naming what is allowed (`allowed`).
 """
 
 from __future__ import annotations
@@ -126,7 +132,24 @@ class Strategy:
 
 
 StrategyFn = Callable[[PlanContext], Strategy]
-STRATEGIES: dict[str, StrategyFn] = {}
+PostPassFn = Callable[[PlanContext, Strategy], Strategy]
+STRATEGIES: dict[str, StrategyFn] = {}  # the bases: strategies that plan from the context
+ALONE = "baseline"  # the base a post-pass named alone applies to
+
+
+@dataclass(frozen=True)
+class PostPass:
+    """A post-pass as declared (`post_pass`): `fn(ctx, base)` rewrites the finished strategy
+    `base`; it applies to the bases `applies_to` and may follow the passes `after`."""
+
+    name: str
+    fn: PostPassFn
+    applies_to: tuple[str, ...]
+    after: tuple[str, ...] = ()
+
+
+POST_PASSES: dict[str, PostPass] = {}
+_composed: dict[str, StrategyFn] = {}  # one function per composition: aliases share it
 
 
 def register(name: str, fn: StrategyFn) -> None:
@@ -134,11 +157,21 @@ def register(name: str, fn: StrategyFn) -> None:
     STRATEGIES[name] = fn
 
 
+def post_pass(name: str, applies_to: tuple[str, ...],
+              after: tuple[str, ...] = ()) -> Callable[[PostPassFn], PostPassFn]:
+    """Decorator declaring `fn(ctx, base) -> Strategy` the post-pass `name`, for the bases
+    `applies_to`, allowed after the passes `after` (``base+p1+name`` needs p1 in `after`)."""
+    def declare(fn: PostPassFn) -> PostPassFn:
+        POST_PASSES[name] = PostPass(name, fn, tuple(applies_to), tuple(after))
+        return fn
+    return declare
+
+
 _discovered = False
 
 
-def available() -> dict[str, StrategyFn]:
-    """All strategies: registered ones plus every `PLANNER_STRATEGIES` of this package."""
+def _discover() -> None:
+    """Import the package's modules once: their `PLANNER_STRATEGIES` and `post_pass`es."""
     global _discovered
     if not _discovered:
         _discovered = True
@@ -146,7 +179,83 @@ def available() -> dict[str, StrategyFn]:
             mod = importlib.import_module(f"{__name__}.{info.name}")
             for name, fn in getattr(mod, "PLANNER_STRATEGIES", {}).items():
                 STRATEGIES.setdefault(name, fn)
-    return STRATEGIES
+
+
+def available() -> dict[str, StrategyFn]:
+    """The named strategies: every base, every ``base+pass`` the post-passes declare, and each
+    pass alone (``baseline+pass``). Longer compositions resolve too (`resolve`)."""
+    _discover()
+    out = dict(STRATEGIES)
+    for p in POST_PASSES.values():
+        for b in p.applies_to:
+            if b in STRATEGIES:
+                out[f"{b}+{p.name}"] = resolve(f"{b}+{p.name}")
+        if ALONE in p.applies_to and ALONE in STRATEGIES:
+            out[p.name] = resolve(p.name)
+    return out
+
+
+def allowed() -> str:
+    """What a job's `strategies` may name, in words (for errors and help)."""
+    _discover()
+    passes = "; ".join(
+        f"+{p.name} on {'/'.join(p.applies_to)}"
+        + (f", after {'/'.join('+' + a for a in p.after)}" if p.after else "")
+        for p in sorted(POST_PASSES.values(), key=lambda p: p.name))
+    return (f"bases: {', '.join(sorted(STRATEGIES))}; post-passes, in order after a base "
+            f"(base+pass[+pass...]; a pass alone means {ALONE}+pass): {passes}")
+
+
+def composition(name: str) -> tuple[str, tuple[str, ...]]:
+    """`name` as (base, passes in order), checked against the declarations; StrategyError
+    naming what is allowed when it is not a strategy."""
+    _discover()
+    if name in STRATEGIES:
+        return name, ()
+    parts = name.split("+")
+    if len(parts) == 1 and name in POST_PASSES:
+        parts = [ALONE, name]
+    base, passes = parts[0], tuple(parts[1:])
+    why = None
+    if base not in STRATEGIES:
+        why = f"no base strategy {base!r}"
+    for i, p in enumerate(passes):
+        if why:
+            break
+        decl = POST_PASSES.get(p)
+        if decl is None:
+            why = f"no post-pass {p!r}"
+        elif base not in decl.applies_to:
+            why = f"+{p} does not apply to {base} (only to {'/'.join(decl.applies_to)})"
+        elif p in passes[:i]:
+            why = f"+{p} twice"
+        elif any(q not in decl.after for q in passes[:i]):
+            q = next(q for q in passes[:i] if q not in decl.after)
+            why = (f"+{p} cannot follow +{q}"
+                   + (f" (only +{'/+'.join(decl.after)})" if decl.after else
+                      " (it comes right after the base)"))
+    if why:
+        word = "unknown strategy" if why.startswith("no ") else "strategy not allowed"
+        raise StrategyError(f"{word} {name!r}: {why}; {allowed()}")
+    return base, passes
+
+
+def resolve(name: str) -> StrategyFn:
+    """The function planning strategy `name`: a base, or a base with its post-passes applied
+    in order (`composition`); StrategyError naming what is allowed otherwise."""
+    base, passes = composition(name)
+    if not passes:
+        return STRATEGIES[base]
+    key = "+".join((base,) + passes)
+    if key not in _composed:
+        def plan(ctx: PlanContext) -> Strategy:
+            s = STRATEGIES[base](ctx)
+            for p in passes:
+                s = POST_PASSES[p].fn(ctx, s)
+            return s
+        plan.__doc__ = f"Strategy {key}: {base}, then the post-passes {', '.join(passes)}."
+        _composed[key] = plan
+    return _composed[key]
 
 
 def host_speeds(ctx: PlanContext) -> dict[str, float]:

@@ -14,8 +14,9 @@ pair keeps its routed path and only the rates change. The result becomes
   ``iif lo``), so hosts forwarding a detour route it by the main table, as the LP assumed;
 - the simulator's network: the LP's paths with their rates as weights, the rates as caps.
 
-Registered as ``baseline+bandwidth`` (alias ``bandwidth``) and ``trees+bandwidth``;
-`with_bandwidth(ctx, strategy)` applies it to any other.
+Declared as the post-pass ``bandwidth`` (`strategies.post_pass`): ``baseline+bandwidth``
+(alias ``bandwidth``), ``trees+bandwidth``, and last after ``+shares``, ``+sfb`` or ``+disco``
+(e.g. ``trees+shares+bandwidth``); `with_bandwidth(ctx, strategy)` applies it to any other.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 
-from . import PlanContext, Strategy, StrategyError
-from . import baseline as _baseline
-from . import trees as _trees
+from . import PlanContext, Strategy, StrategyError, post_pass
 
 TABLE = 100  # policy-routing table of the multipath routes
 RULE_PRIORITY = 1100  # `iif lo lookup TABLE`
@@ -43,6 +42,7 @@ def _weights(values: list[float]) -> list[int]:
     return [max(1, min(256, round(256 * v / top))) for v in values]
 
 
+@post_pass("bandwidth", applies_to=("baseline", "trees"), after=("shares", "sfb", "disco"))
 def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = None,
                    multipath: bool | None = None) -> Strategy:
     """`base` with per-destination rates (and, with `multipath`, weighted multipath) from the
@@ -140,17 +140,3 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
                     collective=base.collective, buckets=base.buckets,
                     bucket_cap=base.bucket_cap, routes=base.routes,
                     rates={}, extra=extra, notes=notes)
-
-
-def baseline_bw(ctx: PlanContext) -> Strategy:
-    """The baseline strategy with the bandwidth post-pass."""
-    return with_bandwidth(ctx, _baseline.plan(ctx))
-
-
-def trees_bw(ctx: PlanContext) -> Strategy:
-    """The trees strategy with the bandwidth post-pass."""
-    return with_bandwidth(ctx, _trees.plan(ctx))
-
-
-PLANNER_STRATEGIES = {"bandwidth": baseline_bw, "baseline+bandwidth": baseline_bw,
-                      "trees+bandwidth": trees_bw}

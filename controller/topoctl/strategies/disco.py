@@ -36,7 +36,8 @@ simulated iteration: DDP's defaults (25 MB, 1 MB first bucket), the job's cap (t
 baseline), every cap of {1, 5, 10, 25, 50, 100} MB, MG-WFBP's merge, a Horovod-style
 autotune of the cap, the exact optimum of the latency-bandwidth model, and one bucket; the
 result is never slower than the best of them in the simulator. Budget: `BUDGET` simulations,
-progress on stderr. Registered as ``baseline+disco`` (alias ``disco``).
+progress on stderr. Declared as the post-pass ``disco`` (`strategies.post_pass`):
+``baseline+disco`` (alias ``disco``), right after the base.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS
 from topoctl.sim.tasks import Collective, Compute, Task, previous
 
-from . import PlanContext, Strategy, StrategyError, host_speeds
+from . import PlanContext, Strategy, StrategyError, host_speeds, post_pass
 from . import baseline as _baseline
 from .sfb import ring_rates
 
@@ -419,18 +420,15 @@ def bucket_plan(units: Units, cuts: tuple[int, ...], order: list[int]) -> list[d
     return [buckets[k] for k in order]
 
 
-def baseline_disco(ctx: PlanContext) -> Strategy:
-    """The baseline strategy with DisCo's buckets and operator fusion chosen together."""
+@post_pass("disco", applies_to=("baseline",))
+def disco_pass(ctx: PlanContext, base: Strategy) -> Strategy:
+    """`base` (the baseline) with DisCo's buckets and operator fusion chosen together."""
     costs = ctx.host_costs(ctx.hosts[0])
     # ranks timed on this CPU (a lab): the learned model prices a fused region; otherwise the
     # roofline of the device the costs were modelled on
     device = None if ctx.cpu_pool is not None else ctx.device[ctx.hosts[0]]
-    s = with_disco(ctx, _baseline.plan(ctx),
-                   fusion_options(ctx.graph, costs, device=device, dtype=ctx.job.dtype))
+    s = with_disco(ctx, base, fusion_options(ctx.graph, costs, device=device, dtype=ctx.job.dtype))
     chosen = fusion_plan(ctx.graph, costs, s.notes["disco"]["fusion"])
     if chosen.mode == "none":
         return s
     return replace(s, collective=s.collective | {"fusion": chosen.to_dict()})
-
-
-PLANNER_STRATEGIES = {"disco": baseline_disco, "baseline+disco": baseline_disco}

@@ -12,10 +12,11 @@ GPipe/PipeDream-style tools split a model.
 
 Candidates: every g dividing the host count with H/g >= 2 stage groups of g consecutive hosts
 (g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
-s + 1). Each is scored by the simulator: per replica, a GPipe iteration of `microbatches`
-micro-batches (every forward, then every backward in reverse, one compute stream per host),
-activations and their gradients crossing consecutive stages as flows on the fabric, then the
-stage's gradient sync over its group and the optimiser step. Each replicated stage's sync
+s + 1). Each is scored by the simulator on the GPipe iteration model
+(`topoctl.pipeline.gpipe`): per replica, a GPipe iteration of `microbatches` micro-batches
+(every forward, then every backward in reverse, one compute stream per host), activations
+and their gradients crossing consecutive stages as flows on the fabric, then the stage's
+gradient sync over its group and the optimiser step. Each replicated stage's sync
 (gloo's ring, a parameter server on one of its hosts, or packed trees over the stage's own
 cables with the tree runtime's per-member CPU; `none` for one replica) is chosen by
 simulating every option alone on the plan's network (`placement.stagesync.choose_sync`) and
@@ -33,38 +34,35 @@ O(candidates * (search + simulation)).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import networkx as nx
 
-from topocontract.schedule import TreeSchedule
-from topocontract.stages import pieces
-from topoctl.collective.trees.pipeline import RuntimeCosts, runtime_costs
+from topoctl.apportion import apportion
 from topoctl.fabric.graph import connection_links
 from topoctl.graph.coarsen import CoarseGraph, coarsen_graph, from_opgraph
-from topoctl.graph.cost import TrainCost, timing_grid
-from topoctl.labprofile import LabProfile
+from topoctl.pipeline.gpipe import (
+    Measured,
+    cut_bytes,
+    default_sync,
+    grad_bytes,
+    lab_network,
+    measured_stage_costs,
+    pipeline_tasks,
+    sync_cpu,
+    trees_cpu_model,
+)
 from topoctl.placement import heft, partition
 from topoctl.placement.build import build_problem, node_memory, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
-from topoctl.placement.runtime import (
-    allreduce_cpu,
-    message_cpu,
-    ps_cpu,
-    shared_message_s,
-    stage_costs,
-)
 from topoctl.placement.search import candidates
-from topoctl.placement.stagesync import choose_sync, stage_trees, sync_schedule, tree_cpu
+from topoctl.placement.stagesync import choose_sync, stage_trees, tree_cpu
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
-from topoctl.sim.network import CpuPool, Network
+from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
-from topoctl.sim.tasks import Collective, Compute, Task, Transfer, sent
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy
-from topotrain.timing import load_calibration
 
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
@@ -96,88 +94,6 @@ def stage_order(p: PlacementProblem, assign: list[int]) -> list[int] | None:
         return None
 
 
-def cut_bytes(ctx: PlanContext, stage_of: dict[str, int], nstages: int, scale: float
-              ) -> list[float]:
-    """Bytes crossing the boundary after each stage (all values live across it)."""
-    last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
-    for o in ctx.graph.ops:
-        for i in o.inputs:
-            if i in last:
-                last[i] = max(last[i], stage_of[o.name])
-    out = [0.0] * max(0, nstages - 1)
-    for o in ctx.graph.ops:
-        for s in range(stage_of[o.name], last[o.name]):
-            out[s] += o.out_bytes * scale
-    return out
-
-
-def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list[int]:
-    """Values (tensors sent as one message each) crossing the boundary after each stage."""
-    last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
-    for o in ctx.graph.ops:
-        for i in o.inputs:
-            if i in last:
-                last[i] = max(last[i], stage_of[o.name])
-    out = [0] * max(0, nstages - 1)
-    for o in ctx.graph.ops:
-        for s in range(stage_of[o.name], last[o.name]):
-            out[s] += 1
-    return out
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What the pipeline costs on this machine's CPU (lab hosts): per-op training costs timed at
-    the micro-batch (`graph.cost.TrainCost`) and the runtime's calibrated CPU costs per message
-    (`placement.runtime`); `lab`: the lab machine every rank runs on (its cores shared, its
-    cable emulation's cost per byte), None for ranks on machines of their own."""
-
-    ops: dict[str, TrainCost]
-    runtime: RuntimeCosts
-    per_message_shared_s: float | None = None
-    lab: LabProfile | None = None
-    # CPU seconds a rank spends drawing the iteration's global batch (`topotrain.pipeline`
-    # draws it on every rank), and the cores' crowding (`sim.network.CpuPool.crowding`)
-    inputs_s: float = 0.0
-    crowding: float = 0.0
-
-
-def default_sync(group: list[str]) -> dict:
-    """A stage's sync when none was chosen: gloo's ring over several replicas, else none."""
-    return {"kind": "ring"} if len(group) > 1 else {"kind": "none"}
-
-
-def sync_cpu(measured: Measured | None):
-    """The CPU one replica spends in its stage's sync, `placement.stagesync.CpuCost`; None
-    without measured runtime costs (the roofline: the network part only)."""
-    if measured is None:
-        return None
-
-    def cpu(kind: str, nbytes: float, members: int, server: bool) -> float:
-        args = (measured.runtime, measured.lab, measured.per_message_shared_s)
-        if kind == "ps":
-            return ps_cpu(nbytes, members, server, *args)
-        return allreduce_cpu(nbytes, members, *args) if kind == "ring" else 0.0
-
-    return cpu
-
-
-def grad_bytes(ctx: PlanContext, stages: list[list[str]]) -> list[int]:
-    """Gradient bytes of each stage (its ops' parameters)."""
-    ops = ctx.graph.by_name()
-    return [sum(ops[o].param_bytes for o in st) for st in stages]
-
-
-def trees_cpu_model(ctx: PlanContext, measured: Measured | None):
-    """The tree runtime's CPU per member of a stage (`placement.stagesync.tree_cpu`): the
-    measured runtime costs and the lab machine with `measured`, else the machine's calibration
-    (or the defaults) on machines of their own, as the whole-cluster `trees` strategy
-    models it."""
-    if measured is not None:
-        return measured.runtime, measured.lab
-    return runtime_costs(load_calibration() if ctx.use_cache else None), None
-
-
 def choose_syncs(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
                  network: Network, measured: Measured | None
                  ) -> tuple[list[dict], list[dict[str, float]]]:
@@ -193,152 +109,6 @@ def choose_syncs(ctx: PlanContext, stages: list[list[str]], groups: list[list[st
         trees = stage_trees(links, grp, float(b), costs, lab, eff)
         picked.append(choose_sync(network, grp, float(b), cpu, trees, tree_cpu(costs, lab)))
     return [p[0] for p in picked], [p[1] for p in picked]
-
-
-def pipeline_tasks(ctx: PlanContext, stages: list[list[str]], groups: list[list[str]],
-                   micro: int, scale: float, measured: Measured | None = None,
-                   syncs: list[dict] | None = None, shares: list[list[int]] | None = None,
-                   measured_at: Mapping[int, Measured] | None = None
-                   ) -> tuple[list[Task], list[int]]:
-    """One GPipe iteration per replica, then per-stage gradient sync and step (module
-    docstring); `syncs`: each stage's (`topocontract.stages`; default: `default_sync`).
-    With `measured`: stage compute from ops timed at the micro-batch (`placement.runtime`),
-    every rank's tasks in its program's order (the runtime is one thread: receive, forward,
-    send per micro-batch, then the backwards in reverse), every message's CPU cost on the
-    sending and the receiving rank, sends blocking as gloo's do (`move`), the replicas' CPU
-    for their gradient AllReduce after its network part; simulate it on
-    `lab_network` so that the lab's ranks share the machine's cores.
-
-    Stages of unequal replica counts (`shares`: rows of each micro-batch per replica, per
-    stage, `topocontract.stages`): `scale` is then that of one row, `measured_at[rows]` the
-    costs timed at each replica's rows, and each boundary moves the row pieces the runtime
-    sends (`topocontract.stages.pieces`), a message per value and piece. Without `shares`
-    every stage has the same replicas and each takes the micro-batch `scale` describes.
-    Returns (tasks, gradient bytes per stage)."""
-    if shares is None:  # the equal-count plan: one "row" = a replica's micro-batch
-        shares, measured_at = [[1] * len(grp) for grp in groups], {1: measured}
-    base = next(iter((measured_at or {}).values()), None)
-    stage_of = {op: s for s, ops in enumerate(stages) for op in ops}
-    cut = cut_bytes(ctx, stage_of, len(stages), scale)  # bytes per row
-    nmsg = cut_values(ctx, stage_of, len(stages))
-    grads = grad_bytes(ctx, stages)
-    k = len(stages)
-    syncs = syncs or [default_sync(grp) for grp in groups]
-    cpu = sync_cpu(base)
-    per_stage = ({rows: [tuple(ctx.job.cost.scale * x for x in
-                               stage_costs(ctx.graph, stage_of, s, m.ops)) for s in range(k)]
-                  for rows, m in measured_at.items()} if base else None)
-
-    def cost(s: int, j: int, part: int) -> float:  # part 0: forward, 1: backward
-        rows, h = shares[s][j], groups[s][j]
-        if per_stage:
-            return per_stage[rows][s][part]
-        c = ctx.host_costs(h)
-        return scale * rows * sum((c[o].fwd, c[o].bwd)[part] for o in stages[s])
-
-    def msg(b: int, rows: int) -> float:  # CPU of one piece's messages at one end
-        if not base or not nmsg[b]:
-            return 0.0
-        return nmsg[b] * message_cpu(cut[b] * rows / nmsg[b], base.runtime, base.lab,
-                                     base.per_message_shared_s)
-
-    tasks: list[Task] = []
-    last: dict[str, str] = {}  # measured: each rank runs its program in order (GPipe)
-
-    def compute(tid: str, h: str, seconds: float, deps: tuple[str, ...],
-                runtime: bool = False) -> str:
-        """`runtime`: a runtime's own CPU (messages, the sync), `Compute.communication`."""
-        if base and h in last:
-            deps = (last[h],) + deps
-        tasks.append(Compute(tid, h, seconds, deps, communication=runtime))
-        last[h] = tid
-        return tid
-
-    def move(tid: str, src: str, dst: str, b: int, rows: int, after: str) -> str:
-        """Transfer `tid` of `rows` rows across boundary b after `after`, the sender's CPU for
-        it, then the receiver's; the id the receiver's next compute waits for. Measured:
-        gloo's send is a rendezvous (its bytes go when the receiving rank has posted its
-        receive, i.e. finished what its program does before: gloo's tcp ``Pair::send``
-        notifies the peer and waits for its ``NOTIFY_RECV_READY``), and returns when its
-        bytes are written to the socket; on the lab machine (``Measured.lab``) the socket
-        takes up to ``LabProfile.send_buffer_bytes`` of them, so the sender goes on when
-        the rest has left (`sim.tasks.sent`), the receiver when the last byte arrived.
-        Elsewhere the sender waits for the delivery."""
-        ready = (after,) + ((last[dst],) if base and dst in last else ())
-        buf = base.lab.send_buffer_bytes if base and base.lab is not None else None
-        tasks.append(Transfer(tid, src, dst, cut[b] * rows, ready, buffer=buf))
-        if not msg(b, rows):
-            return tid
-        compute(f"{tid}/tx", src, msg(b, rows), (tid if buf is None else sent(tid),), True)
-        return compute(f"{tid}/rx", dst, msg(b, rows), (tid,), True)
-
-    links = [pieces(shares[b], shares[b + 1]) for b in range(k - 1)]
-    if base and base.inputs_s > 0:  # every rank draws the iteration's global batch first
-        for s in range(k):
-            for j, h in enumerate(groups[s]):
-                compute(f"in{s}.{j}", h, base.inputs_s, ())
-    for m in range(micro):
-        for s in range(k):
-            for j, h in enumerate(groups[s]):
-                deps = tuple(move(f"act{s - 1}.{m}.{a}.{j}", groups[s - 1][a], h, s - 1,
-                                  hi - lo, f"F{s - 1}.{m}.{a}")
-                             for a, i, lo, hi in links[s - 1] if i == j) if s else ()
-                compute(f"F{s}.{m}.{j}", h, cost(s, j, 0), deps)
-    for m in reversed(range(micro)):
-        for s in reversed(range(k)):
-            for j, h in enumerate(groups[s]):
-                deps = (f"F{s}.{m}.{j}",) + (tuple(
-                    move(f"grad{s}.{m}.{i}.{j}", groups[s + 1][i], h, s, hi - lo,
-                         f"B{s + 1}.{m}.{i}")
-                    for a, i, lo, hi in links[s] if a == j) if s + 1 < k else ())
-                compute(f"B{s}.{m}.{j}", h, cost(s, j, 1), deps)
-    tcpu = tree_cpu(*trees_cpu_model(ctx, base))
-    for s in range(k):
-        done = tuple(f"B{s}.{m}.{j}" for m in range(micro) for j in range(len(groups[s])))
-        sched = sync_schedule(groups[s], syncs[s], float(grads[s]))
-        trees = sched is not None and syncs[s]["kind"] == "trees"
-        if trees:  # the tree runtime's CPU runs while its chunks travel (`stagesync`)
-            for j, sec in enumerate(tcpu(TreeSchedule.model_validate(syncs[s]["schedule"]),
-                                         float(grads[s]))):
-                compute(f"ar{s}/cpu.{j}", groups[s][j], sec, done, True)
-        if sched is not None:
-            tasks.append(Collective(f"ar{s}", sched, done))
-            done = (f"ar{s}",)
-        for j, h in enumerate(groups[s]):
-            if trees:
-                done = (f"ar{s}", f"ar{s}/cpu.{j}")
-            elif cpu and sched is not None:  # the replicas' CPU for it, then the step
-                server = syncs[s]["kind"] == "ps" and syncs[s]["server"] == h
-                compute(f"ar{s}/cpu.{j}", h, cpu(syncs[s]["kind"], float(grads[s]),
-                                                  len(groups[s]), server), done, True)
-            d = ctx.device[h]
-            step = (per_stage[shares[s][j]][s][2] if per_stage else
-                    ctx.job.cost.scale * (d.launch + 4 * grads[s] / (d.mem_bw * d.efficiency)))
-            compute(f"step{s}.{j}", h, step, done)
-    if base and len(groups[-1]) > 1:  # the last stage's replicas all-reduce the loss (gloo)
-        sec = allreduce_cpu(4.0, len(groups[-1]), base.runtime, base.lab,
-                            base.per_message_shared_s)
-        for j, h in enumerate(groups[-1]):
-            compute(f"loss.{j}", h, sec, (f"step{k - 1}.{j}",), True)
-    return tasks, grads
-
-
-def lab_network(network: Network, hosts: list[str], measured: Measured | None,
-                mtu: int) -> Network:
-    """`network` as the lab runs it when `measured` says every rank runs on this machine:
-    the hosts' compute on the lab machine's shared cores (processor sharing,
-    `Network.cpu_pool`), and every link with the token credit the lab shapes a cable of its
-    line rate with (`Link.credit`, ``LabProfile.cable_credit_s`` at frames of `mtu` bytes;
-    the links' capacities are goodput, `sim.fabric.tcp_efficiency`): a message that starts
-    on a cable that idled passes its first bytes at once (measured,
-    bench/results/lab-cable-credit-2026-11-28.txt)."""
-    if not measured or measured.lab is None:
-        return network
-    lab, eff = measured.lab, tcp_efficiency(mtu)
-    links = {k: replace(ln, credit=lab.cable_credit_s(ln.capacity * 8.0 / eff, mtu)
-                        * ln.capacity) for k, ln in network.links.items()}
-    return replace(network, links=links, _cache={},
-                   cpu_pool=CpuPool(frozenset(hosts), lab.cores, None, measured.crowding))
 
 
 def _search(p: PlacementProblem, method: str) -> list[Placement]:
@@ -470,12 +240,6 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
     return s
 
 
-def even_shares(rows: int, replicas: int) -> list[int]:
-    """`rows` split over `replicas` as evenly as integers go, the first replicas one more."""
-    q, extra = divmod(rows, replicas)
-    return [q + (1 if j < extra else 0) for j in range(replicas)]
-
-
 def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None = None
                  ) -> Strategy:
     """A pipeline of a fixed shape: stage s on the next `shape[s]` hosts in the cluster's
@@ -496,7 +260,7 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
                                          f"{max(shape)} rows")])
     starts = [sum(shape[:i]) for i in range(len(shape))]
     groups = [hosts[a:a + n] for a, n in zip(starts, shape, strict=True)]
-    shares = [even_shares(total, n) for n in shape]
+    shares = [apportion(total, [1.0] * n) for n in shape]  # even: the first one more
     coarse, cstats = _coarse(ctx)
     hops = shortest_next_hops(ctx.fabric, required=hosts[:sum(shape)])
     network = network_from_fabric(ctx.fabric, hops)
@@ -549,49 +313,6 @@ def _scored(ctx: PlanContext, name: str, stages: list[list[str]], groups: list[l
     res = simulate(tasks, net, record=False)
     return Strategy(name=name, fabric=ctx.fabric, hops=hops, network=net, tasks=tasks,
                     collective={}, buckets=[b for b in grads if b]), res.iteration_time
-
-
-def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
-    """This CPU's costs for a micro-batch of `micro_batch` samples when the hosts are lab CPUs
-    and the machine caches are allowed (`PlanContext.train_costs`), else None (per-op costs of
-    the context, scaled)."""
-    if ctx.train_costs is None:
-        return None
-    ops = ctx.train_costs(micro_batch, runtime="stage")  # as topotrain.pipeline runs a stage
-    if ops is None:  # the model does not train on real tensors here: the context's costs
-        return None
-    cal = load_calibration()
-    inputs = ctx.inputs_cost(ctx.job.batch.global_) if ctx.inputs_cost is not None else 0.0
-    return Measured(ops, runtime_costs(cal), shared_message_s(cal), lab=ctx.lab,
-                    inputs_s=inputs, crowding=stage_crowding(ctx))
-
-
-def stage_crowding(ctx: PlanContext) -> float:
-    """The lab cores' crowding (`sim.network.CpuPool.crowding`) for pipeline ranks: a stage's
-    CPU time at the ranks' batch beside co-running copies (as many as the lab has other ranks,
-    up to three times as many ranks as cores in all) over alone (`PlanContext.crowded_ratio`),
-    less one, per unit of the oversubscription those copies make (``(copies + 1) / cores - 1``);
-    0 when the lab's ranks (at most 4 per core, as `planner.lab_corun`) do not outnumber the
-    cores or there is no timing. Stages are timed alone (`planner._lab_timing`: how many compute at
-    once is what the plan decides) and the simulator slows them while they crowd. Measured on
-    the 2-core Xeon VM for the lab MLP at 64 rows beside 5 copies: 0.12-0.15
-    (docs/results.md)."""
-    cores = ctx.lab.cores
-    copies = min(ctx.world_size, 4 * cores) - 1
-    if (copies + 1) / cores <= 1.0 or ctx.crowded_ratio is None:
-        return 0.0
-    # timed at three times as many ranks as cores at most: every copy more costs the first plan
-    # on a machine seconds of timing (`make demo`'s budget), but at twice as many the ratio is
-    # the scheduler's luck, not the crowding (2-core Xeon VM, lab MLP at 64 rows, four timings
-    # in a row under the quiet lock: 1.002, 1.178, 1.045, 1.007 beside 3 copies; 1.292, 1.242,
-    # 1.216 beside 5: crowding 0.002-0.178 against 0.108-0.146; 5.7 s against 8.4 s a timing)
-    timed = min(copies, 3 * cores - 1)
-    # one timing per model, at the grid point at or below the ranks' batch, whatever the
-    # micro-batch: a ratio of two timings, which moved less between micro-batches (0.12-0.16 for
-    # the lab MLP at 24-96 rows) than between runs, and each costs a first plan about 8 s
-    # (three micro-batches took the demo's first planning from 26 to 52 s)
-    ratio = ctx.crowded_ratio(timing_grid(ctx.local_batch)[0], timed)
-    return max(0.0, (ratio - 1.0) / ((timed + 1) / cores - 1.0)) if ratio else 0.0
 
 
 def _fx_pos(ctx: PlanContext):

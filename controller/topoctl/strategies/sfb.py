@@ -26,7 +26,8 @@ hetero8), +13% at K = 8 (docs/results.md). The plan's ``job.sfb`` names the chos
 renderer moves them there from ``collective.sfb``); ``metadata.collective.sfb`` the layers, the
 objective and the bytes.
 
-Registered as ``baseline+sfb`` (alias ``sfb``). Ranks with unequal batches (``+shares``) and
+Declared as the post-pass ``sfb`` (`strategies.post_pass`): ``baseline+sfb`` (alias ``sfb``),
+right after the base. Ranks with unequal batches (``+shares``) and
 collectives other than the ring are refused. O(candidates) simulations of one collective, one
 0/1 program, one simulation of the result.
 """
@@ -43,7 +44,7 @@ from topoctl.sim.network import Network
 from topoctl.sim.schedules import ALGORITHMS, ring_allgather, ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, member_done
 
-from . import PlanContext, Strategy, StrategyError
+from . import PlanContext, Strategy, StrategyError, post_pass
 from . import baseline as _baseline
 
 PROBE_BYTES = (1 << 20, 2 << 20)  # two collective sizes: a linear fit (per call, per byte)
@@ -180,6 +181,7 @@ def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float
     return body, sizes
 
 
+@post_pass("sfb", applies_to=("baseline",))
 def with_sfb(ctx: PlanContext, base: Strategy, layers: list[str] | None = None) -> Strategy:
     """`base` (a data-parallel ring plan) with the layers the 0/1 program picks synchronised by
     SFB: its tasks rebuilt, the modules in its collective, the choice in its notes. `layers`
@@ -208,11 +210,3 @@ def with_sfb(ctx: PlanContext, base: Strategy, layers: list[str] | None = None) 
         notes["sfb"]["closest"] = near
     return replace(base, name=f"{base.name}+sfb", tasks=tasks, buckets=sizes,
                    collective=base.collective | {"sfb": modules}, notes=notes)
-
-
-def baseline_sfb(ctx: PlanContext) -> Strategy:
-    """The baseline strategy with sufficient-factor broadcasting where it pays."""
-    return with_sfb(ctx, _baseline.plan(ctx))
-
-
-PLANNER_STRATEGIES = {"sfb": baseline_sfb, "baseline+sfb": baseline_sfb}

@@ -6,6 +6,7 @@ functions it starts from and builds with as a `topoctl.tag.kit.Kit`, which `kit(
 
 from __future__ import annotations
 
+from topoctl.pipeline import gpipe
 from topoctl.tag import strategy as _tag
 from topoctl.tag.kit import Kit
 
@@ -28,7 +29,7 @@ def kit() -> Kit:
                with_shares=_shares.with_shares, host_speed=_shares.host_speed,
                host_speeds=host_speeds, linear_layers=_sfb.linear_layers,
                sfb_tasks=_sfb.sfb_tasks, with_sfb=_sfb.with_sfb,
-               placement=_placement_pipeline, pipeline=_placement, strategy=Strategy,
+               placement=_placement_pipeline, pipeline=gpipe, strategy=Strategy,
                error=StrategyError)
 
 

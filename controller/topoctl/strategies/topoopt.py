@@ -2,8 +2,8 @@
 parallelisation strategy, optimised together (TopoOpt, NSDI'23, alternating optimisation).
 
 1. Traffic from the simulator's task DAG: the gradient AllReduce over all hosts (bytes per
-   iteration) and the model-parallel matrix of the current hybrid strategy
-   (`topoctl.strategies.hybrid`).
+   iteration) and the model-parallel matrix of the ops placed on owner hosts
+   (`topoctl.strategies.model_parallel`).
 2. `topoctl.topoopt.topology.find_topology` cables the training hosts' ports (port k of a host
    is its k-th NIC): TotientPerms rings + matchings for model-parallel demand. The result is a
    re-cabled cluster (`Cluster.with_fabric`), rendered as the plan's `fabric` (the lab cables
@@ -51,7 +51,7 @@ from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.schedules import Schedule, Step, ring_steps
 from topoctl.spec.cluster import ClusterError, DirectFabric
 from topoctl.strategies import PlanContext, Strategy
-from topoctl.strategies.hybrid import hybrid_tasks, mp_candidates, owners
+from topoctl.strategies.model_parallel import model_parallel_tasks, mp_candidates, owners
 from topoctl.strategies.trees import (
     SIM_MAX_CHUNKS,
     choose_fusion,
@@ -193,7 +193,7 @@ def ring_orders(hosts: list[str], strides: list[int]) -> list[list[str]]:
 
 
 def _score(ctx: PlanContext, d: _Design, algorithm) -> tuple[float, list, list, dict]:
-    tasks, sizes, traffic = hybrid_tasks(ctx, d.mp, list(ctx.hosts), algorithm)
+    tasks, sizes, traffic = model_parallel_tasks(ctx, d.mp, list(ctx.hosts), algorithm)
     res = simulate(tasks, d.network, record=False)
     return res.iteration_time, tasks, sizes, traffic
 
@@ -284,12 +284,12 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
         links = tree_links(sched, hosts, d.network, d.fabric.mtu, ctx.lab)
 
         def score(c: PlanContext, sched=sched, rate=rate, latency=latency, links=links):
-            _, sizes, _ = hybrid_tasks(c, d.mp, hosts, tree_algorithm(sched))
+            _, sizes, _ = model_parallel_tasks(c, d.mp, hosts, tree_algorithm(sched))
             fit = fit_runtime(c, sched, rate, latency, sizes, links)
             # path trees are n/2 deep: they need fine chunks to pipeline, as many as the
             # trees strategy simulates (the runtime's own count is in the CPU part's fit)
             alg = tree_algorithm(fit.schedule, max_chunks=max(PATH_CHUNKS, SIM_MAX_CHUNKS))
-            tasks, sizes, _ = hybrid_tasks(c, d.mp, hosts, alg)
+            tasks, sizes, _ = model_parallel_tasks(c, d.mp, hosts, alg)
             return fit.with_cpu_part(tasks, sizes), sizes, fit
 
         # the job's bucket cap: one fused bucket was predicted faster here (0.645 against
@@ -304,7 +304,7 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
             best = (t, name, fused)
     t, name, fused = best
     # the model-parallel traffic does not depend on the bucket cap
-    tr = hybrid_tasks(ctx, d.mp, hosts, tree_algorithm(fused.fit.schedule))[2]
+    tr = model_parallel_tasks(ctx, d.mp, hosts, tree_algorithm(fused.fit.schedule))[2]
     tasks, sizes, fit = fused.tasks, fused.sizes, fused.fit
     d.time, d.tasks, d.buckets, d.traffic, d.algorithm = t, tasks, sizes, tr, name
     d.bucket_cap, d.fusion = fused.cap, fused.note()

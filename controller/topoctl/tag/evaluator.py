@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from topoagent.protocol import TopoError
+from topoctl.apportion import apportion
 from topoctl.fabric.graph import connection_links
 from topoctl.placement.build import node_memory
 from topoctl.placement.stagesync import stage_trees
@@ -43,18 +44,6 @@ def reward(t_base: float, t: float) -> float:
     if not math.isfinite(t) or t <= 0:
         return -1.0
     return t_base / t - 1.0
-
-
-def speed_shares(rows: int, speeds: list[float]) -> list[int]:
-    """`rows` split in proportion to `speeds`, every member at least one row (largest
-    remainders first, ties to the earlier member): a stage's batch shares by speed. O(m log m)."""
-    m = len(speeds)
-    total = sum(speeds)
-    exact = [(rows - m) * v / total for v in speeds]
-    out = [1 + int(x) for x in exact]
-    for j in sorted(range(m), key=lambda j: (-(exact[j] - int(exact[j])), j))[:rows - sum(out)]:
-        out[j] += 1
-    return out
 
 
 class Evaluator:
@@ -141,9 +130,9 @@ class Evaluator:
             if split_sync(st.sync)[2]:  # by the stage's own compute on each member
                 pos = [self.ctx.hosts.index(h) for h in st.hosts]
                 work = [sum(self.times[i][j] for i in range(st.first, st.last + 1)) for j in pos]
-                out.append(speed_shares(rows, [1.0 / max(w, 1e-12) for w in work]))
+                out.append(apportion(rows, [1.0 / max(w, 1e-12) for w in work]))
             else:
-                out.append(self.kit.pipeline.even_shares(rows, len(st.hosts)))
+                out.append(apportion(rows, [1.0] * len(st.hosts)))
         if len({tuple(r) for r in out}) == 1 and len(set(out[0])) == 1:
             return None
         return out

@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # annotations only
 
 
 class PipelineModel(Protocol):
-    """The GPipe iteration model TAG values and emits pipelines with (today the functions of
-    `topoctl.strategies.placement`; any module with these names fits)."""
+    """The GPipe iteration model TAG values and emits pipelines with (`topoctl.pipeline.gpipe`;
+    any module with these names fits)."""
 
     pipeline_tasks: Callable[..., Any]  # (ctx, stages, groups, micro, scale, measured, ...)
     lab_network: Callable[..., Any]  # (network, hosts, measured, mtu) -> Network
@@ -28,7 +28,6 @@ class PipelineModel(Protocol):
     grad_bytes: Callable[..., Any]  # (ctx, stages) -> gradient bytes per stage
     trees_cpu_model: Callable[..., Any]  # (ctx, measured) -> (costs, lab) for stage trees
     cut_bytes: Callable[..., Any]  # (ctx, stage_of, nstages, scale) -> bytes per cut
-    even_shares: Callable[..., Any]  # (rows, replicas) -> rows per replica
 
 
 @dataclass(frozen=True)

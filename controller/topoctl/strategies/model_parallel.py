@@ -1,4 +1,6 @@
-"""Hybrid data/model-parallel iterations for the simulator (used by the ``topoopt`` strategy).
+"""Data-parallel iterations with model-parallel ops on owner hosts (DLRM-style: embedding
+tables), for the simulator (used by the ``topoopt`` strategy). Not the pipeline's "hybrid"
+(replicated pipeline stages, `strategies.placement`).
 
 A *model-parallel group* is one parameterised op (in TopoOpt's DLRM: an embedding table) that
 lives on one owner host instead of being replicated: the owner computes it for the whole global
@@ -39,7 +41,7 @@ def owners(hosts: list[str], groups: list[str]) -> dict[str, str]:
     return {g: hosts[i % len(hosts)] for i, g in enumerate(groups)}
 
 
-def hybrid_tasks(ctx: PlanContext, mp: Mapping[str, str], order: list[str],
+def model_parallel_tasks(ctx: PlanContext, mp: Mapping[str, str], order: list[str],
                  algorithm: CollectiveAlgorithm) -> tuple[list[Task], list[int],
                                                           dict[tuple[str, str], float]]:
     """Tasks of one iteration with the ops in `mp` (op -> owner) model parallel. Returns
