@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.fabric.capgraph import FabricError
+from topoctl.fabric.graph import FabricGraph
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import (
     interpolate_train_costs,
@@ -276,12 +277,13 @@ def lower_bound(ctx: PlanContext, s: Strategy) -> tuple[float, str]:
     fewer samples than the even split gives it).
 
     communication: the bytes each host's ranks send to other hosts in the plan's tasks over
-    the host's NIC goodput (`host_traffic_bound`), and for a plan that all-reduces the whole
-    gradient over the hosts (ring or trees, no SFB, no pipeline) also the AllReduce bound
+    the host's NIC goodput in the plan's own fabric (`host_traffic_bound`), and for a plan
+    that all-reduces the whole gradient over the hosts (ring or trees, no SFB, no pipeline)
+    also the AllReduce bound
     2(n-1)/n * S / B over the n hosts, B the largest host NIC goodput (hosts of several
     ranks: the inter-host part of any AllReduce, every host's sum leaves its NICs)."""
     compute, pool_work = _compute_bound(ctx, s)
-    egress = _host_egress(ctx)
+    egress = _host_egress(s.fabric)
     traffic = host_traffic_bound(s, egress)
     n = len(ctx.hosts)
     comm = traffic
@@ -317,11 +319,12 @@ def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
     return max(busy.values(), default=0.0), pool / max(1, cores)
 
 
-def _host_egress(ctx: PlanContext) -> dict[str, float]:
-    """Each node's total link goodput in bytes/s (every link it ends, one direction)."""
+def _host_egress(fabric: FabricGraph) -> dict[str, float]:
+    """Each node's total link goodput in bytes/s in the plan's `fabric` (every link it ends,
+    one direction; a re-cabled fabric's own, as `topoopt` plans it)."""
     egress: dict[str, float] = {}
-    eff = tcp_efficiency(ctx.fabric.mtu)
-    for ln in ctx.fabric.links:
+    eff = tcp_efficiency(fabric.mtu)
+    for ln in fabric.links:
         for end in (ln.a, ln.b):
             egress[end] = egress.get(end, 0.0) + eff * ln.capacity / 8
     return egress

@@ -16,13 +16,14 @@ from typing import Any
 from topoctl.collective.hierarchical import (
     ShardAlgorithm,
     device_node,
+    hierarchical_allgather,
     hierarchical_allreduce,
     hierarchical_bound,
 )
 from topoctl.sim.devices import HostDevices, rail_hops, with_devices
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.network import Network
-from topoctl.sim.schedules import CollectiveAlgorithm, Schedule
+from topoctl.sim.schedules import CollectiveAlgorithm, Schedule, ring_allgather
 
 from . import PlanContext
 
@@ -123,3 +124,27 @@ def rank_count_refusal(ctx: PlanContext, what: str) -> str:
     where = (f"hosts[{i}].gpus.count" if ctx.cluster.hosts[i].gpus is not None
              else "defaults.gpus.count")
     return f"{what} (cluster {where}: {len(ctx.ranks[first])})"
+
+
+def gather_algorithm(ctx: PlanContext, order: Sequence[str]
+                     ) -> tuple[CollectiveAlgorithm, list[str]]:
+    """(algorithm, members) of an all-gather over the hosts in `order`: gloo's ring over the
+    hosts with one rank each; on hosts of k > 1 ranks the hierarchical all-gather
+    (`collective.hierarchical.hierarchical_allgather`: across the hosts per local rank, then
+    inside each host); hosts of different counts: a flat ring over every rank."""
+    if not multi_rank(ctx):
+        return ring_allgather, list(order)
+    groups = device_groups(ctx, order)
+    if local_size(ctx) == 0:
+        return ring_allgather, [d for g in groups for d in g]
+
+    def algorithm(members: Sequence[str], size: float) -> Schedule:
+        del members  # the groups are fixed by the plan
+        return hierarchical_allgather(groups, size)
+
+    return algorithm, [d for g in groups for d in g]
+
+
+def host_members(ctx: PlanContext, host: str) -> list[str]:
+    """The simulator nodes of `host`'s ranks (its devices, or the host itself for one)."""
+    return device_groups(ctx, [host])[0]
