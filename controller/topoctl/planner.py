@@ -356,9 +356,46 @@ def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool =
     """The full pipeline; returns (plan document, context, all evaluated strategies). `lab`:
     as `prepare`."""
     ctx = prepare(cluster, job, use_cache, retime, lab)
-    evals = [evaluate(ctx, s) for s in job.strategies]
+    evals, refused = evaluate_all(ctx)
     best = min(evals, key=lambda e: e.result.iteration_time)
-    return render(ctx, best, evals), ctx, evals
+    doc = render(ctx, best, evals)
+    if refused:
+        doc["metadata"]["refused"] = {name: msg for name, msg in refused}
+    return doc, ctx, evals
+
+
+def evaluate_all(ctx: PlanContext) -> tuple[list[Evaluated], list[tuple[str, str]]]:
+    """Every strategy of the job scored (`evaluate`), and the ones that cannot plan this job:
+    (name, "what stops it (file YAML path)") in the job's order. One strategy that refuses
+    raises its own error as before; when every one of several refuses, one JobError lists
+    them all at their `strategies[i]`, each saying what stops it and where, instead of the
+    first alone (a user fixed and re-ran five times)."""
+    evals: list[Evaluated] = []
+    refused: list[tuple[int, str, str]] = []
+    for i, name in enumerate(ctx.job.strategies):
+        try:
+            evals.append(evaluate(ctx, name))
+        except (JobError, ClusterError) as e:
+            if len(ctx.job.strategies) == 1:
+                raise
+            refused.append((i, name, refusal_message(name, e)))
+    if not evals:
+        raise JobError([(f"strategies[{i}]", msg) for i, _, msg in refused])
+    return evals, [(name, msg) for _, name, msg in refused]
+
+
+def refusal_message(name: str, err: JobError | ClusterError) -> str:
+    """One refusal in the one style: ``NAME: what stops it (FILE PATH)``: the strategy, its
+    reasons (the strategy's own prefix dropped), and the YAML path each is at, in the job
+    file or the cluster file."""
+    where = "cluster" if isinstance(err, ClusterError) else "job"
+    parts = []
+    for path, msg in err.problems:
+        text = str(msg).removeprefix(f"{name}: ").removeprefix(f"strategy {name}: ")
+        text = text.removeprefix(f"strategy {name} ")
+        parts.append(text if path.startswith("strategies[") and where == "job"
+                     else f"{text} ({where} {path})")
+    return f"{name}: " + "; ".join(parts)
 
 
 def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:

@@ -63,7 +63,8 @@ from topoctl.sim.network import CpuPool, Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer, sent
 from topoctl.spec.job import JobError
-from topoctl.strategies import PlanContext, Strategy
+from topoctl.strategies import PlanContext, Strategy, StrategyError
+from topoctl.strategies.devices import rank_count_refusal
 from topotrain.timing import load_calibration
 
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
@@ -377,9 +378,10 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
     instead of choosing by simulation; the planner's strategies use none of them."""
     hosts = list(ctx.hosts)
     if ctx.world_size != len(hosts):
-        raise JobError([("strategies", f"strategy {name}: one rank per host (gpus.count: 1); "
-                                       f"the job has {ctx.world_size} ranks on {len(hosts)} "
-                                       "hosts")])
+        # stages over devices (issue 51, item 3) are not planned yet: a stage is a host
+        raise StrategyError(rank_count_refusal(
+            ctx, f"pipeline stages are whole hosts of one rank; the job has {ctx.world_size} "
+                 f"ranks on {len(hosts)} hosts"))
     if len(hosts) < 2:
         raise JobError([("hosts", f"strategy {name}: a pipeline needs at least 2 hosts, the "
                                   f"job has {len(hosts)}")])
