@@ -11,7 +11,7 @@ For H hosts of k devices each and S bytes:
    share the host's NICs, or with rails each runs on its own NIC;
 3. all-gather inside every host (k-1 rounds of S/k).
 
-Bound (stated in docs/collectives.md "Hierarchical AllReduce"): with B_dev the intra-host
+Bound (stated in docs/multidevice.md "Hierarchical AllReduce"): with B_dev the intra-host
 bandwidth per device and direction and B_host the goodput of a host's NICs together, the
 phases run one after another per buffer, so the scheme takes at least
 

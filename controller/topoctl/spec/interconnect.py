@@ -3,7 +3,7 @@ or the loopback the lab's ranks use), with datasheet defaults per kind and per d
 
 Bandwidths are per device and per direction, in bytes/s (the nominal figure; the simulator
 takes it as the device's port into the host's switch: NVSwitch, a PCIe root complex or the
-kernel's loopback). Sources (docs/cluster.md "Devices in a host"):
+kernel's loopback). Sources (docs/multidevice.md "Devices in a host"):
 
 - NVLink 1 (P100 SXM2): 160 GB/s total per GPU, 80 GB/s per direction (NVIDIA Tesla P100
   datasheet);

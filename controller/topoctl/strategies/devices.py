@@ -2,7 +2,7 @@
 the hierarchical AllReduce a data-parallel strategy runs over them, and the plan's contract
 with the runtime (`hierarchical_collective`).
 
-The contract (docs/collectives.md "Hierarchical AllReduce"): when the hosts run k > 1 ranks,
+The contract (docs/multidevice.md "Hierarchical AllReduce"): when the hosts run k > 1 ranks,
 `job.collective` carries ``hierarchical: {local_size: k}`` beside `algorithm` (ring | trees:
 the inter-host part) and `order` (the host ring order). The runtime reduce-scatters among a
 host's k ranks, all-reduces shard i among the ranks with local_rank i across the hosts (a ring
