@@ -47,7 +47,7 @@ check: $(STAMP)
 	$(VENV)/bin/pytest -q -x tests/unit
 
 bench: $(STAMP)
-	$(PY) -m bench.agent_apply
+	$(PY) -m bench.agent.apply
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -10,7 +10,7 @@ to one fused program, forward and backward. Regions are modules, not arbitrary o
 the runtime can compile them in place: the parameters keep their names (gradient buckets name
 parameters) and nothing of the model is rewritten. `region_of` says which region an op of the
 captured graph falls in (its module scope under a region's path); the planner's cost side
-(``topoctl.fusion``) and the runtime (``topotrain.fusion``) both use it.
+(``topoctl.disco.fusion``) and the runtime (``topotrain.fusion``) both use it.
 
 ``budget_s``: seconds of compiling the runtime may spend; a region whose turn comes after the
 budget is spent stays eager (a visible fallback, with the figures). Compiled code is cached by

@@ -1,6 +1,6 @@
 """Sufficient-factor broadcasting in the ranks: the plan's ``job.sfb`` layers (nn.Linear
 modules) leave DDP's AllReduce; each rank all-gathers their factors and rebuilds their summed
-gradients itself (Xie et al., UAI'16; the planner's choice: `topoctl.collective.sfb`).
+gradients itself (Xie et al., UAI'16; the planner's choice: `topoctl.sfb.program`).
 
     from topotrain.sfb import attach_sfb
     sfb = attach_sfb(model, ["net.0", "net.2"])   # before DistributedDataParallel(model)

@@ -274,7 +274,7 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor], last: bool = False
     # cpu_seconds: this process's CPU (all its threads: gloo's and the tree runtime's
     # too, kernel time on its behalf included) during the iteration
     # end: wall clock (epoch seconds), so a reader can line iterations up with machine-wide
-    # CPU samples (bench/planner_lab_check.py)
+    # CPU samples (bench/planner/lab_check.py)
     t3 = time.perf_counter()
     seconds, cpu = t3 - t0 - flush, time.process_time() - c0
     # tree plans: per bucket [bytes, s waiting for the runtime's thread, s of AllReduce]

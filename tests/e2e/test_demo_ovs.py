@@ -1,4 +1,4 @@
-"""The demo's Open vSwitch row (`bench/demo_ovs.py`), reduced: a 3-host ring with every host
+"""The demo's Open vSwitch row (`bench/demo/ovs.py`), reduced: a 3-host ring with every host
 `ovs: true`, the MLP job planned with `baseline+bandwidth`, applied over the lab's SSH, trained for
 3 iterations, then read back with the stock tools before the lab goes: ovs-vsctl shows the QoS
 and its queue at the planned rate, tc shows the agent's u32 filter and the bytes the training
@@ -44,7 +44,8 @@ ITERATIONS = 3
 
 @pytest.fixture
 def demo_modules():
-    from bench import demo, demo_ovs
+    from bench.demo import ovs as demo_ovs
+    from bench.demo import run as demo
 
     return demo, demo_ovs
 

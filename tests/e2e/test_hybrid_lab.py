@@ -1,6 +1,7 @@
-"""A hybrid plan in the lab, as `bench/hybrid_lab_check.py` measures it, on a small cluster of
-the same kind: stage 0 on one host, stage 1 replicated on three whose ring crosses one slow
-cable (issue 33: the +10% between predicted and measured s/it of stars6's ring plan).
+"""A hybrid plan in the lab, as `bench/placement/hybrid_lab_check.py` measures it, on a small
+cluster of the same kind: stage 0 on one host, stage 1 replicated on three whose ring
+crosses one slow cable (issue 33: the +10% between predicted and measured s/it of stars6's
+ring plan).
 
 - Every rank reports the job's period. gloo's ring lets the two replicas whose last receive
   came over a fast cable leave it one chunk of the slow cable before the third, and they wait

@@ -1,4 +1,4 @@
-"""`python -m bench.trees_own_clusters` end to end: its cluster generator is deterministic and every
+"""`python -m bench.trees.own_clusters` end to end: its cluster generator is deterministic and every
 file it makes is a valid cluster unlike the examples; the bench's small suite (a 4-host ring)
 goes through `topoctl plan`, `lab up`, `apply`, `run` and `lab down` for real and reports sane
 figures, leaving no namespace behind."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import own_clusters
+from bench.trees import clusters as own_clusters
 from topoctl.spec.cluster_load import parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_small_suite_through_the_users_path(tmp_path):
     job = yaml.safe_load((ROOT / "plans" / "mlp-job.yaml").read_text())
     job["model"]["params"] |= {"layers": 2, "hidden": 256}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    r = subprocess.run([sys.executable, "-m", "bench.trees_own_clusters",
+    r = subprocess.run([sys.executable, "-m", "bench.trees.own_clusters",
                         "--suite", "small", "--iterations", "3", "--out", str(out),
                         "--job", str(tmp_path / "job.yaml"), "--batch", "16",
                         "--json"], capture_output=True, text=True, timeout=300,

@@ -1,11 +1,11 @@
-"""`bench.hybrid_phases`: the simulator's iteration cut into the phases the lab's pipeline
+"""`bench.placement.hybrid_phases`: the simulator's iteration cut into the phases the lab's pipeline
 runtime reports (forward, backward, allreduce, step, other), per rank and per stage."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.hybrid_phases import format_phases, rank_phases, stage_phases
+from bench.placement.hybrid_phases import format_phases, rank_phases, stage_phases
 from topoctl.sim.engine import SimResult
 from topoctl.sim.tasks import Compute, Transfer
 

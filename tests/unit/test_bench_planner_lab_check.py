@@ -1,4 +1,4 @@
-"""`python -m bench.planner_lab_check`'s `--repeats` summary: one line per strategy with the
+"""`python -m bench.planner.lab_check`'s `--repeats` summary: one line per strategy with the
 medians of its runs, their ranges and the error of the two medians (not the median of the
 errors)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.planner_lab_check import cli, median_table
+from bench.planner.lab_check import cli, median_table
 
 
 def _row(strategy: str, predicted: float, measured: float) -> dict:

@@ -1,10 +1,10 @@
-"""bench.sfb_crossover's helper: the hidden fully connected layers it forces onto SFB (every
+"""bench.sync.sfb_crossover's helper: the hidden fully connected layers it forces onto SFB (every
 linear layer but the classifier), with their widths."""
 
 from __future__ import annotations
 
 from bench.common import PLANS
-from bench.sfb_crossover import hidden_layers
+from bench.sync.sfb_crossover import hidden_layers
 from topoctl.planner import prepare
 from topoctl.spec.cluster_load import load_cluster
 from topoctl.spec.job import parse_job

@@ -1,12 +1,12 @@
-"""bench/trees_common.py: the cost model's prediction for any tree schedule on a cluster's
-cables (`python -m bench.allreduce_lab --plan` runs a plan's own trees with it)."""
+"""bench/common/trees.py: the cost model's prediction for any tree schedule on a cluster's
+cables (`python -m bench.trees.allreduce_lab --plan` runs a plan's own trees with it)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.common import PLANS
-from bench.trees_common import cluster_cables, schedule_prediction, trees_for
+from bench.common.trees import cluster_cables, schedule_prediction, trees_for
 from topocontract.schedule import TreeSchedule
 
 NBYTES = 16672800

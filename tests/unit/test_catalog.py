@@ -22,11 +22,24 @@ def test_published_sizes():
     assert n_params("bert", {}) == expected
 
 
+def test_lm_parameter_count_and_sizes():
+    """12 h^2 + 13 h per block (q, k, v, out; fc1, fc2 at 4h; two LayerNorms), embeddings,
+    final LayerNorm and the untied head; the 7b size is about 7 B parameters."""
+    layers, h, seq, vocab = 2, 64, 32, 256
+    per_block = 4 * (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 4 * h
+    expected = layers * per_block + vocab * h + seq * h + 2 * h + h * vocab + vocab
+    assert n_params("lm", {}) == expected
+    from topoctl.catalog.lm import SIZES
+    layers, hidden, _ = SIZES["7b"]
+    assert 6.4e9 < layers * (12 * hidden * hidden + 13 * hidden) + 2 * 32000 * hidden < 7.2e9
+
+
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_every_entry_runs_a_tiny_batch(name):
     small = {"mlp": {"hidden": 16}, "resnet": {"depth": 18, "width": 8, "image": 32},
              "vgg": {"depth": 11, "width": 8, "image": 32, "hidden": 32},
              "bert": {"layers": 1, "hidden": 32, "heads": 2, "seq": 8, "vocab": 50},
+             "lm": {"layers": 1, "hidden": 32, "heads": 2, "seq": 8, "vocab": 50},
              "dlrm": {"tables": 3, "rows": 20, "dim": 8, "bottom": 16, "top": 16},
              "candle_uno": {"tower": 16, "hidden": 16, "gene": 10, "drug": 12,
                             "fingerprint": 14}}[name]

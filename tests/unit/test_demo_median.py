@@ -1,4 +1,4 @@
-"""`python -m bench.demo_median` merges demo runs, the OVS row included (present in some runs
+"""`python -m bench.demo.median` merges demo runs, the OVS row included (present in some runs
 only when others ran with --no-ovs)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.demo_median import median_table
+from bench.demo.median import median_table
 
 
 def _run(path: Path, rows: dict[str, float], ovs: float | None = None) -> Path:

@@ -1,9 +1,10 @@
-"""bench/demo.py's table: each row says what its plan is, read from the plan's `job` and
+"""bench/demo/run.py's table: each row says what its plan is, read from the plan's `job` and
 `hosts` sections, so a one-host plan reads as one."""
 
 from __future__ import annotations
 
-from bench.demo import plan_summary, table
+from bench.demo.run import table
+from bench.demo.summary import plan_summary
 
 HOSTS = [f"h{i}" for i in range(8)]
 
@@ -70,7 +71,7 @@ def test_table_without_a_plan_or_a_baseline_says_so():
 
 
 def test_the_demo_rows_are_one_per_strategy_without_the_post_passes_with_nothing_to_do():
-    from bench.demo import default_strategies
+    from bench.demo.run import default_strategies
     from topoctl.strategies import available
 
     rows = default_strategies(available())
@@ -80,7 +81,7 @@ def test_the_demo_rows_are_one_per_strategy_without_the_post_passes_with_nothing
 
 
 def test_all_rows_add_the_post_passes_once_each():
-    from bench.demo import default_strategies
+    from bench.demo.run import default_strategies
     from topoctl.strategies import available
 
     rows = default_strategies(available(), every=True)
@@ -96,7 +97,7 @@ def _run_plan(shares=None, hosts=("h0", "h1")) -> dict:
 
 
 def test_a_plan_that_runs_as_a_measured_one_is_found_and_differences_are_not_hidden():
-    from bench.demo import same_plan_as
+    from bench.demo.run import same_plan_as
 
     measured = [("baseline", _run_plan()), ("pipeline", _run_plan(hosts=("h0",)))]
     assert same_plan_as(_run_plan(shares=[48, 48]), measured) == "baseline"  # even shares
@@ -111,7 +112,7 @@ def test_a_plan_that_runs_as_a_measured_one_is_found_and_differences_are_not_hid
 
 
 def test_plan_summary_names_disco_buckets_and_sfb_layers():
-    from bench.demo import plan_summary
+    from bench.demo.summary import plan_summary
 
     plan = _run_plan()
     plan["job"]["collective"].update(bucket_plan=[{"params": ["a"]}, {"params": ["b"]}],

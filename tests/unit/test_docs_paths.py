@@ -3,7 +3,8 @@
 Checked in README.md and docs/*.md: every path starting with `controller/`, `agent/`, `bench/`,
 `tests/`, `docs/`, `plans/`, `playbooks/` or `vagrant/`; every `topoctl/...py` /
 `topoagent/...py` path (relative to the packages); every dotted module name `topoctl.x.y` /
-`topoagent.x.y` (a module, or a name defined or imported at the top of one). Placeholders
+`topoagent.x.y` and `bench.x.y` (as `python -m bench.x.y` runs it: a module, or a name defined
+or imported at the top of one). Placeholders
 (`strategies/<name>.py`) are checked up to the placeholder.
 """
 
@@ -18,12 +19,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PACKAGES = {"topoctl": ROOT / "controller" / "topoctl", "topoagent": ROOT / "agent" / "topoagent"}
+PACKAGES = {"topoctl": ROOT / "controller" / "topoctl", "topoagent": ROOT / "agent" / "topoagent",
+            "bench": ROOT / "bench"}
 
 PATH = re.compile(r"(?<![\w./-])((?:controller|agent|bench|tests|docs|plans|playbooks|vagrant)/"
                   r"[\w./<>-]*)")
 PKG_PATH = re.compile(r"(?<![\w./-])((?:topoctl|topoagent)/[\w/]*\.py)\b")
 DOTTED = re.compile(r"(?<![\w./-])((?:topoctl|topoagent)(?:\.[A-Za-z_]\w*)+)")
+# the benchmarks' modules (`python -m bench.trees.scale`); upper case is a placeholder (bench.NAME)
+BENCH_DOTTED = re.compile(r"(?<![\w./-])(bench(?:\.[a-z_][a-z0-9_]*)+)\b(?!\.[A-Z<])")
 
 
 def _mentions(pattern: re.Pattern) -> list[tuple[str, str]]:
@@ -40,6 +44,7 @@ def _mentions(pattern: re.Pattern) -> list[tuple[str, str]]:
 def test_there_is_something_to_check():
     assert (ROOT / "docs" / "architecture.md") in DOCS
     assert len(_mentions(PATH)) > 50 and len(_mentions(DOTTED)) > 5
+    assert ("docs/results.md", "bench.demo.median") in _mentions(BENCH_DOTTED)
 
 
 @pytest.mark.parametrize(("doc", "path"), _mentions(PATH))
@@ -86,6 +91,6 @@ def _resolves(dotted: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("doc", "name"), _mentions(DOTTED))
+@pytest.mark.parametrize(("doc", "name"), _mentions(DOTTED) + _mentions(BENCH_DOTTED))
 def test_module_names_exist(doc, name):
     assert _resolves(name), f"{doc} names {name}, which is no module or name in one"

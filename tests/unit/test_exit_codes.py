@@ -317,7 +317,7 @@ def test_bench_usage_errors_exit_1(name, capfd):
 
 
 def test_demo_finds_its_cluster_and_job():
-    from bench import demo
+    from bench.demo import run as demo
 
     assert demo.CLUSTER.is_file() and demo.JOB.is_file()
 

@@ -1,16 +1,16 @@
 """Operator fusion on the planner's side: regions chosen as module subtrees
-(`topoctl.fusion.regions`), `fused_costs` per option (a region's cost on its anchor, the
+(`topoctl.disco.fusion.regions`), `fused_costs` per option (a region's cost on its anchor, the
 roofline's removed launches and traffic), the plan field's contract (`topocontract.fusion`)
-and the cost models' fitting (`topoctl.fusion.model`, `topoctl.fusion.gnn`)."""
+and the cost models' fitting (`topoctl.disco.fusion.model`, `topoctl.disco.fusion.gnn`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from topocontract.fusion import FusionPlan, parse_fusion, region_of
-from topoctl.fusion.costs import fused_costs, fusion_options, fusion_plan
-from topoctl.fusion.model import ConstantModel, LaunchModel, relative_errors
-from topoctl.fusion.regions import choose_regions, modules_with_ops, op_regions, region_ops
+from topoctl.disco.fusion.costs import fused_costs, fusion_options, fusion_plan
+from topoctl.disco.fusion.model import ConstantModel, LaunchModel, relative_errors
+from topoctl.disco.fusion.regions import choose_regions, modules_with_ops, op_regions, region_ops
 from topoctl.graph.capture import capture_catalog
 from topoctl.graph.cost import roofline_costs, totals
 from topoctl.graph.devices import DEVICES
@@ -109,7 +109,7 @@ def test_the_launch_model_recovers_its_coefficients(resnet):
 
 def test_the_gnn_learns_the_ratio(resnet):
     torch = pytest.importorskip("torch")
-    from topoctl.fusion.gnn import GnnModel
+    from topoctl.disco.fusion.gnn import GnnModel
 
     torch.set_num_threads(1)
     g, _ = resnet

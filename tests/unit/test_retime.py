@@ -64,3 +64,26 @@ def test_a_timing_beside_co_running_ranks_is_cached_apart(tmp_path, monkeypatch)
     beside = measure_train_job(job, 4, corun=2)
     assert alone is not None and beside is not None and alone.keys() == beside.keys()
     assert len(set((tmp_path / "profiles").glob("*.json")) - files) == 1
+
+
+def test_the_crowdings_timing_alone_serves_the_stage_timing_after_it(tmp_path, monkeypatch):
+    """`measure_stage_crowding` times the stage alone and beside copies; the pipeline
+    strategies then ask for the same stage timing (`retime`, the same grid batch): it is the
+    crowding's, read from the cache it wrote, not timed a second time (a cold `make demo` did
+    both). Read back through the cache files' modification times."""
+    from topoctl.graph.profile import measure_stage_crowding
+
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB, "job")
+    forget_retimed()
+
+    def stamp() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (tmp_path / "profiles").glob("*.json")}
+    measure_stage_crowding(job, 4, copies=1)  # the ratio may be None (a busy machine)
+    after = stamp()
+    assert len(after) >= 1  # the stage's timing alone, cached whatever the ratio
+    stage = measure_train_job(job, 4, retime=True, runtime="stage")
+    assert stage is not None and stamp() == after  # not timed again
+    forget_retimed()
+    assert measure_train_job(job, 4, retime=True, runtime="stage") is not None
+    assert stamp() != after  # a new process's retime still times it

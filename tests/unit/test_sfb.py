@@ -1,4 +1,4 @@
-"""Sufficient-factor broadcasting: the 0/1 program (`topoctl.collective.sfb`) picks SFB for
+"""Sufficient-factor broadcasting: the 0/1 program (`topoctl.sfb.program`) picks SFB for
 small per-replica batches and wide layers and not otherwise, at the crossover the formula
 gives, and takes a factor shared by two layers into account; the `+sfb` post-pass plans on
 hetero8 (layers chosen, buckets without them, faster in the simulator), renders `job.sfb` and
@@ -14,8 +14,8 @@ import yaml
 
 from topoagent.state.wire import plan_problems
 from topoctl.cli import main
-from topoctl.collective.sfb import SfbLayer, choose_layers, factor_values
 from topoctl.planner import evaluate, make_plan, prepare
+from topoctl.sfb.program import SfbLayer, choose_layers, factor_values
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import CpuPool
 from topoctl.sim.tasks import Collective

@@ -263,8 +263,8 @@ def test_explain_refuses_a_bad_sync_naming_file_and_path(hybrid_plan, tmp_path, 
 
 
 def test_the_whole_iteration_is_faster_with_the_chosen_servers():
-    # the shape restrictions bench/hybrid_lab_check.py uses: the same 2 x 4 split, once with
-    # the chosen syncs and once with rings everywhere, simulated whole
+    # the shape restrictions bench/placement/hybrid_lab_check.py uses: the same 2 x 4 split,
+    # once with the chosen syncs and once with rings everywhere, simulated whole
     ctx = prepare(parse_cluster(_two_stars()), parse_job(JOB), use_cache=False)
     chosen = search(ctx, "partition", "x", replicas=4, split=True)
     rings = search(ctx, "partition", "x", replicas=4, split=True, sync="ring")

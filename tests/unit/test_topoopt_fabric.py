@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from topoagent.protocol import TopoError
-from topoctl.fabric.matching import exact_matching, greedy_matching, mp_links
 from topoctl.fabric.routes import ecmp_next_hops, ecmp_paths, k_shortest_paths, neighbour_counts
-from topoctl.fabric.topology import ArGroup, degree_split, distances, find_topology
-from topoctl.fabric.totient import (
+from topoctl.topoopt.matching import exact_matching, greedy_matching, mp_links
+from topoctl.topoopt.topology import ArGroup, degree_split, distances, find_topology
+from topoctl.topoopt.totient import (
     TopologyError,
     candidate_strides,
     circulant_distances,

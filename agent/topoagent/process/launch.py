@@ -58,7 +58,7 @@ from topoagent.process.ranks import (
     write_job_spec,
 )
 from topoagent.protocol import EXIT_INTERRUPTED, TopoError
-from topoagent.state.wire import LaunchSpec
+from topoagent.state.wire import TREE_SCHEDULE_ENV, TREE_SCHEDULE_FILE, LaunchSpec
 from topoagent.target import Target
 
 TAIL = 15  # last lines of a failed rank worth showing
@@ -148,12 +148,24 @@ def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
                              "this host"}))
     ranks_dir = prepare_rank_dir(run_dir, user, fresh=not job.checkpoint.resume)
     job_file = write_job_spec(ranks_dir, json.dumps(job.to_dict()), user)
+    launch_env = {"TOPOCTL_JOB": str(job_file), **_launch_files(job, ranks_dir, user)}
     with _stop_on_signals():
-        return _run(job, host, target, pidfile, ranks_dir, job_file, user, out, timeout)
+        return _run(job, host, target, pidfile, ranks_dir, launch_env, user, out, timeout)
+
+
+def _launch_files(job: LaunchSpec, ranks_dir: Path, user: RankUser) -> dict[str, str]:
+    """Files the plan hands the ranks beside the job spec, and the variables naming them: the
+    schedule of a `trees` collective in $TOPO_TREE_SCHEDULE, which the runtime's DDP hook
+    (`register_tree_hook(model)` in a user's own script) reads."""
+    coll = job.collective
+    if coll.get("algorithm") != "trees" or not isinstance(coll.get("schedule"), dict):
+        return {}
+    path = write_job_spec(ranks_dir, json.dumps(coll["schedule"]), user, TREE_SCHEDULE_FILE)
+    return {TREE_SCHEDULE_ENV: str(path)}
 
 
 def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: Path,
-         job_file: Path, user: RankUser, out: _Output, timeout: float | None) -> int:
+         launch_env: dict[str, str], user: RankUser, out: _Output, timeout: float | None) -> int:
     """Start the ranks and supervise them; whatever happens, stop every rank left and drop
     the pid file and the ranks' directory (unless it holds checkpoints)."""
     tripped = threading.Event()
@@ -165,7 +177,7 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
         if tripped.is_set():  # a watched interface is down already: starting ranks cannot help
             return 1
         for spec in job.processes[host]:
-            children.append(_start(job, spec, target, ranks_dir, job_file, user, out))
+            children.append(_start(job, spec, target, ranks_dir, launch_env, user, out))
         write_pids(pidfile, [c.process.pid for c in children])
         return _supervise(children, out, timeout, tripped, target)
     except _Stopped:
@@ -213,14 +225,14 @@ class _Rank:
             t.join(max(0.0, end - time.monotonic()))
 
 
-def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, job_file: Path,
+def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, launch_env: dict[str, str],
            user: RankUser, out: _Output) -> _Rank:
     """Start one rank with its event pipe, and the threads that forward its output and its
-    events."""
+    events; `launch_env` names the launch's files (the job spec, the tree schedule)."""
     argv, extra = _argv(job.command, user, job.model.factory)
     read_end, write_end = os.pipe()
-    env = {**os.environ, **extra, **spec.env, "HOME": str(ranks_dir), "USER": user.name,
-           "LOGNAME": user.name, "TOPOCTL_JOB": str(job_file),
+    env = {**os.environ, **extra, **spec.env, **launch_env, "HOME": str(ranks_dir),
+           "USER": user.name, "LOGNAME": user.name,
            "TOPOCTL_RUN_DIR": str(ranks_dir), EVENT_FD_ENV: str(write_end),
            "PYTHONUNBUFFERED": "1"}
     if "PYTHONPATH" in extra and "PYTHONPATH" in spec.env:

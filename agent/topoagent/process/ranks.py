@@ -118,23 +118,24 @@ def prepare_rank_dir(store_dir: Path, user: RankUser, fresh: bool) -> Path:
     return d
 
 
-def write_job_spec(directory: Path, text: str, user: RankUser) -> Path:
-    """The job spec for the ranks: a new file (never through a link the rank user left there),
-    0600, owned by `user`."""
+def write_job_spec(directory: Path, text: str, user: RankUser, name: str = JOB_FILE) -> Path:
+    """The job spec (or another file `name` of the launch, e.g. the tree schedule) for the
+    ranks: a new file (never through a link the rank user left there), 0600, owned by
+    `user`."""
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         try:
-            os.unlink(JOB_FILE, dir_fd=dfd)
+            os.unlink(name, dir_fd=dfd)
         except FileNotFoundError:
             pass
-        fd = os.open(JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                      dir_fd=dfd)
         with os.fdopen(fd, "w") as f:
             os.fchown(f.fileno(), user.uid, user.gid)
             f.write(text)
     finally:
         os.close(dfd)
-    return directory / JOB_FILE
+    return directory / name
 
 
 def remove_if_unused(directory: Path) -> None:

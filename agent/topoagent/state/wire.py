@@ -94,6 +94,13 @@ class Checkpointing(Model):
     resume: bool = False
 
 
+# what `topo-agent launch` gives the ranks besides the job spec ($TOPOCTL_JOB): the schedule
+# of a `trees` collective, in this file of the ranks' directory, named by this variable (the
+# runtime's DDP hook, `register_tree_hook(model)`, reads it)
+TREE_SCHEDULE_ENV = "TOPO_TREE_SCHEDULE"
+TREE_SCHEDULE_FILE = "tree-schedule.json"
+
+
 class LaunchSpec(Model):
     """The plan's `job`: what `topo-agent launch` runs and `topotrain.train` reads."""
 

@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from topoagent.state.wire import TREE_SCHEDULE_ENV as ENV_SCHEDULE
 from topocontract.schedule import ScheduleError, TreeSchedule, check_world_size, load_schedule
 from topotrain.collectives.program import tree_allreduce
 
 __all__ = ["ENV_SCHEDULE", "TreeHookState", "register_tree_hook", "tree_allreduce_hook"]
-
-ENV_SCHEDULE = "TOPO_TREE_SCHEDULE"
 
 
 @dataclass

@@ -46,7 +46,7 @@ VERBS: dict[str, str] = {
     "inventory": "topoctl.cli.inventory", "lab": "topoctl.cli.lab", "plan": "topoctl.cli.plan",
     "explain": "topoctl.cli.plan", "run": "topoctl.cli.run", "stop": "topoctl.cli.run",
     "topology": "topoctl.cli.topology", "trees": "topoctl.cli.trees", "sync": "topoctl.cli.trees",
-    "vagrant": "topoctl.cli.vagrant", "tag": "topoctl.cli.tag",
+    "vagrant": "topoctl.cli.vagrant", "tag": "topoctl.cli.tag", "export": "topoctl.cli.export",
 }
 COMMANDS: list[str] = sorted(set(VERBS.values()))
 

@@ -17,16 +17,17 @@ from pathlib import Path
 import topoctl
 from topoagent.protocol import TopoError
 
-# verb name -> module in bench/ (run as `python -m bench.MODULE`)
+# verb name -> module in bench/'s subject packages (run as `python -m bench.MODULE`)
 BENCHES = {
-    "allreduce": ("allreduce_lab", "measured AllReduce on a lab: gloo vs ring vs packed trees"),
-    "lab-check": ("planner_lab_check", "predicted vs measured iteration time in the lab"),
+    "allreduce": ("trees.allreduce_lab",
+                  "measured AllReduce on a lab: gloo vs ring vs packed trees"),
+    "lab-check": ("planner.lab_check", "predicted vs measured iteration time in the lab"),
     "demo": ("demo", "the main job: every strategy planned, applied and trained in a lab"),
-    "bandwidth": ("bandwidth_sim", "simulated iteration time with and without +bandwidth, "
+    "bandwidth": ("planner.bandwidth_sim", "simulated iteration time with and without +bandwidth, "
                   "every example cluster and strategy"),
-    "heal": ("heal_lab", "a cable cut during `run --heal` in a lab: time until training "
+    "heal": ("agent.heal", "a cable cut during `run --heal` in a lab: time until training "
              "runs again, predicted vs measured iteration time before and after"),
-    "trees-own": ("trees_own_clusters", "the tree AllReduce on generated clusters unlike "
+    "trees-own": ("trees.own_clusters", "the tree AllReduce on generated clusters unlike "
                   "the examples (plan, lab up, apply, run): iteration vs the optimum"),
 }
 
@@ -65,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     in it)."""
     module = BENCHES[args.bench][0]
     root = source_checkout()
-    if not (root / "bench" / f"{module}.py").is_file():
-        raise NoCheckoutError(f"{root / 'bench' / module}.py not found in the checkout")
+    path = root / "bench" / Path(*module.split("."))
+    # a module file, or a package run through its __main__ (bench/demo/)
+    if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+        raise NoCheckoutError(f"bench.{module} not found in the checkout ({path}.py)")
     rc = subprocess.call([sys.executable, "-m", f"bench.{module}", *args.args], cwd=root)
     return 128 - rc if rc < 0 else rc  # killed by signal N: the shell's 128 + N

@@ -75,15 +75,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.exit_code:
         print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return result.exit_code
-    it = result.iteration_time or 0.0  # a successful run reported iterations
+    if result.iteration_time is None:  # a script that reports nothing: its exit status
+        print(f"{len(result.ranks)} ranks ended with exit status 0 in {result.seconds:.1f} s "
+              "(they reported no iterations: docs/own-script.md)")
+        return EXIT_OK
     predicted = (plan.get("metadata", {}).get("prediction") or {}).get("iteration_time")
+    same = ("yes" if result.synchronous else "NO") if result.checksums_reported else \
+        "not reported"
     print(f"{len(result.ranks)} ranks, {args.iterations} iterations in {result.seconds:.1f} s; "
-          f"median iteration {it:.3f} s"
+          f"median iteration {result.iteration_time:.3f} s"
           + (f" (predicted {predicted:.3f} s)" if isinstance(predicted, (int, float)) else "")
-          + f"; parameters identical on every rank: {'yes' if result.synchronous else 'NO'}")
+          + f"; parameters identical on every rank: {same}")
     if result.allreduce_seconds:
         print(allreduce_summary(result.allreduce_seconds, predicted_buckets(plan)))
-    return EXIT_OK if result.synchronous else EXIT_ERROR
+    return EXIT_OK if result.synchronous or not result.checksums_reported else EXIT_ERROR
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import json
 
 from topoagent.cliutil import add_json
 from topoagent.protocol import EXIT_OK, TopoError
-from topoctl.fabric.totient import geometric_strides, score
+from topoctl.topoopt.totient import geometric_strides, score
 
 
 def _sizes(text: str) -> list[int]:
@@ -42,7 +42,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     """Print (or with --json, dump) the TopologyFinder's cabling for --hosts and --degree;
     EXIT_OK, or a TopoError naming the flag for bad input (exit 1 through the CLI)."""
     # networkx (~0.4 s) loads only for this verb: every topoctl start-up imports this module
-    from topoctl.fabric.topology import ArGroup, find_topology
+    from topoctl.topoopt.topology import ArGroup, find_topology
 
     sizes = args.group_sizes or ([args.hosts] if args.hosts >= 2 else [])
     for g in sizes:

@@ -1,1 +1,3 @@
-"""Fabric-level graph code: the capacity graph of a cluster; direct-connect topology search."""
+"""The fabric as data: the cluster's hosts, ports and links (`graph`), its capacity graph
+(`capgraph`) and routing over its cables (`routes`). Topology search is TopoOpt's
+(`topoctl.topoopt`)."""

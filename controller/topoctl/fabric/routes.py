@@ -1,6 +1,7 @@
-"""Routing helpers for direct-connect fabrics (TopoOpt, NSDI'23, section 4.3 "routing"):
-equal-cost multipath next hops, k shortest paths for model-parallel demands, and the coin-change
-decomposition of a virtual stride into physical ones (`topoctl.fabric.totient.decompose`).
+"""Routing over a cabled fabric with host forwarding (used by TopoOpt, NSDI'23, section 4.3
+"routing", but general: any multigraph of cables): equal-cost multipath next hops and paths, and
+k shortest paths for model-parallel demands. TopoOpt's coin-change decomposition of a virtual
+stride into physical ones is the ring structure's own: `topoctl.topoopt.totient.decompose`.
 
 Host forwarding makes every server a router: a packet to t leaving s may take any neighbour v
 with dist(v, t) = dist(s, t) - 1 (ECMP). Nodes are integers 0..n-1, cables (a, b) pairs
@@ -15,9 +16,7 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 
-from topoctl.fabric.totient import decompose
-
-__all__ = ["decompose", "ecmp_next_hops", "k_shortest_paths", "neighbour_counts"]
+__all__ = ["ecmp_next_hops", "ecmp_paths", "k_shortest_paths", "neighbour_counts"]
 
 
 def neighbour_counts(n: int, cables: Sequence[tuple[int, int]]) -> list[dict[int, int]]:

@@ -4,7 +4,7 @@ transformation, device placement, and network bandwidth allocation for distribut
 training" (iterative operator fusion and co-location).
 
 Used by the `placement` and `pipeline` strategies (`topoctl.strategies.placement`) before the
-placement search, and by `bench/placement_search.py`.
+placement search, and by `bench/placement/search.py`.
 
 `coarsen`: contract edges (u, v) to a fixpoint when u has one successor and v one predecessor
 (a pure chain), or u is cheap (< alpha) and has one successor, or v is cheap and has one

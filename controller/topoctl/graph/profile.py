@@ -109,7 +109,8 @@ def forget_retimed() -> None:
 
 
 def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "module",
-                      retime: bool = False, corun: int = 0) -> dict[str, TrainCost] | None:
+                      retime: bool = False, corun: int = 0, fresh: bool = False
+                      ) -> dict[str, TrainCost] | None:
     """Per-op training costs of the job's model on this CPU at exactly `batch` samples (the
     pipeline's micro-batch: no linear scaling from a small profile batch, whose per-call
     overhead would dominate), with the job's `launch.threads` torch threads, fitted to a whole
@@ -120,7 +121,10 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
     that many copies running beside it (the lab's other ranks on this machine's cores,
     `graph.corun`), cached apart; "module" steps are timed through DDP with the job's
     ``sync.bucket`` (`graph.ddpstep`: DDP's own copies are the rank's compute). None when the
-    model cannot run a training step on real tensors here (the caller keeps its costs)."""
+    model cannot run a training step on real tensors here (the caller keeps its costs).
+    `fresh`: time now whatever the cache and this process hold, then cache it as `retime` does
+    (a timing that must be made together with another, `measure_stage_crowding`, and that later
+    calls at the same batch reuse instead of timing it again)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(job.launch.threads)
     try:
@@ -137,7 +141,7 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
                                 + (f"-corun{corun}" if corun > 0 else ""))
         graph = job_graph(job, batch)
         names = {o.name for o in graph.ops}
-        if use_cache and not (retime and key not in _RETIMED):
+        if use_cache and not fresh and not (retime and key not in _RETIMED):
             hit = cache.load_train(key)
             if hit is not None and set(hit) == names:
                 return hit
@@ -189,9 +193,12 @@ def measure_stage_crowding(job, batch: int, copies: int, use_cache: bool = True)
     runtime runs it) beside `copies` co-running copies over its CPU time alone, both timed
     now one after the other (`measure_train_job`); cached per model, batch and copies and not
     timed again on `retime` (a ratio of two timings made together: the machine's speed drift
-    cancels, and the demo's budget has no room for the copies' seconds on every plan). None
-    when the model does not train here or the ratio is not plausible (`crowding_ratio`), and
-    then nothing is cached."""
+    cancels, and the demo's budget has no room for the copies' seconds on every plan). The
+    timing alone is the stage's timing at `batch` too (cached, and counted as re-timed by this
+    process): the pipeline strategies time the stage at the same grid batch right after, and
+    timed it twice before (a cold `make demo` paid about 3 CPU-s for it on the AMD EPYC VM).
+    None when the model does not train here or the ratio is not plausible (`crowding_ratio`),
+    and then no ratio is cached."""
     m = job.model
     key = cache.profile_key(m.catalog or m.factory, m.params or m.kwargs, batch,
                             f"stage-crowding-float32-corun{copies}")
@@ -199,7 +206,7 @@ def measure_stage_crowding(job, batch: int, copies: int, use_cache: bool = True)
         hit = cache.load(key)
         if hit is not None and "ratio" in hit:
             return hit["ratio"].fwd
-    alone = measure_train_job(job, batch, use_cache=False, runtime="stage")
+    alone = measure_train_job(job, batch, use_cache=use_cache, runtime="stage", fresh=True)
     crowded = measure_train_job(job, batch, use_cache=False, runtime="stage", corun=copies)
     if alone is None or crowded is None:
         return None

@@ -4,7 +4,7 @@ Cables are shaped with HTB on every kernel, but their latency and loss need sch_
 the kernel lacks it (`topoctl lab up` says so) the lab's cables have neither. A prediction made
 for the cluster file then charges every lock-step step of a collective the cables' latency the
 measurement never sees (hetero8's trees, 64 steps over 1-2 ms cables: +6%).
-`topoctl plan --as-lab`, the demo (its OVS row too) and `bench/planner_lab_check.py` (through
+`topoctl plan --as-lab`, the demo (its OVS row too) and `bench/planner/lab_check.py` (through
 `--as-lab`) therefore plan the cluster as the lab emulates it (`lab_emulation`) and print
 which latencies they left out.
 """

@@ -1,7 +1,7 @@
 """Which process a lab belongs to, so that labs of a killed test or benchmark can be found.
 
 A lab built by a person (`topoctl lab up`) lives until `topoctl lab down`. A lab built by a
-program for the length of its run (a test, `bench.demo`, `bench.planner_lab_check`) is taken
+program for the length of its run (a test, `bench.demo`, `bench.planner.lab_check`) is taken
 down by that program, unless it is killed first (SIGKILL, a timeout, a closed terminal): then
 its namespaces, cables, sshds and CPU groups stay behind. Such a program sets
 $TOPOCTL_LAB_OWNER to its pid (`claim`); every lab built while it is set (in the program or in

@@ -4,8 +4,9 @@ Devices are groups of hosts (a pipeline stage's data-parallel replicas; one host
 a pure pipeline). A group runs a node at the pace of its slowest member; between two groups,
 replica r of one talks to replica r of the other, so the bandwidth is the worst of those
 routes' bottlenecks and the latency the worst route's. Memory a node keeps on its device
-(`node_memory`): 4 x its parameter bytes (weights, gradients, two optimiser moments) plus its
-activations for every micro-batch in flight (GPipe keeps all of them until the backward pass).
+(`node_memory`, the device memory model of `sim.memory` for fp32 Adam): 4 x its parameter
+bytes (weights, gradients, two optimiser moments) plus its activations for every micro-batch
+in flight (GPipe keeps all of them until the backward pass).
 O(n * members + groups^2 * replicas * path length)."""
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from collections.abc import Sequence
 
 from topoctl.graph.coarsen import CoarseGraph
 from topoctl.placement.problem import PlacementProblem
+from topoctl.sim.memory import footprint
 from topoctl.sim.network import Network
 
-STATE_FACTOR = 4  # weights + gradients + two optimiser moments
+FP32 = 4  # bytes per parameter: the graph's parameter bytes are fp32
 
 
 def node_memory(param_bytes: float, act_bytes: float, microbatches: int) -> float:
     """Bytes a node keeps on its device: parameters with optimizer state plus activations of every
     micro-batch in flight."""
-    return STATE_FACTOR * param_bytes + act_bytes * microbatches
+    return footprint(param_bytes / FP32, FP32, act_bytes, microbatches=microbatches).total
 
 
 def route_matrix(network: Network, hosts: Sequence[str]

@@ -18,7 +18,7 @@ per-message time, and the CPU its bytes take from the compute it overlaps.
 The fusion choice is an input of plain data: `fusion_options` maps an option's name to its
 per-op costs (`OpCost`, on the first host's device); a host runs an option at that host's
 "none" costs scaled by the option's total over the reference's. The registered strategy
-passes the operator-fusion options of `topoctl.fusion.costs` (none, groups, whole: a fused
+passes the operator-fusion options of `topoctl.disco.fusion.costs` (none, groups, whole: a fused
 region's cost on its last op, priced by the roofline on a modelled device and by the learned
 model where the ranks' ops were timed on this CPU); the chosen regions travel in the plan as
 ``job.fusion`` (`topocontract.fusion`), which the runtime compiles (`topotrain.fusion`).
@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from topoctl.disco.autotune import autotune_cap
+from topoctl.disco.fusion.costs import fusion_options, fusion_plan
 from topoctl.disco.search import Candidate, best_first, issue_order
 from topoctl.disco.timeline import (
     cap_partition,
@@ -54,7 +55,6 @@ from topoctl.disco.timeline import (
     optimal_partition,
     ready_times,
 )
-from topoctl.fusion.costs import fusion_options, fusion_plan
 from topoctl.graph.cost import OpCost
 from topoctl.graph.ops import OpGraph
 from topoctl.sim.engine import simulate

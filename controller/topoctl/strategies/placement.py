@@ -373,9 +373,10 @@ def _coarse(ctx: PlanContext) -> tuple[CoarseGraph, dict]:
 def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None,
            split: bool = False, sync: str | None = None) -> Strategy:
     """All candidates (module docstring), the fastest as a Strategy. For lab checks of one
-    shape (`bench/hybrid_lab_check.py`): `replicas` keeps only that group size, `split` drops
-    the no-split candidate, `sync="ring"` states today's ring on every replicated stage
-    instead of choosing by simulation; the planner's strategies use none of them."""
+    shape (`bench/placement/hybrid_lab_check.py`): `replicas` keeps only that group size,
+    `split` drops the no-split candidate, `sync="ring"` states today's ring on every
+    replicated stage instead of choosing by simulation; the planner's strategies use none of
+    them."""
     hosts = list(ctx.hosts)
     if ctx.world_size != len(hosts):
         # stages over devices (issue 51, item 3) are not planned yet: a stage is a host
@@ -484,8 +485,8 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
     share of every micro-batch's rows), the model cut into len(shape) contiguous stages
     balanced for those shares (`placement.partition.place_exactly`), each stage's sync chosen
     by simulation (`sync="ring"`: the ring on every replicated stage). For lab checks of a
-    shape (`bench/hybrid_lab_check.py --shape`) and as the plan shape other searches can state;
-    the planner's strategies do not call it. JobError when the shape does not fit."""
+    shape (`bench/placement/hybrid_lab_check.py --shape`) and as the plan shape other searches
+    can state; the planner's strategies do not call it. JobError when the shape does not fit."""
     hosts, micro = list(ctx.hosts), ctx.job.parallelism.microbatches
     if len(shape) < 2 or min(shape) < 1 or sum(shape) > len(hosts):
         raise JobError([("hosts", f"strategy {name}: shape {shape} needs at least 2 stages "

@@ -12,7 +12,7 @@ per-rank batch). Each is costed on the plan's own network and op costs:
   elsewhere (P - 1) times its forward time (the same FLOPs as one replica's product);
 - gather: the all-gather of its input x (K x M) and of its output gradient d (K x N), each the
   simulated ring all-gather of P pieces (seconds per byte and per call).
-`topoctl.collective.sfb.choose_layers` picks the layers (TAG's 0/1 program, HiGHS). The
+`topoctl.sfb.program.choose_layers` picks the layers (TAG's 0/1 program, HiGHS). The
 simulator's iteration then all-reduces only the other layers' gradients (DDP buckets rebuilt
 without the chosen layers), and after the backward pass and the AllReduce (where the runtime
 runs them: `topotrain.sfb`) all-gathers the chosen layers' factors and adds each host's extra
@@ -39,8 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from topoctl.collective.sfb import SfbChoice, SfbLayer, choose_layers
 from topoctl.graph.ops import Op, OpGraph
+from topoctl.sfb.program import SfbChoice, SfbLayer, choose_layers
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import ring_allgather, ring_allreduce

@@ -4,7 +4,7 @@ parallelisation strategy, optimised together (TopoOpt, NSDI'23, alternating opti
 1. Traffic from the simulator's task DAG: the gradient AllReduce over all hosts (bytes per
    iteration) and the model-parallel matrix of the current hybrid strategy
    (`topoctl.strategies.hybrid`).
-2. `topoctl.fabric.topology.find_topology` cables the training hosts' ports (port k of a host
+2. `topoctl.topoopt.topology.find_topology` cables the training hosts' ports (port k of a host
    is its k-th NIC): TotientPerms rings + matchings for model-parallel demand. The result is a
    re-cabled cluster (`Cluster.with_fabric`), rendered as the plan's `fabric` (the lab cables
    it: `topoctl lab up --plan`).
@@ -44,8 +44,6 @@ from topoctl.collective.trees.simulate import tree_algorithm, tree_allreduce_sch
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.fabric.graph import FabricGraph, connection_links
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
-from topoctl.fabric.topology import ArGroup, Topology, distances, find_topology
-from topoctl.fabric.totient import TopologyError
 from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.offload import OffloadError, offload_rules
 from topoctl.sim.engine import simulate
@@ -73,6 +71,8 @@ from topoctl.strategies.trees import (
     tree_links,
     tree_rate,
 )
+from topoctl.topoopt.topology import ArGroup, Topology, distances, find_topology
+from topoctl.topoopt.totient import TopologyError
 
 ROUNDS = 3
 MCMC_ITERATIONS = 24
