@@ -14,7 +14,7 @@ the hierarchical bound (`collective.hierarchical.hierarchical_bound`), bucket by
 Costs are the roofline of each host's own device type (the jobs' `cost.device` dropped);
 batches are rounded to a multiple of the ranks.
 
-    python -m bench.multidevice [--models mlp,resnet50,...] [--strategies a,b] [--cases a,b,c]
+    python -m bench.planner.multidevice [--models mlp,resnet50,...] [--strategies a,b] [--cases a,b,c]
         [--four switch8,tworack8] [--json]
 
 Goals (issue 51): every strategy plans every case or names what stops it; the hierarchical
@@ -143,7 +143,7 @@ def _line(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the cases; print a table (or --json)."""
-    ap = argparse.ArgumentParser(prog="python -m bench.multidevice", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.planner.multidevice", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
