@@ -28,9 +28,12 @@ SIZES = {"1.3b": (24, 2048, 16), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
 class CausalSelfAttention(nn.Module):
     """Causal multi-head attention; `head_dim` fixed, the number of heads from q's width."""
 
-    def __init__(self, hidden: int, heads: int):
+    def __init__(self, hidden: int, heads: int, seq: int):
         super().__init__()
         self.head_dim = hidden // heads
+        # the causal mask as a buffer: torch.fx cannot trace a tensor built from traced sizes
+        self.register_buffer("causal", torch.ones(seq, seq, dtype=torch.bool).tril(),
+                             persistent=False)
         self.q = nn.Linear(hidden, hidden)
         self.k = nn.Linear(hidden, hidden)
         self.v = nn.Linear(hidden, hidden)
@@ -41,8 +44,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
                    for p in (self.q, self.k, self.v))
         att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        att = torch.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+        att = att.masked_fill(~self.causal, float("-inf"))  # inputs are `seq` long
+        att = torch.softmax(att, dim=-1)
         y = torch.matmul(att, v).transpose(1, 2).reshape(b, s, -1)
         return self.out(y)
 
@@ -50,10 +53,10 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """One decoder block: x + attn(ln1(x)), then + mlp(ln2(x))."""
 
-    def __init__(self, hidden: int, heads: int, ffn: int):
+    def __init__(self, hidden: int, heads: int, ffn: int, seq: int):
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = CausalSelfAttention(hidden, heads)
+        self.attn = CausalSelfAttention(hidden, heads, seq)
         self.ln2 = nn.LayerNorm(hidden)
         self.fc1 = nn.Linear(hidden, ffn)
         self.act = nn.GELU()
@@ -75,7 +78,7 @@ class DecoderLM(nn.Module):
             raise ValueError("hidden must be a multiple of heads")
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Parameter(torch.zeros(1, seq, hidden))
-        self.blocks = nn.ModuleList(Block(hidden, heads, ffn or 4 * hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads, ffn or 4 * hidden, seq)
                                     for _ in range(layers))
         self.ln = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab)
