@@ -64,6 +64,20 @@ def _no_leftover_namespaces():
         nsutil.remove_leftovers()
 
 
+@pytest.fixture(scope="module")
+def agent_fork(tmp_path_factory):
+    """One `topo-agent` fork server per module (tests.integration.forkagent) for the agent calls
+    of `tests.integration.test_agent.host`: every call is still a process of its own running
+    `topoagent.cli.main`, forked from a server that imported the agent once, so a module of
+    many short calls does not pay the interpreter's start-up and the agent's imports each time
+    (0.4-0.5 CPU-s a call on the 2-core AMD VM, most of a short call)."""
+    from tests.integration.forkagent import ForkAgent  # only modules that use `host` start one
+
+    fork = ForkAgent(tmp_path_factory.mktemp("agentfork"))
+    yield fork
+    fork.close()
+
+
 @pytest.fixture
 def make_netns():
     """Factory: make_netns() -> a fresh namespace name with lo up; all removed at teardown."""

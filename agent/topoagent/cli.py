@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,12 +44,19 @@ from topoagent.cliutil import (
     add_detailed_exitcode,
     add_global_options,
     add_json,
+    parse_command_line,
     run_verb,
 )
 from topoagent.observe.host import observe, to_host_state
 from topoagent.observe.ovs import show_ovs
 from topoagent.process.launch import launch, stop
-from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, TopoError
+from topoagent.protocol import (
+    EXIT_CHANGES,
+    EXIT_ERROR,
+    EXIT_OK,
+    STOP_BY_OPERATOR,
+    TopoError,
+)
 from topoagent.state.host import HostState, StateError, load_yaml, parse_host_state, read_text
 from topoagent.state.values import format_rate, parse_rate
 from topoagent.state.wire import load_launch_spec
@@ -288,7 +296,7 @@ def cmd_launch(args, target: Target) -> int:
 def cmd_stop(args, target: Target) -> int:
     """Stop the ranks of a running launch; EXIT_CHANGES when some were stopped (exit 2 with
     --detailed-exitcode, else 0), EXIT_OK when none ran."""
-    n = stop(target.store_dir / "run")
+    n = stop(target.store_dir / "run", args.reason)
     print(json.dumps({"ok": True, "stopped": n}) if args.json else f"stopped {n} ranks")
     return EXIT_CHANGES if n else EXIT_OK
 
@@ -315,11 +323,17 @@ def _rate(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?")
+
+
+def _number(text: str) -> float:
+    """A plain decimal number of a flag (-1 when it is not one: never NaN, inf, `1_000`,
+    hexadecimal or padded text, which Python's int() and float() would take)."""
+    return float(text) if _DECIMAL.fullmatch(text) else -1.0
+
+
 def _probe_bytes(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
+    v = int(text) if text.isascii() and text.isdigit() and len(text) < 12 else -1
     if not MIN_PROBE_BYTES <= v <= MAX_PROBE_BYTES:
         raise argparse.ArgumentTypeError(f"expected bytes in [{MIN_PROBE_BYTES}, "
                                          f"{MAX_PROBE_BYTES}], got {text!r}")
@@ -335,12 +349,28 @@ def _probe_within(text: str) -> float:
 
 
 def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
+    """Seconds in (0, 86400]: every duration flag of the agent (checked while parsing, so a
+    negative, zero, NaN or infinite value is a usage error, exit 1, before anything runs)."""
+    v = _number(text)
     if not 0 < v <= 86400:
         raise argparse.ArgumentTypeError(f"expected seconds in (0, 86400], got {text!r}")
+    return v
+
+
+def _run_seconds(text: str) -> float:
+    """launch --timeout: seconds in (0, 10^7] (a training run may take days)."""
+    v = _number(text)
+    if not 0 < v <= 1e7:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 10000000], got {text!r}")
+    return v
+
+
+def _keep(text: str) -> int:
+    """--keep-history: a whole number of applied states, at least 2 (rollback needs the one
+    before the newest), at most 9999 (history entries are numbered with four digits)."""
+    v = int(text) if text.isascii() and text.isdigit() and len(text) < 6 else -1
+    if not 2 <= v <= 9999:
+        raise argparse.ArgumentTypeError(f"expected a whole number in [2, 9999], got {text!r}")
     return v
 
 
@@ -383,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mgmt-floor", type=_rate, default=MGMT_FLOOR, metavar="RATE",
                    help="refuse a QoS class that holds the management peer below RATE "
                         f"(default {format_rate(MGMT_FLOOR)})")
-    p.add_argument("--keep-history", type=int, default=DEFAULT_KEEP, metavar="N",
+    p.add_argument("--keep-history", type=_keep, default=DEFAULT_KEEP, metavar="N",
                    help=f"applied states kept for rollback (default {DEFAULT_KEEP}, min 2)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sh = _verb(sub, "show", "print the observed state as HostState YAML (the agent's Open "
@@ -436,11 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
                "topo-agent launch --host h0 job.json", json=False)
     la.add_argument("file", help="job spec (JSON or YAML), or - for stdin")
     la.add_argument("--host", required=True, help="this host's name in job.processes")
-    la.add_argument("--timeout", type=float, help="stop every rank after this many seconds")
+    la.add_argument("--timeout", type=_run_seconds, help="stop every rank after this many seconds")
     la.set_defaults(func=cmd_launch)
     w = _verb(sub, "watch", "reconcile loop: report (and --repair) drift from the last applied "
               "state", "topo-agent watch --once --detailed-exitcode", detailed=True)
-    w.add_argument("--interval", type=float, default=30.0, help="seconds between rounds")
+    w.add_argument("--interval", type=_seconds, default=30.0, help="seconds between rounds")
     w.add_argument("--repair", action="store_true", help="re-apply the last applied state "
                    "when the host drifted")
     w.add_argument("--once", action="store_true", help="one round; exit 0 unless an error "
@@ -448,8 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--status-file", type=Path,
                    help="JSON status written every round (default <state dir>/watch.json)")
     w.set_defaults(func=cmd_watch)
-    _verb(sub, "stop", "stop the ranks of a running launch", "topo-agent stop",
-          detailed=True).set_defaults(func=cmd_stop)
+    st = _verb(sub, "stop", "stop the ranks of a running launch", "topo-agent stop",
+               detailed=True)
+    st.add_argument("--reason", default=STOP_BY_OPERATOR,
+                    help="why, as the launch reports it in its `stopped` event (default "
+                         f"{STOP_BY_OPERATOR}: topoctl run then reports the job stopped, exit 130)")
+    st.set_defaults(func=cmd_stop)
     rc = _verb(sub, "recover", "undo an apply that was killed half-way (every start does this "
                "first)", "topo-agent recover --wait 30", detailed=True)
     rc.add_argument("--wait", type=_seconds, metavar="SECONDS",
@@ -463,7 +497,8 @@ READ_ONLY = ("show", "diff")
 
 def main(argv: list[str] | None = None) -> int:
     """Run one verb; every exception is mapped to an exit code here (topoagent.cliutil)."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_command_line(build_parser(), argv)
 
     only = os.environ.get("TOPO_AGENT_CRASH_TARGET")  # test-only (topoagent.apply.journal)
     if only is not None and only != (args.netns or ""):

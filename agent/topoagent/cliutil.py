@@ -15,11 +15,12 @@ same options after the verb), `run_verb` (what `main` of both programs calls).
 from __future__ import annotations
 
 import argparse
+import contextvars
 import json
 import math
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from topoagent.protocol import (
     EXIT_BUG,
@@ -33,13 +34,48 @@ DETAILED_HELP = ("exit 2 when changes were made or are pending (drift), 0 when t
                  "nothing to do (in sync), 1 on error (terraform's --detailed-exitcode)")
 
 
+# set by `parse_command_line` while it parses a command line that asks for --json: a usage
+# error then also answers with the JSON error document on stdout (the verbs' sub-parsers are
+# instances of `ArgumentParser` made by argparse itself, so the flag cannot be an attribute)
+_JSON_USAGE = contextvars.ContextVar("topo_json_usage", default=False)
+
+
+class UsageError(TopoError):
+    """A command line argparse refused (the error document's form of a usage error)."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with usage errors on EXIT_ERROR (bad input), not argparse's 2 (= changes)."""
+    """argparse with usage errors on EXIT_ERROR (bad input), not argparse's 2 (= changes),
+    and, when the command line asks for --json, the error as one JSON document on stdout."""
 
     def error(self, message: str):
-        """Print the usage and the error, exit EXIT_ERROR (1)."""
+        """Print the usage and the error (and with --json the error document), exit
+        EXIT_ERROR (1)."""
         self.print_usage(sys.stderr)
+        if _JSON_USAGE.get():
+            print(json.dumps(error_document(UsageError(message, source=self.prog))),
+                  flush=True)
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for --json (before a `--`: after it, words are the
+    arguments of a program run through a pass-through verb)."""
+    words = list(argv)
+    if "--" in words:
+        words = words[:words.index("--")]
+    return "--json" in words
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str],
+                       known: bool = False):
+    """`parser.parse_args(argv)` (`parse_known_args` when `known`), with usage errors also as
+    the JSON error document on stdout when `argv` asks for --json (`wants_json`)."""
+    token = _JSON_USAGE.set(wants_json(argv))
+    try:
+        return parser.parse_known_args(argv) if known else parser.parse_args(argv)
+    finally:
+        _JSON_USAGE.reset(token)
 
 
 def printable(text: object) -> str:

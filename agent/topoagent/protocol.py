@@ -28,6 +28,11 @@ API_VERSION = "topoctl/v1"
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_PARTIAL = 0, 1, 2, 3
 EXIT_BUG = 70  # sysexits.h EX_SOFTWARE: never the answer to bad input
 EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+# `topo-agent stop --reason`: the default, an operator's stop (`topoctl stop`); a launch stopped
+# so reports a `stopped` event with it and `topoctl run` reports the job stopped (exit 130)
+STOP_BY_OPERATOR = "operator"
+# the reason `topoctl run` gives when it stops the other hosts after one failed
+STOP_AFTER_FAILURE = "another host's ranks ended"
 
 
 def exit_status(code: int, detailed: bool) -> int:

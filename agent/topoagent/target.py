@@ -59,8 +59,12 @@ class Target:
 
     def iproute(self):
         """A pyroute2 IPRoute in the target (imported here: read-only paths never need it)."""
-        from pyroute2 import IPRoute
+        from pyroute2 import IPRoute, config
 
+        # pyroute2 forks a helper to open the socket inside the namespace and ends it with
+        # SIGTERM: the helper resets SIGTERM to its default first instead of running ours
+        # (topoagent.signals)
+        config.disable_mp_signal = True
         self.check()
         return IPRoute(netns=self.netns) if self.netns else IPRoute()
 

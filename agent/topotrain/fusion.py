@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from topocontract.cachedir import open_private, private_dir
 from topocontract.fusion import CACHE_ENV, FusionPlan, inductor_cache_dir
 from topotrain.events import emit
 
@@ -75,11 +76,16 @@ def apply_fusion(model: nn.Module, plan: FusionPlan, inputs: list[torch.Tensor],
     forward of `inputs` gives it; one `fusion` event (and a stderr line per fallback). The
     model's buffers (BatchNorm statistics) and gradients are as before the warm-up. `backend`:
     torch.compile's (tests pass one that raises). Nothing is done for mode ``none``."""
-    # set, not defaulted: inductor writes its own default into the variable once it has run
-    os.environ[CACHE_ENV] = inductor_cache_dir()
-    report = FusionReport(plan.mode, os.environ[CACHE_ENV])
     if plan.mode == "none" or not plan.regions:
-        return report
+        return FusionReport(plan.mode, inductor_cache_dir())
+    # only a directory this user alone can write: inductor unpickles what it finds there
+    cache, warning = private_dir(inductor_cache_dir(), f"topoctl-inductor-{os.geteuid()}-")
+    if warning:
+        print(f"topotrain.fusion: rank {rank}: inductor cache {warning}", file=sys.stderr,
+              flush=True)
+    # set, not defaulted: inductor writes its own default into the variable once it has run
+    os.environ[CACHE_ENV] = cache
+    report = FusionReport(plan.mode, cache)
     raise_recompile_limit(8 + len(plan.regions))
     buffers = {k: v.detach().clone() for k, v in model.state_dict().items()}
     region_inputs = _record_inputs(model, plan.regions, inputs)
@@ -100,10 +106,12 @@ def _one_compiler_per_cache(cache_dir: str) -> Iterator[None]:
     of one host) compile one after the other, so every rank after the first loads the first
     one's kernels from the cache (a fraction of a cold compile's CPU) instead of compiling the
     same graph at the same time. Ranks with caches of their own never wait for each other."""
-    os.makedirs(cache_dir, exist_ok=True)
-    with open(os.path.join(cache_dir, "topotrain-compile.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a crash
+    fd = open_private(cache_dir, "topotrain-compile.lock")  # never through a symlink
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file closes, also on a crash
         yield
+    finally:
+        os.close(fd)
 
 
 def _compile_regions(model: nn.Module, plan: FusionPlan,

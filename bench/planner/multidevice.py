@@ -14,8 +14,8 @@ the hierarchical bound (`collective.hierarchical.hierarchical_bound`), bucket by
 Costs are the roofline of each host's own device type (the jobs' `cost.device` dropped);
 batches are rounded to a multiple of the ranks.
 
-    python -m bench.planner.multidevice [--models mlp,resnet50,...] [--strategies a,b] [--cases a,b,c]
-        [--four switch8,tworack8] [--json]
+    python -m bench.planner.multidevice [--models mlp,resnet50,...] [--strategies a,b]
+        [--cases a,b,c] [--four switch8,tworack8] [--json]
 
 Goals (issue 51): every strategy plans every case or names what stops it; the hierarchical
 trees within 10% of their bound; planning at most 60 s of CPU for 64 devices.

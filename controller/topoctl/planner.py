@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from topoctl.collective.trees.pipeline import runtime_costs
@@ -29,6 +30,7 @@ from topoctl.graph.profile import (
     measure_batch_inputs,
     measure_stage_crowding,
     measure_train_job,
+    reporting,
     retime_runtime_calibration,
 )
 from topoctl.labprofile import LabProfile, machine_profile
@@ -131,8 +133,8 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
         device[h], measured[dev.name] = dev, meas
     try:
         graph = job_graph(job, g // r)
-    except CaptureError as e:
-        raise JobError([("model", str(e))]) from None
+    except CaptureError as e:  # its problems keep their paths (model.inputs, model.factory)
+        raise JobError([(f"model.{p}" if p else "model", m) for p, m in e.problems]) from None
     costs = {name: job_costs(job, graph, next(d for d in device.values() if d.name == name),
                              meas, use_cache) for name, meas in measured.items()}
     if job.cost.scale != 1.0:
@@ -352,11 +354,16 @@ def host_traffic_bound(s: Strategy, egress: dict[str, float]) -> float:
 
 
 def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool = False,
-              lab: LabProfile | None = None) -> tuple[dict, PlanContext, list[Evaluated]]:
+              lab: LabProfile | None = None, progress: Callable[[str], None] | None = None
+              ) -> tuple[dict, PlanContext, list[Evaluated]]:
     """The full pipeline; returns (plan document, context, all evaluated strategies). `lab`:
-    as `prepare`."""
-    ctx = prepare(cluster, job, use_cache, retime, lab)
-    evals, refused = evaluate_all(ctx)
+    as `prepare`. `progress`: told of each step as it starts (the model's capture, every
+    timing on this CPU, each strategy), for a caller that shows progress."""
+    say = progress or (lambda msg: None)
+    with reporting(progress):
+        say(f"capturing {job.model.catalog or job.model.factory}")
+        ctx = prepare(cluster, job, use_cache, retime, lab)
+        evals, refused = evaluate_all(ctx, say)
     best = min(evals, key=lambda e: e.result.iteration_time)
     doc = render(ctx, best, evals)
     if refused:
@@ -364,15 +371,19 @@ def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool =
     return doc, ctx, evals
 
 
-def evaluate_all(ctx: PlanContext) -> tuple[list[Evaluated], list[tuple[str, str]]]:
+def evaluate_all(ctx: PlanContext, say: Callable[[str], None] | None = None
+                 ) -> tuple[list[Evaluated], list[tuple[str, str]]]:
     """Every strategy of the job scored (`evaluate`), and the ones that cannot plan this job:
     (name, "what stops it (file YAML path)") in the job's order. One strategy that refuses
     raises its own error as before; when every one of several refuses, one JobError lists
     them all at their `strategies[i]`, each saying what stops it and where, instead of the
-    first alone (a user fixed and re-ran five times)."""
+    first alone (a user fixed and re-ran five times). `say`: told of each strategy as it
+    starts."""
     evals: list[Evaluated] = []
     refused: list[tuple[int, str, str]] = []
     for i, name in enumerate(ctx.job.strategies):
+        if say is not None:
+            say(f"planning strategy {name}")
         try:
             evals.append(evaluate(ctx, name))
         except (JobError, ClusterError) as e:

@@ -29,6 +29,9 @@ def child(req):
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
+    if req.get("environ") is not None:  # the caller's whole environment, as a new process gets
+        os.environ.clear()
+        os.environ.update(req["environ"])
     os.environ.update(req["env"])
     try:
         code = cli.main(req["argv"])
@@ -60,13 +63,15 @@ class ForkAgent:
                                      stdout=subprocess.PIPE, text=True)
 
     def run(self, argv: list[str], stdin: str | None = None, env: dict | None = None,
-            timeout: float = 120.0) -> subprocess.CompletedProcess:
+            timeout: float = 120.0, environ: dict | None = None) -> subprocess.CompletedProcess:
+        """The call's result; `env` is added to the server's environment, `environ` replaces it
+        (pass `dict(os.environ)` for what `subprocess.run` would give the child)."""
         files = {k: self.tmp / f"fork.{k}" for k in ("stdin", "stdout", "stderr")}
         files["stdin"].write_text(stdin or "")
         for k in ("stdout", "stderr"):
             files[k].write_text("")
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"argv": argv, "env": env or {},
+        self.proc.stdin.write(json.dumps({"argv": argv, "env": env or {}, "environ": environ,
                                           **{k: str(p) for k, p in files.items()}}) + "\n")
         self.proc.stdin.flush()
         if not select.select([self.proc.stdout], [], [], timeout)[0]:

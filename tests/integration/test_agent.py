@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.forkagent import ForkAgent
 from tests.netns import host_dump, ip_json, ns_exec, sh, tc_classes, tc_json
 
 pytestmark = pytest.mark.netns
@@ -25,14 +26,23 @@ LINKS = ("tpa0", "tpc0", "tpd0", "lo")
 
 @dataclass
 class Host:
+    """A namespace with its peer and the agent's state directory. `agent` runs `topo-agent` on
+    it: a process of its own, `python -m topoagent.cli`, or, when `fork` is set, a child the
+    module's fork server (tests.integration.forkagent) forks with this process's environment:
+    the same `topoagent.cli.main` in a real process, without an interpreter's start-up and the
+    agent's imports each call (most of a short call's CPU)."""
+
     ns: str
     peer: str
     state_dir: Path
     tmp: Path
+    fork: ForkAgent | None = None
 
     def agent(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "topoagent.cli", "--netns", self.ns,
-               "--state-dir", str(self.state_dir), *args]
+        argv = ["--netns", self.ns, "--state-dir", str(self.state_dir), *args]
+        if self.fork is not None:
+            return self.fork.run(argv, stdin=stdin, environ=dict(os.environ), timeout=120)
+        cmd = [sys.executable, "-m", "topoagent.cli", *argv]
         return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
 
     def apply(self, state: dict | str, *extra: str) -> subprocess.CompletedProcess:
@@ -49,14 +59,14 @@ def dump(ns: str) -> dict:
 
 
 @pytest.fixture
-def host(make_netns, tmp_path) -> Host:
+def host(make_netns, tmp_path, agent_fork) -> Host:
     ns, peer = make_netns(), make_netns()
     sh(["ip", "-n", ns, "link", "add", "tpa0", "type", "veth", "peer", "name", "tpb0",
         "netns", peer])
     sh(["ip", "-n", peer, "addr", "add", "10.231.1.2/24", "dev", "tpb0"])
     sh(["ip", "-n", peer, "link", "set", "tpb0", "up"])
     sh(["ip", "-n", ns, "link", "add", "tpc0", "type", "veth", "peer", "name", "tpd0"])
-    return Host(ns, peer, tmp_path / "state", tmp_path)
+    return Host(ns, peer, tmp_path / "state", tmp_path, agent_fork)
 
 
 def full_state() -> dict:

@@ -401,10 +401,12 @@ def test_down_orphans_removes_only_labs_whose_owner_exited(tmp_path, monkeypatch
         dying.kill()
         dying.wait()
         listed = json.loads(_cli("list", "--json", env_root=tmp_path).stdout)
-        assert listed["orphans"] == [labs["dying"]]
+        # other runs' orphans on this machine (record-only ones included) may be listed too
+        assert labs["dying"] in listed["orphans"]
+        assert not {labs["live"], labs["person"]} & set(listed["orphans"])
         assert set(labs.values()) <= set(listed["labs"])
         p = _cli("down", "--orphans", "--json", env_root=tmp_path)
-        assert p.returncode == 0 and json.loads(p.stdout)["removed"] == [labs["dying"]], p
+        assert p.returncode == 0 and labs["dying"] in json.loads(p.stdout)["removed"], p
         assert _gone(labs["dying"]) == [] and owners.owner(labs["dying"]) is None
         for who in ("live", "person"):
             assert any(n.startswith(f"tp-{labs[who]}-") for n in nsutil.list_netns()), who

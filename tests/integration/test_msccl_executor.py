@@ -1,10 +1,11 @@
 """MSCCL programs computed by the reference executor with real processes over gloo.
 
-One spawn of 12 processes; subgroups give every world size 2..12. Each program goes through its
-XML text, is checked against the executor's limits and must sum random tensors exactly like
-`dist.all_reduce`: rings in a random order, rings on two channels, random packed trees, the
-planner's 16-tree schedule, and every program `topoctl export nccl` writes for the example plans
-(the checked-in plans/*-plan.yaml, and trees plans of mesh4 and tworack8 planned here).
+One spawn of 12 processes; subgroups give the world sizes of the cases (2..12). Each program
+goes through its XML text, is checked against the executor's limits and must sum random
+tensors exactly like `dist.all_reduce`: rings in a random order, rings on two channels, random
+packed trees, hierarchical programs (hosts of k ranks: reduce-scatter, a ring per shard,
+all-gather), the planner's 16-tree schedule, and every program `topoctl export nccl` writes for
+the example plans (the checked-in plans/*-plan.yaml, and a trees plan of mesh4 planned here).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.integration.test_collectives import (  # noqa: E402
     random_schedule,
 )
 from topocontract.msccl import check, from_xml, to_xml  # noqa: E402
+from topoctl.msccl.hierarchical import hierarchical_allreduce  # noqa: E402
 from topoctl.msccl.ring import ring_allreduce  # noqa: E402
 from topoctl.msccl.trees import trees_allreduce  # noqa: E402
 from topotrain.collectives.msccl import run_allreduce  # noqa: E402
@@ -61,7 +63,7 @@ def exported(tmp: Path) -> dict[int, dict[str, str]]:
     the same)."""
     from topoctl.cli import main
 
-    plans = sorted(PLANS.glob("*-plan.yaml")) + [trees_plan(c, tmp) for c in ("mesh4", "tworack8")]
+    plans = sorted(PLANS.glob("*-plan.yaml")) + [trees_plan("mesh4", tmp)]
     out: dict[int, dict[str, str]] = {}
     for plan in plans:
         d = tmp / plan.stem
@@ -78,7 +80,7 @@ def exported(tmp: Path) -> dict[int, dict[str, str]]:
 def programs(tmp: Path) -> dict[int, dict[str, str]]:
     """World size -> case name -> program XML (built and checked in the parent)."""
     out = exported(tmp)
-    for w in range(2, 9):
+    for w in (2, 3, 5, 8):
         order = list(range(w))
         random.Random(w).shuffle(order)
         cases = {"ring": ring_allreduce(order), "ring2": ring_allreduce(order, channels=2)}
@@ -90,6 +92,12 @@ def programs(tmp: Path) -> dict[int, dict[str, str]]:
             sched = planned_schedule()
             cases["planned"] = trees_allreduce(
                 [(t["parents"], t["rate"]) for t in sched["trees"]], 64)
+        for k in (2, 4, w):  # hosts of k ranks, ranks shuffled over them
+            if w % k == 0 and f"hier{w // k}x{k}" not in cases:
+                ranks = list(range(w))
+                random.Random(k).shuffle(ranks)
+                cases[f"hier{w // k}x{k}"] = hierarchical_allreduce(
+                    [ranks[i:i + k] for i in range(0, w, k)])
         for name, prog in cases.items():
             assert check(prog) == [], (w, name, check(prog))
         out.setdefault(w, {}).update({name: to_xml(p) for name, p in cases.items()})
@@ -99,7 +107,7 @@ def programs(tmp: Path) -> dict[int, dict[str, str]]:
     return out
 
 
-def _worker(rank: int, port: int, outdir: str, progs: dict) -> None:
+def _worker(rank: int, port: int, outdir: str, names: dict) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     fails: list[str] = []
@@ -110,11 +118,11 @@ def _worker(rank: int, port: int, outdir: str, progs: dict) -> None:
                                 world_size=WORLD, timeout=timedelta(seconds=240))
         groups = {w: dist.new_group(list(range(w))) for w in range(2, WORLD)}
         groups[WORLD] = None
-        for w in sorted(progs):
+        for w in sorted(names):
             if rank >= w:
                 continue
-            for name, xml in progs[w].items():
-                prog = from_xml(xml)
+            for name in names[w]:
+                prog = from_xml(Path(outdir, f"{w}-{name}.xml").read_text())
                 for size in SIZES:
                     gen = torch.Generator().manual_seed(rank * 7919 + size)
                     x = torch.randint(-1000, 1000, (size,), generator=gen).to(torch.float64)
@@ -135,7 +143,11 @@ def _worker(rank: int, port: int, outdir: str, progs: dict) -> None:
 @pytest.mark.timeout(600)
 def test_programs_compute_the_allreduce_world_2_to_8(tmp_path):
     progs = programs(tmp_path)
-    mp.spawn(_worker, args=(free_port(), str(tmp_path), progs), nprocs=WORLD, join=True)
+    for w, cases in progs.items():
+        for name, xml in cases.items():
+            (tmp_path / f"{w}-{name}.xml").write_text(xml)
+    names = {w: sorted(cases) for w, cases in progs.items()}
+    mp.spawn(_worker, args=(free_port(), str(tmp_path), names), nprocs=WORLD, join=True)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
     assert not fails, "\n".join(fails[:20])

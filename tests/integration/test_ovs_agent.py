@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.forkagent import ForkAgent
 from tests.netns import ip_json, ns_exec, sh
 from topoctl.lab import ovs as labovs
 
@@ -30,10 +31,14 @@ pytestmark = pytest.mark.netns
 
 @dataclass
 class OvsHost:
+    """A namespace on the userspace datapath; `agent` runs `topo-agent` on it, as a child of
+    the module's fork server when `fork` is set (see `tests.integration.test_agent.Host`)."""
+
     ns: str
     peer: str
     rundir: Path
     state_dir: Path
+    fork: ForkAgent | None = None
 
     @property
     def db(self) -> str:
@@ -41,8 +46,11 @@ class OvsHost:
 
     def agent(self, *args: str, stdin: str | None = None, db: str | None = None
               ) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "topoagent.cli", "--netns", self.ns, "--state-dir",
-               str(self.state_dir), "--ovsdb", db or self.db, *args]
+        argv = ["--netns", self.ns, "--state-dir", str(self.state_dir), "--ovsdb",
+                db or self.db, *args]
+        if self.fork is not None:
+            return self.fork.run(argv, stdin=stdin, environ=dict(os.environ), timeout=180)
+        cmd = [sys.executable, "-m", "topoagent.cli", *argv]
         return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=180)
 
     def apply(self, state: dict, *extra: str, db: str | None = None
@@ -82,7 +90,7 @@ class OvsHost:
 
 
 @pytest.fixture
-def host(make_netns, tmp_path) -> OvsHost:
+def host(make_netns, tmp_path, agent_fork) -> OvsHost:
     ns, peer = make_netns(), make_netns()
     for a, b in (("tpa0", "tpb0"), ("tpc0", "tpd0")):
         sh(["ip", "-n", ns, "link", "add", a, "type", "veth", "peer", "name", b, "netns", peer])
@@ -103,7 +111,7 @@ def host(make_netns, tmp_path) -> OvsHost:
     rundir = tmp_path / "ovs"
     labovs.start(ns, rundir)
     try:
-        yield OvsHost(ns, peer, rundir, tmp_path / "state")
+        yield OvsHost(ns, peer, rundir, tmp_path / "state", agent_fork)
     finally:
         for pid in labovs.pids(rundir):
             with contextlib.suppress(OSError):

@@ -221,15 +221,23 @@ def test_a_malformed_record_is_named_and_show_still_works(ns: str, tmp_path, nam
     for variant, data in VARIANTS.items():
         # a journal's line counts once its newline is there (without it: torn, never run)
         path.write_bytes(data + b"\n" if name == "journal" and data else data)
+        if name == "journal":
+            # no header to read: the first agent start judges the host by the history (A,
+            # which it matches) and sets the journal aside (tests/integration/test_crash.py)
+            r = agent(ns, state, "show")
+            assert r.returncode == 0, (variant, r.stderr)
+            assert "compared with the last committed state" in r.stderr, (variant, r.stderr)
+            assert not path.exists()
+            assert agent(ns, state, "apply", "-", stdin=yaml.safe_dump(B)).returncode == 0
+            assert agent(ns, state, "apply", "-", stdin=yaml.safe_dump(A)).returncode == 0
+            continue
         shows(ns, state)
         r = agent(ns, state, "apply", "-", stdin=yaml.safe_dump(B))
         assert "Traceback" not in r.stderr, (variant, r.stderr)
-        if name == "journal" and variant == "empty":  # the header never reached the disk
-            assert r.returncode == 0, (variant, r.stderr)
-            assert agent(ns, state, "apply", "-", stdin=yaml.safe_dump(A)).returncode == 0
-        else:
-            refused(r, str(path))
-            assert addresses(ns) == {"127.0.0.1/8", "10.231.99.1/32"}, variant
+        refused(r, str(path))
+        assert addresses(ns) == {"127.0.0.1/8", "10.231.99.1/32"}, variant
+    if name == "journal":
+        return
     verbs = ([["rollback"]] if name.startswith("history") else  # the baseline: rollback's
              [["rollback"], ["watch", "--once"], ["recover"], ["confirm"]])
     for args in verbs:

@@ -1,8 +1,8 @@
 """Model capture runs the job's code (`model.factory`) in a child process as an unprivileged
 user, never as root (issue 11, "Trust and files"): a factory that records its uid and writes
 a file does so as `nobody` (or $TOPOCTL_CAPTURE_USER), read back with os.stat; a factory that
-fails, or one the capture user cannot read, is a clean JobError naming `model` and the user;
-`topoctl plan` on such a job exits 1 with `topoctl: FILE: model: ...`."""
+fails, or one the capture user cannot read, is a clean JobError naming `model.factory` and the
+user; `topoctl plan` on such a job exits 1 with `topoctl: FILE: model.factory: ...`."""
 
 from __future__ import annotations
 
@@ -97,12 +97,12 @@ def test_factory_cannot_write_where_only_root_can(factory_dir, monkeypatch):
 ])
 def test_failing_factory_is_a_clean_error(factory_dir, tmp_path, factory, says):
     """Through `topoctl plan` (in process: one capture child per case): exit 1, `topoctl:
-    JOB: model: ...`, the user named, no traceback, no plan written."""
+    JOB: model.factory: ...`, the user named, no traceback, no plan written."""
     cluster, job = tmp_path / "c.yaml", tmp_path / "j.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
     job.write_text(yaml.safe_dump(_job(factory)))
     rc, _, err = topoctl(["plan", str(cluster), str(job), "-o", str(tmp_path / "p.yaml")])
-    assert rc == 1 and f"topoctl: {job}: model: " in err and says in err, err
+    assert rc == 1 and f"topoctl: {job}: model.factory: " in err and says in err, err
     assert "(captured as user nobody" in err, err
     assert "Traceback" not in err and not (tmp_path / "p.yaml").exists()
 

@@ -85,3 +85,33 @@ def test_bad_plan_and_output_are_named(tmp_path, capsys):
     afile.write_text("")
     assert main(["export", "nccl", str(RING_PLANS[0]), "-o", str(afile)]) == 1
     assert "is not a directory" in capsys.readouterr().err
+
+
+def hierarchical_plan(hosts: int = 4, local: int = 2) -> dict:
+    """switch8's plan with its ranks regrouped as `hosts` hosts of `local` ranks, as a plan for
+    hosts with several devices renders them (`job.collective.hierarchical`)."""
+    plan = load_plan(PLANS / "mlp-switch8-plan.yaml")
+    names = [f"h{i}" for i in range(hosts)]
+    procs = {h: [{**plan["job"]["processes"]["h0"][0], "rank": i * local + j, "local_rank": j}
+                 for j in range(local)] for i, h in enumerate(names)}
+    plan["job"] |= {"processes": procs, "world_size": hosts * local}
+    plan["job"]["collective"] |= {"order": names, "hierarchical": {"local_size": local}}
+    return plan
+
+
+@pytest.mark.parametrize("hosts,local", [(4, 2), (2, 4), (3, 3)])
+def test_hierarchical_plans_export_one_ring_per_shard_between_hosts(hosts, local):
+    plan = hierarchical_plan(hosts, local)
+    export = export_nccl(plan)
+    prog = export.programs["allreduce-hierarchical"]
+    assert prog.nchunksperloop == hosts * local and prog.nchannels == 2
+    host_of = {export.ranks[r]: h for r, h in rank_hosts(plan).items()}
+    size = float(prog.nchunksperloop)  # one byte a chunk
+    sent_out = {r: 0.0 for r in host_of}
+    sent_in = {r: 0.0 for r in host_of}
+    for (a, b), chunks in link_chunks(prog).items():
+        (sent_in if host_of[a] == host_of[b] else sent_out)[a] += chunks
+    # each rank: 2(H-1)/H of its shard S/k across hosts, 2(k-1)/k of S inside the host
+    assert list(sent_out.values()) == pytest.approx(
+        [2 * (hosts - 1) / hosts * size / local] * len(sent_out))
+    assert list(sent_in.values()) == pytest.approx([2 * (local - 1) / local * size] * len(sent_in))

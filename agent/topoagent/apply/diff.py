@@ -262,13 +262,20 @@ def _same_class(a: QosClass, b: QosClass) -> bool:
     return a.rate // 8 == b.rate // 8 and (a.ceil or a.rate) // 8 == (b.ceil or b.rate) // 8
 
 
-def _starved(tree: ObsQos, minor: int, rate: int, mtu: int) -> bool:
-    """Whether an agent HTB class on the host has less token credit than the agent gives one
-    at `rate` (`topoagent.state.host.htb_credit`): made by an agent of an earlier release
-    (pyroute2's one-frame default) or changed by hand. Such a class is set again at the same
-    rates."""
+def _credit_off(tree: ObsQos, minor: int, rate: int, ceil: int, mtu: int) -> bool:
+    """Whether an agent HTB class on the host has other token credit (burst at `rate`, cburst
+    at `ceil`) than the agent gives one (`topoagent.state.host.htb_credit`): less, as an agent
+    of an earlier release made it (pyroute2's one-frame default) or someone changed it by hand;
+    or more, as a class made for an MTU the kernel then refused keeps (two frames of 65536
+    bytes). Either way the class is set again at the same rates. The kernel keeps the credit
+    as whole microseconds of transmit time, and the credit is at least 4 ms of it, so 1% holds
+    every rounding."""
     have = tree.credit.get(minor)
-    return have is not None and have < 0.9 * htb_credit(rate, mtu)
+    if have is None:
+        return False
+    return any(abs(got - want) > 0.01 * want + 64
+               for got, want in zip(have, (htb_credit(rate, mtu), htb_credit(ceil, mtu)),
+                                    strict=True))
 
 
 def diff(desired: HostState, obs: Observed) -> list[Op]:
@@ -352,7 +359,7 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
         # the device's MTU once the interfaces are applied: the credit is two frames at least
         mtu = next((i.mtu for i in desired.interfaces if i.name == dev and i.mtu), None) or (
             obs.links[dev].mtu if dev in obs.links else 1500)
-        if tree.rate // 8 != q.rate // 8 or _starved(tree, 1, q.rate, mtu):
+        if tree.rate // 8 != q.rate // 8 or _credit_off(tree, 1, q.rate, q.rate, mtu):
             ops.append(SetRootRate(dev, q.rate, tree.rate))
         ops += [DelFilter(dev, minor, dst) for minor, (dst, target) in tree.filters.items()
                 if (c := classes.get(minor)) is None or c.dst != dst or target != minor]
@@ -362,7 +369,8 @@ def _diff_qos(desired: HostState, obs: Observed) -> list[Op]:
             have = tree.classes.get(minor)
             if have is None:
                 ops.append(SetClass(dev, c))
-            elif not _same_class(c, have) or _starved(tree, minor, c.rate, mtu):
+            elif not _same_class(c, have) or _credit_off(tree, minor, c.rate, c.ceil or c.rate,
+                                                         mtu):
                 ops.append(SetClass(dev, c, QosClass(id=minor, dst=c.dst, rate=have.rate,
                                                      ceil=have.ceil)))
             f = tree.filters.get(minor)

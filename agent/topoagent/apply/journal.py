@@ -39,6 +39,7 @@ import errno
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from topoagent.apply.store import (
     opened,
     read_file,
     remove_file,
+    with_baseline,
 )
 from topoagent.drivers.netlink import NetlinkDriver
 from topoagent.drivers.ovsdb import BridgeConfig, DbConfig, PortConfig, PortQos
@@ -238,9 +240,12 @@ class Recovery:
     undone: int
     problems: list[str]
     committed: bool = False
+    note: str = ""  # a journal whose header could not be read: what was checked instead
 
     def describe(self) -> str:
         """One line saying what the recovery undid and what problems remain."""
+        if self.note:
+            return self.note
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.started))
         if self.committed:
             return (f"completed an apply interrupted at {when} UTC after its commit: the host "
@@ -261,6 +266,9 @@ def pending(root: Path) -> bool:
     except OSError as e:  # a directory we may not enter: recovery names it
         return e.errno != errno.ENOENT
     return True
+
+
+UNREADABLE = "__unreadable__"  # a header key of ours: why the header could not be read
 
 
 @dataclasses.dataclass
@@ -287,7 +295,10 @@ def _read(data: bytes, path: Path) -> _Log:
         try:
             obj = json.loads(raw)
         except (ValueError, RecursionError):
-            raise _bad(path, f"line {i} is not JSON") from None
+            obj = None
+        if i == 1 and not isinstance(obj, dict):  # judged by `recover`, against the history
+            log.header = {UNREADABLE: "its header (line 1) is not a JSON object"}
+            continue
         if not isinstance(obj, dict):
             raise _bad(path, f"line {i} is not a JSON object")
         if log.header is None:
@@ -340,10 +351,15 @@ def recover(target, store: Store) -> Recovery | None:
     if log is None:
         return None
     path = store.root / JOURNAL
-    if log.header is None:  # killed before the header reached the disk: nothing was changed
-        _drop(store)
-        return Recovery(time.time(), 0, [])
-    before, routes, history = _snapshot(log.header, path)
+    if log.header is None:  # empty or torn: killed before the header reached the disk?
+        return _recover_headless(target, store, log, "it has no complete header (empty or torn)")
+    if UNREADABLE in log.header:
+        return _recover_headless(target, store, log, log.header[UNREADABLE])
+    try:
+        before, routes, history = _snapshot(log.header, path)
+    except JournalError as e:
+        return _recover_headless(target, store, log, str(e).split("; the journal")[0]
+                                 .removeprefix(f"{path}: "))
     started = float(log.header.get("started", 0.0))
     if log.committed:
         complete_history(store, history)
@@ -360,9 +376,80 @@ def recover(target, store: Store) -> Recovery | None:
     return Recovery(started, len(log.undo), problems)
 
 
+def _recover_headless(target, store: Store, log: _Log, why: str) -> Recovery:
+    """A journal whose header cannot be read does not say what the host was: the host is
+    compared with the history's last committed state instead (`_last_committed`; with no
+    applied state, nothing of the agent's and the baseline's values), the undo lines that can be
+    read run first unless the journal committed, and the host is set to that state. Only
+    when it then matches is the journal set aside (`journal.damaged.<ns>`, for the
+    operator; an empty one on a host that matched is removed); otherwise JournalError
+    naming what differs, the journal kept."""
+    path = store.root / JOURNAL
+    newest = store.newest()
+    committed = _last_committed(store)
+    target.check()
+    drv = NetlinkDriver(target)
+    try:
+        found = _differences(committed, observe(target))
+        undo = [] if log.committed else list(reversed(log.undo))
+        problems = restore(drv, undo, committed, []) if found or undo else []
+    finally:
+        drv.close()
+    entry = (f"history entry {newest}" if newest > 0
+             else "no applied state: the host as the agent found it")
+    if problems:
+        raise _bad(path, f"{why}, so what the host was is unknown; the host differs from the "
+                   f"last committed state ({entry}) and could not be set to it: "
+                   + "; ".join(problems))
+    empty = log.header is None and not log.undo
+    kept = None if empty and not found else _set_aside(store)
+    if kept is None:  # an empty journal and a host as committed: nothing to look at
+        _drop(store)
+    if log.committed:
+        complete_history(store, {})
+    said = ("the host matched it" if not found else
+            f"{len(found)} difference(s) set to it ({'; '.join(found[:5])}"
+            + ("; ..." if len(found) > 5 else "") + ")")
+    return Recovery(time.time(), len(undo), [], committed=log.committed,
+                    note=f"{path}: {why}: the host was compared with the last committed state "
+                         f"({entry}): {said}"
+                         + (f"; the journal was moved to {kept}" if kept else
+                            "; the journal was removed"))
+
+
+def _last_committed(store: Store) -> HostState:
+    """The state the host was last made to match, with the baseline's original value for
+    every sysctl and link attribute it leaves unsaid (as `Store.previous` gives a rollback):
+    the values an unreadable transaction may have changed were saved there before it began."""
+    base = store.baseline()
+    last = store.last_applied() or HostState()
+    return with_baseline(last, base) if base is not None else last
+
+
+def _differences(state: HostState, obs: Observed) -> list[str]:
+    return [op.describe() for op in diff(state, obs) if not isinstance(op, ovs.OVS_OPS)]
+
+
+def _set_aside(store: Store) -> Path:
+    """Rename the journal to journal.damaged.<ns> (kept for the operator, no longer a
+    transaction to recover); its new path."""
+    name = f"{JOURNAL}.damaged.{time.time_ns()}"
+    with opened(store.root, create=False) as dfd:
+        assert dfd is not None
+        try:
+            os.rename(JOURNAL, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            raise StoreError(f"{store.root / JOURNAL}: cannot move it aside: "
+                             f"{e.strerror}") from None
+        fsync_dir(dfd)
+    return store.root / name
+
+
 def rewind_history(store: Store, history: dict) -> None:
-    """The history as it was when the journal began: entries after its newest dropped."""
+    """The history as it was when the journal began: entries after its newest dropped, an
+    entry an unfinished rollback renamed aside (`Store.retire`) back."""
     if history.get("newest") is not None:
+        store.unretire(history["newest"])
         store.truncate(history["newest"])
     elif history.get("count") is not None:  # an older agent's journal: a count of entries
         nums, keep = store.numbers(), max(history["count"], 1)
@@ -370,12 +457,17 @@ def rewind_history(store: Store, history: dict) -> None:
             store.truncate(nums[keep - 1])
 
 
-def complete_history(store: Store, history: dict) -> None:
-    """The committed transaction's history change: its rolled-back entry dropped, then the
-    oldest applied states beyond `keep` pruned."""
+def complete_history(store: Store, history: dict) -> list[str]:
+    """The committed transaction's history change: its rolled-back entry dropped (renamed aside
+    before the commit, `Store.retire`; an older agent's journal: dropped now), then the oldest
+    applied states beyond `keep` pruned. Returns warnings: garbage that could not be deleted
+    (the history itself is right), also printed on stderr."""
     if history.get("pop") is not None:
-        store.pop(history["pop"])
-    store.prune()
+        store.retire(history["pop"])  # already done unless an older agent wrote the journal
+    warnings = store.purge_retired() + store.prune()
+    for w in warnings:
+        print(f"topo-agent: warning: {w}", file=sys.stderr, flush=True)
+    return warnings
 
 
 def _drop(store: Store) -> None:

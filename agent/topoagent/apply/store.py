@@ -240,6 +240,13 @@ def _entry(n: int) -> str:
     return f"{n:04d}.json"
 
 
+RETIRED = ".json.dropped"  # an entry a rollback dropped (`Store.retire`)
+
+
+def _retired(n: int) -> str:
+    return f"{n:04d}{RETIRED}"
+
+
 def _number(name: str) -> int | None:
     stem, dot, ext = name.partition(".")
     return int(stem) if dot and ext == "json" and len(stem) == 4 and stem.isdigit() else None
@@ -393,9 +400,15 @@ class Store:
         self._write(n, text)
         return n
 
-    def prune(self) -> None:
-        """Keep the baseline and the newest `keep` applied states."""
-        self._remove(self.numbers()[1:-self.keep])
+    def prune(self) -> list[str]:
+        """Keep the baseline and the newest `keep` applied states. Housekeeping after a commit:
+        an old entry that cannot be removed stays (the newest entries, which say what the host
+        is, are right either way) and is returned as a warning instead of failing the apply."""
+        try:
+            self._remove(self.numbers()[1:-self.keep])
+        except StoreError as e:
+            return [f"old history entries not pruned: {e}"]
+        return []
 
     def pop(self, n: int | None = None) -> None:
         """Drop entry `n` (default: the newest applied state; never the baseline)."""
@@ -404,6 +417,57 @@ class Store:
             n = nums[-1] if len(nums) > 1 else 0
         if n > 0 and n in nums:
             self._remove([n])
+
+    # A rollback drops the newest entry in two steps: before its commit line the entry is
+    # renamed to NNNN.json.dropped (no longer an entry: `numbers` ignores it), and a rename
+    # that fails (an immutable file, a read-only directory) fails the rollback before its
+    # commit, so the host goes back and history and host still agree; after the commit the
+    # renamed file is only garbage, and a failure to delete it is a warning.
+    def retire(self, n: int) -> None:
+        """Entry `n` stops being part of the history (renamed aside, see above); StoreError
+        naming it when it cannot be."""
+        with self._history() as hfd:
+            if hfd is None or n <= 0:
+                return
+            try:
+                os.rename(_entry(n), _retired(n), src_dir_fd=hfd, dst_dir_fd=hfd)
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                raise StoreError(f"{self.dir / _entry(n)}: cannot drop it from the history: "
+                                 f"{_why(e)}") from None
+            fsync_dir(hfd)
+
+    def unretire(self, newest: int) -> None:
+        """Entries up to `newest` that an unfinished rollback renamed aside come back."""
+        with self._history() as hfd:
+            if hfd is None:
+                return
+            for n in self._retired(hfd):
+                if 0 < n <= newest:
+                    try:
+                        os.rename(_retired(n), _entry(n), src_dir_fd=hfd, dst_dir_fd=hfd)
+                    except OSError as e:
+                        raise StoreError(f"{self.dir / _retired(n)}: cannot put it back into "
+                                         f"the history: {_why(e)}") from None
+            fsync_dir(hfd)
+
+    def purge_retired(self) -> list[str]:
+        """Delete the entries renamed aside; what could not be deleted, as warnings."""
+        left = []
+        with self._history() as hfd:
+            for n in [] if hfd is None else self._retired(hfd):
+                try:
+                    remove_file(hfd, _retired(n), self.dir / _retired(n))
+                except StoreError as e:
+                    left.append(f"{e} (no longer part of the history: harmless)")
+        return left
+
+    @staticmethod
+    def _retired(hfd: int) -> list[int]:
+        return sorted(int(name[:4]) for name in os.listdir(hfd)
+                      if len(name) == len(_retired(0)) and name.endswith(RETIRED)
+                      and name[:4].isdigit())
 
     def truncate(self, newest: int) -> None:
         """Drop every entry after `newest` (what an interrupted apply wrote)."""

@@ -34,6 +34,7 @@ from topoagent.observe.host import (
     to_host_state,
 )
 from topoagent.protocol import TopoError
+from topoagent.signals import only_here
 from topoagent.state.host import HostState, Interface, Sysctl
 from topoagent.state.values import is_link_local
 from topoagent.target import Target
@@ -136,7 +137,9 @@ def rollback(target: Target, store: Store, *, dry_run: bool = False, probe: bool
     journal = _begin(store, before, history) if ops else None
     if ops:
         _transact(target, previous, before, ops, probes, journal)
-    _commit(target, store, journal, history, len(ops), lambda: None)
+    # the newest entry leaves the history before the commit line: when it cannot (an immutable
+    # file), the rollback fails whole and the host goes back (topoagent.apply.store, retire)
+    _commit(target, store, journal, history, len(ops), lambda: store.retire(newest))
     return Result(ops, time.perf_counter() - t0, probes=probes)
 
 
@@ -209,7 +212,8 @@ def _term_as_exception() -> Iterator[None]:
 
     def stop(signum, frame):
         raise Interrupted(f"interrupted by signal {signum} during apply")
-    old = signal.signal(signal.SIGTERM, stop)
+    # only here: a child forked meanwhile (pyroute2's netns helper) must not run it
+    old = signal.signal(signal.SIGTERM, only_here(stop))
     try:
         yield
     finally:

@@ -80,9 +80,15 @@ class NetlinkDriver:
     def call(self, requests: list[Request], stop: bool = False) -> list[Ack]:
         """Send `requests` (many per send); one Ack per request (see nlwrite.Channel.call)."""
         try:
-            return self.channel.call(requests, stop)
+            acks = self.channel.call(requests, stop)
         finally:
             self._u32_tables.clear()  # u32 tables come and go with their filters
+        if not all(a.ok for a in acks):
+            # a refused (or possibly lost) MTU change: the MTU `link_request` assumed is not
+            # the device's, and the HTB classes built next (a revert's) must be sized by the
+            # one the kernel has, read again
+            self._mtu.clear()
+        return acks
 
     def run(self, requests: list[Request]) -> None:
         """Send `requests`; KernelError with the first refusal."""
@@ -189,8 +195,10 @@ class NetlinkDriver:
              ) -> Request:
         """An HTB class request for `rate`/`ceil` bit/s: bytes/s to the kernel, with the
         agent's token credit at each (`topoagent.state.host.htb_credit`, bytes)."""
-        idx = self.index(dev)  # reads the MTU with the links
-        mtu = self._mtu[dev]
+        idx = self.index(dev)
+        if dev not in self._mtu:  # forgotten after a refusal: the kernel's, read again
+            self._read_links()
+        mtu = self._mtu.get(dev, 1500)
         return nlwrite.htb_class(flags, idx, handle, parent, rate // 8, ceil // 8,
                                  htb_credit(rate, mtu), htb_credit(ceil, mtu))
 

@@ -118,7 +118,8 @@ class ObsQos:
     dev: str
     rate: int | None  # root class 1 rate, bit/s
     classes: dict[int, QosClass] = field(default_factory=dict)  # minor -> class (dst unset)
-    credit: dict[int, int] = field(default_factory=dict)  # minor -> burst bytes (1: the root)
+    # minor -> (burst, cburst) bytes (1: the root)
+    credit: dict[int, tuple[int, int]] = field(default_factory=dict)
     filters: dict[int, tuple[str, int]] = field(default_factory=dict)  # node -> (dst, class minor)
 
     def classified(self) -> dict[int, QosClass]:
@@ -319,7 +320,7 @@ def _qos(sock, obs: Observed, names: dict[int, str]) -> None:
                 continue
             rate, ceil = htb_rates(c)
             minor = c.handle & 0xFFFF
-            tree.credit[minor] = htb_credit_bytes(c)[0]
+            tree.credit[minor] = htb_credit_bytes(c)
             if minor == 1:
                 tree.rate = rate
             else:

@@ -16,7 +16,9 @@ No process outlives its supervisor: the launcher dies with its parent (PR_SET_PD
 with the controller's end of its output (a closed pipe or SSH channel), stopping its ranks on
 SIGTERM, SIGHUP or SIGINT; each rank is killed when the launcher dies (PR_SET_PDEATHSIG).
 Rank process groups are recorded with their start times for `stop` (`process.pidfile`), which
-signals only processes that are still the ranks recorded.
+signals only processes that are still the ranks recorded. `stop` first leaves a note with its
+reason (`STOP_NOTE`): ranks that end after it are reported as a `stopped` event with that
+reason (exit 130), not as a failure, so that `topoctl run` can say the job was stopped.
 
 When the job spec names interfaces to watch for this host (`watch`, added by `topoctl run`),
 their carrier is polled (`topoagent.process.linkwatch`): a lost one stops this host's ranks
@@ -57,7 +59,8 @@ from topoagent.process.ranks import (
     remove_if_unused,
     write_job_spec,
 )
-from topoagent.protocol import EXIT_INTERRUPTED, TopoError
+from topoagent.protocol import EXIT_INTERRUPTED, STOP_BY_OPERATOR, TopoError
+from topoagent.signals import only_here
 from topoagent.state.wire import TREE_SCHEDULE_ENV, TREE_SCHEDULE_FILE, LaunchSpec
 from topoagent.target import Target
 
@@ -72,6 +75,7 @@ MAX_LINE = 65536  # longer output lines are cut into pieces of this many bytes
 # their end when it exits, unless a process it left behind holds them open)
 DRAIN_S = 5.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_NOTE = "job.stopped"  # in the run directory: why `stop` stopped the ranks (one line)
 # what a forwarded line may not contain: anything a reader could take for a line break, and
 # other control characters (terminal escapes)
 _UNSAFE = {c: "?" for c in [*range(0x20), 0x7f, 0x85, 0x2028, 0x2029] if c != 0x09}
@@ -140,6 +144,7 @@ def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     pidfile = run_dir / "job.pids"
     _refuse_if_running(pidfile)
+    (run_dir / STOP_NOTE).unlink(missing_ok=True)  # an earlier job's stop
     user = rank_user(job.user)
     out = _Output()
     if user.is_root:
@@ -179,7 +184,7 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
         for spec in job.processes[host]:
             children.append(_start(job, spec, target, ranks_dir, launch_env, user, out))
         write_pids(pidfile, [c.process.pid for c in children])
-        return _supervise(children, out, timeout, tripped, target)
+        return _supervise(children, out, timeout, tripped, target, pidfile.parent / STOP_NOTE)
     except _Stopped:
         return EXIT_INTERRUPTED
     finally:
@@ -188,6 +193,7 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
                 watch.stop()
             _stop_all(children)
             pidfile.unlink(missing_ok=True)
+            (pidfile.parent / STOP_NOTE).unlink(missing_ok=True)
             remove_if_unused(ranks_dir)
 
 
@@ -311,7 +317,8 @@ class _stop_on_signals:  # noqa: N801 - used as a context manager, named like on
             raise _Stopped(signum)
 
         main = threading.current_thread() is threading.main_thread()  # handlers live there
-        self.old = {s: signal.signal(s, stop) for s in STOP_SIGNALS} if main else {}
+        self.old = ({s: signal.signal(s, only_here(stop)) for s in STOP_SIGNALS} if main
+                    else {})
 
     def __exit__(self, *exc) -> None:
         for s, h in self.old.items():
@@ -324,8 +331,8 @@ class _signals_ignored(_stop_on_signals):  # noqa: N801
     def __enter__(self) -> None:
         sigs = (*STOP_SIGNALS, signal.SIGINT)
         main = threading.current_thread() is threading.main_thread()
-        self.old = ({s: signal.signal(s, lambda signum, frame: None) for s in sigs}
-                    if main else {})
+        self.old = ({s: signal.signal(s, only_here(lambda signum, frame: None))
+                     for s in sigs} if main else {})
 
 
 def _pump(stream: IO[bytes], prefix: str, out: _Output, tail: deque | None) -> None:
@@ -339,8 +346,18 @@ def _pump(stream: IO[bytes], prefix: str, out: _Output, tail: deque | None) -> N
             out.emit(prefix + line)
 
 
+def _stop_reason(note: Path) -> str | None:
+    """Why `stop` stopped this launch's ranks (its note), None when it did not."""
+    try:
+        return note.read_text().strip()[:200] or STOP_BY_OPERATOR
+    except OSError:
+        return None
+
+
 def _supervise(children, out: _Output, timeout: float | None,
-               tripped: threading.Event, target: Target) -> int:
+               tripped: threading.Event, target: Target, note: Path) -> int:
+    """Wait for the ranks: 0 all ended well, 1 one failed (a `failed` event), 130 `stop`
+    stopped them (a `stopped` event with its reason) or the controller went away."""
     deadline = time.monotonic() + timeout if timeout else None
     next_look = time.monotonic()
     while True:
@@ -358,6 +375,11 @@ def _supervise(children, out: _Output, timeout: float | None,
                 running += 1
             elif rc != 0:
                 c.drain()
+                reason = _stop_reason(note)
+                if reason is not None:  # `stop` ended it: not a failure of the job
+                    out.emit(json.dumps({"event": "stopped", "rank": c.rank, "rc": rc,
+                                         "reason": reason}))
+                    return EXIT_INTERRUPTED
                 out.emit(json.dumps({"event": "failed", "rank": c.rank, "rc": rc,
                                      "last": list(c.tail)}))
                 return 1
@@ -400,10 +422,11 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def stop(run_dir: Path) -> int:
+def stop(run_dir: Path, reason: str = STOP_BY_OPERATOR) -> int:
     """Stop the ranks of a running `launch` on this host; the number of ranks signalled. Only
     processes that are still the ranks recorded (pid and start time) are signalled; a stale
-    or unreadable pid file is reported on stderr and removed."""
+    or unreadable pid file is reported on stderr and removed. The launch reports the ranks
+    as `stopped` for `reason` (the note is left before any rank is signalled)."""
     pidfile = run_dir / "job.pids"
     try:
         entries = read_pids(pidfile)
@@ -416,6 +439,11 @@ def stop(run_dir: Path) -> int:
         print(f"topo-agent: the pid file {pidfile} is stale (its ranks are gone): removed",
               file=sys.stderr)
         pidfile.unlink(missing_ok=True)
+    if pids:
+        note = run_dir / STOP_NOTE
+        tmp = note.with_name(f".{STOP_NOTE}.{os.getpid()}")
+        tmp.write_text(reason.translate(_UNSAFE)[:200] + "\n")
+        tmp.replace(note)
     for pid in pids:
         _killpg(pid, signal.SIGTERM)
     return len(pids)

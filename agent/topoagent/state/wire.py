@@ -23,6 +23,8 @@ from topoagent.protocol import API_VERSION
 from topoagent.state.host import StateError, load_yaml, parse_host_state, read_text
 from topoagent.state.schema import Model, validation_problems
 from topocontract.buckets import BUCKET_PLAN_KEY, overlap_problems, shape_problems
+from topocontract.collective import collective_problems
+from topocontract.fusion import parse_fusion
 
 
 class Master(Model):
@@ -208,7 +210,41 @@ def parse_launch_spec(data: Any, prefix: str = "job") -> LaunchSpec:
     problems = overlap_problems(spec.collective, f"{prefix}.collective")
     if problems:  # `bucket_overlap`: a known mode, next to a bucket plan
         raise StateError(problems)
+    # what the runtime would otherwise refuse in every rank, or run some other way than
+    # written: checked wherever a plan is read (apply, run, launch), one path
+    problems = (rank_problems(spec, prefix)
+                + collective_problems(spec.collective, spec.world_size, f"{prefix}.collective")
+                + fusion_problems(spec.fusion, f"{prefix}.fusion"))
+    if problems:
+        raise StateError(problems)
     return spec
+
+
+def rank_problems(spec: LaunchSpec, prefix: str = "job") -> list[tuple[str, str]]:
+    """The processes' global ranks must be 0 .. world_size-1, each once: a rank missing or
+    given twice would wait for the others until gloo's timeout, a job.world_size that is not
+    the processes' count trains some other job than the plan's."""
+    ranks = sorted(p.rank for procs in spec.processes.values() for p in procs)
+    if ranks == list(range(spec.world_size)):
+        return []
+    if len(ranks) != spec.world_size:
+        return [(f"{prefix}.world_size", f"{spec.world_size}, but job.processes has "
+                                          f"{len(ranks)} rank(s)")]
+    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    return [(f"{prefix}.processes", f"the ranks must be 0 to {spec.world_size - 1}, each once "
+                                    f"(given twice: {twice or 'none'}; out of range: "
+                                    f"{[r for r in ranks if r >= spec.world_size] or 'none'})")]
+
+
+def fusion_problems(doc: Any, at: str = "job.fusion") -> list[tuple[str, str]]:
+    """`job.fusion` as the runtime reads it (`topocontract.fusion.parse_fusion`), its
+    message split into the YAML path it names and the reason."""
+    try:
+        parse_fusion(doc, at)
+    except ValueError as e:
+        where, _, why = str(e).partition(": ")
+        return [(where, why) if why else (at, str(e))]
+    return []
 
 
 def load_launch_spec(path: str) -> LaunchSpec:

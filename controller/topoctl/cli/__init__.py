@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 import topoctl
-from topoagent.cliutil import ArgumentParser, add_global_options, run_verb
+from topoagent.cliutil import (
+    ArgumentParser,
+    UsageError,
+    add_global_options,
+    error_document,
+    parse_command_line,
+    run_verb,
+    wants_json,
+)
 from topoagent.protocol import EXIT_ERROR
 
 DESCRIPTION = ("plan the network of a distributed DNN training job (cabling, routes, QoS,\n"
@@ -33,7 +42,7 @@ exit codes:
   1    error: bad input (file and YAML path named) or usage
   3    partial: some hosts failed, the others were rolled back
   70   a bug (traceback)
-  130  interrupted
+  130  interrupted (run: also stopped by `topoctl stop`)
   with --detailed-exitcode (apply, diff, status, rollback, stop, lab status, lab rewire):
   0 nothing to do / in sync, 2 changes made or pending / drift"""
 
@@ -75,13 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the verb, return its exit code (errors mapped by `run_guarded`)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(modules_for(argv))
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parse_command_line(parser, argv, known=True)
     if extra:  # only pass-through verbs (bench) take arguments they do not declare
         if not hasattr(args, "args"):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parse_command_line(parser, argv)  # the usage error argparse gives for them
         args.args = [*extra, *args.args]
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # no verb: a usage error (JSON too when asked)
+        if wants_json(argv):
+            print(json.dumps(error_document(UsageError("a command is required",
+                                                       source="topoctl"))))
+        parser.print_help(sys.stderr if wants_json(argv) else sys.stdout)
         return EXIT_ERROR
     return run_verb("topoctl", args, lambda: args.func(args))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -25,7 +26,7 @@ from topoctl.rollout.transports import Transport
 from topoctl.rollout.transports.local import LocalTransport, lab_transport
 from topoctl.rollout.transports.ssh import SshTransport, lab_ssh_transport
 from topoctl.rollout.twophase import Event, Report
-from topoctl.spec.cluster import OVSDB_REMOTE
+from topoctl.spec.cluster import OVSDB_REMOTE, Cluster
 from topoctl.spec.cluster_load import load_cluster
 
 RESULT_STYLE = {"in sync": "green", "changes": "yellow", "changed": "green", "drifted": "yellow",
@@ -36,38 +37,73 @@ CONFIRM_SSH_S = 60.0  # default --confirm-within over SSH
 
 
 def pick_transport(args: argparse.Namespace, plan: dict) -> Transport:
-    """--local, else a lab (named by --lab, or the plan's cluster when such a lab is up), over
-    its namespaces or, with --ssh, its sshd; else SSH to the addresses in --cluster.
+    """The transport `pick_target` chooses, with its description as `target`."""
+    transport, target = pick_target(args, plan)
+    transport.target = target  # type: ignore[attr-defined]
+    return transport
+
+
+def pick_target(args: argparse.Namespace, plan: dict) -> tuple[Transport, str]:
+    """How the plan's hosts are reached, and a line naming that target: the operator's flag
+    first (--local, --lab NAME, or --cluster FILE: more than one is an error), else the lab
+    the plan's `metadata.cluster` names when one of that name is up. With --lab, over the
+    lab's namespaces or, with --ssh, its sshd; with --cluster, SSH to the file's addresses.
 
     How hosts are reached (addresses, user, key, known_hosts, the agent command) comes from
-    the operator (the lab, the cluster file, the flags), never from the plan: a plan's
-    `metadata.inventory` is only checked against the cluster file's and refused when it
-    differs (docs/agent.md, trust model)."""
+    the operator (the lab, the cluster file, the flags), never from the plan: a lab named by
+    the plan never beats the operator's --cluster, a --cluster FILE that is missing or bad is
+    an error naming it, and a plan's `metadata.inventory` is only checked against the cluster
+    file's and refused when it differs (docs/agent.md, trust model)."""
     hosts = sorted(plan["hosts"])
+    if args.local and args.lab is not None:
+        raise StateError([("--lab", "give one of --local and --lab")])
+    if args.cluster is not None and (args.local or args.lab is not None):
+        # the hosts are reached as --local/--lab say (`run --heal` re-plans with the file),
+        # and the file the operator named is read all the same: a bad one is an error
+        _load_cluster_file(args.cluster)
     if args.local:
         chosen = args.hosts or hosts
         if len(chosen) != 1:
             raise StateError([("--local", "applies one host's state to this machine: name it "
                                "with --hosts")])
-        return LocalTransport({chosen[0]: None})
+        return LocalTransport({chosen[0]: None}), f"this machine as host {chosen[0]} (--local)"
+    if args.cluster is not None and args.lab is None:  # its inventory, flags as defaults
+        return _cluster_target(args, plan, hosts)
     lab_name = args.lab or plan["metadata"].get("cluster")
     if lab_name and (args.lab or lab_name in list_labs()):
         lab = Lab.load(lab_name)
         missing = [h for h in hosts if h not in {x.name for x in lab.cluster.hosts}]
         if missing:
             raise StateError([("hosts", f"not in lab {lab_name}: {', '.join(missing)}")])
-        return lab_ssh_transport(lab) if args.ssh else lab_transport(lab)
-    if args.cluster:  # the cluster file's inventory and addresses, flags as defaults
-        cluster = load_cluster(args.cluster)
-        inv = cluster.inventory_doc()
-        if cluster.inventory is None:
-            inv |= {"transport": "ssh", "user": args.ssh_user, "port": 22, "key": args.ssh_key,
-                    "known_hosts": args.known_hosts, "agent": [args.agent]}
-        check_plan_inventory(plan, inv, args.cluster, getattr(args, "plan", ""))
-        return inventory_transport(inv, hosts, args.cluster)
+        how = "its sshd" if args.ssh else "its namespaces"
+        why = "--lab" if args.lab else "the plan's metadata.cluster"
+        return (lab_ssh_transport(lab) if args.ssh else lab_transport(lab),
+                f"lab {lab_name} over {how} ({why})")
     raise StateError([("", f"no lab named {lab_name!r} is up: give --lab NAME, --cluster FILE "
                        "(an inventory and host addresses) or --local (a plan's "
                        "metadata.inventory is never used on its own)")])
+
+
+def _load_cluster_file(path: str) -> Cluster:
+    """The operator's `--cluster FILE`; an error naming it when it is missing, unreadable or
+    not a valid cluster file."""
+    if not path:
+        raise StateError([("--cluster", "expected a cluster file, got ''")])
+    return load_cluster(path)
+
+
+def _cluster_target(args: argparse.Namespace, plan: dict, hosts: list[str]
+                    ) -> tuple[Transport, str]:
+    """SSH to the hosts of the operator's cluster file (`--cluster FILE`): a missing, unreadable
+    or invalid file is an error naming it (exit 1), whatever lab the plan names."""
+    cluster = _load_cluster_file(args.cluster)
+    inv = cluster.inventory_doc()
+    if cluster.inventory is None:
+        inv |= {"transport": "ssh", "user": args.ssh_user, "port": 22, "key": args.ssh_key,
+                "known_hosts": args.known_hosts, "agent": [args.agent]}
+    check_plan_inventory(plan, inv, args.cluster, getattr(args, "plan", ""))
+    transport = inventory_transport(inv, hosts, args.cluster)
+    return transport, f"cluster file {args.cluster} over SSH as {inv['user']}"
 
 
 INVENTORY_KEYS = ("transport", "user", "port", "key", "known_hosts", "agent", "addresses",
@@ -153,9 +189,13 @@ def _summary(console: Console, report: Report, show_ops: bool) -> None:
 
 
 def open_plan(args: argparse.Namespace) -> tuple[dict, Transport]:
-    """The validated plan and its transport; StateError/LabError (mapped by the CLI) if not."""
+    """The validated plan and its transport; StateError/LabError (mapped by the CLI) if not.
+    The target reached is named on stderr (`args.target` keeps it for a --json document)."""
     plan = rollout.load_plan(args.plan)
-    return plan, pick_transport(args, plan)
+    transport = pick_transport(args, plan)
+    args.target = target = getattr(transport, "target", transport.name)
+    print(f"topoctl: target: {target}", file=sys.stderr, flush=True)
+    return plan, transport
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         transport.close()
     if args.json:
-        print(json.dumps(report.to_dict(args.detailed_exitcode)))
+        print(json.dumps(report.to_dict(args.detailed_exitcode)
+                         | {"target": getattr(args, "target", None)}))
     else:
         _summary(console, report, show_ops=args.command in ("diff", "status") or args.dry_run)
     return report.exit_code  # the detailed outcome: EXIT_CHANGES exits 0 unless asked
@@ -246,11 +287,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                            epilog=f"example: {examples[name]}")
         add_transport_args(p)
         add_detailed_exitcode(p)
-        p.add_argument("--force-mgmt", action="store_true",
-                       help="allow changes to the management interface, address or route")
-        p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
-        p.add_argument("--dry-run", action="store_true", help="(apply) show, change nothing")
+        # each verb lists only the flags it uses (`status --help` showed apply's --dry-run);
+        # the others' defaults keep `run` one code path
+        p.set_defaults(force_mgmt=False, no_probe=False, dry_run=False)
+        if name in ("apply", "diff"):
+            p.add_argument("--force-mgmt", action="store_true",
+                           help="allow changes to the management interface, address or route")
         if name == "apply":
+            p.add_argument("--no-probe", action="store_true", help="skip next-hop probes")
+            p.add_argument("--dry-run", action="store_true", help="show, change nothing")
             p.add_argument("--confirm-within", type=_seconds, metavar="SECONDS",
                            help="each agent reverts by itself unless confirmed within SECONDS "
                                 "of its apply; topoctl confirms every host it still reaches "

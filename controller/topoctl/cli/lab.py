@@ -18,7 +18,7 @@ import sys
 import time
 
 from topoagent.cliutil import add_detailed_exitcode, add_json
-from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK
+from topoagent.protocol import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, TopoError
 from topoagent.state.host import load_yaml_file
 from topoagent.state.values import format_rate
 from topoctl.lab import lab as labmod
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     text = "build and drive a cluster of namespaces on this machine"
     p = sub.add_parser("lab", help=text, description=text,
                        epilog="example: topoctl lab up cluster.yaml && topoctl lab status")
-    lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND")
+    # required: a bare `topoctl lab` is a usage error (with --json, a JSON error document)
+    lsub = p.add_subparsers(dest="lab_command", metavar="SUBCOMMAND", required=True)
 
     def cmd(name: str, func, help: str, example: str, lab: bool = True, json: bool = True,
             detailed: bool = False) -> argparse.ArgumentParser:
@@ -90,7 +91,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("host")
     c.add_argument("command", nargs=argparse.REMAINDER, help="command and its arguments")
     cmd("list", _list, "labs on this machine", "list", lab=False)
-    p.set_defaults(func=lambda a: p.print_help() or EXIT_ERROR)
 
 
 def _guard(func):
@@ -205,16 +205,35 @@ def _down_orphans(args: argparse.Namespace) -> int:
     """`down --orphans`: every lab whose owning run has exited (`topoctl.lab.owners`)."""
     if args.lab is not None:
         raise LabError("give either --lab or --orphans", source="--orphans")
-    gone = labmod.orphaned_labs(args.state_dir)
-    for name in gone:
-        labmod.down(name, args.state_dir)
+    gone, failed = [], {}
+    for name in labmod.orphaned_labs(args.state_dir):
+        try:  # one lab that cannot be removed does not keep the others
+            labmod.down(name, args.state_dir)
+            gone.append(name)
+        except TopoError as e:
+            failed[name] = str(e)
+    skipped = _report_bad_records(args.json)
+    for name, why in failed.items():
+        print(f"topoctl: lab {name}: not removed: {why}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"ok": True, "removed": gone}))
+        print(json.dumps({"ok": not failed, "removed": gone, "failed": failed,
+                          "skipped_records": skipped}))
     elif gone:
         print(f"removed {len(gone)} orphan lab(s): {', '.join(gone)}")
-    else:
+    elif not failed:
         print("no orphan labs")
-    return EXIT_OK
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def _report_bad_records(quiet: bool) -> list[str]:
+    """Owner records under a name no lab can have (not made by `lab up`): named on stderr
+    (unless `quiet`, the --json document lists them), never acted on."""
+    bad = labmod.bad_owner_records()
+    for r in [] if quiet else bad:
+        print(f"topoctl: warning: {owners.OWNERS_DIR / r}: an owner record whose name is not a "
+              f"lab name (1-9 lowercase letters/digits, a letter first): skipped; remove it "
+              f"by hand", file=sys.stderr)
+    return bad
 
 
 def _rate(v: float | None) -> str:
@@ -376,12 +395,22 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    labs = labmod.list_labs(args.state_dir)
-    orphaned = set(owners.orphans(labs))
+    found = labmod.list_labs(args.state_dir)
+    orphaned = set(labmod.orphaned_labs(args.state_dir))
+    # a lab known only by its owner record: its `up` was killed before it built anything
+    labs = sorted(set(found) | orphaned)
+    skipped = _report_bad_records(args.json)
     if args.json:
-        print(json.dumps({"ok": True, "labs": list(labs), "orphans": sorted(orphaned)}))
+        print(json.dumps({"ok": True, "labs": labs, "orphans": sorted(orphaned),
+                          "record_only": sorted(orphaned - set(found)),
+                          "skipped_records": skipped}))
     for name in [] if args.json else labs:
         # an orphan's owner (a test or benchmark run) was killed before it took the lab down
-        print(f"{name}  (orphan: `topoctl lab down --orphans` removes it)" if name in orphaned
-              else name)
+        if name not in orphaned:
+            print(name)
+        elif name in found:
+            print(f"{name}  (orphan: `topoctl lab down --orphans` removes it)")
+        else:
+            print(f"{name}  (orphan, owner record only: its `lab up` was killed before it "
+                  f"built anything; `topoctl lab down --orphans` removes the record)")
     return EXIT_OK

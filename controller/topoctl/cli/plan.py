@@ -76,6 +76,15 @@ def _lab_cluster(path: str):
     return parse_cluster(emulated, path)
 
 
+def progress_printer(t0: float):
+    """The planner's progress lines on stderr (stdout holds the plan or the --json answer),
+    with the seconds since `t0`: a first plan on a lab times for minutes."""
+    def say(msg: str) -> None:
+        print(f"topoctl plan [{time.perf_counter() - t0:5.0f} s] {msg}", file=sys.stderr,
+              flush=True)
+    return say
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """`topoctl plan`: load and check the cluster and job, plan, validate, write the plan."""
     # imported only when planning, so every other command starts fast (this module is
@@ -90,7 +99,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     job = load_job(args.job)
     try:
         doc, _ctx, evals = make_plan(cluster, job, use_cache=not args.no_cache,
-                                     retime=args.retime)
+                                     retime=args.retime, progress=progress_printer(t0))
     except JobError as e:  # the planner knows the YAML path, the CLI knows the file
         raise e.at(args.job) from None
     except ClusterError as e:

@@ -1,7 +1,8 @@
 """`topoctl run PLAN` (train under the plan, supervised) and `topoctl stop PLAN`.
 
 SIGTERM and SIGHUP end `run` as Ctrl-C does (exit 130): every launcher ends with the
-transport, and no launcher or rank is left behind (`rollout.run`)."""
+transport, and no launcher or rank is left behind (`rollout.run`). A `topoctl stop` from
+elsewhere ends it the same way: "stopped", exit 130 (interrupted), not a training failure."""
 
 from __future__ import annotations
 
@@ -66,11 +67,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         with interrupted_by_signals():
             result = run_job(plan, transport, iterations=args.iterations,
                              out=(lambda s: None) if quiet else print, verbose=args.verbose,
-                             timeout=args.timeout, user=args.user)
+                             timeout=args.timeout, user=args.user, live=not quiet)
     finally:
         transport.close()
     if args.json:
         print(json.dumps(result.to_dict()))
+        return result.exit_code
+    if result.stopped:
+        print(f"training {result.failure}")
         return result.exit_code
     if result.exit_code:
         print("training failed:\n  " + result.failure.replace("\n", "\n  "))

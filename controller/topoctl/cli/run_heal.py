@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from topoagent.protocol import EXIT_ERROR, EXIT_OK
+from topoagent.protocol import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from topoagent.state.host import StateError
 from topoctl.cli.apply import confirm_window
 from topoctl.cli.output import write_output
@@ -79,6 +79,8 @@ def cmd_run_heal(args: argparse.Namespace, plan: dict, transport: Transport) -> 
         print(json.dumps(result.to_dict()))
     else:
         report(result, args.iterations)
+    if result.segments and result.last.stopped:  # `topoctl stop`: interrupted, as Ctrl-C
+        return EXIT_INTERRUPTED
     ok = result.exit_code == EXIT_OK and result.last.synchronous
     return EXIT_OK if ok else EXIT_ERROR
 
@@ -87,6 +89,9 @@ def report(result: HealResult, iterations: int) -> None:
     """The human summary: each heal with its timings and predictions, then the outcome."""
     for i, h in enumerate(result.heals, 1):
         print(_heal_text(i, h))
+    if result.exit_code and result.segments and result.last.stopped:  # `topoctl stop`
+        print(f"training {result.failure}")
+        return
     if result.exit_code:
         print("training failed:\n  " + result.failure.replace("\n", "\n  "))
         return

@@ -114,6 +114,49 @@ class _WhereTracer(fx.Tracer):
         return inside + (f", after op {self.last}" if self.last else "")
 
 
+class _WhereProp(ShapeProp):
+    """ShapeProp that remembers the node it is running (to name where the model failed)."""
+
+    current: fx.Node | None = None
+
+    def run_node(self, n: fx.Node):
+        self.current = n
+        return super().run_node(n)
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The exception under torch's wrappers (ShapeProp raises a RuntimeError of its own whose
+    text is a node dump ending in "Original traceback: None"; the model's error is its
+    cause)."""
+    seen = set()
+    while (e.__cause__ or e.__context__) is not None and id(e) not in seen:
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def input_failure(name: str, inputs: tuple[torch.Tensor, ...], node: fx.Node | None,
+                  e: BaseException) -> str:
+    """One readable line for a model that fails on its inputs: the inputs as given (per
+    sample), the op it failed at (its module path or function) and the cause."""
+    cause = root_cause(e)
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    given = ", ".join(f"{tuple(t.shape[1:])} {str(t.dtype).removeprefix('torch.')}"
+                      + (f" values {int(t.min())}..{int(t.max())}"
+                         if t.device.type != "meta" and not t.dtype.is_floating_point
+                         and t.numel() else "")
+                      for t in inputs)
+    where = ""
+    if node is not None and node.op == "call_module":
+        where = f" at module {node.target!r}"
+    elif node is not None:
+        what = node.target if isinstance(node.target, str) else getattr(
+            node.target, "__name__", str(node.target))
+        where = f" at op {node.name} ({what})"
+    return (f"{name} cannot take the inputs model.inputs gives (per sample: {given}){where}: "
+            f"{type(cause).__name__}: {text[:400]}")
+
+
 def capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], name: str = "model") -> OpGraph:
     """Trace `model` and propagate shapes of `inputs` (on any device; `meta` is cheapest)."""
     tracer = _WhereTracer()
@@ -123,10 +166,12 @@ def capture(model: nn.Module, inputs: tuple[torch.Tensor, ...], name: str = "mod
         raise CaptureError(f"torch.fx cannot trace {name}: stopped in {tracer.where()}: "
                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
                            ) from None
+    prop = _WhereProp(gm)
     try:
-        ShapeProp(gm).propagate(*inputs)
-    except Exception as e:
-        raise CaptureError(f"shape propagation failed for {name}: {e}") from None
+        prop.propagate(*inputs)
+    except Exception as e:  # noqa: BLE001 - the model's own code raised: say what and where
+        raise CaptureError([("inputs", input_failure(name, inputs, prop.current, e))]
+                           ) from None
     modules = dict(gm.named_modules())
     out_bytes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}

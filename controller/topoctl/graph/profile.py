@@ -7,6 +7,10 @@ host type is `cpu`, roofline otherwise)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
 import torch
 
 from topoctl.catalog.build import build_model, example_inputs
@@ -28,6 +32,28 @@ from topoctl.graph.steptime import batch_inputs_seconds
 from topotrain.timing import ensure_calibration
 
 PROFILE_BATCH = 4  # default batch timed on this CPU; costs scale linearly to the rank's batch
+# where the long steps here (timing on this CPU: seconds to a minute each) report that they
+# start, while `reporting` is active (`topoctl plan` prints them on stderr)
+_PROGRESS: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "topoctl_profile_progress", default=None)
+
+
+@contextlib.contextmanager
+def reporting(progress: Callable[[str], None] | None) -> Iterator[None]:
+    """While inside, each timing this module starts is announced to `progress` (None:
+    silent), with what it times: `plan --retime` timed for a minute in silence."""
+    token = _PROGRESS.set(progress)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def say(msg: str) -> None:
+    """Announce a step to the active `reporting` callback, if any."""
+    fn = _PROGRESS.get()
+    if fn is not None:
+        fn(msg)
 
 
 def _inputs(job) -> list[CatalogInput]:
@@ -73,6 +99,7 @@ def _measure(job, graph: OpGraph, profile_batch: int, use_cache: bool) -> dict[s
         if hit is not None and set(hit) == {o.name for o in graph.ops}:
             return hit
     torch.manual_seed(0)
+    say(f"timing each op of {m.catalog or m.factory} on this CPU at batch {profile_batch}")
     if m.catalog:
         model = build_model(m.catalog, m.params)
         inputs = example_inputs(m.catalog, m.params, profile_batch)
@@ -96,6 +123,7 @@ def retime_runtime_calibration() -> None:
     moved from 34 to 44 us within a day, with the op times within 2%."""
     if _RUNTIME in _RETIMED:
         return
+    say("measuring the tree runtime's CPU costs on this machine (--retime)")
     ensure_calibration(force=True, context=FORKS)  # its processes fork with torch imported
     _RETIMED.add(_RUNTIME)
 
@@ -147,6 +175,9 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
                 return hit
         _RETIMED.add(key)
         torch.manual_seed(0)
+        say(f"timing a training step of {m.catalog or m.factory} on this CPU at batch {batch} "
+            f"({'a pipeline stage' if runtime == 'stage' else 'data-parallel'}"
+            + (f", beside {corun} co-running copies" if corun > 0 else "") + ")")
         if not m.catalog:  # the job's code: timed in a child process, unprivileged
             costs = sandbox.factory_train_costs(job, batch, runtime, corun, ddp)
             if costs is None:
@@ -158,7 +189,10 @@ def measure_train_job(job, batch: int, use_cache: bool = True, runtime: str = "m
                 costs = measure_train_costs(model.to(DTYPES["float32"]), inputs, graph,
                                             runtime=runtime, corun=corun,
                                             ddp_bucket_bytes=ddp)
-            except Exception:  # noqa: BLE001 - a model that does not train here: no timing
+            except Exception as e:  # noqa: BLE001 - a model that does not train here: no
+                # timing, and the reason said (a cost that quietly changes source hides it)
+                sandbox.untimed(m.catalog, batch, f"{type(e).__name__}: "
+                                                  f"{' '.join(str(e).split())[:300]}")
                 return None
         if use_cache:
             cache.store_train(key, costs)
@@ -182,6 +216,7 @@ def measure_batch_inputs(job, batch: int, use_cache: bool = True, retime: bool =
         if hit is not None and "batch_inputs" in hit:
             return hit["batch_inputs"].fwd
     _RETIMED.add(key)
+    say(f"timing how long drawing a batch of {batch} samples takes")
     seconds = batch_inputs_seconds(model_launch_spec(m)["inputs"], batch)
     if use_cache:
         cache.store(key, {"batch_inputs": OpCost(seconds, 0.0)})

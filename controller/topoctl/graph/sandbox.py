@@ -147,9 +147,38 @@ def factory_train_costs(job, batch: int, runtime: str = "module", corun: int = 0
     with `corun` copies beside it, through DDP with `ddp_bucket_bytes` buckets:
     `graph.cost.measure_train_costs`), or None when it cannot
     train on real tensors here."""
-    costs = run_worker(_request(job, "train", batch) | {"runtime": runtime, "corun": corun,
-                                                     "ddp_bucket_bytes": ddp_bucket_bytes},
-                       capture_user())["costs"]
+    doc = run_worker(_request(job, "train", batch) | {"runtime": runtime, "corun": corun,
+                                                   "ddp_bucket_bytes": ddp_bucket_bytes},
+                     capture_user())
+    costs = doc["costs"]
     if costs is None:
+        untimed(job.model.factory, batch, str(doc.get("why") or "no reason given"))
         return None
     return {str(k): TrainCost(*(float(x) for x in v)) for k, v in costs.items()}
+
+
+_said: set[str] = set()  # the untimed warnings given by this process (each once)
+
+
+def untimed(model: str, batch: int, why: str) -> None:
+    """Say on stderr, once per model and reason, that a training step of `model` could not be
+    timed (its per-op costs stay measured or modelled), and why: the plan is still made, but
+    a cost that quietly changed source hides a model that does not train here."""
+    key = f"{model}|{why}"
+    if key not in _said:
+        _said.add(key)
+        print(f"topoctl: warning: timing a training step of {model} at batch {batch} failed "
+              f"({why}); its per-op costs are not fitted to a whole step", file=sys.stderr)
+
+
+def model_problems(factory: str, kwargs: dict, names: dict[str, tuple[str, str]]
+                   ) -> list[tuple[str, str]]:
+    """What is wrong with the model a plan's job builds, found before any rank starts: the
+    factory (run in the capture child, as `capture_user`) must return a torch.nn.Module with
+    every module, nn.Linear or parameter `names` lists ({yaml path: (name, kind)},
+    `capture_worker.check_names`). Problems as (yaml path, message); CaptureError when the
+    factory cannot be run at all."""
+    doc = run_worker({"op": "check", "factory": factory, "kwargs": kwargs,
+                      "names": {k: list(v) for k, v in names.items()}}, capture_user())
+    return [(str(p), str(m)) for p, m in doc.get("problems") or []]
+

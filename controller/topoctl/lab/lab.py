@@ -184,7 +184,8 @@ def list_labs(root: str | Path | None = None) -> list[str]:
     found = set()
     r = state_root(root)
     if r.is_dir():
-        found |= {p.parent.name for p in r.glob("*/lab.json")}
+        found |= {p.parent.name for p in r.glob("*/lab.json")
+                  if names.LAB_NAME.match(p.parent.name)}
     for ns in netops.list_netns("tp-"):
         lab = ns[3:].split("-", 1)[0]
         if names.LAB_NAME.match(lab) and ns.startswith(names.prefix(lab)):
@@ -195,8 +196,16 @@ def list_labs(root: str | Path | None = None) -> list[str]:
 def orphaned_labs(root: str | Path | None = None) -> list[str]:
     """Labs whose owning run (a test or benchmark, `topoctl.lab.owners`) has exited: of every
     lab `list_labs` finds and every lab with an owner record (one whose `up` was killed before
-    it created anything)."""
-    return owners.orphans(sorted(set(list_labs(root)) | set(owners.recorded())))
+    it created anything). Only lab names: a record under a name no lab can have was not made
+    by `up` (which records a checked name) and is left to `bad_owner_records`."""
+    candidates = set(list_labs(root)) | {r for r in owners.recorded() if names.LAB_NAME.match(r)}
+    return owners.orphans(sorted(candidates))
+
+
+def bad_owner_records() -> list[str]:
+    """Owner records (`topoctl.lab.owners`) whose name is not a lab name: never made by
+    `topoctl lab up`, so never acted on; `lab list` and `lab down --orphans` report them."""
+    return [r for r in owners.recorded() if not names.LAB_NAME.match(r)]
 
 
 # --- up ------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """`topoctl explain`: a readable summary of a Plan document (pure text, no I/O).
 
-Sections: the headline (strategy, predicted iteration time and breakdown, the bound), one table
-per host (addresses, forwarding, routes by next hop, QoS classes, ranks), and the topology as
-text (adjacency list with bandwidths; the AllReduce ring order)."""
+Sections: the headline (strategy, predicted iteration time and breakdown, the bound, what each
+post-pass chose and why: DisCo's gradient buckets, SFB's layers), one table per host
+(addresses, forwarding, routes by next hop, QoS classes, ranks), and the topology as text
+(adjacency list with bandwidths; the AllReduce ring order). Figures are rounded for reading
+(`_num`: four significant digits); the plan keeps them whole."""
 
 from __future__ import annotations
 
@@ -10,9 +12,21 @@ from collections import Counter
 
 
 def _ms(x) -> str:
-    if not isinstance(x, (int, float)):
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
         return str(x)
     return f"{x * 1e3:.3f} ms" if abs(x) < 1 else f"{x:.3f} s"
+
+
+def _num(x) -> str:
+    """A figure as people read it: a float to four significant digits (5.439, not
+    5.439028873416763), anything else (whole numbers, names, None) as it is."""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}: {_num(v)}" for k, v in x.items()) + "}"
+    if isinstance(x, list):
+        return "[" + ", ".join(_num(v) for v in x) + "]"
+    return str(x)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -34,7 +48,7 @@ def headline(doc: dict) -> list[str]:
            f" exposed communication {_ms(p.get('exposed_communication'))}, busiest link "
            f"{100 * p.get('max_link_utilisation', 0):.0f}%)",
            f"lower bound: {_ms(b.get('iteration_time'))} [{b.get('name')}], "
-           f"plan/bound = {b.get('ratio')}"]
+           f"plan/bound = {_num(b.get('ratio'))}"]
     if p.get("isolated_iteration") is not None:  # a steady-state period (topoctl.sim.steady)
         out.append(f"steady state: ranks leave the AllReduce one by one and start the next "
                    f"iteration under its tail; one iteration alone "
@@ -49,10 +63,10 @@ def headline(doc: dict) -> list[str]:
         else None
     if isinstance(bw, dict):  # the +bandwidth post-pass (docs/bandwidth.md)
         mp = bw.get("multipath")
-        out.append(f"bandwidth post-pass: objective {bw.get('objective')}, multipath "
+        out.append(f"bandwidth post-pass: objective {_num(bw.get('objective'))}, multipath "
                    f"{'on' if mp else 'off' if mp is not None else '?'} "
                    f"({bw.get('multipath_pairs')} pair(s) split), LP communication time "
-                   f"{_ms(bw.get('lp_comm_time'))}, HTB ceiling = {bw.get('ceil')}")
+                   f"{_ms(bw.get('lp_comm_time'))}, HTB ceiling = {_num(bw.get('ceil'))}")
     return out + post_pass_lines(doc) + tag_lines(doc)
 
 
@@ -63,7 +77,7 @@ def tag_lines(doc: dict) -> list[str]:
     if not isinstance(t, dict):
         return []
     out = [f"TAG search: {t.get('playouts')} playouts, {t.get('simulated_plans')} plans "
-           f"simulated, {t.get('speedup_over_baseline')}x the baseline"
+           f"simulated, {_num(t.get('speedup_over_baseline'))}x the baseline"
            + (" (stopped by the time limit)" if t.get("stopped_by_time") else "")]
     out += [f"  TAG group {g.get('group')}: {g.get('ops')} op(s) {g.get('first')}.."
             f"{g.get('last')}: {g.get('decision')}" for g in t.get("groups", [])]
@@ -79,16 +93,60 @@ def post_pass_lines(doc: dict) -> list[str]:
     sh = c.get("shares")
     if isinstance(sh, dict):  # docs/shares-sfb.md
         out.append("batch shares by speed: " + ", ".join(
-            f"{h} {sh.get('samples', {}).get(h)} (speed {v:g})"
+            f"{h} {sh.get('samples', {}).get(h)} (speed {_num(v)})"
             for h, v in (sh.get("speeds") or {}).items()))
     sfb = c.get("sfb")
     if isinstance(sfb, dict):
-        layers = sfb.get("layers") or {}
-        out.append(f"sufficient-factor broadcasting: {len(layers)} of {sfb.get('candidates')} "
-                   f"fully connected layer(s), program objective {_ms(sfb.get('objective_s'))}"
-                   f", {_mb(sfb.get('gathered_bytes_per_replica'))} gathered per replica")
-        out += [f"  SFB layer {name}: {v.get('m')} -> {v.get('n')}, {v.get('k')} rows per "
-                "replica" for name, v in layers.items()]
+        out += sfb_lines(sfb)
+    return out + disco_lines(doc)
+
+
+def sfb_lines(sfb: dict) -> list[str]:
+    """SFB's choice (`metadata.collective.sfb`): the layers synchronised by it and, when some
+    candidate was left to the AllReduce, why (the closest one's saving against its cost)."""
+    layers = sfb.get("layers") or {}
+    out = [f"sufficient-factor broadcasting: {len(layers)} of {sfb.get('candidates')} "
+           f"fully connected layer(s), program objective {_ms(sfb.get('objective_s'))}"
+           f", {_mb(sfb.get('gathered_bytes_per_replica'))} gathered per replica"]
+    if sfb.get("candidates") == 0:
+        out[0] += ": the model has no fully connected layer with a weight"
+    elif sfb.get("forced"):
+        out[0] += " (the layers were forced, not chosen)"
+    out += [f"  SFB layer {name}: {v.get('m')} -> {v.get('n')}, {v.get('k')} rows per "
+            "replica" for name, v in layers.items()]
+    near = sfb.get("closest")
+    if isinstance(near, dict):  # the best candidate left out, and why
+        out.append(f"  {'none pays' if not layers else 'the others do not pay'}: the closest, "
+                   f"{near.get('module')}, would save {_ms(near.get('saved_s'))} of AllReduce "
+                   f"per iteration but cost {_ms(near.get('cost_s'))} (all-gathering its "
+                   f"factors and rebuilding its gradient)")
+    return out
+
+
+def disco_lines(doc: dict) -> list[str]:
+    """DisCo's gradient buckets (``job.collective.bucket_plan``, in AllReduce order) with what
+    its search chose (`metadata.collective.disco`): overlap, fusion, the gap it closed."""
+    coll = doc.get("job", {}).get("collective", {})
+    plan = coll.get("bucket_plan") if isinstance(coll, dict) else None
+    if not isinstance(plan, list) or not plan:
+        return []
+    c = doc.get("metadata", {}).get("collective")
+    d = c.get("disco") if isinstance(c, dict) else None
+    d = d if isinstance(d, dict) else {}
+    head = (f"DisCo: {len(plan)} gradient bucket(s) named by the plan, AllReduced in this "
+            f"order, overlap {coll.get('bucket_overlap', 'backward')}")
+    if d:
+        head += (f", operator fusion {d.get('fusion')}; gap to the ideal closed "
+                 f"{_num(d.get('gap_closed'))} (of 1); anchors: " + ", ".join(
+                     f"{k} {_ms(v)}" for k, v in (d.get("anchors") or {}).items()))
+    out = [head]
+    for i, b in enumerate(plan):
+        params = b.get("params") if isinstance(b, dict) else None
+        names = params if isinstance(params, list) else []
+        shown = ", ".join(map(str, names[:3])) + (f", ... ({len(names)} in all)"
+                                                  if len(names) > 3 else "")
+        out.append(f"  bucket {i}: {_mb(b.get('bytes') if isinstance(b, dict) else None)}, "
+                   f"{len(names)} parameter(s): {shown}")
     return out
 
 
@@ -107,13 +165,14 @@ def collective_lines(doc: dict) -> list[str]:
         return [f"collective pipeline: stages timed on this CPU at micro-batch "
                 f"{comp.get('micro_batch')} ({comp.get('threads')} thread(s)); messages, "
                 f"blocking sends and the shared cores in the simulation above (CPU costs "
-                f"{comp.get('runtime_cpu')})"]
+                f"{_num(comp.get('runtime_cpu'))})"]
     if not rt:
         return [f"collective {algo}: network part in the simulation above; CPU part not "
                 "modelled"]
     out = [f"collective {algo}: {rt.get('buckets')} AllReduce(s) per iteration, network part "
            f"{_ms(rt.get('network_s'))}, CPU part {_ms(rt.get('cpu_s'))} "
-           f"({rt.get('ranks_per_core')} ranks per core; CPU costs {rt.get('cpu_costs')}); "
+           f"({_num(rt.get('ranks_per_core'))} ranks per core; CPU costs "
+           f"{_num(rt.get('cpu_costs'))}); "
            "the two overlap, the CPU adds "
            f"{_ms(rt.get('exposed_cpu_s', rt.get('cpu_s')))}",
            f"  largest bucket: {rt.get('chunks')} chunks per tree of up to "
@@ -125,8 +184,8 @@ def collective_lines(doc: dict) -> list[str]:
         out.append(f"  tensor fusion: buckets of up to {_mb(fz.get('bucket_bytes'))} "
                    f"({fz.get('buckets')} per iteration); simulated iteration per cap: {tried}")
     if "achieved_over_optimal" in c:
-        out.append(f"  {c.get('trees')} trees at {c.get('achieved_over_optimal')} of the optimum "
-                   f"[{c.get('bound')}]")
+        out.append(f"  {c.get('trees')} trees at {_num(c.get('achieved_over_optimal'))} of the "
+                   f"optimum [{c.get('bound')}]")
     return out
 
 
@@ -157,7 +216,8 @@ def stage_lines(doc: dict) -> list[str]:
 
 
 def _mb(b) -> str:
-    return f"{b / 1e6:g} MB" if isinstance(b, (int, float)) else "?"
+    return f"{b / 1e6:.4g} MB" if isinstance(b, (int, float)) and not isinstance(b, bool) \
+        else "?"
 
 
 def host_tables(doc: dict, only: list[str] | None = None) -> list[str]:

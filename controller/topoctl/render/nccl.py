@@ -6,8 +6,9 @@ Pure functions over the plan document (and, for device and NIC facts, the cluste
   planner's ring sends ``order[i]`` to ``order[i-1]`` (gloo's direction, `sim.schedules`), so
   NCCL rank ``(-i) mod n`` goes to the i-th rank of the planned ring, and NCCL's own ring is
   the planned ring, link for link. The same numbering is used for the MSCCL programs.
-- **MSCCL programs** of the planned AllReduce (`topoctl.msccl`): the ring, or the packed trees
-  with their rates rounded to whole chunks; each checked against the executor's limits.
+- **MSCCL programs** of the planned AllReduce (`topoctl.msccl`): the ring, the packed trees
+  with their rates rounded to whole chunks, or on hosts with several ranks the hierarchical
+  AllReduce; each checked against the executor's limits.
 - **Per host**: the environment of each rank (rank, world, master, NCCL_SOCKET_IFNAME with the
   interfaces the plan routes training through, NCCL_TOPO_FILE, MSCCL_ALGO_DIR and
   MSCCL_XML_FILES) and an NCCL topology file with the host's GPUs and NICs.
@@ -21,6 +22,7 @@ from typing import Any
 
 from topoagent.protocol import TopoError
 from topocontract.msccl import Limits, Program, check, to_xml
+from topoctl.msccl.hierarchical import hierarchical_allreduce
 from topoctl.msccl.ring import ring_allreduce
 from topoctl.msccl.trees import trees_allreduce
 from topoctl.rollout.links import watched_interfaces
@@ -79,6 +81,8 @@ def _programs(plan: dict, ranks: dict[int, int], limits: Limits) -> tuple[dict[s
     algo, n = coll.get("algorithm", "ring"), len(ranks)
     if n < 2:
         return {}, ["one rank: no collective to export"]
+    if coll.get("hierarchical"):
+        return _hierarchical(plan, ranks, algo)
     if algo == "ring":
         return {"allreduce-ring": ring_allreduce(list(range(n)), name="topoctl-ring")}, []
     if algo == "trees":
@@ -93,6 +97,22 @@ def _programs(plan: dict, ranks: dict[int, int], limits: Limits) -> tuple[dict[s
             f"trees: {prog.nchannels} trees on as many channels, rates rounded to "
             f"{TREE_CHUNKS} chunks"]
     return {}, [f"collective {algo!r}: NCCL runs its own; no MSCCL program for it"]
+
+
+def _hierarchical(plan: dict, ranks: dict[int, int], algo: str
+                  ) -> tuple[dict[str, Program], list[str]]:
+    """Hosts of several ranks: reduce-scatter in the host, a ring per shard over the hosts in
+    the planned order (sending to the host before, as the planner's ring), all-gather."""
+    if algo != "ring":
+        return {}, [f"hierarchical with {algo!r} between hosts: no MSCCL program for it yet "
+                    "(NCCL runs its own)"]
+    procs = _processes(plan)
+    order = plan["job"]["collective"].get("order") or sorted(procs)
+    hosts = [[ranks[p["rank"]] for p in procs[h]] for h in reversed(order)]
+    prog = hierarchical_allreduce(hosts, name="topoctl-hierarchical")
+    return {"allreduce-hierarchical": prog}, [
+        f"hierarchical: {len(hosts)} hosts x {len(hosts[0])} ranks (reduce-scatter in the "
+        "host, a ring per shard between hosts, all-gather)"]
 
 
 def _checked(programs: dict[str, Program], limits: Limits) -> None:

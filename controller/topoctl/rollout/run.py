@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from topoagent.protocol import EXIT_INTERRUPTED, STOP_AFTER_FAILURE, STOP_BY_OPERATOR
 from topoagent.state.host import StateError
 from topoagent.state.wire import parse_launch_spec
 from topoctl.rollout.links import cable_at, watched_interfaces
@@ -36,7 +37,8 @@ from topoctl.rollout.transports import UNREACHABLE, Transport
 
 WARMUP = 2  # iterations left out of the timing (process-group setup, allocator warm-up)
 RANK_EVENTS = ("start", "resume", "iter", "done")  # from a rank's event channel only
-LAUNCHER_EVENTS = ("failed", "link-down", "warning")  # from the launcher itself only
+LAUNCHER_EVENTS = ("failed", "stopped", "link-down", "warning")  # from the launcher only
+TRACEBACK = "Traceback (most recent call last):"
 
 
 def iterations_for(predicted: float, at_least: int, min_seconds: float) -> int:
@@ -79,6 +81,9 @@ class RunResult:
     # when it saw the carrier go), received (the controller's)}, in the order reported
     links_down: list[dict] = field(default_factory=list)
     resumed_from: int | None = None  # iterations already done when the ranks resumed
+    # hosts whose ranks an operator stopped (`topoctl stop`): the run ends as stopped (exit
+    # 130), and what the other ranks did then is a consequence
+    stopped: list[str] = field(default_factory=list)
     started_at: float = 0.0  # wall clock: launch requested
     first_iteration_at: float | None = None  # wall clock: rank 0's first iteration reported
 
@@ -154,7 +159,7 @@ class RunResult:
                 "iteration_time": self.iteration_time, "synchronous": self.synchronous,
                 "allreduce": self.allreduce_seconds,
                 "failure": self.failure, "links_down": self.links_down,
-                "resumed_from": self.resumed_from,
+                "stopped": self.stopped, "resumed_from": self.resumed_from,
                 "ranks": {r: {"host": s.host, "iterations": len(s.iterations),
                               "median": s.median(), "checksum": s.checksum}
                           | ({"stage": s.stage, "losses": s.losses} if s.stage is not None
@@ -208,13 +213,8 @@ def job_payload(plan: dict, iterations: int, threads: int = 1, watch: bool = Tru
     if who := rank_user(plan, user):
         job["user"] = who
     model = job.get("model") or {}
-    if model.get("catalog") and not model.get("factory"):  # plans rendered before factories
-        from topoctl.catalog.registry import ENTRIES, resolve_params  # torch: only here
-
-        entry = ENTRIES[model["catalog"]]
-        params = resolve_params(model["catalog"], model.get("params", {}))
-        job["model"] = {"factory": f"{entry.cls.__module__}:{entry.cls.__qualname__}",
-                        "kwargs": params, "inputs": [asdict(s) for s in entry.inputs(params)]}
+    if isinstance(model, dict) and model.get("catalog") and not model.get("factory"):
+        job["model"] = catalog_model(model)  # plans rendered before factories
     job["iterations"] = iterations
     job["threads"] = threads
     if watch:
@@ -224,17 +224,80 @@ def job_payload(plan: dict, iterations: int, threads: int = 1, watch: bool = Tru
     return parse_launch_spec(job).to_dict(exclude_unset=True)
 
 
+def named_in_model(job: dict) -> dict[str, tuple[str, str]]:
+    """What a launch spec names in its model, {yaml path: (name, kind)}: the fusion regions
+    (modules), the SFB layers (nn.Linear modules) and the parameters of a bucket plan."""
+    names: dict[str, tuple[str, str]] = {}
+    for i, r in enumerate((job.get("fusion") or {}).get("regions") or []):
+        names[f"job.fusion.regions[{i}]"] = (r, "module")
+    for i, m in enumerate(job.get("sfb") or []):
+        names[f"job.sfb[{i}]"] = (m, "linear")
+    for i, b in enumerate((job.get("collective") or {}).get("bucket_plan") or []):
+        for j, p in enumerate(b.get("params") or []):
+            names[f"job.collective.bucket_plan[{i}].params[{j}]"] = (p, "parameter")
+    return names
+
+
+def check_model(job: dict) -> None:
+    """Before any rank starts: the job's factory builds a torch.nn.Module that has every
+    module and parameter the plan names (`named_in_model`), else StateError naming each YAML
+    path (every rank would otherwise die of it with a traceback). The factory runs as in
+    planning: in a child process as the capture user (`graph.sandbox`), on the meta device.
+    A spec without a factory (a command of the operator's own) is not checked."""
+    model = job.get("model") or {}
+    if not model.get("factory"):
+        return
+    # the capture child's side imports torch: only `run` pays for it, not `stop`
+    from topoctl.graph.capture import CaptureError
+    from topoctl.graph.sandbox import model_problems  # torch too: `run` only, as above
+    try:
+        problems = model_problems(model["factory"], model.get("kwargs") or {},
+                                  named_in_model(job))
+    except CaptureError as e:
+        problems = e.problems
+    problems = [(p if p.startswith("job.") else f"job.model.{p}" if p else "job.model", m)
+                for p, m in problems]
+    if problems:
+        raise StateError(problems)
+
+
+def catalog_model(model: dict) -> dict:
+    """A plan's ``job.model`` naming a catalog model (`catalog` + `params`) as the runtime
+    takes it (`factory` + `kwargs` + `inputs`); StateError at ``job.model.catalog`` or
+    ``job.model.params`` when the catalog has no such model or parameter."""
+    from topoctl.catalog.registry import ENTRIES, resolve_params  # torch: only here
+
+    name = model["catalog"]
+    if not isinstance(name, str) or name not in ENTRIES:
+        raise StateError([("job.model.catalog", f"unknown model {name!r} (catalog: "
+                                                f"{', '.join(sorted(ENTRIES))})")])
+    params = model.get("params") or {}
+    if not isinstance(params, dict):
+        raise StateError([("job.model.params", "expected a mapping of parameter: value")])
+    try:
+        params = resolve_params(name, params)
+    except ValueError as e:
+        raise StateError([("job.model.params", str(e))]) from None
+    entry = ENTRIES[name]
+    return {"factory": f"{entry.cls.__module__}:{entry.cls.__qualname__}",
+            "kwargs": params, "inputs": [asdict(s) for s in entry.inputs(params)]}
+
+
 def run_job(plan: dict, transport: Transport, iterations: int = 10,
             out: Callable[[str], None] = print, verbose: bool = False,
             timeout: float | None = None, watch: bool = True,
-            checkpoint: dict | None = None, user: str | None = None) -> RunResult:
+            checkpoint: dict | None = None, user: str | None = None,
+            live: bool = False) -> RunResult:
     """Launch the plan's ranks on every host through `transport`, stream their lines to `out`, stop
     all when one fails or a watched cable loses its carrier (`checkpoint`: `{every, resume}`
-    for the trainer; `user`: the operator's choice of the ranks' user)."""
+    for the trainer; `user`: the operator's choice of the ranks' user). `live`: `out` shows
+    the ranks' output as it comes (a terminal), so the failure names the failed rank's last
+    lines without repeating them; else they are in `RunResult.failure`."""
     job = job_payload(plan, iterations, watch=watch, checkpoint=checkpoint, user=user)
+    check_model(job)
     hosts = sorted(job["processes"])
     ranks = {int(p["rank"]): RankStats(h) for h in hosts for p in job["processes"][h]}
-    run = _Supervision(plan, transport, hosts, ranks, iterations, out, verbose)
+    run = _Supervision(plan, transport, hosts, ranks, iterations, out, verbose, live)
     run.launch_all(json.dumps(job), timeout)
     return run.result()
 
@@ -268,8 +331,15 @@ class _Supervision:
     iterations: int
     out: Callable[[str], None]
     verbose: bool
+    live: bool = False  # `out` shows the ranks' output (`run_job`)
     lock: threading.Lock = field(default_factory=threading.Lock)
     failures: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)  # hosts an operator's stop reached
+    # output held back: other ranks' tracebacks while one is shown, and every rank's output
+    # once the run is stopping (broken connections that only bury the first cause)
+    muted: set[int] = field(default_factory=set)
+    traceback_of: int | None = None  # the rank whose traceback is shown
+    held: int = 0  # lines held back
     links_down: list[dict] = field(default_factory=list)
     marks: dict[str, float] = field(default_factory=dict)  # resumed_from, first_iteration_at
     done_ranks: set[int] = field(default_factory=set)  # ranks that reported final parameters
@@ -313,6 +383,8 @@ class _Supervision:
                 # a rank's own failure already names this host; an unreachable host does not
                 if first and (rc == UNREACHABLE or not any(host in f for f in self.failures)):
                     self.failures.append(f"{host}: launch exited {rc}")
+                elif rc == EXIT_INTERRUPTED and host in self.stopped:
+                    pass  # the operator's stop: its `stopped` event said so
                 self.stop_others(host)
 
     def stop_others(self, but: str | None) -> None:
@@ -320,9 +392,10 @@ class _Supervision:
         if self.stopping.is_set():
             return
         self.stopping.set()
+        stop = ["stop", "--reason", STOP_AFTER_FAILURE]  # not the operator's: no `stopped` run
         for other in self.hosts:
             if other != but:
-                t = threading.Thread(target=self.transport.agent, args=(other, ["stop"]),
+                t = threading.Thread(target=self.transport.agent, args=(other, stop),
                                      kwargs={"timeout": 30}, daemon=True)
                 t.start()
                 self.stoppers.append(t)
@@ -363,9 +436,15 @@ class _Supervision:
             self.done_ranks.add(rank)
             self.ranks[rank].checksum, self.ranks[rank].stage = checksum, stage
         elif kind == "failed":
-            last = [str(x) for x in event.get("last") or []]
-            self.failures.append(f"rank {event['rank']} on {host} exited {event['rc']}; last "
-                                 "lines:\n    " + "\n    ".join(last))
+            self._failed(host, event)
+            self.stop_others(host)
+            return not self.verbose  # its last lines are in the failure: shown once
+        elif kind == "stopped":
+            if str(event.get("reason")) == STOP_BY_OPERATOR and host not in self.stopped:
+                self.stopped.append(host)
+                self.out(f"{host}: ranks stopped (topoctl stop / topo-agent stop)")
+                self.stop_others(host)  # a stop of some hosts only ends the whole job
+            return not self.verbose
         elif kind == "warning":
             self.out(f"{host}: warning: {event['message']}")
             return True
@@ -398,14 +477,52 @@ class _Supervision:
                  f"{seconds:.3f} s  ({n / dt:.2f} it/s since start)")
         return True
 
+    def _failed(self, host: str, event: dict) -> None:
+        """A rank's `failed` event: the first names the rank, its exit code and its last lines
+        (unless `live` showed them as they came); the later ones (most often the others'
+        broken connections) one line each, their last line."""
+        last = [str(x) for x in event.get("last") or []]
+        head = f"rank {event['rank']} on {host} exited {event['rc']}"
+        cause = next((x.strip() for x in reversed(last) if x.strip()), "")
+        first = not self.failures
+        if first and self.live and event["rank"] == self.traceback_of:
+            self.failures.append(f"{head}: {cause} (its traceback is above)")
+        elif first and self.live and event["rank"] in self.muted:
+            self.failures.append(f"{head}: {cause} (its traceback held back: rank "
+                                 f"{self.traceback_of}'s is above)")
+        elif first:
+            self.failures.append(head + "; last lines:\n    " + "\n    ".join(last))
+        else:
+            self.failures.append(f"{head}: {cause}" if cause else head)
+
     def _echo(self, host: str, line: str, event: dict | None) -> None:
         """Pass a line on to `out`: every line when verbose, else what is not a routine event
         (iterations, done, start), and nothing after a cable failed (the ranks' broken
-        connections and tracebacks would only bury its name)."""
+        connections and tracebacks would only bury its name); of the ranks' output, one
+        traceback (the first), and nothing once the run is stopping (`_held`)."""
         if self.links_down and not self.verbose:
+            return
+        if not self.verbose and self._held(line):
+            self.held += 1
             return
         if self.verbose or not (event and event.get("event") in ("iter", "done", "start")):
             self.out(f"{host} {line}")
+
+    def _held(self, line: str) -> bool:
+        """Whether a rank's output line is held back: another rank's traceback while one is
+        shown (every rank raising the same error showed it once per rank), and any rank's
+        output once a failure or a stop is being handled."""
+        if not line.startswith("[rank "):
+            return False
+        head, _, body = line.partition("] ")
+        number = head[len("[rank "):]
+        rank = int(number) if number.isdigit() else -1
+        if body.startswith(TRACEBACK):
+            if self.traceback_of is None:
+                self.traceback_of = rank
+            elif rank != self.traceback_of:
+                self.muted.add(rank)
+        return rank in self.muted or (self.stopping.is_set() and rank != self.traceback_of)
 
     def _link_down(self, host: str, event: dict) -> None:
         """A watched interface lost its carrier: name the cable at that port and its peer."""
@@ -429,7 +546,15 @@ class _Supervision:
                            started_at=self.started_at,
                            first_iteration_at=self.marks.get("first_iteration_at"))
         finished = self.done_ranks == set(self.ranks)
-        if self.links_down and not finished:
+        if self.held:
+            self.out(f"({self.held} more line(s) of the ranks' output held back: the other "
+                     "ranks' tracebacks and their broken connections; --verbose shows them)")
+        if self.stopped and not finished:
+            result.exit_code, result.stopped = EXIT_INTERRUPTED, list(self.stopped)
+            result.failure = (f"stopped on {', '.join(self.stopped)} (topoctl stop)"
+                              + (f"; then {len(self.failures)} rank/host failure(s) followed"
+                                 if self.failures else ""))
+        elif self.links_down and not finished:
             result.exit_code = 1
             result.failure = cable_failure(self.links_down, self.failures)
         elif self.links_down:  # every rank had reported its final parameters: complete

@@ -118,9 +118,11 @@ def extra_seconds(ctx: PlanContext, ops: list[str]) -> dict[tuple[str, str], flo
     return out
 
 
-def _program(ctx: PlanContext, network: Network) -> tuple[SfbChoice, dict[str, tuple]]:
+def _program(ctx: PlanContext, network: Network
+             ) -> tuple[SfbChoice, dict[str, tuple], dict[str, tuple[float, float]]]:
     """The candidates, their costs on the plan's network and op costs, and the program's
-    choice; also op name -> (module, K, M, N, factor bytes per replica)."""
+    choice; also op name -> (module, K, M, N, factor bytes per replica), and op name ->
+    (seconds of AllReduce SFB saves, seconds it costs alone: its gathers and rebuild)."""
     (_, ar_b), (ag_c, ag_b) = plan_rates(ctx, network)
     width = ctx.graph.dtype_bytes
     cands, gather, info = [], {}, {}
@@ -133,7 +135,20 @@ def _program(ctx: PlanContext, network: Network) -> tuple[SfbChoice, dict[str, t
         gather[d] = ag_c + ag_b * k * n * width
         cands.append(SfbLayer(op.name, (x, d), more, ar_b * op.param_bytes))
         info[op.name] = (module, k, m, n, k * (m + n) * width)
-    return choose_layers(cands, gather), info
+    alone = {c.name: (c.saved_s, c.extra_s + sum(gather[e] for e in c.factors)) for c in cands}
+    return choose_layers(cands, gather), info, alone
+
+
+def closest_left_out(chosen: list[str], info: dict[str, tuple],
+                     alone: dict[str, tuple[float, float]]) -> dict | None:
+    """The candidate left to the AllReduce that came nearest to paying for SFB on its own
+    (largest saving minus cost), for `explain` to say why it was not chosen; None when every
+    candidate was chosen. O(candidates)."""
+    left = [op for op in info if op not in chosen]
+    if not left:
+        return None
+    op = max(left, key=lambda o: (alone[o][0] - alone[o][1], o))
+    return {"module": info[op][0], "op": op, "saved_s": alone[op][0], "cost_s": alone[op][1]}
 
 
 def _without(graph: OpGraph, ops: set[str]) -> OpGraph:
@@ -191,7 +206,7 @@ def with_sfb(ctx: PlanContext, base: Strategy, layers: list[str] | None = None) 
     if base.collective.get("algorithm") != "ring" or "shares" in base.collective:
         raise StrategyError("SFB is planned on data-parallel ring plans with even batches "
                             f"(not {base.name})")
-    choice, info = _program(ctx, base.network)
+    choice, info, alone = _program(ctx, base.network)
     chosen = list(choice.layers) if layers is None else list(layers)
     unknown = [op for op in chosen if op not in info]
     if unknown:
@@ -204,6 +219,9 @@ def with_sfb(ctx: PlanContext, base: Strategy, layers: list[str] | None = None) 
         "candidates": len(info), "objective_s": choice.objective,
         **({"forced": True} if layers is not None else {}),
         "gathered_bytes_per_replica": sum(info[op][4] for op in chosen)}}
+    near = closest_left_out(chosen, info, alone)
+    if near is not None:  # why the others stay with the AllReduce (`topoctl explain`)
+        notes["sfb"]["closest"] = near
     return replace(base, name=f"{base.name}+sfb", tasks=tasks, buckets=sizes,
                    collective=base.collective | {"sfb": modules}, notes=notes)
 

@@ -117,5 +117,7 @@ def loss_png(losses: list[float], rounds: int, path: str) -> None:
     ax.set_ylabel("cross-entropy to visit shares")
     ax.set_title("TAG prior: self-play training loss")
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
+    # PNG whatever the name ends in (matplotlib picks the format by the suffix and refuses an
+    # unknown one, after the training has run)
+    fig.savefig(path, format="png", metadata={"Software": None})
     plt.close(fig)
