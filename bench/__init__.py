@@ -1,7 +1,9 @@
-"""Benchmark programs (not library), run from the repository root as `python -m bench.NAME`
-(some through `topoctl bench NAME`). Shared helpers: `bench.common` (paths, defaults, synthetic
-clusters, machine CPU readings), `bench.common.trees` (the tree runtime's cost model on a
-cluster file's cables). Each program's results, where the docs cite them: `bench/results/`."""
+"""Benchmark programs (not library), one subpackage per subject (demo, agent, lab, planner,
+placement, trees, sync, tag, topoopt), run from the repository root as `python -m
+bench.SUBJECT.NAME` (`make demo`: `python -m bench.demo`; some through `topoctl bench NAME`).
+Shared helpers: `bench.common` (paths, defaults, synthetic clusters, machine CPU readings),
+`bench.common.trees` (the tree runtime's cost model on a cluster file's cables). Each program's
+results, where the docs cite them: `bench/results/`."""
 
 from topoctl.lab import owners
 

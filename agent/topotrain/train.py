@@ -9,13 +9,17 @@ so this module imports nothing of the controller.
 Gloo binds the host's training address (a /32 routed over the fabric), not the first address
 of an interface: `topo-agent launch` runs each rank in a UTS namespace whose hostname is that
 address, and gloo's default device binds what the hostname resolves to.
-With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook.
+With `collective.algorithm: trees` the plan's tree schedule runs as a DDP communication hook;
+with `collective.hierarchical` (hosts running several ranks) the hierarchical AllReduce does
+(`topotrain.collectives.hierarchy`: reduce-scatter in the host, ring or trees across hosts per
+shard, all-gather in the host).
 With `batch.shares` each rank draws its own share of the global batch and weights its loss by it
 (`topotrain.shares`); the `sfb` layers are synchronised by sufficient-factor broadcasting
 (`topotrain.sfb`).
 
 One JSON line per event on the event channel (`topotrain.events`: the pipe the launcher
-gives the rank, stdout without one): `start`, `resume` (rank 0, when continuing from a
+gives the rank, stdout without one): `start` (rank, world, local rank, the CPU group the
+kernel has the rank in, bind address, ...), `resume` (rank 0, when continuing from a
 checkpoint: iterations already done, source rank), `iter` (rank, iteration, seconds, loss; tree
 plans: `allreduce`, per gradient bucket [bytes, seconds waiting for the tree runtime's thread,
 seconds of its AllReduce]; plans naming their buckets, `job.collective.bucket_plan`:
@@ -58,9 +62,10 @@ from topoagent.state.host import StateError
 from topoagent.state.wire import LaunchSpec, load_launch_spec
 from topocontract.buckets import BUCKET_PLAN_KEY, BucketPlanError, bucket_overlap_of
 from topocontract.fusion import parse_fusion
+from topocontract.hierarchy import HIERARCHY_KEY, HierarchyError, parse_hierarchy
 from topotrain import checkpoint
 from topotrain.buckets import PlannedBuckets, attach_buckets
-from topotrain.collectives import load_schedule, register_tree_hook
+from topotrain.collectives import load_schedule, register_hierarchy_hook, register_tree_hook
 from topotrain.events import emit
 from topotrain.fusion import apply_fusion
 from topotrain.pipeline import main as pipeline_main
@@ -93,7 +98,8 @@ def main() -> int:
     rank, world = _join_process_group(job)
     try:
         run = _prepare(job, rank, world)
-    except (SfbError, BucketPlanError) as e:  # the plan names what this model does not have:
+    except (SfbError, BucketPlanError, HierarchyError) as e:  # the plan names what this
+        # model or job does not have:
         # every rank builds the same model, so all of them stop here
         print(f"topotrain.train: {os.environ['TOPOCTL_JOB']}: {e}", file=sys.stderr)
         dist.destroy_process_group()
@@ -148,7 +154,8 @@ class _Run:
     model: torch.nn.Module
     ddp: torch.nn.Module
     opt: torch.optim.Optimizer
-    tree_hook: Any  # the tree AllReduce hook (its per-bucket timings), None for DDP's own
+    # the tree or hierarchical AllReduce hook (its per-bucket timings), None for DDP's own
+    tree_hook: Any
     ckpt: checkpoint.CheckpointDir | None
     start: int
     sfb: SfbLayers | None = None  # the layers synchronised by SFB (`job.sfb`), None: none
@@ -177,6 +184,10 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
         _fuse(job, model, rank)
     tree_hook, buckets = None, None
     trees = job.collective.get("algorithm") == "trees"
+    hierarchy = parse_hierarchy(job.collective, job.processes)
+    if hierarchy is not None and BUCKET_PLAN_KEY in job.collective:
+        raise HierarchyError([(f"job.collective.{HIERARCHY_KEY}", "a hierarchical AllReduce "
+                               "of plan-named buckets (bucket_plan) is not supported")])
     if BUCKET_PLAN_KEY in job.collective:  # the plan names the buckets: no DDP wrapper
         ddp = model
         opt = torch.optim.SGD(model.parameters(), lr=job.lr)
@@ -190,7 +201,10 @@ def _prepare(job: LaunchSpec, rank: int, world: int) -> _Run:
             regions=tuple(regions))
     else:
         ddp = data_parallel(model, job.bucket_cap_mb)
-        if trees:
+        if hierarchy is not None:  # several ranks per host: intra, inter, intra
+            tree_hook = register_hierarchy_hook(ddp, hierarchy, load_schedule(
+                job.collective["schedule"]) if trees else None)
+        elif trees:
             tree_hook = register_tree_hook(ddp, load_schedule(job.collective["schedule"]))
         opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
     if start:
@@ -221,6 +235,7 @@ def _train(run: _Run) -> None:
     writer = run.ckpt is not None and every > 0 and run.local0
     stop_after = int(os.environ.get("TOPO_TRAIN_EXIT_AFTER", "0") or 0)
     _emit(event="start", rank=rank, world=run.world,
+          local_rank=int(os.environ.get("LOCAL_RANK", "0")), cpu_group=_cpu_group(),
           bind=os.environ.get("TOPOCTL_BIND_ADDRESS", "127.0.0.1"), iterations=job.iterations,
           algorithm=job.collective.get("algorithm", "default"), first=run.start)
     for it in range(run.start, job.iterations):
@@ -239,6 +254,22 @@ def _train(run: _Run) -> None:
             # the process group alive lets gloo's threads abort the process (SIGABRT)
             sys.stdout.flush()
             os._exit(EXIT_TEST_STOP)
+
+
+def _cpu_group() -> str | None:
+    """The CPU control group this rank runs in, as the kernel's /proc/self/cgroup says (v1:
+    the hierarchy with the `cpu` controller; v2: the unified one): the lab host's quota
+    group when the lab started it. None when unreadable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    groups = {}
+    for ln in lines:
+        _, ctrl, path = ln.split(":", 2)
+        groups["v2" if ctrl == "" else ctrl] = path
+    v1 = [path for ctrl, path in groups.items() if "cpu" in ctrl.split(",")]
+    return v1[0] if v1 else groups.get("v2")
 
 
 def _timed_iteration(run: _Run, inputs: list[torch.Tensor], last: bool = False

@@ -1,6 +1,7 @@
 """`make demo`: the main job, end to end on one machine.
 
-Plan the MLP job on the heterogeneous 8-host cluster (plans/hetero8-cluster.yaml) with the
+Plan the demo's MLP job (bench/jobs/mlp-demo-job.yaml: 4.8 MB of gradients, 2048 samples) on
+the heterogeneous 8-host cluster (plans/hetero8-cluster.yaml) with the
 baseline and with every topology-aware strategy the planner has, and for each: build the
 cluster as a lab of its own (namespaces, shaped cables, an sshd per host), apply the plan on
 every host (two-phase, over the lab transport),
@@ -13,10 +14,13 @@ as JSON and a PNG plot next to it, and tears each lab down (OVS daemons included
 interrupted.
 
 By default the job's training step (and the tree runtime's CPU costs) is timed once, at the
-start, and every strategy is planned with those timings. `--careful`, for figures that go
-into docs: every strategy is planned right before it is measured with its ops timed again
-(this VM's speed moves within minutes), the whole run is repeated `--runs` times (3) and the
-table gives the medians (bench/demo/median.py), each run's files in `OUT/run<k>/`.
+start, and every strategy is planned with those timings; the pipeline strategies, which time
+pipeline stages and the cores' crowding besides, are planned by a child process at idle
+priority while the rows before theirs are measured (bench/demo/ahead.py: the CPU those
+network-bound rows leave idle), the same plans the demo made itself before. `--careful`, for
+figures that go into docs: every strategy is planned right before it is measured with its ops
+timed again (this VM's speed moves within minutes), the whole run is repeated `--runs` times
+(3) and the table gives the medians (bench/demo/median.py), each run's files in `OUT/run<k>/`.
 
     python -m bench.demo [--iterations N] [--min-seconds 6] [--out demo-results]
                          [--strategies baseline trees | --all] [--no-ovs]
@@ -33,6 +37,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,31 +48,18 @@ from bench.common import (
     DEMO_ITERATIONS,
     DEMO_ITERATIONS_CAREFUL,
     MIN_TIMED_SECONDS,
-    ROOT,
 )
+from bench.demo.ahead import Ahead, planned_ahead
+from bench.demo.planning import CLUSTER, JOB, demo_cluster, job_document, plan_for
 from bench.demo.summary import plan_summary
 from topoagent.cliutil import ArgumentParser
 from topoctl.rollout.run import iterations_for
 
-CLUSTER = ROOT / "plans" / "hetero8-cluster.yaml"
-JOB = ROOT / "plans" / "mlp-job.yaml"
 T = TypeVar("T")
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def plan_for(cluster, job_doc: dict, strategy: str) -> dict:
-    """The plan of `job_doc` with `strategy` only, the ranks' step timed as `--retime` does:
-    once per process (again after `topoctl.graph.profile.forget_retimed`), then from the
-    cache that timing filled."""
-    from topoctl.planner import make_plan
-    from topoctl.spec.job import parse_job
-
-    job = parse_job({**job_doc, "strategies": [strategy]}, f"{JOB}[{strategy}]")
-    plan, _, _ = make_plan(cluster, job, retime=True)
-    return plan
 
 
 # `make demo`'s rows leave out the strategies below: each row costs 15-35 s on this 2-core VM
@@ -261,40 +253,41 @@ def reused(s: str, plan: dict, twin: dict) -> dict:
 def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
             ) -> tuple[list[dict], dict[str, dict], Phases]:
     """Every row once: (rows, plans by strategy, phase times). Default: the step timed once
-    and every strategy planned with it first; careful: each strategy planned (timed again)
-    right before it is measured."""
+    and every strategy planned with it first, the pipeline strategies in a child process at
+    idle priority while the rows before theirs are measured (`bench.demo.ahead`); careful:
+    each strategy planned (timed again) right before it is measured."""
     from topoctl.graph.profile import forget_retimed
 
     phases = Phases()
     plans: dict[str, dict] = {}
+    ahead = Ahead([] if args.careful else strategies, out, log)
 
-    def planned(s: str) -> dict:
+    def planned(s: str) -> None:
         t0 = time.perf_counter()
-        plan = plans[s] = plan_for(cluster, job_doc, s)
+        if s in ahead.strategies:
+            plan, waited = ahead.plan(s)
+            how = f"planned ahead (waited {waited:.1f} s for it)"
+        else:
+            plan = plan_for(cluster, job_doc, s)
+            (out / f"plan-{s}.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+            how = f"planned in {time.perf_counter() - t0:.1f} s"
+        plans[s] = plan
         phases.add("planning", time.perf_counter() - t0)
-        (out / f"plan-{s}.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
-        log(f"{s}: planned in {time.perf_counter() - t0:.1f} s: {plan_summary(plan)}, "
-            f"predicted {plan['metadata']['prediction']['iteration_time']:.3f} s/it")
-        return plan
+        log(f"{s}: {how}: {plan_summary(plan)}, predicted "
+            f"{plan['metadata']['prediction']['iteration_time']:.3f} s/it")
 
     forget_retimed()  # this run times the step (and the runtime's CPU costs) again
-    if not args.careful:
-        for s in strategies:
-            planned(s)
-    rows = []
-    for k, s in enumerate(strategies):
-        if args.careful:
-            # planned now, with its ops timed now: this VM's speed moves within minutes (a
-            # plain training loop of the demo's MLP: 75 ms, then 99 ms 53 minutes later), so a
-            # timing from the start of the demo can be 20% off by its end
-            forget_retimed()
-            planned(s)
-        twin = same_plan_as(plans[s], [(r, plans[r["strategy"]]) for r in rows
-                                       if r["strategy"] in plans and not r.get("same_as")])
-        rows.append(reused(s, plans[s], twin) if twin else row(cluster, s, plans[s], k, args,
-                                                               phases))
+    try:
+        if not args.careful:
+            for s in strategies:
+                if not planned_ahead(s):
+                    planned(s)
+            ahead.start()  # after this process's timings: the child reads them
+        rows = measure_rows(cluster, strategies, args, plans, planned, phases)
+    finally:
+        ahead.close()
     if not args.no_ovs:
-        from bench.demo.ovs import ovs_row
+        from bench.demo.ovs import ovs_row  # the OVS modules only when the row runs
 
         t0 = time.perf_counter()
         r = ovs_row(CLUSTER, job_doc, args.iterations, out, f"dovs{os.getpid() % 10**5}",
@@ -304,6 +297,29 @@ def one_run(cluster, job_doc: dict, strategies: list[str], args, out: Path
         log(f"{r['strategy']} ({r['plan']}): predicted {r['predicted']:.3f} s/it, measured "
             f"{r['measured']:.3f} s/it")
     return rows, plans, phases
+
+
+def measure_rows(cluster, strategies: list[str], args, plans: dict[str, dict],
+                 planned: Callable[[str], None], phases: Phases) -> list[dict]:
+    """The rows of `strategies` in order, each measured on a lab of its own unless its plan
+    runs as an earlier row's (`same_plan_as`); `planned(s)` puts a strategy's plan into
+    `plans` (careful: timed again right before; default: the child's plans as they come)."""
+    from topoctl.graph.profile import forget_retimed
+
+    rows: list[dict] = []
+    for k, s in enumerate(strategies):
+        if args.careful:
+            # planned now, with its ops timed now: this VM's speed moves within minutes (a
+            # plain training loop of the demo's MLP: 75 ms, then 99 ms 53 minutes later), so a
+            # timing from the start of the demo can be 20% off by its end
+            forget_retimed()
+        if args.careful or s not in plans:
+            planned(s)
+        twin = same_plan_as(plans[s], [(r, plans[r["strategy"]]) for r in rows
+                                       if r["strategy"] in plans and not r.get("same_as")])
+        rows.append(reused(s, plans[s], twin) if twin else row(cluster, s, plans[s], k, args,
+                                                               phases))
+    return rows
 
 
 def save(rows: list[dict], optimum: float | None, out: Path, extra: dict) -> str:
@@ -347,20 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("the demo needs root (network namespaces)", file=sys.stderr)
         return 1
-    from topoctl.lab.emulated import lab_emulation
-    from topoctl.spec.cluster_load import load_cluster, parse_cluster
     from topoctl.strategies import available
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = load_cluster(CLUSTER)
     # predictions for the cables the lab really has (topoctl.lab.emulated)
-    doc, cleared = lab_emulation(yaml.safe_load(CLUSTER.read_text()))
+    cluster, cleared = demo_cluster()
     if cleared:
         log(f"this kernel has no sch_netem: the lab cannot emulate {', '.join(cleared)}; "
             "planning the cluster as the lab emulates it (no latency, no loss)")
-        cluster = parse_cluster(doc, f"{CLUSTER} (as emulated)")
-    job_doc = yaml.safe_load(JOB.read_text())
+    job_doc = job_document()
     strategies = args.strategies or default_strategies(available(), every=args.all)
     t_start = time.perf_counter()
     runs = args.runs if args.careful else 1

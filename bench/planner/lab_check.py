@@ -240,13 +240,16 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
             shutil.copy(tmp / "plan.yaml", kept / "plan.yaml")
             for h, out in outs.items():
                 (kept / f"{h}.log").write_text(out)
-        for h, p in procs.items():
-            out = outs[h]
+        for host, p in procs.items():
+            out = outs[host]
             for line in out.splitlines():
                 _, _, body = line.partition("] ")
                 ev = json.loads(body) if body.startswith("{") else {}
                 if ev.get("event") != "iter":
                     continue
+                # one series per rank (a host may run several)
+                h = host if len(plan["job"]["processes"][host]) == 1 else \
+                    f"{host}/{ev['rank']}"
                 seconds.setdefault(h, []).append(ev["seconds"])
                 if "allreduce" in ev:
                     buckets.setdefault(h, []).append(ev["allreduce"])
@@ -265,7 +268,7 @@ def check(cluster_file: str, job: dict, iterations: int, given: dict | None = No
                     sfb_sync.setdefault(h, []).append(ev["sfb_seconds"])
                     ends.setdefault(ev["iter"], []).append(ev["end"])
             if p.returncode:
-                print(f"launch {h} failed:\n{out[-2000:]}", file=sys.stderr)
+                print(f"launch {host} failed:\n{out[-2000:]}", file=sys.stderr)
                 return None
     finally:
         run(BIN / "topoctl", "lab", "down", "--lab", name, "--state-dir", labs)

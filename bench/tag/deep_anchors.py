@@ -26,8 +26,10 @@ from topoagent.cliutil import ArgumentParser
 from topoctl.planner import prepare
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.strategies import tag as T
+from topoctl.strategies.tag import kit
 from topoctl.tag.clusters import generated
+from topoctl.tag.evaluator import Evaluator
+from topoctl.tag.problem import build_space, op_groups
 from topoctl.tag.space import Plan, Stage
 from topoctl.tag.train import job_doc
 
@@ -104,9 +106,9 @@ def one_case(cluster, model: str, batch: int, top: int) -> tuple[float, str, int
     """(best ms, its shape, plans simulated, seconds)."""
     ctx = prepare(cluster, parse_job(job_doc(model, batch) | {"strategies": ["tag"]}),
                   use_cache=False)
-    groups = T.op_groups(ctx, 24)
-    ev = T.Evaluator(ctx, groups)
-    space = T.build_space(ctx, groups, ("ring",), True, ev.times)
+    groups = op_groups(ctx, 24, kit())
+    ev = Evaluator(ctx, groups, kit())
+    space = build_space(ctx, groups, ("ring",), kit(), True, ev.times)
     t0 = time.perf_counter()
     best = (math.inf, "")
     for _, sets, firsts in candidates(ev.times, space.sizes)[:top]:

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                 tag = doc["metadata"]["collective"]["tag"]
                 res = (f"{doc['metadata']['prediction']['iteration_time'] * 1e3:.4g} ms, "
                        f"{tag['groups'][0]['decision']}"
-                       + (" (time limit)" if tag["stopped_by_time"] else ""))
+                       + (" (cut by the clock)" if tag.get("cut_short") else ""))
             except TopoError as e:
                 res = f"not planned: {str(e).splitlines()[0][:120]}"
             s = time.perf_counter() - t0

@@ -21,9 +21,10 @@ from topoagent.cliutil import ArgumentParser
 from topoctl.planner import prepare
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.strategies import tag as T
+from topoctl.strategies.tag import kit
 from topoctl.tag.clusters import generated
 from topoctl.tag.prior import shipped
+from topoctl.tag.search import run_search
 from topoctl.tag.train import HELD_OUT_MODELS, TRAIN_MODELS, job_doc
 
 # held-out cluster shapes: 8 hosts (training saw 4), both fabrics, GPU and CPU hosts
@@ -38,8 +39,8 @@ def needed(improvements: list[tuple[int, float]], target: float) -> int | None:
 
 def one_case(cluster, model: str, batch: int, budget: int) -> dict:
     ctx = prepare(cluster, parse_job(job_doc(model, batch)), use_cache=False)
-    ref = T.run_search(ctx, 10 * budget, net=None, use_anchors=False)
-    gnn = T.run_search(ctx, 10 * budget, net=shipped(), use_anchors=False)
+    ref = run_search(ctx, kit(), 10 * budget, net=None, use_anchors=False)
+    gnn = run_search(ctx, kit(), 10 * budget, net=shipped(), use_anchors=False)
     # within 2% of the reference time: value >= t_base / (1.02 t_ref) - 1
     target = ref.base_time / (1.02 * ref.time) - 1 - 1e-12
     n_gnn = needed(gnn.result.improvements, target)

@@ -24,10 +24,12 @@ from topoagent.cliutil import ArgumentParser
 from topoctl.planner import evaluate, prepare
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.strategies import tag as T
+from topoctl.strategies.tag import kit
 from topoctl.tag import mcmc
 from topoctl.tag.clusters import generated
+from topoctl.tag.evaluator import reward
 from topoctl.tag.prior import shipped
+from topoctl.tag.search import run_search
 from topoctl.tag.space import plan_of
 from topoctl.tag.train import job_doc
 
@@ -67,10 +69,10 @@ def one_case(cluster, model: str, batch: int, playouts: int) -> dict:
     ev = evaluate(ctx, "tag")
     search_s = time.perf_counter() - t0
     times["tag"] = ev.result.iteration_time
-    uni = T.run_search(ctx, playouts, seed=0, net=None)
+    uni = run_search(ctx, kit(), playouts, seed=0, net=None)
     times["mcts-uniform"] = uni.time
     sp, evl = uni.space, uni.evaluator
-    best, _, _ = mcmc.search(sp, lambda s: T.reward(uni.base_time, evl.time(plan_of(s))),
+    best, _, _ = mcmc.search(sp, lambda s: reward(uni.base_time, evl.time(plan_of(s))),
                              playouts, seed=0)
     times["mcmc"] = evl.time(plan_of(best))
     others = {k: v for k, v in times.items() if k in OTHERS and v is not None}

@@ -19,10 +19,12 @@ from bench.common import PLANS, job
 from topoctl.planner import prepare
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import parse_job
-from topoctl.strategies import tag as T
+from topoctl.strategies.tag import kit
 from topoctl.tag import exhaustive
 from topoctl.tag.clusters import generated
+from topoctl.tag.evaluator import reward
 from topoctl.tag.prior import shipped
+from topoctl.tag.search import run_search
 from topoctl.tag.space import plan_of
 
 CASES = [("gen4-1", "vgg", 256), ("gen4-2", "mlp", 512), ("hetero4c", "mlp", 384),
@@ -40,10 +42,10 @@ def main() -> int:
               else parse_cluster(generated(4, int(case[-1]))))
         ctx = prepare(cl, parse_job(job(model, {}, batch)), use_cache=False)
         for net in (None, shipped()):
-            out = T.run_search(ctx, 300, seed=0, max_groups=6, net=net, widen=widen)
+            out = run_search(ctx, kit(), 300, seed=0, max_groups=6, net=net, widen=widen)
             ev = out.evaluator
             s, _, n = exhaustive.optimum(
-                out.space, lambda s, o=out, e=ev: T.reward(o.base_time, e.time(plan_of(s))))
+                out.space, lambda s, o=out, e=ev: reward(o.base_time, e.time(plan_of(s))))
             t = ev.time(plan_of(s))
             print(f"| {case} | {model} | {'gnn' if net else 'uniform'} | {len(out.groups)} | "
                   f"{n} | {t * 1e3:.3f} | {out.time * 1e3:.3f} | "

@@ -1,11 +1,14 @@
 """Search limits that keep plans deterministic: same cluster and job, same plan bytes.
 
-Every search (tree packing, bounds, and the strategies to come) is bounded by counts:
-iterations, nodes, augmentations, seeds, never by wall-clock seconds, so a loaded machine plans
-exactly what a quiet one does. Wall clock appears only as an outer safety net (`SafetyClock`)
-against a pathological input: when it cuts a search short the search stops where it is and says
-so (`SafetyClock.cut`), and the strategy reports it in the plan's metadata, since that plan may
-then differ from run to run.
+Every search (tree packing, bounds, placement, TAG's tree and walk, and the strategies to
+come) is bounded by counts by default: iterations, nodes, augmentations, playouts, simulations,
+seeds run to completion, never by wall-clock seconds, so a loaded machine plans exactly what a
+quiet one does. Wall clock appears only as an outer safety net (`SafetyClock`) against a
+pathological input, or when the job itself asks for one (`tag.time_limit`,
+`topoctl.tag.budget`): when it cuts a search short the search stops where it is and says so,
+and the strategy reports it in the plan's metadata under `cut_short` (with a
+`cut_short_note`; `topoctl explain` prints it), since that plan may then differ from run to
+run. `tests/unit/test_plan_deterministic.py` looks for that key.
 """
 
 from __future__ import annotations

@@ -177,15 +177,28 @@ def test_status_shows_each_hosts_speed_and_share(hetero4, capsys):
 
 
 @needs_cpu
-def test_a_lab_without_speeds_has_unlimited_groups(tmp_path):
+def test_a_lab_without_speeds_gives_every_host_a_fixed_share(tmp_path):
+    """hetero8 states no speed: every host is speed 1, 8 shares of the machine's cores (a
+    quarter core each on 2). A busy loop on h5 running alone (the other hosts idle) is held
+    to its share, not the whole machine: the kernel throttles it."""
     name = _name("u")
     c = load_cluster(PLANS / "hetero8-cluster.yaml")
+    share = min(1.0, cpu.machine_cores() / 8)
     try:
         lab = labmod.up(c, name, tmp_path, with_ssh=False)
-        assert lab.cpu is not None and lab.cpu["quotas"] is None
+        assert lab.cpu is not None and lab.cpu["quotas"] == {f"h{i}": share for i in range(8)}
         assert len(_groups(f"tp-{name}-")) == 8
-        limit = BACKEND.limit(f"tp-{name}-h-h0")
-        assert limit == (None, cpu.PERIOD_US)
+        assert BACKEND.limit(f"tp-{name}-h-h0") == (cpu.quota_us(share), cpu.PERIOD_US)
+        group = f"tp-{name}-h-h5"
+        before = BACKEND.stat(group).get("nr_throttled", 0)
+        r = lab.exec("h5", ["python3", "-c",
+                            "import time\nt, c = time.time(), time.process_time()\n"
+                            "while time.time() - t < 1.0: pass\n"
+                            "print((time.process_time() - c) / (time.time() - t))"],
+                     check=True, timeout=30)
+        rate = float(r.stdout.strip())
+        assert rate <= share + cpu.PERIOD_US / 1e6 + 0.02, rate
+        assert BACKEND.stat(group).get("nr_throttled", 0) > before
         r = lab.exec("h5", ["cat", "/proc/self/cgroup"], check=True)
         assert f"/tp-{name}-h-h5" in r.stdout
     finally:

@@ -192,3 +192,15 @@ def test_the_architecture_doc_names_the_public_contract():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     missing = [m for m in PUBLIC_AGENT + ("topotrain.timing", "topocontract") if f"`{m}" not in doc]
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_tag_takes_the_planner_and_strategies_as_arguments():
+    """TAG (`topoctl.tag`) is an algorithm package like the others: it never imports the
+    planner or the strategies (their registry, or a strategy module), at the top or inside
+    a function; the ``tag`` strategy's registration and `topoctl tag train` pass the
+    contexts and the other strategies' functions in (`topoctl.tag.kit`)."""
+    bad = [f"{e.source}:{e.line} imports {e.target}" for e in EDGES
+           if _within(e.source, ("topoctl.tag",))
+           and _within(e.target, ("topoctl.planner", "topoctl.strategies"))]
+    assert any(_within(m, ("topoctl.tag",)) for m in MODULES)  # the package is walked
+    assert not bad, bad

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from topoctl.lab import cpu
 from topoctl.planner import host_speeds, lower_bound, make_plan, prepare
@@ -25,9 +26,42 @@ HETERO4 = PLANS / "hetero4-compute-cluster.yaml"
 
 
 # --- the formula ---------------------------------------------------------------------------------
-def test_no_speed_means_no_quota():
-    assert cpu.quotas({"a": None, "b": None}, 2) is None
-    assert cpu.quotas({}, 2) is None
+def test_no_speed_means_speed_one_and_a_fixed_share():
+    """A cluster without `speed` counts every host as speed 1: each host has its share
+    whether or not the others compute (8 hosts on 2 cores: a quarter core each, also for a
+    host that runs alone), never the whole machine."""
+    assert cpu.quotas({f"h{i}": None for i in range(8)}, 2) == {f"h{i}": 0.25 for i in range(8)}
+    assert cpu.quotas({"a": None, "b": None}, 2) == {"a": 1.0, "b": 1.0}
+    assert cpu.quotas({}, 2) == {}
+
+
+@pytest.mark.parametrize("speeds,devices,cores,want", [
+    # fast4 with gpus {count: 2}: 8 device shares on 2 cores, a quarter core per device
+    ({f"h{i}": None for i in range(4)}, {f"h{i}": 2 for i in range(4)}, 2,
+     {f"h{i}": 0.5 for i in range(4)}),
+    # hetero4-compute with 2 devices a host: device-speeds sum to 5 on 2 cores
+    ({"h0": 1.0, "h1": 0.5, "h2": 0.75, "h3": 0.25}, {h: 2 for h in ("h0", "h1", "h2", "h3")},
+     2, {"h0": 0.8, "h1": 0.4, "h2": 0.6, "h3": 0.2}),
+    # one host of 3 devices beside one of 1, 8 cores: a device never more than one core
+    ({"a": None, "b": None}, {"a": 3, "b": 1}, 8, {"a": 3.0, "b": 1.0}),
+    # a host without devices (its agent) counts as one
+    ({"a": None, "b": None}, {"a": 2, "b": 0}, 2, {"a": 4 / 3, "b": 2 / 3}),
+])
+def test_a_host_with_k_devices_gets_k_device_shares(speeds, devices, cores, want):
+    got = cpu.quotas(speeds, cores, devices)
+    assert got == pytest.approx(want)
+    assert sum(got.values()) <= cores + 1e-9
+    per = cpu.device_quotas(speeds, cores, devices)
+    assert per == pytest.approx({h: want[h] / max(1, devices[h]) for h in want})
+    assert max(per.values()) <= 1.0 + 1e-9
+
+
+def test_too_many_devices_are_refused_per_device():
+    """16 hosts of 4 devices on 2 cores: 1/32 core per device, below the kernel's floor."""
+    speeds = {f"h{i}": None for i in range(16)}
+    problems = cpu.check_quotas(speeds, 2, devices={h: 4 for h in speeds})
+    assert len(problems) == 16 and "per device" in problems[0][1]
+    assert cpu.check_quotas(speeds, 2, devices={h: 1 for h in speeds}) == []
 
 
 @pytest.mark.parametrize("speeds,cores,want", [
@@ -187,6 +221,24 @@ def test_lab_timed_hosts_get_the_labs_quota():
     want = cpu.quotas({h.name: h.speed for h in cluster.hosts}, ctx.lab.cores)
     assert host_speeds(pooled) == want
     assert math.isclose(sum(want.values()), min(ctx.lab.cores, 2.5))
+
+
+def test_lab_timed_hosts_without_speed_get_a_fixed_share():
+    """fast4 states no speed: timed for the lab, every host is capped at its fixed share (a
+    quarter of 2 cores each), not the whole machine; with 2 devices a host, each rank at its
+    device share (an eighth)."""
+    cluster, job = load_cluster(PLANS / "fast4-cluster.yaml"), load_job(PLANS / "mlp-job.yaml")
+    ctx = prepare(cluster, job, use_cache=False)
+    pooled = replace(ctx, cpu_pool=(frozenset(ctx.hosts), ctx.lab.cores))
+    share = min(1.0, ctx.lab.cores / 4)
+    assert host_speeds(pooled) == pytest.approx({h: share for h in ctx.hosts})
+    two = parse_cluster(yaml.safe_load((PLANS / "fast4-cluster.yaml").read_text())
+                        | {"defaults": {"nic_speed": "1gbit", "latency": "0ms",
+                                        "gpus": {"count": 2, "type": "cpu"}}})
+    ctx2 = prepare(two, job, use_cache=False)
+    pooled2 = replace(ctx2, cpu_pool=(frozenset(ctx2.hosts), ctx2.lab.cores))
+    assert host_speeds(pooled2) == pytest.approx({h: min(1.0, ctx.lab.cores / 8)
+                                                  for h in ctx2.hosts})
 
 
 def test_gpu_hosts_keep_their_roofline():

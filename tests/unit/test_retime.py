@@ -87,3 +87,24 @@ def test_the_crowdings_timing_alone_serves_the_stage_timing_after_it(tmp_path, m
     forget_retimed()
     assert measure_train_job(job, 4, retime=True, runtime="stage") is not None
     assert stamp() != after  # a new process's retime still times it
+
+
+def test_a_child_adopting_its_parents_timings_does_not_time_them_again(tmp_path, monkeypatch):
+    """`retimed` hands what this process timed to a child (the demo's planning ahead), which
+    `adopt_retimed`s it: its `retime` reads those timings from the cache, others it times."""
+    from topoctl.graph.profile import adopt_retimed, retimed
+
+    monkeypatch.setenv("TOPOCTL_CACHE", str(tmp_path))
+    job = parse_job(JOB, "job")
+    forget_retimed()
+
+    def stamp() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (tmp_path / "profiles").glob("*.json")}
+    assert measure_train_job(job, 4, retime=True) is not None
+    done, first = retimed(), stamp()
+    assert len(done) == 1 and len(first) == 1
+    forget_retimed()  # as a new process starts
+    adopt_retimed(done)
+    assert measure_train_job(job, 4, retime=True) is not None and stamp() == first
+    assert measure_train_job(job, 8, retime=True) is not None  # not the parent's: timed
+    assert len(stamp()) == 2 and sorted(retimed()) == sorted(set(retimed()) | set(done))

@@ -14,12 +14,17 @@ from topoctl.cli import main
 from topoctl.planner import Evaluated, prepare
 from topoctl.spec.cluster_load import load_cluster, parse_cluster
 from topoctl.spec.job import load_job, parse_job
-from topoctl.strategies import tag as T
+from topoctl.strategies.tag import kit
 from topoctl.tag import exhaustive, mcts
 from topoctl.tag.clusters import generated
+from topoctl.tag.emit import notes, pipeline_strategy
+from topoctl.tag.evaluator import Evaluator, reward
+from topoctl.tag.problem import build_space, op_groups
+from topoctl.tag.search import run_search
 from topoctl.tag.space import Space, complete, legal, plan_of
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
+KIT = kit()
 
 
 def _walk(space: Space, state=()):
@@ -77,10 +82,10 @@ def test_search_within_two_percent_of_exhaustive(case, model, batch):
     cluster = (load_cluster(PLANS / "hetero4-compute-cluster.yaml") if case == "hetero4c"
                else parse_cluster(generated(4, int(case[-1]))))
     ctx = _ctx(cluster, job(model, {}, batch))
-    out = T.run_search(ctx, 300, seed=0, max_groups=6, widen=False)  # equal replica counts
+    out = run_search(ctx, KIT, 300, seed=0, max_groups=6, widen=False)  # equal replica counts
     assert len(out.groups) <= 6
     ev, sp = out.evaluator, out.space
-    _, best_v, n = exhaustive.optimum(sp, lambda s: T.reward(out.base_time, ev.time(plan_of(s))))
+    _, best_v, n = exhaustive.optimum(sp, lambda s: reward(out.base_time, ev.time(plan_of(s))))
     t_opt = min(ev.cache[p] for p in ev.cache)  # every plan the enumeration valued
     assert n > 50  # a real search space, not the anchors alone
     assert out.time <= 1.02 * t_opt, (out.time, t_opt)
@@ -96,16 +101,16 @@ def test_widened_plan_validates_and_simulates():
     from topoctl.tag.space import Plan, Stage
 
     ctx = _ctx(load_cluster(PLANS / "hetero4-compute-cluster.yaml"), job("mlp", {}, 384))
-    groups = T.op_groups(ctx, 4)
-    ev = T.Evaluator(ctx, groups)
-    sp = T.build_space(ctx, groups, ("ring",), True, ev.times)
+    groups = op_groups(ctx, 4, KIT)
+    ev = Evaluator(ctx, groups, KIT)
+    sp = build_space(ctx, groups, ("ring",), KIT, True, ev.times)
     assert not sp.equal_replicas and "trees" in sp.stage_syncs
     assert ("stage", ("h0", "h1", "h2"), "trees+shares") in legal(sp, ())
     plan = Plan("pp", stages=(Stage(0, 1, ("h0", "h1", "h2"), "trees+shares"),
                               Stage(2, len(groups) - 1, ("h3",), "none")))
     t = ev.time(plan)
     assert 0 < t < float("inf")
-    s = T.pipeline_strategy(ctx, plan, ev)
+    s = pipeline_strategy(ctx, plan, ev)
     st = s.collective["stages"]
     assert [len(x["hosts"]) for x in st] == [3, 1] and st[0]["sync"]["kind"] == "trees"
     assert sum(st[0]["shares"]) == sum(st[1]["shares"]) == 384 // ctx.job.parallelism.microbatches
@@ -117,8 +122,8 @@ def test_widened_plan_validates_and_simulates():
 
 def test_deterministic_for_a_seed():
     ctx = _ctx(parse_cluster(generated(4, 2)), job("vgg", {}, 256))
-    a = T.run_search(ctx, 150, seed=3)
-    b = T.run_search(ctx, 150, seed=3)
+    a = run_search(ctx, KIT, 150, seed=3)
+    b = run_search(ctx, KIT, 150, seed=3)
     assert a.state == b.state and a.result.root_visits == b.result.root_visits
     assert a.result.targets == b.result.targets
 
@@ -175,9 +180,26 @@ def test_budget_interrupts_a_seed_and_the_search_still_plans():
     assert call_until(lambda: 7, time.perf_counter() + 5) == 7
     assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (outer > 0)
     ctx = _ctx(parse_cluster(generated(4, 2)), job("mlp", {}, 512))
-    out = T.run_search(ctx, 100, time_limit=1e-3, seed_share=0.5)
-    assert "trees" in out.skipped and out.result.stopped_by_time
+    out = run_search(ctx, KIT, 100, time_limit=1e-3, seed_share=0.5)
+    assert "seed trees" in out.cut and "tree search" in out.cut and out.result.stopped_by_time
     assert out.time < float("inf")
+    rec = notes(out)  # the plan says the clock cut it, and what
+    assert rec["time_limit"] == 1e-3 and "seed trees" in rec["cut_short"]
+    assert "may differ" in rec["cut_short_note"]
+
+
+def test_the_default_budget_is_counted():
+    """Without `tag.time_limit` (the default) no clock limits the search: every seed runs,
+    the tree runs its playouts and the walk its steps, and the plan records the counts and no
+    `time_limit` or `cut_short`."""
+    assert load_job(PLANS / "mlp-job.yaml").tag.time_limit is None
+    ctx = _ctx(parse_cluster(generated(4, 2)), job("mlp", {}, 512))
+    out = run_search(ctx, KIT, 60, seed=1)
+    assert out.cut == [] and not out.result.stopped_by_time
+    assert out.walk is not None and out.walk["steps"] == 60
+    rec = notes(out)
+    assert rec["playouts_budget"] == 60
+    assert "time_limit" not in rec and "cut_short" not in rec
 
 
 def test_valued_period_is_the_planners():
@@ -193,7 +215,7 @@ def test_valued_period_is_the_planners():
     from topoctl.tag.space import Plan
 
     ctx = _ctx(load_cluster(PLANS / "hetero4-compute-cluster.yaml"), job("mlp", {}, 384))
-    ev = T.Evaluator(ctx, T.op_groups(ctx, 4))
+    ev = Evaluator(ctx, op_groups(ctx, 4, KIT), KIT)
     s = ev.dp_strategy("trees")
     assert any(isinstance(t, Collective) and t.member_done for t in s.tasks)
     net = replace(s.network, speed=host_speeds(ctx), _cache={})
@@ -207,17 +229,17 @@ def test_walk_after_the_tree_is_the_evaluations_mcmc():
     from topoctl.tag import mcmc
 
     ctx = _ctx(parse_cluster(generated(4, 1)), job("vgg", {}, 256))
-    out = T.run_search(ctx, 150, seed=0, max_groups=6)
-    assert out.walk is not None and out.walk["steps"] == 150 and not out.walk["stopped_by_time"]
+    out = run_search(ctx, KIT, 150, seed=0, max_groups=6)
+    assert out.walk is not None and out.walk["steps"] == 150 and not out.cut
     ev = out.evaluator
-    best, _, _ = mcmc.search(out.space, lambda s: T.reward(out.base_time, ev.time(plan_of(s))),
+    best, _, _ = mcmc.search(out.space, lambda s: reward(out.base_time, ev.time(plan_of(s))),
                              150, seed=0)
     assert out.time <= ev.time(plan_of(best))
-    assert "walk" in T._notes(out)
+    assert "walk" in notes(out)
 
 
 def test_the_placement_plan_wins_when_faster_or_tied_on_fewer_hosts():
-    from topoctl.strategies.tag import TIE, placement_wins
+    from topoctl.tag.emit import TIE, placement_wins
 
     assert placement_wins(0.100, 2, 0.101, 1)  # faster wins whatever its hosts
     assert placement_wins(0.105, 1, 0.105, 2)  # a tie: fewer hosts

@@ -10,12 +10,15 @@ torch = pytest.importorskip("torch")
 from topoctl.planner import prepare  # noqa: E402
 from topoctl.spec.cluster_load import parse_cluster  # noqa: E402
 from topoctl.spec.job import parse_job  # noqa: E402
-from topoctl.strategies import tag as T  # noqa: E402
+from topoctl.strategies.tag import kit  # noqa: E402
 from topoctl.tag import gnn, train  # noqa: E402
 from topoctl.tag.clusters import generated  # noqa: E402
 from topoctl.tag.features import joint_graph  # noqa: E402
 from topoctl.tag.prior import net_prior, shipped  # noqa: E402
-from topoctl.tag.space import legal  # noqa: E402
+from topoctl.tag.search import anchors, run_search  # noqa: E402
+from topoctl.tag.space import legal, plan_of  # noqa: E402
+
+KIT = kit()
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def test_edge_features_are_real():
 
 
 def test_prior_is_a_distribution(ctx):
-    out = T.run_search(ctx, 20, net=shipped())
+    out = run_search(ctx, KIT, 20, net=shipped())
     prior = net_prior(shipped(), out.space, out.graph)
     acts = legal(out.space, ())
     p = prior((), acts)
@@ -47,7 +50,7 @@ def test_prior_is_a_distribution(ctx):
 
 
 def test_training_reproduces_from_a_seed(ctx):
-    runs = [train.self_play([ctx], rounds=1, playouts=40, epochs=2, seed=5) for _ in range(2)]
+    runs = [train.self_play([ctx], KIT, rounds=1, playouts=40, epochs=2, seed=5) for _ in range(2)]
     assert gnn.to_plain(runs[0].net) == gnn.to_plain(runs[1].net)
     assert runs[0].losses == runs[1].losses and runs[0].samples[0] > 0
     again = gnn.from_plain(gnn.to_plain(runs[0].net))
@@ -55,6 +58,6 @@ def test_training_reproduces_from_a_seed(ctx):
 
 
 def test_gnn_search_is_never_worse_than_the_anchors(ctx):
-    out = T.run_search(ctx, 100, net=shipped())
-    anchors = [out.evaluator.time(T.plan_of(s)) for s in T.anchors(out.space, out.groups)]
-    assert out.time <= min(anchors)
+    out = run_search(ctx, KIT, 100, net=shipped())
+    valued = [out.evaluator.time(plan_of(s)) for s in anchors(out.space, out.groups)]
+    assert out.time <= min(valued)

@@ -29,6 +29,7 @@ __all__ = [
     "load_calibration",
     "load_schedule",
     "partition_sizes",
+    "register_hierarchy_hook",
     "register_tree_hook",
     "tree_allreduce",
 ]
@@ -50,4 +51,8 @@ def __getattr__(name: str):
         from .ddp_hook import register_tree_hook  # torch: as above
 
         return register_tree_hook
+    if name == "register_hierarchy_hook":
+        from .hierarchy import register_hierarchy_hook  # torch: as above
+
+        return register_hierarchy_hook
     raise AttributeError(name)

@@ -72,6 +72,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=cmd_train)
 
 
+def contexts(docs: list[tuple[dict, dict]]) -> list:
+    """The planner contexts of the training cases, (cluster doc, job doc) pairs (roofline,
+    no caches): built here so that `topoctl.tag` never imports the planner."""
+    # the planner and the catalog (torch) load only for this verb: CLI start-up stays quick
+    from topoctl.planner import prepare
+    from topoctl.spec.cluster_load import parse_cluster  # with the planner
+    from topoctl.spec.job import parse_job  # with the planner
+    return [prepare(parse_cluster(c), parse_job(j), use_cache=False) for c, j in docs]
+
+
 def check_output(path: str, flag: str, install: bool = False) -> Path:
     """`path` as a file the verb may write: TopoError naming `flag` when it is empty, a
     folder, in a folder that is missing or not writable, or inside the installed package
@@ -104,6 +114,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_output(path, "--install", install=True)
     check_output(args.png, "--png")
     # torch, the planner and the catalog load only for this verb (CLI start-up stays quick)
+    from topoctl.strategies.tag import kit as tag_kit  # the planner's strategies
     from topoctl.tag import train
     from topoctl.tag.gnn import to_plain  # torch
     t0 = time.perf_counter()
@@ -113,8 +124,9 @@ def cmd_train(args: argparse.Namespace) -> int:
               flush=True)
 
     say(f"capturing {args.clusters} clusters x {len(train.TRAIN_MODELS)} models")
-    ctxs = train.contexts(train.case_docs(args.clusters, args.seed))
-    out = train.self_play(ctxs, args.rounds, args.playouts, args.epochs, args.seed, say)
+    ctxs = contexts(train.case_docs(args.clusters, args.seed))
+    out = train.self_play(ctxs, tag_kit(), args.rounds, args.playouts, args.epochs, args.seed,
+                          say)
     doc = {"trained": {"rounds": args.rounds, "playouts": args.playouts,
                        "epochs": args.epochs, "clusters": args.clusters, "seed": args.seed,
                        "models": [m for m, _ in train.TRAIN_MODELS],

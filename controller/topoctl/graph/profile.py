@@ -129,6 +129,20 @@ def retime_runtime_calibration() -> None:
 
 
 
+def retimed() -> list[str]:
+    """What this process has timed again so far (`retime`: cache keys, and the runtime
+    calibration), for a child process that plans on with these timings (`adopt_retimed`)."""
+    return sorted(_RETIMED)
+
+
+def adopt_retimed(done: list[str]) -> None:
+    """Count `done` (a parent's `retimed`) as timed again by this process: its `retime` then
+    reads those timings from the cache the parent wrote instead of timing them a second time
+    (`make demo` plans the pipeline strategies in a child process while it measures the
+    others)."""
+    _RETIMED.update(done)
+
+
 def forget_retimed() -> None:
     """Make the next `retime` time the ops again although this process already did: for a
     caller that plans right before each measurement (the demo), on a machine whose speed moves

@@ -1,27 +1,35 @@
-"""Per-host compute in the lab: one CPU group per host, with a quota from its `speed`.
+"""Per-host compute in the lab: one CPU group per host, a fixed quota from its `speed` and
+its devices.
 
-Every lab host shares this machine's cores. A cluster that gives hosts a `speed`
-(`hosts[].speed`, relative compute speed, None meaning 1) gets one kernel CPU group per host
-(`tp-<lab>-h-<host>`, the host namespace's name) whose bandwidth limit makes a host of speed s
-run its ranks' compute s times as fast as a host of speed 1:
+Every lab host shares this machine's cores. Every host gets one kernel CPU group
+(`tp-<lab>-h-<host>`, the host namespace's name) whose bandwidth limit is the host's fixed
+share: a device (rank) of a host of speed s (`hosts[].speed`, None meaning 1) runs its compute
+s times as fast as one of speed 1, and a host with k devices (`gpus.count`, each a rank) gets
+k device shares:
 
-    quota_h = s_h * unit cores,   unit = min(1, 1 / max_h s_h, cores / sum_h s_h)
+    quota_h = k_h * s_h * unit cores,   unit = min(1, 1 / max_h s_h, cores / sum_h k_h s_h)
 
-- speed 1 is one core: what the planner timed a single-threaded rank on (`launch.threads: 1`);
-- ``1 / max s``: no host gets more than one core, so a single-threaded rank can use all of its
-  quota and the ratios hold for the fastest host too;
-- ``cores / sum s``: the quotas never sum above the machine's cores, so every host gets its
+- speed 1 is one core per device: what the planner timed a single-threaded rank on
+  (`launch.threads: 1`);
+- ``1 / max s``: no device gets more than one core, so a single-threaded rank can use all of
+  its share and the ratios hold for the fastest host too;
+- ``cores / sum k s``: the quotas never sum above the machine's cores, so every host gets its
   quota even while every host computes at once (data-parallel ranks do), and the ratios hold
-  then too. The price: with many hosts every speed maps to less than its nominal cores (8 hosts
-  of speed 1 on 2 cores: a quarter of a core each); `lab status` shows each host's cores and
-  the planner predicts with the same figures (`quotas` is the one formula both use).
+  then too. The price: with many devices every speed maps to less than its nominal cores (8
+  hosts of speed 1 on 2 cores: a quarter of a core each); `lab status` shows each host's cores
+  and the planner predicts with the same figures (`quotas` is the one formula both use).
+
+The share is fixed whether or not the other hosts compute: a host that runs alone (the whole
+model on one host, a pipeline stage while the others wait) gets its share, not the machine. So
+a lab comparison between plans on different numbers of hosts transfers to the cluster the lab
+stands for, where a host has its own devices and nothing more.
 
 A quota below ``MIN_QUOTA_US`` per ``PERIOD_US`` (the kernel's smallest, 1 ms, per 20 ms: 0.05
 of a core) cannot be enforced: `check_quotas` refuses such a cluster, naming `hosts[i].speed`.
-A cluster without any `speed` gets groups without a limit (every process still in its host's
-group, scheduled as before). The period is short (20 ms, the kernel's default is 100 ms) so
-that a throttled rank runs in short slices: a 20 ms step at a quarter core takes ~80 ms each
-time rather than alternately 20 and 95 ms.
+A machine without a CPU controller (or one that refuses groups) runs a cluster without any
+`speed` unlimited, as before, and refuses one with speeds. The period is short (20 ms, the
+kernel's default is 100 ms) so that a throttled rank runs in short slices: a 20 ms step at
+a quarter core takes ~80 ms each time rather than alternately 20 and 95 ms.
 
 Enforcement: cgroup v1's ``cpu`` controller (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, this
 machine), else cgroup v2's ``cpu.max`` where the unified hierarchy has the ``cpu`` controller.
@@ -42,8 +50,8 @@ from pathlib import Path
 
 from topoctl.lab.netops import LabError
 
-__all__ = ["CpuBackend", "PERIOD_US", "MIN_QUOTA_US", "check_quotas", "detect", "join_argv",
-           "machine_cores", "quotas", "remove_groups"]
+__all__ = ["CpuBackend", "PERIOD_US", "MIN_QUOTA_US", "check_quotas", "detect",
+           "device_quotas", "join_argv", "machine_cores", "quotas", "remove_groups"]
 
 PERIOD_US = 20_000  # bandwidth period of every lab host's group (module docstring)
 MIN_QUOTA_US = 1_000  # the kernel's smallest cfs quota (v1 refuses less, v2 too)
@@ -51,15 +59,26 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 # --- the formula (pure) --------------------------------------------------------------------------
-def quotas(speeds: dict[str, float | None], cores: int) -> dict[str, float] | None:
-    """Each host's CPU quota in cores for `speeds` (host -> `hosts[].speed`, None meaning 1) on
-    a machine of `cores` cores (module docstring's formula); None when no host states a speed
-    (the lab then limits nothing). Pure; O(hosts)."""
-    if not speeds or all(s is None for s in speeds.values()):
-        return None
+def quotas(speeds: dict[str, float | None], cores: int,
+           devices: dict[str, int] | None = None) -> dict[str, float]:
+    """Each host's CPU quota in cores for `speeds` (host -> `hosts[].speed`, None meaning 1)
+    and `devices` (host -> its ranks, `gpus.count`; absent or 0 counts as 1: its agent still
+    runs there) on a machine of `cores` cores (module docstring's formula); {} for no hosts.
+    Pure; O(hosts)."""
+    if not speeds:
+        return {}
     s = {h: (1.0 if v is None else float(v)) for h, v in speeds.items()}
-    unit = min(1.0, 1.0 / max(s.values()), max(1, cores) / sum(s.values()))
-    return {h: v * unit for h, v in s.items()}
+    k = {h: max(1, int((devices or {}).get(h) or 1)) for h in s}
+    unit = min(1.0, 1.0 / max(s.values()), max(1, cores) / sum(k[h] * s[h] for h in s))
+    return {h: k[h] * s[h] * unit for h in s}
+
+
+def device_quotas(speeds: dict[str, float | None], cores: int,
+                  devices: dict[str, int] | None = None) -> dict[str, float]:
+    """Each host's share in cores per device (rank): `quotas` divided by its devices, what
+    one single-threaded rank of the host runs at while all of them compute. Pure."""
+    q = quotas(speeds, cores, devices)
+    return {h: c / max(1, int((devices or {}).get(h) or 1)) for h, c in q.items()}
 
 
 def quota_us(cores: float, period_us: int = PERIOD_US) -> int:
@@ -68,25 +87,26 @@ def quota_us(cores: float, period_us: int = PERIOD_US) -> int:
 
 
 def check_quotas(speeds: dict[str, float | None], cores: int,
-                 index: dict[str, int] | None = None) -> list[tuple[str, str]]:
-    """Problems ``(yaml_path, message)`` with the quotas of `speeds` on `cores` cores: a host
-    whose share falls below the smallest quota the kernel enforces. `index`: host -> its
-    position in the cluster's `hosts` (for the path). Pure."""
-    q = quotas(speeds, cores)
-    if q is None:
-        return []
+                 index: dict[str, int] | None = None,
+                 devices: dict[str, int] | None = None) -> list[tuple[str, str]]:
+    """Problems ``(yaml_path, message)`` with the quotas of `speeds` and `devices` on `cores`
+    cores: a host whose share per device falls below the smallest quota the kernel enforces
+    (its ranks share the host's group, each needs a slice). `index`: host -> its position in
+    the cluster's `hosts` (for the path). Pure."""
+    per = device_quotas(speeds, cores, devices)
     index = index or {h: i for i, h in enumerate(speeds)}
-    total = sum(1.0 if v is None else v for v in speeds.values())
+    total = sum((1.0 if v is None else v) * max(1, int((devices or {}).get(h) or 1))
+                for h, v in speeds.items())
     floor = MIN_QUOTA_US / PERIOD_US
     out = []
-    for h, c in q.items():
+    for h, c in per.items():
         if quota_us(c) < MIN_QUOTA_US:
             out.append((f"hosts[{index[h]}].speed",
-                        f"{h} would get {c:.3g} of a core ({cores} cores shared by speeds "
-                        f"summing to {total:g}, the fastest at most one core), below the "
-                        f"smallest CPU quota the lab can enforce ({floor:g} core: "
-                        f"{MIN_QUOTA_US} us per {PERIOD_US} us); raise its speed, lower the "
-                        f"others' or use fewer hosts"))
+                        f"{h} would get {c:.3g} of a core per device ({cores} cores shared "
+                        f"by devices x speeds summing to {total:g}, a device at most one "
+                        f"core), below the smallest CPU quota the lab can enforce "
+                        f"({floor:g} core: {MIN_QUOTA_US} us per {PERIOD_US} us); raise its "
+                        f"speed, lower the others' or use fewer hosts or devices"))
     return out
 
 

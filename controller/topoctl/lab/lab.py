@@ -330,33 +330,41 @@ def check_cpu(cluster: Cluster, backend: cpu.CpuBackend | None, cores: int) -> N
                              f"{h} asks for a compute speed, but this machine has no cgroup CPU "
                              f"controller (v1 `cpu` with cpu.cfs_quota_us, or v2 with cpu.max; "
                              f"see `mount | grep cgroup`): the lab cannot enforce it")])
-    problems = cpu.check_quotas(speeds, cores, {h.name: i for i, h in enumerate(cluster.hosts)})
-    if problems:
+    problems = cpu.check_quotas(speeds, cores, {h.name: i for i, h in enumerate(cluster.hosts)},
+                                lab_devices(cluster))
+    if problems and backend is not None:
         raise ClusterError(problems)
+
+
+def lab_devices(cluster: Cluster) -> dict[str, int]:
+    """Ranks each host of `cluster` runs in the lab (`gpus.count`: each device a rank,
+    whatever its type; the quota formula counts a host without devices as one)."""
+    return {h.name: cluster.gpus(h.name).count for h in cluster.hosts}
 
 
 def make_cpu_groups(cluster: Cluster, lab: str, backend: cpu.CpuBackend | None,
                     cores: int) -> dict | None:
-    """One CPU group per host of lab `lab`, limited to its quota (`cpu.quotas`; no limit when
-    the cluster states no speed); what `Lab.cpu` keeps. None (no groups) when the machine has
-    no CPU controller, which `check_cpu` allowed only for a cluster without speeds, or when a
-    cluster without speeds cannot have groups (LabError when one with speeds cannot)."""
+    """One CPU group per host of lab `lab`, limited to its fixed quota (`cpu.quotas` over the
+    hosts' speeds, None meaning 1, and devices); what `Lab.cpu` keeps. None (no groups) when
+    the machine has no CPU controller, which `check_cpu` allowed only for a cluster without
+    speeds, or when a cluster without speeds cannot have groups (LabError when one with
+    speeds cannot)."""
     if backend is None:
         return None
-    q = cpu.quotas({h.name: h.speed for h in cluster.hosts}, cores)
+    q = cpu.quotas({h.name: h.speed for h in cluster.hosts}, cores, lab_devices(cluster))
     try:
         cpu.enable_v2_cpu(backend)
         for h in cluster.hosts:
-            backend.create(names.cpu_group(lab, h.name), None if q is None else q[h.name])
+            backend.create(names.cpu_group(lab, h.name), q[h.name])
     except LabError:
-        if q is not None:  # the cluster's speeds cannot be enforced: `up` fails
+        if any(h.speed is not None for h in cluster.hosts):  # speeds not enforced: `up` fails
             raise
-        # groups without a limit are bookkeeping only: a machine that refuses them (a
-        # read-only cgroup mount in a container) still gets its lab, as before
+        # a machine that refuses groups (a read-only cgroup mount in a container) still gets
+        # its lab when the cluster states no speed, unlimited, as before the fixed shares
         cpu.remove_groups(names.prefix(lab))
         return None
     return {"backend": backend.kind, "root": str(backend.root), "period_us": cpu.PERIOD_US,
-            "cores": cores, "quotas": None if q is None else {h: q[h] for h in q}}
+            "cores": cores, "quotas": dict(q)}
 
 
 def unemulated(lab: Lab) -> list[str]:

@@ -78,7 +78,11 @@ def tag_lines(doc: dict) -> list[str]:
         return []
     out = [f"TAG search: {t.get('playouts')} playouts, {t.get('simulated_plans')} plans "
            f"simulated, {_num(t.get('speedup_over_baseline'))}x the baseline"
-           + (" (stopped by the time limit)" if t.get("stopped_by_time") else "")]
+           + (f" (wall-clock limit tag.time_limit {t['time_limit']:g} s)"
+              if isinstance(t.get("time_limit"), (int, float)) else "")]
+    if t.get("cut_short"):  # the job's wall clock decided part of this plan
+        out.append(f"  TAG cut by the clock: {', '.join(map(str, t['cut_short']))}: "
+                   f"{t.get('cut_short_note', 'this plan may differ from run to run')}")
     out += [f"  TAG group {g.get('group')}: {g.get('ops')} op(s) {g.get('first')}.."
             f"{g.get('last')}: {g.get('decision')}" for g in t.get("groups", [])]
     return out

@@ -231,14 +231,18 @@ class LaunchSpec(Model):
 
 
 class TagSpec(Model):
-    """The `tag` strategy's search (docs/tag.md): `playouts` (the budget; deterministic),
-    `time_limit` seconds (a cap on the whole strategy, the other strategies' plans it starts
-    from included: when it cuts one of them or the search the plan depends on the machine),
-    `seed` (tie-breaking), `prior` (gnn: the shipped weights; uniform: plain MCTS),
-    `max_groups` (op-groups searched, one tree level each)."""
+    """The `tag` strategy's search (docs/tag.md): `playouts` (the budget, counted: the tree's
+    playouts and the walk's steps; the other strategies' plans it starts from run to
+    completion), `simulations` (the most distinct plans the tree and the walk simulate
+    together: what bounds the search's time on large clusters), `time_limit` (unset by
+    default: no wall clock, the same input gives the same plan on any machine; set, seconds
+    for the whole strategy, and the plan records what the clock cut, since it may then differ
+    from run to run), `seed` (tie-breaking), `prior` (gnn: the shipped weights; uniform: plain
+    MCTS), `max_groups` (op-groups searched, one tree level each)."""
 
     playouts: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
-    time_limit: Annotated[float, Field(gt=0, le=86400)] = 40.0
+    simulations: Annotated[int, Field(ge=1, le=10_000_000)] = 500
+    time_limit: Annotated[float, Field(gt=0, le=86400)] | None = None
     seed: Annotated[int, Field(ge=0)] = 0
     prior: Literal["gnn", "uniform"] = "gnn"
     max_groups: Annotated[int, Field(ge=1, le=64)] = 24

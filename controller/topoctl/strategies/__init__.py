@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from topoagent.protocol import TopoError
-from topoctl.lab.cpu import quotas as lab_cpu_quotas
+from topoctl.lab.cpu import device_quotas as lab_device_quotas
 from topoctl.labprofile import DEFAULT_LAB, LabProfile
 
 if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> (bounds, trees)
@@ -150,17 +150,19 @@ def available() -> dict[str, StrategyFn]:
 
 
 def host_speeds(ctx: PlanContext) -> dict[str, float]:
-    """Each training host's compute rate for the simulator (`Network.speed`) from the
-    cluster's `hosts[].speed`: {} when no host states one (plans as before). Ranks timed for
-    the lab (`ctx.cpu_pool`): the CPU quota in cores the lab gives the host
-    (`topoctl.lab.cpu.quotas` over all the cluster's hosts and `ctx.lab.cores`, the formula
-    `topoctl lab up` enforces); otherwise hosts of type `cpu` run at their `speed` (their op
-    and step times scale by 1/speed) and other device types keep their roofline."""
+    """Each training host's compute rate for the simulator (`Network.speed`). Ranks timed for
+    the lab (`ctx.cpu_pool`): the fixed CPU share in cores the lab gives each of the host's
+    ranks, every host included (`topoctl.lab.cpu.device_quotas` over all the cluster's hosts,
+    their speeds, None meaning 1, their devices and `ctx.lab.cores`: the formula `topoctl lab
+    up` enforces). Otherwise, from the cluster's `hosts[].speed`: {} when no host states one
+    (plans as before); hosts of type `cpu` run at their `speed` (their op and step times scale
+    by 1/speed) and other device types keep their roofline."""
     stated = {h.name: h.speed for h in ctx.cluster.hosts}
+    if ctx.cpu_pool is not None:
+        devices = {h.name: ctx.cluster.gpus(h.name).count for h in ctx.cluster.hosts}
+        q = lab_device_quotas(stated, ctx.lab.cores, devices)
+        return {h: q[h] for h in ctx.hosts if h in q}
     if all(stated.get(h) is None for h in ctx.hosts):
         return {}
-    if ctx.cpu_pool is not None:
-        q = lab_cpu_quotas(stated, ctx.lab.cores) or {}
-        return {h: q[h] for h in ctx.hosts if h in q}
     return {h: float(stated[h]) for h in ctx.hosts
             if stated.get(h) is not None and ctx.cluster.gpus(h).type == "cpu"}

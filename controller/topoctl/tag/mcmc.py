@@ -32,17 +32,18 @@ def repair(space: Space, prefix: State, rest: State) -> State:
 
 def search(space: Space, value: Callable[[State], float], steps: int, seed: int = 0,
            temperature: float = 0.05, start: State | None = None,
-           deadline: float | None = None, clock: Callable[[], float] = time.perf_counter
+           deadline: float | None = None, clock: Callable[[], float] = time.perf_counter,
+           stop: Callable[[], bool] | None = None
            ) -> tuple[State, float, list[tuple[int, float]]]:
     """(best state, its value, improvements as (step, value)) after `steps` value calls, or
-    fewer when `clock` passes `deadline` (the last item of the improvements is then
-    ``(-steps done, best value)``)."""
+    fewer when `clock` passes `deadline` or `stop()` (a counted cap of the caller's) says so
+    before a step (the last item of the improvements is then ``(-steps done, best value)``)."""
     rng = random.Random(seed)
     cur = start or complete(space, ())
     v = value(cur)
     best, best_v, hist = cur, v, [(0, v)]
     for step in range(1, steps):
-        if deadline is not None and clock() > deadline:
+        if (deadline is not None and clock() > deadline) or (stop is not None and stop()):
             hist.append((-step, best_v))
             break
         i = rng.randrange(space.groups)

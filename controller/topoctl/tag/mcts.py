@@ -21,7 +21,8 @@ root's visit distribution and every expanded node's (self-play targets for the p
 
 Deterministic for a seed: ties in PUCT go to the earlier action of a permutation drawn once per
 node from `random.Random(seed)`; no other randomness. With a `time_limit` the number of
-playouts depends on the machine (the plan then too): the default budget is a playout count.
+playouts depends on the machine (the plan then too): the default budget is a playout count
+(and the caller's counted `stop`).
 Complexity: O(playouts * depth * branching) besides the value calls (one per playout).
 """
 
@@ -110,12 +111,15 @@ def _pick(node: Node, c: float, mix: float, lo: float, hi: float) -> int:
 def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
            c_puct: float = 1.0, seed: int = 0, time_limit: float | None = None,
            progress: Progress | None = None, clock: Callable[[], float] = time.perf_counter,
-           start: Sequence[State] = (), max_mix: float = 0.5) -> SearchResult:
+           start: Sequence[State] = (), max_mix: float = 0.5,
+           stop: Callable[[], bool] | None = None) -> SearchResult:
     """PUCT search (module docstring) for at most `playouts` playouts (and `time_limit`
     seconds of `clock`). `start`: complete states valued first (anchors: the result is never
     worse than them). `progress` is called every 10% of the budget. `max_mix`: Q blends the
     child's mean with the best value below it, (1 - mix) mean + mix max (single-player search
-    of a deterministic reward looks for the best leaf, not the best average)."""
+    of a deterministic reward looks for the best leaf, not the best average). `stop`: asked
+    before each playout, True ends the search (a counted cap of the caller's, e.g. on the
+    distinct plans simulated: deterministic, unlike `time_limit`)."""
     rng = random.Random(seed)
     t0 = clock()
     best_v, best_s = -math.inf, ()
@@ -138,7 +142,7 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
     root = _expand((), legal, prior, rng)
     root.n, root.w = 1, val(())
     timed_out, step = False, max(1, playouts // 10)
-    while done < playouts and not all(root.done):
+    while done < playouts and not all(root.done) and not (stop is not None and stop()):
         if time_limit is not None and clock() - t0 > time_limit:
             timed_out = True
             break
@@ -157,21 +161,26 @@ def search(legal: Legal, value: Value, playouts: int, prior: Prior = uniform,
                 child.n, child.w = 1, v
                 break
             node = child
-        finished = not child.actions if path else False  # reached a complete state
-        for nd, i in reversed(path):  # a subtree is done when all its children are
-            nd.done[i] = nd.done[i] or finished
-            finished = all(nd.done)
-        for nd, i in path:
-            nd.visits[i] += 1
-            nd.total[i] += v
-            nd.best[i] = max(nd.best[i], v)
-            nd.n += 1
-            nd.w += v
+        _backup(path, v, not child.actions if path else False)
         done += 1
         if progress is not None and done % step == 0:
             progress(done, playouts, best_v)
     return SearchResult(best_s, best_v, root.actions, root.visits, done, evals,
                         _targets(root, ()), timed_out, improvements)
+
+
+def _backup(path: list[tuple[Node, int]], v: float, finished: bool) -> None:
+    """Back the playout's value `v` up its `path` of (node, child index); `finished`: it
+    reached a complete state (a subtree is done when all its children are)."""
+    for nd, i in reversed(path):
+        nd.done[i] = nd.done[i] or finished
+        finished = all(nd.done)
+    for nd, i in path:
+        nd.visits[i] += 1
+        nd.total[i] += v
+        nd.best[i] = max(nd.best[i], v)
+        nd.n += 1
+        nd.w += v
 
 
 def _targets(node: Node, state: State) -> list[tuple[State, list, list[int]]]:

@@ -7,7 +7,10 @@ catalog models (`TRAIN_MODELS`) on generated clusters (`topoctl.tag.clusters`) o
 `TRAIN_HOSTS` hosts, GPU and CPU, direct and switched; held out for evaluation 2:
 `HELD_OUT_MODELS` and clusters of other host counts. Deterministic for a seed on one torch
 thread (the searches are deterministic and the contexts use roofline costs, no machine
-timings). This driver captures models (I/O, minutes of CPU); the learning is `gnn.fit`.
+timings). The caller (`topoctl tag train`, `topoctl.cli.tag`) builds the planner contexts of
+the cases (capturing models: I/O, minutes of CPU) and passes them in with the `Kit` of the other
+strategies' functions: this package never imports the planner or the strategies registry. The
+learning is `gnn.fit`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 from topoctl.tag.clusters import generated
 from topoctl.tag.features import JointGraph, describe_action
 from topoctl.tag.gnn import Sample, TagNet, fit
+from topoctl.tag.kit import Kit
+from topoctl.tag.search import run_search
 
 TRAIN_MODELS = (("mlp", 512), ("vgg", 256))  # (catalog model, global batch)
 HELD_OUT_MODELS = (("resnet", 256), ("bert", 64))
@@ -45,15 +50,6 @@ def case_docs(clusters: int, seed: int, hosts: int = TRAIN_HOSTS,
     return out
 
 
-def contexts(docs: list[tuple[dict, dict]]) -> list:
-    """The planner contexts of the cases (roofline, no caches)."""
-    # the planner imports every strategy, `tag` among them: not at this module's import
-    from topoctl.planner import prepare
-    from topoctl.spec.cluster_load import parse_cluster  # with the planner
-    from topoctl.spec.job import parse_job  # with the planner
-    return [prepare(parse_cluster(c), parse_job(j), use_cache=False) for c, j in docs]
-
-
 @dataclass
 class Trained:
     """The trained network, the loss per epoch (all rounds), the samples per round."""
@@ -66,11 +62,11 @@ class Trained:
 Progress = Callable[[str], None]
 
 
-def self_play(ctxs: list, rounds: int, playouts: int, epochs: int, seed: int,
+def self_play(ctxs: list, kit: Kit, rounds: int, playouts: int, epochs: int, seed: int,
               progress: Progress | None = None) -> Trained:
-    """`rounds` of search (the first with the uniform prior) and fitting (module docstring)."""
-    # the strategy imports this package's prior lazily; importing it here keeps that one way
-    from topoctl.strategies.tag import run_search
+    """`rounds` of search (the first with the uniform prior) and fitting (module docstring):
+    `ctxs` the planner contexts of the cases (roofline, no caches), `kit` the other
+    strategies' functions the search composes (`topoctl.tag.kit`)."""
     torch.set_num_threads(1)
     say = progress or (lambda m: None)
     graphs: list[JointGraph] = []
@@ -80,7 +76,7 @@ def self_play(ctxs: list, rounds: int, playouts: int, epochs: int, seed: int,
     net: TagNet | None = None
     for r in range(rounds):
         for ci, ctx in enumerate(ctxs):
-            out = run_search(ctx, playouts, seed=seed + ci, net=net, max_groups=SEARCH_GROUPS,
+            out = run_search(ctx, kit, playouts, seed=seed + ci, net=net, max_groups=SEARCH_GROUPS,
                              use_anchors=False)
             if r == 0:
                 graphs.append(out.graph)
