@@ -1,3 +1,4 @@
 """Benchmarks of the planner: capture and cost model (`capture`), simulation (`sim`) and
 rendering (`render`) at scale, the `+bandwidth` post-pass in the simulator (`bandwidth_sim`),
-and predicted against measured iteration time in the lab (`lab_check`)."""
+predicted against measured iteration time in the lab (`lab_check`), and every strategy on hosts
+with several accelerators (`multidevice`, issue 51)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from topoctl.collective.trees.pipeline import runtime_costs
 from topoctl.fabric.capgraph import FabricError
+from topoctl.fabric.graph import FabricGraph
 from topoctl.graph.capture import CaptureError
 from topoctl.graph.cost import (
     interpolate_train_costs,
@@ -38,11 +39,13 @@ from topoctl.render.addressing import AddressingError, assign_cluster
 from topoctl.render.hoststate import render_hosts
 from topoctl.render.ovs import ovs_host
 from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
+from topoctl.sim.devices import split_device
 from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.network import CpuPool
 from topoctl.sim.routing import RoutingError
 from topoctl.sim.steady import overlaps_iterations, steady_period
+from topoctl.sim.tasks import Collective, Compute, Transfer
 from topoctl.spec.cluster import Cluster, ClusterError
 from topoctl.spec.job import Job, JobError
 from topoctl.strategies import (
@@ -273,27 +276,90 @@ def score(ctx: PlanContext, s: Strategy) -> SimResult:
     return res
 
 
-def lower_bound(ctx: PlanContext, buckets: list[int]) -> tuple[float, str]:
-    """max(busiest host's compute, AllReduce bandwidth bound 2(n-1)/n * S / B) where B is the
-    largest total egress goodput of any training host (no AllReduce can beat it). A host's
-    compute is at its speed (`host_speeds`)."""
-    compute = 0.0
-    speeds = host_speeds(ctx)
-    for h in ctx.hosts:
-        c = ctx.host_costs(h)
-        work = sum(x.fwd + x.bwd for x in c.values())
-        compute = max(compute, work / speeds[h] if h in speeds else work)
+def lower_bound(ctx: PlanContext, s: Strategy) -> tuple[float, str]:
+    """A lower bound on strategy `s`'s iteration that holds for the plan it stands beside:
+    max(compute, communication).
+
+    compute: the busiest device's compute tasks in `s.tasks` at its speed (`host_speeds`; a
+    device runs one task at a time, a pooled CPU device at most its quota's cores), and on a
+    CPU pool all pooled compute over the pool's cores. Taken from the plan's own tasks, so
+    batch shares, fusion and pipeline stages are what the plan runs (the data-parallel
+    formula over even batches put a `+shares` plan below its bound: its slow host computes
+    fewer samples than the even split gives it).
+
+    communication: the bytes each host's ranks send to other hosts in the plan's tasks over
+    the host's NIC goodput in the plan's own fabric (`host_traffic_bound`), and for a plan
+    that all-reduces the whole gradient over the hosts (ring or trees, no SFB, no pipeline)
+    also the AllReduce bound
+    2(n-1)/n * S / B over the n hosts, B the largest host NIC goodput (hosts of several
+    ranks: the inter-host part of any AllReduce, every host's sum leaves its NICs)."""
+    compute, pool_work = _compute_bound(ctx, s)
+    egress = _host_egress(s.fabric)
+    traffic = host_traffic_bound(s, egress)
     n = len(ctx.hosts)
+    comm = traffic
+    if _allreduces_gradient(s) and n > 1:
+        bw = max((egress.get(h, 0.0) for h in ctx.hosts), default=0.0)
+        if bw > 0:
+            comm = max(comm, 2 * (n - 1) / n * sum(s.buckets) / bw)
+    compute = max(compute, pool_work)
+    return max(compute, comm), ("max(compute, 2(n-1)/n*S/B_host, host bytes/B_host): "
+                                + ("compute-bound" if compute >= comm else "bandwidth-bound"))
+
+
+def _allreduces_gradient(s: Strategy) -> bool:
+    """Whether `s` all-reduces every gradient byte over the hosts (ring or trees, no SFB)."""
+    c = s.collective
+    return c.get("algorithm") in ("ring", "trees") and not c.get("sfb")
+
+
+def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
+    """(busiest device's compute seconds, all pooled compute over the pool's cores)."""
+    speeds = host_speeds(ctx)
+    pooled = frozenset(s.network.cpu_pool[0]) if s.network.cpu_pool is not None else None
+    busy: dict[str, float] = {}
+    pool = 0.0
+    for t in s.tasks:
+        if isinstance(t, Compute) and not t.communication:
+            host, _ = split_device(t.device)
+            sp = speeds.get(host, speeds.get(t.device, 1.0))
+            busy[t.device] = busy.get(t.device, 0.0) + t.duration / sp
+            if pooled is not None and t.device in pooled:
+                pool += t.duration
+    cores = s.network.cpu_pool[1] if s.network.cpu_pool is not None else 1
+    return max(busy.values(), default=0.0), pool / max(1, cores)
+
+
+def _host_egress(fabric: FabricGraph) -> dict[str, float]:
+    """Each node's total link goodput in bytes/s in the plan's `fabric` (every link it ends,
+    one direction; a re-cabled fabric's own, as `topoopt` plans it)."""
     egress: dict[str, float] = {}
-    eff = tcp_efficiency(ctx.fabric.mtu)
-    for ln in ctx.fabric.links:
+    eff = tcp_efficiency(fabric.mtu)
+    for ln in fabric.links:
         for end in (ln.a, ln.b):
             egress[end] = egress.get(end, 0.0) + eff * ln.capacity / 8
-    bw = max((egress.get(h, 0.0) for h in ctx.hosts), default=0.0)
-    comm = 2 * (n - 1) / n * sum(buckets) / bw if n > 1 and bw > 0 else 0.0
-    return max(compute, comm), ("max(compute, 2(n-1)/n*S/B_host): compute-bound"
-                                if compute >= comm else
-                                "max(compute, 2(n-1)/n*S/B_host): bandwidth-bound")
+    return egress
+
+
+def host_traffic_bound(s: Strategy, egress: dict[str, float]) -> float:
+    """The most seconds any host's NICs need for the bytes the plan's tasks send from it to
+    other hosts (collective steps and transfers; a device's bytes count for its host), at the
+    host's total NIC goodput `egress`. Holds for any plan: every such byte leaves the host
+    through its NICs. O(steps)."""
+    sent: dict[str, float] = {}
+    for t in s.tasks:
+        if isinstance(t, Collective):
+            sc = t.schedule.scale
+            for st in t.schedule.steps:
+                a, b = split_device(st.src)[0], split_device(st.dst)[0]
+                if a != b:
+                    sent[a] = sent.get(a, 0.0) + st.size * sc
+        elif isinstance(t, Transfer):
+            a, b = split_device(t.src)[0], split_device(t.dst)[0]
+            if a != b:
+                sent[a] = sent.get(a, 0.0) + t.size
+    return max((b / egress[h] for h, b in sent.items() if egress.get(h, 0.0) > 0),
+               default=0.0)
 
 
 def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool = False,
@@ -306,12 +372,50 @@ def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool =
     with reporting(progress):
         say(f"capturing {job.model.catalog or job.model.factory}")
         ctx = prepare(cluster, job, use_cache, retime, lab)
-        evals = []
-        for s in job.strategies:
-            say(f"planning strategy {s}")
-            evals.append(evaluate(ctx, s))
+        evals, refused = evaluate_all(ctx, say)
     best = min(evals, key=lambda e: e.result.iteration_time)
-    return render(ctx, best, evals), ctx, evals
+    doc = render(ctx, best, evals)
+    if refused:
+        doc["metadata"]["refused"] = {name: msg for name, msg in refused}
+    return doc, ctx, evals
+
+
+def evaluate_all(ctx: PlanContext, say: Callable[[str], None] | None = None
+                 ) -> tuple[list[Evaluated], list[tuple[str, str]]]:
+    """Every strategy of the job scored (`evaluate`), and the ones that cannot plan this job:
+    (name, "what stops it (file YAML path)") in the job's order. One strategy that refuses
+    raises its own error as before; when every one of several refuses, one JobError lists
+    them all at their `strategies[i]`, each saying what stops it and where, instead of the
+    first alone (a user fixed and re-ran five times). `say`: told of each strategy as it
+    starts."""
+    evals: list[Evaluated] = []
+    refused: list[tuple[int, str, str]] = []
+    for i, name in enumerate(ctx.job.strategies):
+        if say is not None:
+            say(f"planning strategy {name}")
+        try:
+            evals.append(evaluate(ctx, name))
+        except (JobError, ClusterError) as e:
+            if len(ctx.job.strategies) == 1:
+                raise
+            refused.append((i, name, refusal_message(name, e)))
+    if not evals:
+        raise JobError([(f"strategies[{i}]", msg) for i, _, msg in refused])
+    return evals, [(name, msg) for _, name, msg in refused]
+
+
+def refusal_message(name: str, err: JobError | ClusterError) -> str:
+    """One refusal in the one style: ``NAME: what stops it (FILE PATH)``: the strategy, its
+    reasons (the strategy's own prefix dropped), and the YAML path each is at, in the job
+    file or the cluster file."""
+    where = "cluster" if isinstance(err, ClusterError) else "job"
+    parts = []
+    for path, msg in err.problems:
+        text = str(msg).removeprefix(f"{name}: ").removeprefix(f"strategy {name}: ")
+        text = text.removeprefix(f"strategy {name} ")
+        parts.append(text if path.startswith("strategies[") and where == "job"
+                     else f"{text} ({where} {path})")
+    return f"{name}: " + "; ".join(parts)
 
 
 def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
@@ -332,7 +436,7 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
                 hosts[h] = ovs_host(hosts[h])
     except AddressingError as e:
         raise ClusterError(e.problems) from None
-    bound, bound_name = lower_bound(ctx, s.buckets)
+    bound, bound_name = lower_bound(ctx, s)
     it = res.iteration_time
     meta = {
         "cluster": ctx.cluster.name, "job": ctx.job.name, "strategy": s.name,

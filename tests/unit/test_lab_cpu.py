@@ -207,8 +207,8 @@ def test_hetero4_compute_plans_with_each_host_at_its_speed(tmp_path):
     assert r.device_busy["h1"] == pytest.approx(2 * r0.device_busy["h1"], rel=1e-9)
     assert r.iteration_time > r0.iteration_time
     assert doc["metadata"]["prediction"]["compute"] == pytest.approx(r.compute_time, rel=1e-5)
-    b, b0 = lower_bound(ctx, evals[0].strategy.buckets)[0], \
-        lower_bound(ctx0, evals0[0].strategy.buckets)[0]
+    b, b0 = lower_bound(ctx, evals[0].strategy)[0], \
+        lower_bound(ctx0, evals0[0].strategy)[0]
     assert b >= b0
 
 

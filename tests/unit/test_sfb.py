@@ -121,17 +121,23 @@ def test_cli_plans_and_explains_sfb(tmp_path, capsys):
     assert "SFB layer net.2: 1024 -> 1024, 8 rows per replica" in text
 
 
-def test_sfb_on_hosts_with_several_ranks_is_refused_at_the_strategy(tmp_path):
+def test_sfb_on_hosts_with_several_ranks_gathers_inside_the_host(tmp_path):
+    """Hosts of 2 ranks (before: refused, "one rank per host only"): the AllReduce and the
+    factors' all-gather are hierarchical over the devices, one copy of each rank's factors
+    crosses the NICs, and the plan carries the runtime contract beside the SFB layers."""
     from topoctl.spec.cluster_load import parse_cluster
-    from topoctl.spec.job import JobError
 
     doc = yaml.safe_load((PLANS / "mesh4-cluster.yaml").read_text())
     doc["defaults"]["gpus"] = {"count": 2, "type": "cpu"}
     job = JOB | {"strategies": ["baseline", "baseline+sfb"]}
-    with pytest.raises(JobError) as e:
-        make_plan(parse_cluster(doc), parse_job(job), use_cache=False)
-    assert e.value.problems == [("strategies[1]", "baseline+sfb: one rank per host only (the "
-                                                  "factors are gathered over hosts)")]
+    plan, ctx, evals = make_plan(parse_cluster(doc), parse_job(job), use_cache=False)
+    s = evals[1].strategy
+    assert s.name == "baseline+sfb" and s.collective["hierarchical"] == {"local_size": 2}
+    gathers = [t for t in s.tasks if t.id.startswith("sfb")]
+    assert gathers and all(g.schedule.name == "hierarchical-allgather" for g in gathers)
+    assert set(gathers[0].schedule.members) == {f"h{j}/g{i}" for j in range(4)
+                                                for i in range(2)}
+    assert plan["metadata"]["strategies"]["baseline+sfb"]["iteration_time"] > 0
 
 
 def test_ranks_leave_each_gather_one_by_one():

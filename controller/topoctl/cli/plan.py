@@ -115,6 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     elif not args.json:
         sys.stdout.write(text)
     m = doc["metadata"]
+    refused = m.get("refused", {})
     if args.json:  # what was planned; the plan itself too when it went to no file
         print(json.dumps({
             "ok": True, "job": job.name, "cluster": cluster.name, "strategy": m["strategy"],
@@ -122,8 +123,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "bound_iteration_time": m["bound"]["iteration_time"], "hosts": len(doc["hosts"]),
             "seconds": round(time.perf_counter() - t0, 3),
             "output": args.output if to_file else None,
+            **({"refused": refused} if refused else {}),
             **({} if to_file else {"plan": yaml.safe_load(text)})}))
         return EXIT_OK
+    for msg in refused.values():  # the strategies that could not plan, each with its reason
+        print(f"not planned: {msg}", file=sys.stderr)
     print(f"planned {job.name} on {cluster.name}: strategy {m['strategy']}, predicted "
           f"{m['prediction']['iteration_time'] * 1e3:.3f} ms/iteration (bound "
           f"{m['bound']['iteration_time'] * 1e3:.3f} ms), {len(doc['hosts'])} hosts, "

@@ -1,7 +1,8 @@
 """Device-type roofline parameters: dense peak FLOP/s per dtype and memory bandwidth.
 
-Vendor datasheet figures (NVIDIA V100 SXM2, A100 SXM4 80GB, H100 SXM5; fp32 without TF32, fp16
-and bf16 tensor-core dense). A cluster file may override or add entries with the same keys."""
+Vendor datasheet figures (NVIDIA P100 PCIe, V100 SXM2, A100 SXM4 80GB, H100 SXM5; fp32 without
+TF32, fp16 and bf16 tensor-core dense). A cluster file's `gpu_types` add entries or override
+these (`graph.profile.device_table`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ class Device:
 
 
 DEVICES: dict[str, Device] = {d.name: d for d in [
+    # the PCIe card of HAP's testbed (EuroSys'24): 9.3 TFLOP/s fp32, 18.7 fp16, 732 GB/s HBM2,
+    # 16 GB (NVIDIA Tesla P100 PCIe datasheet)
+    Device("P100", {"float32": 9.3e12, "float16": 18.7e12, "bfloat16": 9.3e12}, 732e9,
+           memory=16e9),
     Device("V100", {"float32": 15.7e12, "float16": 125e12, "bfloat16": 15.7e12}, 900e9,
            memory=32e9),
     Device("A100", {"float32": 19.5e12, "float16": 312e12, "bfloat16": 312e12}, 2039e9),

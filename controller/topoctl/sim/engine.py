@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 
 from topoagent.protocol import TopoError
 from topoctl.sim.connections import GroupConnections, connection_steps
+from topoctl.sim.devices import split_device
 from topoctl.sim.maxmin import maxmin_rates
 from topoctl.sim.network import Network, crowded_cost
 from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done, sent
@@ -749,6 +750,8 @@ def _route_plan(network: Network, src: str, dst: str, what: str) -> list:
     except LookupError as e:
         raise SimError(f"{what}: {e}") from None
     wsum = sum(w for w, _ in routes) or 1.0
-    cap = (("cap", src, dst),) if (src, dst) in network.rate_caps else ()
+    # a device's traffic counts in its host's per-destination cap (`sim.devices`)
+    hs, hd = split_device(src)[0], split_device(dst)[0]
+    cap = (("cap", hs, hd),) if (hs, hd) in network.rate_caps else ()
     return [(w / wsum, path, (path + cap) if path else (), network.latency(path))
             for w, path in routes]

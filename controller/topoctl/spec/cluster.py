@@ -54,6 +54,7 @@ from topoctl.spec.cluster_parts import (
     Attach,
     ClusterError,
     Defaults,
+    DeviceLink,
     DirectFabric,
     Duration,
     Gpus,
@@ -74,12 +75,14 @@ from topoctl.spec.cluster_parts import (
     parse_loss,
     parse_port_ref,
 )
+from topoctl.spec.interconnect import LinkSpec, resolve_link
 
 # the pieces of the file live in `spec.cluster_parts`; importers find them here too
 __all__ = [
     "API_VERSION", "DEFAULT_FABRIC_SUBNETS", "DEFAULT_TRAINING_SUBNET", "KIND", "LAB_MANAGEMENT",
-    "OVSDB_REMOTE", "Addressing", "Attach", "Cluster", "ClusterError", "Defaults", "DirectFabric",
-    "Duration", "GpuType", "Gpus", "Host", "Inventory", "Link", "Loss", "Name", "Nic", "NicName",
+    "OVSDB_REMOTE", "Addressing", "Attach", "Cluster", "ClusterError", "Defaults", "DeviceLink",
+    "DirectFabric", "Duration", "GpuType", "Gpus", "Host", "Inventory", "Link", "Loss", "Name",
+    "Nic", "NicName",
     "OvsdbRemote", "PortRef", "Switch", "SwitchedFabric", "cluster_problems", "fabric_graph",
     "format_duration", "parse_duration", "parse_loss", "parse_port_ref",
 ]
@@ -122,6 +125,22 @@ class Cluster(Model):
     def gpus(self, host: str) -> Gpus:
         """`host`'s GPUs, or the defaults' when it names none."""
         return self.host(host).gpus or self.defaults.gpus
+
+    def device_link(self, host: str) -> LinkSpec:
+        """The interconnect among `host`'s devices (bytes/s per device per direction, latency):
+        its `gpus.link`, filled in from the device type's datasheet figures
+        (`topoctl.spec.interconnect`)."""
+        g = self.gpus(host)
+        ln = g.link or DeviceLink()
+        return resolve_link(g.type, ln.kind, ln.bandwidth, ln.latency)
+
+    def rails(self, host: str) -> list[str] | None:
+        """With `gpus.nics: rails`, the NIC of each of `host`'s devices (device i: NIC i);
+        None when the devices share the host's NICs."""
+        g = self.gpus(host)
+        if g.nics != "rails":
+            return None
+        return [n.name for n in self.host(host).nics[:g.count]]
 
     def runs_ovs(self, host: str) -> bool:
         """Whether `host` runs Open vSwitch (its own `ovs`, else defaults.ovs)."""

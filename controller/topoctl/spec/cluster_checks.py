@@ -9,10 +9,12 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 from topoagent.state.values import format_rate
+from topoctl.graph.devices import DEVICES
 from topoctl.spec.cluster_parts import (
     LAB_MANAGEMENT,
     LAB_MANAGEMENT6,
     DirectFabric,
+    Gpus,
     SwitchedFabric,
     parse_port_ref,
 )
@@ -84,12 +86,23 @@ class _Checks:
                 problems.append((f"hosts[{i}].ovsdb", f"{h.name} does not run Open vSwitch "
                                                       "(set ovs: true, or drop ovsdb)"))
             g = h.gpus or c.defaults.gpus
-            if g.type != "cpu" and c.gpu_types and g.type not in c.gpu_types:
-                problems.append((f"hosts[{i}].gpus.type", f"{g.type} is not in gpu_types "
-                                                          f"({', '.join(sorted(c.gpu_types))})"))
-        dg = c.defaults.gpus
-        if dg.type != "cpu" and c.gpu_types and dg.type not in c.gpu_types:
-            problems.append(("defaults.gpus.type", f"{dg.type} is not in gpu_types"))
+            where = f"hosts[{i}].gpus" if h.gpus is not None else "defaults.gpus"
+            self.gpus(where, g, len(h.nics), h.name)
+        if not any(h.gpus is None for h in c.hosts):  # still checked: hosts may use it later
+            self.gpus("defaults.gpus", c.defaults.gpus, None, None)
+
+    def gpus(self, where: str, g: Gpus, nics: int | None, host: str | None) -> None:
+        """A gpus section: a known device type when the cluster has a table (the built-in
+        types plus its `gpu_types`), and with `nics: rails` one NIC per device."""
+        known = set(DEVICES) | set(self.c.gpu_types)
+        if g.type != "cpu" and self.c.gpu_types and g.type not in known:
+            problem = (f"{where}.type", f"{g.type} is neither a built-in device type nor in "
+                                        f"gpu_types (known: {', '.join(sorted(known))}, cpu)")
+            if problem not in self.problems:
+                self.problems.append(problem)
+        if g.nics == "rails" and nics is not None and nics < g.count:
+            self.problems.append((f"{where}.nics", f"rails bind device i to NIC i: {host} has "
+                                                   f"{g.count} devices and {nics} NICs"))
 
     def cables(self, f: DirectFabric) -> None:
         """A direct fabric: both ends of every cable exist, on two hosts, cabled once, and the

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer
 from topoagent.state.host import StateError
 from topoagent.state.schema import Model
 from topoagent.state.values import IfName, IPv4, IPv4Net, Mac, Rate, ip_network
+from topoctl.spec.interconnect import KINDS
 
 LAB_MANAGEMENT = "10.232.0.0/16"  # README address table
 DEFAULT_FABRIC_SUBNETS = "10.234.0.0/15"
@@ -124,11 +125,26 @@ PortRef = Annotated[str, BeforeValidator(_port_ref)]
 
 
 # --- the schema ----------------------------------------------------------------------------------
+class DeviceLink(Model):
+    """The interconnect among a host's devices (NVLink, PCIe, the lab's loopback): `kind`
+    picks datasheet figures (`topoctl.spec.interconnect.KINDS`), `bandwidth` (per device,
+    per direction) and `latency` override them. Default: the device type's own."""
+
+    kind: Literal[tuple(KINDS)] | None = None  # type: ignore[valid-type]
+    bandwidth: Rate | None = None
+    latency: Duration | None = None
+
+
 class Gpus(Model):
-    """A host's accelerators: how many (ranks) and of which device type."""
+    """A host's accelerators: how many (ranks), of which device type, the link among them, and
+    how they reach the fabric: `nics: shared` (every device through any of the host's NICs)
+    or `rails` (device i through the host's NIC i: rail-optimised fabrics, where NIC i of
+    every host is on rail switch i)."""
 
     count: Annotated[int, Field(ge=0, le=1024)] = 1
     type: str = "cpu"  # `cpu`: cost measured on this CPU; other types look up gpu_types
+    link: DeviceLink | None = None  # default: the device type's (`spec.interconnect`)
+    nics: Literal["shared", "rails"] = "shared"
 
 
 class GpuType(Model):

@@ -27,14 +27,28 @@ from topoctl.bandwidth.classes import multipath as split_pairs
 from topoctl.bandwidth.lp import allocate
 from topoctl.bandwidth.paths import candidate_paths, traffic_matrix
 from topoctl.render.addressing import assign_cluster
+from topoctl.sim.devices import split_device
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 
 from . import PlanContext, Strategy, StrategyError, post_pass
+from .devices import device_network
 
 TABLE = 100  # policy-routing table of the multipath routes
 RULE_PRIORITY = 1100  # `iif lo lookup TABLE`
+
+
+def host_pairs(demand: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """Bytes per (src host, dst host): the devices of hosts with several ranks summed into
+    their host's pair (`sim.devices` nodes), traffic inside a host left out (it never reaches
+    a NIC)."""
+    out: dict[tuple[str, str], float] = {}
+    for (a, b), v in demand.items():
+        ha, hb = split_device(a)[0], split_device(b)[0]
+        if ha != hb:
+            out[(ha, hb)] = out.get((ha, hb), 0.0) + v
+    return out
 
 
 def _weights(values: list[float]) -> list[int]:
@@ -50,7 +64,7 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
     spec = ctx.job.bandwidth
     objective = spec.objective if objective is None else objective
     multipath = spec.multipath if multipath is None else multipath
-    demand = traffic_matrix(base.tasks)
+    demand = host_pairs(traffic_matrix(base.tasks))
     paths = candidate_paths(base.hops, sorted(demand), detours=multipath)
     eff = tcp_efficiency(base.fabric.mtu)
     # with multipath (L4 hash: connections spread by weight) a bundle's cables all count
@@ -82,8 +96,9 @@ def with_bandwidth(ctx: PlanContext, base: Strategy, objective: str | None = Non
         return routed.get((src, dst)) or plain.router(src, dst)
 
     caps = {p: alloc.total(p) for p in alloc.rates}
-    hard = Network(plain.links, route, caps, plain.cpu_pool)
-    soft = Network(plain.links, route, cpu_pool=plain.cpu_pool)
+    # hosts of several ranks: their devices' traffic takes the hosts' routes and caps
+    hard = device_network(ctx, Network(plain.links, route, caps, plain.cpu_pool))
+    soft = device_network(ctx, Network(plain.links, route, cpu_pool=plain.cpu_pool))
     t_hard = simulate(base.tasks, hard, record=False).iteration_time
     t_soft = simulate(base.tasks, soft, record=False).iteration_time
     # a hard cap only where the simulator says it helps: on a tie it only takes the runtime's

@@ -14,12 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from topoctl.collective.hierarchical import ring_shards
 from topoctl.graph.ops import OpGraph
 from topoctl.sim.fabric import network_from_fabric
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.schedules import ALGORITHMS, CollectiveAlgorithm, ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task
 from topoctl.strategies import PlanContext, Strategy
+from topoctl.strategies.devices import (
+    device_groups,
+    device_network,
+    hierarchical_algorithm,
+    hierarchical_collective,
+    local_size,
+    multi_rank,
+)
 
 
 def buckets(graph: OpGraph, cap: int) -> list[tuple[list[str], int]]:
@@ -116,16 +125,34 @@ def dp_tasks(ctx: PlanContext, order: Sequence[str], algorithm: CollectiveAlgori
     return tasks, [s for _, s in bks]
 
 
+def ring_collective(ctx: PlanContext, order: Sequence[str]
+                    ) -> tuple[CollectiveAlgorithm, list[str], dict]:
+    """(algorithm, members, plan collective) of a ring AllReduce over the hosts in `order`.
+    One rank per host: gloo's ring over the hosts. Hosts of k > 1 ranks each: the
+    hierarchical AllReduce with a ring per shard in host `order` (`strategies.devices`), and
+    `hierarchical: {local_size: k}` in the plan. Hosts of different counts: one flat ring
+    over every rank in rank order, as the runtime runs it."""
+    coll = {"algorithm": "ring", "order": list(order)}
+    if not multi_rank(ctx):
+        return ALGORITHMS["ring"], list(order), coll
+    k = local_size(ctx)
+    if k > 1:
+        algorithm, members = hierarchical_algorithm(ctx, order, ring_shards)
+        return algorithm, members, hierarchical_collective(coll, k)
+    flat = [d for g in device_groups(ctx) for d in g]
+    return ALGORITHMS["ring"], flat, coll
+
+
 def plan(ctx: PlanContext) -> Strategy:
-    """Data parallel over every host, ring AllReduce in host order, shortest-path routing."""
+    """Data parallel over every host, ring AllReduce in host order (hierarchical on hosts
+    with several ranks: `ring_collective`), shortest-path routing."""
     hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
-    algorithm = ALGORITHMS["ring"]
-    order = list(ctx.hosts)
-    tasks, sizes = dp_tasks(ctx, order, algorithm)
+    algorithm, members, coll = ring_collective(ctx, ctx.hosts)
+    tasks, sizes = dp_tasks(ctx, members, algorithm)
+    network = network_from_fabric(ctx.fabric, hops, cpu_pool=ctx.cpu_pool)
     return Strategy(name="baseline", fabric=ctx.fabric, hops=hops,
-                    network=network_from_fabric(ctx.fabric, hops, cpu_pool=ctx.cpu_pool),
-                    tasks=tasks,
-                    collective={"algorithm": "ring", "order": order}, buckets=sizes)
+                    network=device_network(ctx, network),
+                    tasks=tasks, collective=coll, buckets=sizes)
 
 
 PLANNER_STRATEGIES = {"baseline": plan}

@@ -60,12 +60,11 @@ from topoctl.graph.cost import OpCost
 from topoctl.graph.ops import OpGraph
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
-from topoctl.sim.schedules import ALGORITHMS
 from topoctl.sim.tasks import Collective, Compute, Task, previous
 
 from . import PlanContext, Strategy, StrategyError, host_speeds, post_pass
 from . import baseline as _baseline
-from .sfb import ring_rates
+from .sfb import plan_rates
 
 MB = 1 << 20
 CAPS_MB = (1, 5, 10, 25, 50, 100)
@@ -143,7 +142,7 @@ def partition_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
                     costs: Callable[[str], dict[str, OpCost]]) -> tuple[list[Task], list[int]]:
     """One iteration's tasks under the partition `cuts` (module docstring); (tasks, bucket
     bytes). `costs(host)`: that host's per-op costs."""
-    order, algorithm = list(ctx.hosts), ALGORITHMS["ring"]
+    algorithm, order, _ = _baseline.ring_collective(ctx, ctx.hosts)
     ops = list(reversed(ctx.graph.ops))
     # bucket k's chunk ends with its last op (backward order), then flattens the bucket
     bounds = _chunk_bounds(units, cuts, len(ops))
@@ -205,7 +204,8 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
     of the iteration before applied) to the end of the next forward, which waits for this
     backward's AllReduces: its simulated time is the period (exact when the hosts are
     alike), at the cost of one iteration. O(ops + buckets x hosts)."""
-    order, ring = issue_order(len(cuts), tail), ALGORITHMS["ring"]
+    order = issue_order(len(cuts), tail)
+    ring, members, _ = _baseline.ring_collective(ctx, ctx.hosts)
     ready_sizes, first = [], 0
     for last in cuts:
         ready_sizes.append(sum(units.size[first:last + 1]))
@@ -224,7 +224,7 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
         deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
         if j or not cycle:
             deps += (f"ar{order[j - 1]}",) if j else (previous(f"ar{order[-1]}"),)
-        tasks.append(Collective(f"ar{k}", ring(list(ctx.hosts), float(ready_sizes[k])), deps))
+        tasks.append(Collective(f"ar{k}", ring(members, float(ready_sizes[k])), deps))
     return tasks, [ready_sizes[k] for k in order], order
 
 
@@ -289,7 +289,7 @@ class _Scorer:
 def model_inputs(ctx: PlanContext, units: Units, network: Network) -> dict:
     """The latency-bandwidth model of the plan's ring (alpha s, beta s/byte, fitted on its
     network) and each unit's ready time on the first host (the anchors' model)."""
-    (alpha, beta), _ = ring_rates(list(ctx.hosts), network)
+    (alpha, beta), _ = plan_rates(ctx, network)
     c = ctx.host_costs(ctx.hosts[0])
     back = list(reversed(ctx.graph.ops))
     op_ready, _ = ready_times([c[o.name].bwd for o in back], [True] * len(back))

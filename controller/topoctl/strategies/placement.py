@@ -62,7 +62,8 @@ from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.spec.job import JobError
-from topoctl.strategies import PlanContext, Strategy
+from topoctl.strategies import PlanContext, Strategy, StrategyError
+from topoctl.strategies.devices import rank_count_refusal
 
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
@@ -148,9 +149,10 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
     them."""
     hosts = list(ctx.hosts)
     if ctx.world_size != len(hosts):
-        raise JobError([("strategies", f"strategy {name}: one rank per host (gpus.count: 1); "
-                                       f"the job has {ctx.world_size} ranks on {len(hosts)} "
-                                       "hosts")])
+        # stages over devices (issue 51, item 3) are not planned yet: a stage is a host
+        raise StrategyError(rank_count_refusal(
+            ctx, f"pipeline stages are whole hosts of one rank; the job has {ctx.world_size} "
+                 f"ranks on {len(hosts)} hosts"))
     if len(hosts) < 2:
         raise JobError([("hosts", f"strategy {name}: a pipeline needs at least 2 hosts, the "
                                   f"job has {len(hosts)}")])

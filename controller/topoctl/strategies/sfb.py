@@ -26,8 +26,11 @@ hetero8), +13% at K = 8 (docs/results.md). The plan's ``job.sfb`` names the chos
 renderer moves them there from ``collective.sfb``); ``metadata.collective.sfb`` the layers, the
 objective and the bytes.
 
-Declared as the post-pass ``sfb`` (`strategies.post_pass`): ``baseline+sfb`` (alias ``sfb``),
-right after the base. Ranks with unequal batches (``+shares``) and
+Hosts of several ranks: the AllReduce is the plan's hierarchical one and the factors are
+gathered hierarchically (`strategies.devices.gather_algorithm`: one copy of each rank's
+factors crosses the NICs per shard, then the host's ranks share them over the intra-host
+link). Declared as the post-pass ``sfb`` (`strategies.post_pass`): ``baseline+sfb`` (alias
+``sfb``), right after the base. Ranks with unequal batches (``+shares``) and
 collectives other than the ring are refused. O(candidates) simulations of one collective, one
 0/1 program, one simulation of the result.
 """
@@ -41,11 +44,12 @@ from topoctl.graph.ops import Op, OpGraph
 from topoctl.sfb.program import SfbChoice, SfbLayer, choose_layers
 from topoctl.sim.engine import simulate
 from topoctl.sim.network import Network
-from topoctl.sim.schedules import ALGORITHMS, ring_allgather, ring_allreduce
+from topoctl.sim.schedules import ring_allgather, ring_allreduce
 from topoctl.sim.tasks import Collective, Compute, Task, member_done
 
 from . import PlanContext, Strategy, StrategyError, post_pass
 from . import baseline as _baseline
+from .devices import gather_algorithm, host_members
 
 PROBE_BYTES = (1 << 20, 2 << 20)  # two collective sizes: a linear fit (per call, per byte)
 
@@ -72,18 +76,29 @@ def _fit(times: list[float]) -> tuple[float, float]:
     return max(0.0, t1 - per_byte * s1), per_byte
 
 
-def ring_rates(order: list[str], network: Network) -> tuple[tuple[float, float],
-                                                             tuple[float, float]]:
+def ring_rates(order: list[str], network: Network, allreduce=ring_allreduce,
+               allgather=ring_allgather) -> tuple[tuple[float, float], tuple[float, float]]:
     """The ring's (per call, per byte) for an AllReduce of S bytes and for an all-gather of a
-    piece of S bytes from every member, simulated alone on `network`."""
+    piece of S bytes from every member, simulated alone on `network` (`allreduce` and
+    `allgather`: the plan's own algorithms over the members `order`, e.g. hierarchical on
+    hosts of several ranks: `strategies.devices`)."""
     p = len(order)
 
     def alone(schedule) -> float:
         return simulate([Collective("probe", schedule)], network, record=False).iteration_time
 
-    ar = _fit([alone(ring_allreduce(order, s)) for s in PROBE_BYTES])
-    ag = _fit([alone(ring_allgather(order, p * s)) for s in PROBE_BYTES])
+    ar = _fit([alone(allreduce(order, s)) for s in PROBE_BYTES])
+    ag = _fit([alone(allgather(order, p * s)) for s in PROBE_BYTES])
     return ar, ag
+
+
+def plan_rates(ctx: PlanContext, network: Network) -> tuple[tuple[float, float],
+                                                            tuple[float, float]]:
+    """`ring_rates` of the plan's own collectives over the training hosts (hierarchical on
+    hosts of several ranks)."""
+    ar, members, _ = _baseline.ring_collective(ctx, ctx.hosts)
+    ag, _ = gather_algorithm(ctx, ctx.hosts)
+    return ring_rates(members, network, ar, ag)
 
 
 def extra_seconds(ctx: PlanContext, ops: list[str]) -> dict[tuple[str, str], float]:
@@ -109,7 +124,7 @@ def _program(ctx: PlanContext, network: Network
     """The candidates, their costs on the plan's network and op costs, and the program's
     choice; also op name -> (module, K, M, N, factor bytes per replica), and op name ->
     (seconds of AllReduce SFB saves, seconds it costs alone: its gathers and rebuild)."""
-    (_, ar_b), (ag_c, ag_b) = ring_rates(list(ctx.hosts), network)
+    (_, ar_b), (ag_c, ag_b) = plan_rates(ctx, network)
     width = ctx.graph.dtype_bytes
     cands, gather, info = [], {}, {}
     layers = linear_layers(ctx.graph)
@@ -156,9 +171,11 @@ def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float
     rebuilt (it needs every rank in it). The last layer's rebuild and the step of a rank
     that leaves early run under the gathers' tail, and so does its next forward and
     backward: the planner predicts the steady period (`sim.steady`)."""
-    order, p = list(ctx.hosts), ctx.world_size
+    p = ctx.world_size
+    algorithm, members, _ = _baseline.ring_collective(ctx, ctx.hosts)
+    gather, gmembers = gather_algorithm(ctx, ctx.hosts)
     tasks, sizes = _baseline.dp_tasks(replace(ctx, graph=_without(ctx.graph, set(chosen))),
-                                      order, ALGORITHMS["ring"])
+                                      members, algorithm)
     if not chosen:
         return tasks, sizes
     steps = {t.id: t for t in tasks if t.id.startswith("step@")}
@@ -170,9 +187,10 @@ def sfb_tasks(ctx: PlanContext, chosen: list[str], factor_bytes: dict[str, float
         # x and d of one layer: one gather task of both (the runtime gathers them as one
         # tensor), in the process group of DDP's AllReduces (gloo's default one)
         cid = f"sfb{i}"
-        body.append(Collective(cid, ring_allgather(order, p * factor_bytes[op]), prev,
+        body.append(Collective(cid, gather(gmembers, p * factor_bytes[op]), prev,
                                member_done=True, group=_baseline.GLOO_GROUP))
-        body += [Compute(f"rebuild{i}@{h}", h, extra[(op, h)], (member_done(cid, h),))
+        body += [Compute(f"rebuild{i}@{h}", h, extra[(op, h)],
+                         tuple(member_done(cid, d) for d in host_members(ctx, h)))
                  for h in ctx.hosts]
         prev = tuple(f"rebuild{i}@{h}" for h in ctx.hosts)
     last = len(chosen) - 1
@@ -190,8 +208,6 @@ def with_sfb(ctx: PlanContext, base: Strategy, layers: list[str] | None = None) 
     if base.collective.get("algorithm") != "ring" or "shares" in base.collective:
         raise StrategyError("SFB is planned on data-parallel ring plans with even batches "
                             f"(not {base.name})")
-    if ctx.world_size != len(ctx.hosts):
-        raise StrategyError("one rank per host only (the factors are gathered over hosts)")
     choice, info, alone = _program(ctx, base.network)
     chosen = list(choice.layers) if layers is None else list(layers)
     unknown = [op for op in chosen if op not in info]

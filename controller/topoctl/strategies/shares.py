@@ -3,8 +3,9 @@
 HAP (Zhang et al., EuroSys'24, "HAP: SPMD DNN training on heterogeneous GPU clusters with
 automated program synthesis") compares against data parallelism whose per-device batch is
 proportional to the device's speed: the simplest strong baseline on hosts that differ in
-compute. Every rank takes a share of the global batch proportional to its host's
-`hosts[].speed` (integer sample counts summing to the global batch,
+compute. Every rank takes a share of the global batch proportional to its host's speed
+(`host_speed`: `hosts[].speed` times its device type's roofline speed, or its timing on this
+CPU, over the slowest type's; integer sample counts summing to the global batch,
 `topoctl.apportion.apportion`), and weights its loss by ``world * share / global`` so that
 the average the AllReduce forms equals the gradient of one process on the whole batch
 (`topotrain.shares` does it in the ranks).
@@ -37,16 +38,26 @@ _SAMPLE_TASK = re.compile(r"^(fwd|bwd\d+)@(.+)$")  # dp_tasks' per-sample comput
 
 
 def host_speed(ctx: PlanContext, host: str) -> float:
-    """`host`'s relative compute speed (`hosts[].speed`; 1 when not given)."""
-    return ctx.cluster.host(host).speed or 1.0
+    """`host`'s relative compute speed: its `hosts[].speed` (1 when not given) times how much
+    faster its device type runs a rank's forward and backward than the slowest type among
+    the training hosts (the device table's roofline, or this CPU's timing: `ctx.costs`).
+    Hosts of one device type: their `hosts[].speed`, as before."""
+    def work(h: str) -> float:
+        return sum(x.fwd + x.bwd for x in ctx.host_costs(h).values())
+
+    slowest = max(work(h) for h in ctx.hosts)
+    w = work(host)
+    ratio = slowest / w if w > 0 and slowest > 0 else 1.0
+    return (ctx.cluster.host(host).speed or 1.0) * ratio
 
 
 def rank_shares(ctx: PlanContext) -> list[int]:
     """Samples per iteration of every global rank, proportional to its host's speed."""
     speeds = [0.0] * ctx.world_size
     for h, rs in ctx.ranks.items():
+        sp = host_speed(ctx, h)
         for r in rs:
-            speeds[r] = host_speed(ctx, h)
+            speeds[r] = sp
     return apportion(ctx.job.batch.global_, speeds)
 
 

@@ -22,8 +22,10 @@ parallelisation strategy, optimised together (TopoOpt, NSDI'23, alternating opti
    Progress goes to stderr.
 
 With one rank per host the plan's collective is always a tree schedule (totient paths or packed
-trees), which the launcher runs as a DDP communication hook; with several ranks per host it is
-gloo's ring in rank order (the stride-1 ring).
+trees), which the launcher runs as a DDP communication hook; with k > 1 ranks on every host the
+hierarchical AllReduce with those trees as each shard's inter-host part
+(`multi_rank_collectives`); beyond `TREES_MAX_HOSTS` hosts or with hosts of different rank
+counts, gloo's ring in rank order. The plan renders the collective it scored.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 from topocontract.schedule import TreeSchedule
 from topoctl.collective.trees.pack import plan_trees
 from topoctl.collective.trees.schedule import plan_to_schedule
-from topoctl.collective.trees.simulate import tree_algorithm
+from topoctl.collective.trees.simulate import tree_algorithm, tree_allreduce_schedule
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.fabric.graph import FabricGraph, connection_links
 from topoctl.fabric.routes import ecmp_paths, neighbour_counts
@@ -51,8 +53,18 @@ from topoctl.sim.routing import shortest_next_hops
 from topoctl.sim.schedules import Schedule, Step, ring_steps
 from topoctl.spec.cluster import ClusterError, DirectFabric
 from topoctl.strategies import PlanContext, Strategy
+from topoctl.strategies.baseline import buckets as bucket_list
+from topoctl.strategies.baseline import ring_collective
+from topoctl.strategies.devices import (
+    device_network,
+    hierarchical_algorithm,
+    hierarchical_collective,
+    local_size,
+)
 from topoctl.strategies.model_parallel import model_parallel_tasks, mp_candidates, owners
 from topoctl.strategies.trees import (
+    MULTI_MAX_CHUNKS,
+    MULTI_MIN_CHUNK,
     SIM_MAX_CHUNKS,
     choose_fusion,
     fit_runtime,
@@ -192,8 +204,12 @@ def ring_orders(hosts: list[str], strides: list[int]) -> list[list[str]]:
     return out or [list(hosts)]
 
 
-def _score(ctx: PlanContext, d: _Design, algorithm) -> tuple[float, list, list, dict]:
-    tasks, sizes, traffic = model_parallel_tasks(ctx, d.mp, list(ctx.hosts), algorithm)
+def _score(ctx: PlanContext, d: _Design, algorithm, members: list[str] | None = None
+           ) -> tuple[float, list, list, dict]:
+    """(simulated iteration, tasks, bucket sizes, model-parallel traffic) of `d` with the
+    AllReduce `algorithm` over `members` (default: the hosts)."""
+    tasks, sizes, traffic = model_parallel_tasks(ctx, d.mp, members or list(ctx.hosts),
+                                                 algorithm)
     res = simulate(tasks, d.network, record=False)
     return res.iteration_time, tasks, sizes, traffic
 
@@ -270,11 +286,20 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     predicted at its pure network time (hetero8 ring at 200 Mbit/s: 0.575 s predicted, 0.90 s
     measured in the lab)."""
     n = len(ctx.hosts)
+    if ctx.world_size != n and local_size(ctx) > 1 and n <= TREES_MAX_HOSTS:
+        return multi_rank_collectives(ctx, d)
     if ctx.world_size != n or n > TREES_MAX_HOSTS:
-        # simulation scale: the paper's ring model stays the prediction; the launcher runs
-        # gloo's ring in rank order (the stride-1 ring) until the runtime has multi-ring
-        d.collective = {"algorithm": "ring", "order": list(ctx.hosts),
-                        "rings": d.topo.strides}
+        # simulation scale (or hosts of different rank counts): the launcher runs gloo's
+        # ring in rank order, so that is what is scored and rendered (the TotientPerms rings
+        # scored and rendered as the host-order ring were never run: issue 51)
+        hosts = list(ctx.hosts)
+        algorithm, members, coll = ring_collective(ctx, hosts)
+        if members != hosts:
+            d.network = device_network(ctx, d.network)
+        t, tasks, sizes, tr = _score(ctx, d, algorithm, members)
+        d.scores["ring"] = t
+        d.time, d.tasks, d.buckets, d.traffic, d.algorithm = t, tasks, sizes, tr, "ring"
+        d.collective = coll
         return d
     hosts = list(ctx.hosts)
     cands = [("totient", totient_paths(n, d.topo.strides)), ("trees", _trees(ctx, d.fabric))]
@@ -311,6 +336,37 @@ def with_collectives(ctx: PlanContext, d: _Design) -> _Design:
     d.runtime = fit.note(sizes) if sizes else {}
     d.collective = {"algorithm": "trees", "order": hosts, "schedule": fit.schedule.dump(),
                     "form": "totient-paths" if name == "totient" else "packed-trees"}
+    return d
+
+
+def multi_rank_collectives(ctx: PlanContext, d: _Design) -> _Design:
+    """Hosts of k > 1 ranks each: the hierarchical AllReduce (`strategies.devices`) with the
+    inter-host part of every shard over `d`'s fabric as TotientPerms path trees or packed
+    trees (the faster in the simulator), rendered as scored: `algorithm: trees`, the
+    schedule over the hosts, `hierarchical: {local_size: k}`. The device nodes join `d`'s
+    network over the hosts' intra-host links."""
+    hosts, k = list(ctx.hosts), local_size(ctx)
+    d.network = device_network(ctx, d.network)
+    largest = max((b for _, b in bucket_list(ctx.graph, ctx.job.sync.bucket)), default=1)
+    chunk = max(MULTI_MIN_CHUNK, int(largest / k / MULTI_MAX_CHUNKS))
+    cands = [("totient", totient_paths(len(hosts), d.topo.strides, chunk)),
+             ("trees", _trees(ctx, d.fabric).model_copy(update={"chunk_bytes": chunk}))]
+    best = None
+    for name, sched in cands:
+        def shard(i: int, members, size: float, sched=sched):
+            return tree_allreduce_schedule(list(members), size, sched,
+                                           max_chunks=MULTI_MAX_CHUNKS)
+
+        algorithm, members = hierarchical_algorithm(ctx, hosts, shard)
+        t, tasks, sizes, tr = _score(ctx, d, algorithm, members)
+        d.scores[name] = t
+        if best is None or t < best[0]:
+            best = (t, name, sched, tasks, sizes, tr)
+    t, name, sched, tasks, sizes, tr = best  # type: ignore[misc]
+    d.time, d.tasks, d.buckets, d.traffic, d.algorithm = t, tasks, sizes, tr, name
+    d.collective = hierarchical_collective(
+        {"algorithm": "trees", "order": hosts, "schedule": sched.dump(),
+         "form": "totient-paths" if name == "totient" else "packed-trees"}, k)
     return d
 
 
@@ -392,8 +448,8 @@ def _plan(ctx: PlanContext) -> Strategy:
     alls = {k: _r(v) if isinstance(v, float) else v for k, v in final.scores.items()} | \
         {"chosen": final.algorithm}
     if "trees" not in final.scores:
-        alls["trees"] = f"not evaluated (one rank per host and <= {TREES_MAX_HOSTS} hosts only)"
-        alls["chosen"] = "totient_rings"
+        alls["trees"] = f"not evaluated (<= {TREES_MAX_HOSTS} hosts of equal rank counts only)"
+        alls["chosen"] = final.algorithm
     notes = {"topology": {"strides": t.strides, "diameter": t.diameter,
                           "mean_hops": round(t.mean_hops, 4),
                           "allreduce_degree": t.allreduce_degree, "mp_degree": t.mp_degree,

@@ -13,9 +13,10 @@ it does not hold the hosts' compute), marked ``communication`` (so that the pred
 the one :func:`~topoctl.collective.trees.pipeline.choose_chunks` picks for the largest bucket.
 
 The plan's ``job.collective`` carries the runtime schedule (``topotrain.collectives``): the
-launcher writes it to a file and points ``$TOPO_TREE_SCHEDULE`` at it. One rank per host (the
-trees are over hosts). Hosts whose device is the CPU are taken to be lab hosts, all ranks on
-this machine sharing its cores (``PlanContext.lab``, a ``topoctl.labprofile.LabProfile``).
+launcher writes it to a file and points ``$TOPO_TREE_SCHEDULE`` at it. Hosts of k > 1 ranks
+(`plan_multi`): the hierarchical AllReduce with the trees as every shard's inter-host part.
+Hosts whose device is the CPU are taken to be lab hosts, all ranks on this machine sharing
+its cores (``PlanContext.lab``, a ``topoctl.labprofile.LabProfile``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from topoctl.collective.trees.pipeline import (
     tree_shape,
 )
 from topoctl.collective.trees.schedule import plan_to_schedule
-from topoctl.collective.trees.simulate import tree_algorithm
+from topoctl.collective.trees.simulate import tree_algorithm, tree_allreduce_schedule
 from topoctl.fabric.capgraph import build_capgraph
 from topoctl.fabric.graph import connection_links
 from topoctl.labprofile import DEFAULT_LAB, LabProfile
@@ -55,6 +56,16 @@ from topotrain.timing import load_calibration
 
 from . import PlanContext, Strategy, StrategyError
 from .baseline import backward_task, dp_tasks
+from .baseline import buckets as bucket_list
+from .devices import (
+    device_network,
+    hierarchical_algorithm,
+    hierarchical_collective,
+    hierarchical_note,
+    local_size,
+    multi_rank,
+    rank_count_refusal,
+)
 
 SIM_MAX_CHUNKS = 64  # chunks per tree the simulator schedule models at most (planning speed)
 FUSION_MAX_HOSTS = 64  # bucket caps are searched up to this many hosts (one simulation each)
@@ -64,11 +75,11 @@ def plan(ctx: PlanContext) -> Strategy:
     """Pack trees on the fabric, bound them, schedule the gradient buckets over them.
     StrategyError for a job it cannot plan (one host, several ranks per host); FabricError
     when the fabric cannot carry it (disconnected, a training host without links)."""
-    if ctx.world_size != len(ctx.hosts):
-        raise StrategyError("one rank per host only (trees are over hosts)")
     if len(ctx.hosts) < 2:
         raise StrategyError("needs at least two training hosts (one host has nothing to "
                             "all-reduce over the fabric): use baseline")
+    if multi_rank(ctx):
+        return plan_multi(ctx)
     links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(ctx.fabric)]
     g = build_capgraph(links, list(ctx.hosts))
     clock = SafetyClock()  # deterministic limits inside; this only guards against the absurd
@@ -407,3 +418,71 @@ def _runtime_note(preds: dict, sizes: list[int], source: str, chunk_bytes: int) 
 
 
 PLANNER_STRATEGIES = {"trees": plan}
+
+
+MULTI_MAX_CHUNKS = 16  # chunks per tree per shard the simulator models on multi-rank hosts
+MULTI_MIN_CHUNK = 64 << 10  # bytes: the smallest chunk a multi-rank plan's schedule asks for
+
+
+def shard_capgraph(ctx: PlanContext, k: int, rail: int | None):
+    """The capacity graph one shard's trees are packed on (bytes/s): with rails, rail `rail`'s
+    own links (every host's NIC `rail` and what it is cabled to); else the whole fabric with
+    every capacity divided by the `k` shards that share it at once (the LP sees a host's NICs
+    shared by its k shards). FabricError when the graph does not join the hosts."""
+    if rail is None:
+        links = [(ln.a, ln.b, ln.capacity / 8.0 / k) for ln in connection_links(ctx.fabric)]
+        return build_capgraph(links, list(ctx.hosts))
+    nic = {h: ctx.cluster.rails(h)[rail] for h in ctx.hosts}  # type: ignore[index]
+    links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in ctx.fabric.links
+             if (ln.a in nic and ln.a_nic == nic[ln.a]) or (ln.b in nic and ln.b_nic == nic[ln.b])]
+    return build_capgraph(links, list(ctx.hosts))
+
+
+def plan_multi(ctx: PlanContext) -> Strategy:
+    """Trees on hosts of k > 1 ranks: the hierarchical AllReduce (`strategies.devices`) with
+    packed trees as the inter-host part of every shard. The trees of a shard are packed on
+    the fabric with each capacity shared by the k shards, or with rails (`gpus.nics: rails`)
+    on each rail's own links (`shard_capgraph`). The plan's collective: `algorithm: trees`,
+    the schedule over the hosts (rail 0's with rails: the rails of the example fabrics are
+    alike; every rail's own rate is in the notes), `hierarchical: {local_size: k}`."""
+    k = local_size(ctx)
+    if k == 0:
+        raise StrategyError(rank_count_refusal(ctx, "the hierarchical AllReduce needs the same "
+                                                    "rank count on every host"))
+    hosts = list(ctx.hosts)
+    rails = all(ctx.cluster.rails(h) for h in hosts)
+    clock = SafetyClock()
+    plans, scheds = [], []
+    # chunks sized so the largest bucket's shard pipelines in MULTI_MAX_CHUNKS chunks per tree
+    largest = max((b for _, b in bucket_list(ctx.graph, ctx.job.sync.bucket)), default=1)
+    chunk = max(MULTI_MIN_CHUNK, int(largest / k / MULTI_MAX_CHUNKS))
+    for i in range(k if rails else 1):
+        g = shard_capgraph(ctx, k, i if rails else None)
+        tp = plan_trees(g, clock=clock)
+        bname, bval = best_bound(tree_bounds(g, lp_upper=tp.upper_bound, clock=clock))
+        plans.append((tp, bname, bval))
+        scheds.append(plan_to_schedule(tp, chunk_bytes=chunk, metadata={
+            "hosts": hosts, "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
+            "bound": bname}))
+
+    def shard(i: int, members, size: float):
+        return tree_allreduce_schedule(list(members), size, scheds[i if rails else 0],
+                                       max_chunks=MULTI_MAX_CHUNKS)
+
+    algorithm, members = hierarchical_algorithm(ctx, hosts, shard)
+    hops = shortest_next_hops(ctx.fabric, required=hosts)
+    base = network_from_fabric(ctx.fabric, hops, cpu_pool=ctx.cpu_pool)
+    tasks, sizes = dp_tasks(ctx, members, algorithm)
+    tp, bname, bval = plans[0]
+    return Strategy(
+        name="trees", fabric=ctx.fabric, hops=hops, network=device_network(ctx, base),
+        tasks=tasks,
+        collective=hierarchical_collective(
+            {"algorithm": "trees", "order": hosts, "schedule": scheds[0].dump()}, k),
+        buckets=sizes,
+        notes={"trees": len(tp.trees), "rate_bytes_per_s": tp.rate, "optimum_bytes_per_s": bval,
+               "bound": bname, "achieved_over_optimal": tp.rate / bval,
+               "shards": k, "rails": rails,
+               "rail_rates_bytes_per_s": [p[0].rate for p in plans] if rails else None,
+               "hierarchical": hierarchical_note(ctx, sum(sizes))} | clock.report(),
+    )
