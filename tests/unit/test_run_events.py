@@ -23,7 +23,7 @@ def plan() -> dict:
             "job": {"name": "j", "command": ["python", "-m", "topotrain.train"],
                     "world_size": 2, "master": {"address": "10.0.0.1", "port": 29500},
                     "batch": {"global": 2, "per_rank": 1},
-                    "model": {"factory": "m:f"}, "processes": procs}}
+                    "model": {}, "processes": procs}}  # no factory: nothing to check
 
 
 class Replay:
