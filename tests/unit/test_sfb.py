@@ -166,6 +166,8 @@ def test_ranks_leave_each_gather_one_by_one():
             assert alone.start[g.id] >= max(alone.finish[f"rebuild{i - 1}@{h}"]
                                             for h in ctx.hosts)
     # each rank steps after its last rebuild; the prediction is the steady period
-    # (`sim.steady`), shorter than an isolated iteration
+    # (`sim.steady`), never longer than an isolated iteration (with the lab's fixed CPU share
+    # per host, `topoctl.lab.cpu`, a rank that leaves a gather early no longer borrows the
+    # slow hosts' cores, so the two are equal here; under processor sharing it was shorter)
     assert all(alone.start[f"step@{h}"] >= alone.finish[f"rebuild3@{h}"] for h in ctx.hosts)
-    assert ev.result.iteration_time < alone.iteration_time - 0.01
+    assert ev.result.iteration_time <= alone.iteration_time + 1e-9
