@@ -5,7 +5,8 @@ written is refused before any rank starts, never run some other way.
 
 ``algorithm``: ``ring`` (DDP's ring AllReduce, in the plan's host ``order``), ``trees`` (the
 packed spanning trees of ``schedule``, a `topocontract.schedule.TreeSchedule` for the job's
-world size) or ``pipeline`` (pipeline stages, `topocontract.stages`); a collective without one
+world size) or ``pipeline`` (pipeline stages, `topocontract.stages`); with ``hierarchical: {local_size:
+k}`` the schedule is over the hosts (the job's ranks / k); a collective without one
 (or no collective) is DDP's own. Import-light: no torch; O(ranks x trees)."""
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def collective_problems(collective: Any, world_size: int,
                                         f"{', '.join(ALGORITHMS)})")]
     if algo != "trees":
         return []
+    # hosts of several ranks (`topocontract.hierarchy`): the trees are over the hosts, one
+    # schedule rank per host, each local rank's shard running on them
+    hier = collective.get("hierarchical")
+    local = hier.get("local_size") if isinstance(hier, dict) else None
+    if isinstance(local, int) and not isinstance(local, bool) and local > 0:
+        if world_size % local:
+            return [(f"{prefix}.hierarchical.local_size",
+                     f"{local} does not divide the job's {world_size} ranks")]
+        world_size //= local
     return _schedule_problems(collective.get("schedule"), world_size, f"{prefix}.schedule")
 
 

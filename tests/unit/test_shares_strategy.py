@@ -101,9 +101,14 @@ def test_even_speeds_give_even_shares_and_the_baseline_time():
     assert evals[1].strategy.collective["shares"] == [48] * 8
 
 
+def ranks(n: int) -> dict:
+    """`n` ranks on one host, as a launch spec lists them."""
+    return {"h0": [{"rank": r, "local_rank": r} for r in range(n)]}
+
+
 def test_launch_spec_checks_shares():
     spec = {"name": "t", "command": ["x"], "world_size": 2,
-            "master": {"address": "10.0.0.1", "port": 1}, "model": {}, "processes": {},
+            "master": {"address": "10.0.0.1", "port": 1}, "model": {}, "processes": ranks(2),
             "batch": {"global": 8, "per_rank": 4, "shares": [3, 5]}}
     assert parse_launch_spec(spec).batch.samples(0) == 3
     for batch, world, sfb, where in [({"shares": [3, 4]}, 2, [], "job.batch"),
@@ -111,6 +116,7 @@ def test_launch_spec_checks_shares():
                                      ({"shares": [0, 8]}, 2, [], "job.batch.shares[0]"),
                                      ({}, 2, ["net.0"], "job")]:
         bad = spec | {"world_size": world, "batch": spec["batch"] | batch,
+                      "processes": ranks(world),
                       **({"sfb": sfb} if sfb else {})}
         with pytest.raises(StateError) as e:
             parse_launch_spec(bad)
@@ -121,7 +127,7 @@ def test_launch_spec_checks_shares():
 def test_loss_weights_make_the_average_the_whole_batch_mean():
     spec = parse_launch_spec({"name": "t", "command": ["x"], "world_size": 3,
                               "master": {"address": "10.0.0.1", "port": 1}, "model": {},
-                              "processes": {}, "batch": {"global": 16, "per_rank": 5,
+                              "processes": ranks(3), "batch": {"global": 16, "per_rank": 5,
                                                          "shares": [9, 3, 4]}})
     w = [loss_weight(spec.batch, r, 3) for r in range(3)]
     assert w == pytest.approx([27 / 16, 9 / 16, 12 / 16])
