@@ -44,8 +44,9 @@ def walk(states: dict, src: str, dst_ip: str) -> list[str]:
         for i in st["interfaces"]:
             for a in i.get("addresses", []):
                 owner[a.split("/")[0]] = h
-                if i["name"] != "lo":
-                    subnet_dev[(h, str(ipaddress.IPv4Interface(a).network))] = i["name"]
+                if i["name"] != "lo":  # a host may have several NICs on one subnet (rails)
+                    subnet_dev.setdefault((h, str(ipaddress.IPv4Interface(a).network)),
+                                          set()).add(i["name"])
     path, here = [src], src
     for _ in range(len(states) + 1):
         if owner.get(dst_ip) == here:
@@ -54,7 +55,7 @@ def walk(states: dict, src: str, dst_ip: str) -> list[str]:
         r = routes[f"{dst_ip}/32"]
         hops = r.get("nexthops") or [{"via": r["via"], "dev": r["dev"]}]
         for hop in hops:  # every next hop must be on a connected subnet of its dev
-            nets = [n for (h, n), d in subnet_dev.items() if h == here and d == hop["dev"]]
+            nets = [n for (h, n), d in subnet_dev.items() if h == here and hop["dev"] in d]
             assert any(ipaddress.IPv4Address(hop["via"]) in ipaddress.IPv4Network(n)
                        for n in nets), (here, hop)
         if here != src:  # a host passing on someone else's packet must forward
