@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from topoagent.protocol import EXIT_INTERRUPTED, STOP_AFTER_FAILURE, STOP_BY_OPERATOR
 from topoagent.state.host import StateError
 from topoagent.state.wire import parse_launch_spec
+from topoctl.catalog.registry import ENTRIES
 from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
@@ -242,19 +243,37 @@ def check_model(job: dict) -> None:
     """Before any rank starts: the job's factory builds a torch.nn.Module that has every
     module and parameter the plan names (`named_in_model`), else StateError naming each YAML
     path (every rank would otherwise die of it with a traceback). The factory runs as in
-    planning: in a child process as the capture user (`graph.sandbox`), on the meta device.
-    A spec without a factory (a command of the operator's own) is not checked."""
+    planning: in a child process as the capture user (`graph.sandbox`), on the meta device;
+    a catalog model's exact factory (topoctl's own class) in this process, and only when the
+    plan names something in it. A spec without a factory (a command of the operator's own) is
+    not checked."""
     model = job.get("model") or {}
     if not model.get("factory"):
+        return
+    names = named_in_model(job)
+    if model["factory"] in {e.factory for e in ENTRIES.values()}:
+        # topoctl's own models build nn.Modules: only what the plan names needs a look, in
+        # this process (no child of ~4 CPU-s per run: the demo runs a dozen)
+        if not names:
+            return
+        from topoctl.graph.capture_worker import check_names  # torch: `run` only
+        problems = check_names({"factory": model["factory"],
+                                "kwargs": model.get("kwargs") or {},
+                                "names": {k: list(v) for k, v in names.items()}})["problems"]
+        _raise_problems(problems)
         return
     # the capture child's side imports torch: only `run` pays for it, not `stop`
     from topoctl.graph.capture import CaptureError
     from topoctl.graph.sandbox import model_problems  # torch too: `run` only, as above
     try:
-        problems = model_problems(model["factory"], model.get("kwargs") or {},
-                                  named_in_model(job))
+        problems = model_problems(model["factory"], model.get("kwargs") or {}, names)
     except CaptureError as e:
         problems = e.problems
+    _raise_problems(problems)
+
+
+def _raise_problems(problems: list) -> None:
+    """StateError with every (yaml path, message), paths put under ``job.model``."""
     problems = [(p if p.startswith("job.") else f"job.model.{p}" if p else "job.model", m)
                 for p, m in problems]
     if problems:
