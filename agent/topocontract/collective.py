@@ -5,8 +5,9 @@ written is refused before any rank starts, never run some other way.
 
 ``algorithm``: ``ring`` (DDP's ring AllReduce, in the plan's host ``order``), ``trees`` (the
 packed spanning trees of ``schedule``, a `topocontract.schedule.TreeSchedule` for the job's
-world size) or ``pipeline`` (pipeline stages, `topocontract.stages`); with ``hierarchical: {local_size:
-k}`` the schedule is over the hosts (the job's ranks / k); a collective without one
+world size) or ``pipeline`` (pipeline stages, `topocontract.stages`); with
+``hierarchical: {local_size: k}`` the schedule is over the hosts (the job's ranks / k); a
+collective without one
 (or no collective) is DDP's own. Import-light: no torch; O(ranks x trees)."""
 
 from __future__ import annotations
