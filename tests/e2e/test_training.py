@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from topoagent.process.pidfile import live, read_pids
+from topoagent.protocol import EXIT_INTERRUPTED
 from topoctl import cli
 from topoctl.lab import lab as labmod
 from topoctl.planner import make_plan
@@ -123,7 +124,9 @@ def test_stop_ends_a_running_job_on_every_host(lab_and_plan, capsys):
     time.sleep(3)  # let training get going
     assert cli.main(["stop", plan, "--lab", lab.name, "--detailed-exitcode"]) == 2
     runner.join(timeout=60)
-    assert not runner.is_alive() and codes == [1]
+    # an operator's stop: `run` reports the job stopped, exit 130 (README, exit codes)
+    assert not runner.is_alive() and codes == [EXIT_INTERRUPTED]
+    assert '"stopped"' in capsys.readouterr().out
     assert not any(p.exists() for p in pids)
 
 
