@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import traceback
 from pathlib import Path
@@ -19,6 +18,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.treegen import random_trees  # noqa: E402
 from topotrain.collectives import (  # noqa: E402
     ScheduleMismatch,
     TreeSchedule,
@@ -34,21 +34,8 @@ CASES = [(1, 4), (2, 4), (7, 12), (1000, 400), (4099, 1000), (4099, 1 << 20)]
 
 def random_schedule(world: int, ntrees: int, seed: int) -> TreeSchedule:
     """Random spanning trees (random attachment order), distinct roots where possible."""
-    rng = random.Random(seed)
-    trees = []
-    for t in range(ntrees):
-        order = list(range(world))
-        rng.shuffle(order)
-        root = t % world
-        order.remove(root)
-        placed = [root]
-        parents: list[int | None] = [None] * world
-        for r in order:
-            parents[r] = rng.choice(placed)
-            placed.append(r)
-        trees.append({"root": root, "rate": rng.uniform(0.1, 5.0), "parents": parents})
     return TreeSchedule.model_validate(
-        {"world_size": world, "chunk_bytes": 64, "trees": trees}
+        {"world_size": world, "chunk_bytes": 64, "trees": random_trees(world, ntrees, seed)}
     )
 
 

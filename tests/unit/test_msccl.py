@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests import treegen
 from topocontract.msccl import Limits, MscclError, check, from_xml, link_chunks, to_xml
 from topocontract.schedule import TreeSchedule
 from topoctl.collective.trees.simulate import tree_allreduce_schedule
@@ -26,19 +27,7 @@ def sim_link_bytes(schedule) -> dict[tuple[int, int], float]:
 
 
 def random_trees(world: int, ntrees: int, seed: int) -> list[tuple[list[int | None], float]]:
-    rng = random.Random(seed)
-    trees = []
-    for t in range(ntrees):
-        order = list(range(world))
-        rng.shuffle(order)
-        root = t % world
-        order.remove(root)
-        placed, parents = [root], [None] * world
-        for r in order:
-            parents[r] = rng.choice(placed)
-            placed.append(r)
-        trees.append((parents, rng.uniform(0.1, 5.0)))
-    return trees
+    return [(t["parents"], t["rate"]) for t in treegen.random_trees(world, ntrees, seed)]
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 12])

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.treegen import random_trees
 from topoctl.collective.trees.pipeline import (
     RuntimeCosts,
     choose_chunks,
@@ -29,19 +30,8 @@ FREE = RuntimeCosts(per_message_s=0.0, per_piece_s=0.0, wire_bytes_per_s=1e30,
 
 
 def random_schedule(world: int, ntrees: int, seed: int) -> TreeSchedule:
-    rng = random.Random(seed)
-    trees = []
-    for t in range(ntrees):
-        order = list(range(world))
-        rng.shuffle(order)
-        root = t % world
-        order.remove(root)
-        placed, parents = [root], [None] * world
-        for r in order:
-            parents[r] = rng.choice(placed)
-            placed.append(r)
-        trees.append({"root": root, "rate": rng.uniform(0.5, 2.0), "parents": parents})
-    return TreeSchedule.model_validate({"world_size": world, "trees": trees})
+    return TreeSchedule.model_validate(
+        {"world_size": world, "trees": random_trees(world, ntrees, seed, (0.5, 2.0))})
 
 
 def shape_of(s: TreeSchedule):

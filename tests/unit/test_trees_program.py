@@ -7,33 +7,19 @@ data that is not final yet shows up as a wrong sum or as unmatched messages."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.treegen import random_trees  # noqa: E402
 from topocontract.trees import chunk_count  # noqa: E402
 from topotrain.collectives import TreeSchedule, partition_sizes  # noqa: E402
 from topotrain.collectives.program import compile_program  # noqa: E402
 
 
 def random_schedule(world: int, ntrees: int, seed: int, chunk_bytes: int = 64) -> TreeSchedule:
-    rng = random.Random(seed)
-    trees = []
-    for t in range(ntrees):
-        order = list(range(world))
-        rng.shuffle(order)
-        root = t % world
-        order.remove(root)
-        placed = [root]
-        parents: list[int | None] = [None] * world
-        for r in order:
-            parents[r] = rng.choice(placed)
-            placed.append(r)
-        trees.append({"root": root, "rate": rng.uniform(0.1, 5.0), "parents": parents})
     return TreeSchedule.model_validate({"world_size": world, "chunk_bytes": chunk_bytes,
-                                        "trees": trees})
+                                        "trees": random_trees(world, ntrees, seed)})
 
 
 def execute(schedule: TreeSchedule, inputs: list[torch.Tensor], chunks: int) -> list:
