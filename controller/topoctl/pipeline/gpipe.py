@@ -42,23 +42,10 @@ from topoctl.strategies import PlanContext
 from topotrain.timing import load_calibration
 
 
-def cut_bytes(ctx: PlanContext, stage_of: dict[str, int], nstages: int, scale: float
+def _cut_sums(ctx: PlanContext, stage_of: dict[str, int], nstages: int, weight
               ) -> list[float]:
-    """Bytes crossing the boundary after each stage (all values live across it)."""
-    last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
-    for o in ctx.graph.ops:
-        for i in o.inputs:
-            if i in last:
-                last[i] = max(last[i], stage_of[o.name])
-    out = [0.0] * max(0, nstages - 1)
-    for o in ctx.graph.ops:
-        for s in range(stage_of[o.name], last[o.name]):
-            out[s] += o.out_bytes * scale
-    return out
-
-
-def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list[int]:
-    """Values (tensors sent as one message each) crossing the boundary after each stage."""
+    """Per boundary after each stage, the sum of `weight(op)` over the values crossing it (a
+    value crosses every boundary from its stage to its last consumer's)."""
     last = {o.name: stage_of[o.name] for o in ctx.graph.ops}
     for o in ctx.graph.ops:
         for i in o.inputs:
@@ -67,8 +54,19 @@ def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list
     out = [0] * max(0, nstages - 1)
     for o in ctx.graph.ops:
         for s in range(stage_of[o.name], last[o.name]):
-            out[s] += 1
+            out[s] += weight(o)
     return out
+
+
+def cut_bytes(ctx: PlanContext, stage_of: dict[str, int], nstages: int, scale: float
+              ) -> list[float]:
+    """Bytes crossing the boundary after each stage (all values live across it)."""
+    return [float(x) for x in _cut_sums(ctx, stage_of, nstages, lambda o: o.out_bytes * scale)]
+
+
+def cut_values(ctx: PlanContext, stage_of: dict[str, int], nstages: int) -> list[int]:
+    """Values (tensors sent as one message each) crossing the boundary after each stage."""
+    return _cut_sums(ctx, stage_of, nstages, lambda o: 1)
 
 
 @dataclass(frozen=True)
