@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import traceback
 from pathlib import Path
 
@@ -18,6 +17,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.loopback import free_port  # noqa: E402
 from tests.treegen import random_trees  # noqa: E402
 from topotrain.collectives import (  # noqa: E402
     ScheduleMismatch,
@@ -51,12 +51,6 @@ def planned_schedule() -> dict:
     links = [(a, b, 10.0 if a // 4 == b // 4 else 1.0) for a, b in pairs]
     g = build_capgraph(links)
     return plan_to_schedule(plan_trees(g, max_trees=16), chunk_bytes=256).dump()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check(results, name, got, want, exact=False):
@@ -167,7 +161,7 @@ def _ddp_case(rank: int, groups, fails: list[str]) -> None:
 @pytest.mark.timeout(300)
 def test_tree_allreduce_matches_all_reduce_world_2_to_8(tmp_path):
     planned = planned_schedule()
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path), planned), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path), planned), nprocs=WORLD, join=True)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
     assert not fails, "\n".join(fails[:20])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +21,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.loopback import free_port  # noqa: E402
 from topocontract.hierarchy import HierarchyError, parse_hierarchy  # noqa: E402
 from topocontract.schedule import TreeSchedule  # noqa: E402
 from topotrain.collectives.hierarchy import (  # noqa: E402
@@ -79,12 +79,6 @@ def collective_and_processes(hosts: int, k: int, numbering: str, order, inter: s
     if inter == "trees":
         coll["schedule"] = random_schedule(hosts, 3, seed=hosts * 10 + k)
     return coll, procs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -177,7 +171,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_hierarchical_allreduce_equals_a_flat_allreduce(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
     assert not fails, "\n".join(fails[:20])

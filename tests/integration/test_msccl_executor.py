@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import traceback
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.integration.test_collectives import (  # noqa: E402
     planned_schedule,
     random_schedule,
 )
+from tests.loopback import free_port  # noqa: E402
 from topocontract.msccl import check, from_xml, to_xml  # noqa: E402
 from topoctl.msccl.hierarchical import hierarchical_allreduce  # noqa: E402
 from topoctl.msccl.ring import ring_allreduce  # noqa: E402
@@ -37,12 +37,6 @@ from topotrain.collectives.msccl import run_allreduce  # noqa: E402
 WORLD = 12
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 SIZES = (1, 7, 1000)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trees_plan(cluster: str, tmp: Path) -> Path:

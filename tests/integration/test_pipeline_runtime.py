@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests.loopback import free_port
 from topoctl.planner import make_plan
 from topoctl.rollout.run import job_payload
 from topoctl.spec.cluster_load import parse_cluster
@@ -58,12 +58,6 @@ def reference_losses(job: dict, global_batch: int) -> list[float]:
         opt.step()
         out.append(float(loss.detach()))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(job: dict, tmp_path, timeout: float = 300) -> list[tuple[int, str]]:

@@ -18,7 +18,8 @@ import traceback
 import pytest
 
 from tests.integration.test_collectives import random_schedule
-from tests.integration.test_pipeline_runtime import free_port, run_local
+from tests.integration.test_pipeline_runtime import run_local
+from tests.loopback import free_port
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402

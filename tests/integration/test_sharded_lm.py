@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from tests.loopback import free_port  # noqa: E402
 from topoctl.catalog.lm import DecoderLM  # noqa: E402
 from topotrain.sharded import (  # noqa: E402
     average_gradients,
@@ -116,12 +116,6 @@ def _worker(rank: int, port: int, outdir: str) -> None:
     Path(outdir, f"{rank}.json").write_text(json.dumps(result))
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_split_sizes_follow_the_weights_in_whole_units():

@@ -14,7 +14,8 @@ import sys
 import pytest
 from torch import fx
 
-from tests.integration.test_pipeline_runtime import free_port, reference_losses, run_local
+from tests.integration.test_pipeline_runtime import reference_losses, run_local
+from tests.loopback import free_port
 from topoagent.state.wire import parse_launch_spec
 from topoctl.catalog.dense import MLP
 

@@ -11,8 +11,8 @@ import os
 import subprocess
 import sys
 
-from tests.integration.test_pipeline_runtime import free_port
 from tests.integration.test_train_ddp import JOB
+from tests.loopback import free_port
 
 ITERS = 6
 

@@ -13,7 +13,8 @@ import traceback
 
 import pytest
 
-from tests.integration.test_pipeline_runtime import free_port, run_local, run_ranks
+from tests.integration.test_pipeline_runtime import run_local, run_ranks
+from tests.loopback import free_port
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
