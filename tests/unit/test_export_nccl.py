@@ -81,6 +81,10 @@ def test_bad_plan_and_output_are_named(tmp_path, capsys):
     bad.write_text("apiVersion: topoctl/v1\nkind: Plan\n")
     assert main(["export", "nccl", str(bad), "-o", str(tmp_path / "o")]) == 1
     assert str(bad) in capsys.readouterr().err
+    other = str(PLANS / "fast4-cluster.yaml")  # h0-h3 only: switch8's h4-h7 are not in it
+    assert main(["export", "nccl", str(PLANS / "mlp-switch8-plan.yaml"), "--cluster", other,
+                 "-o", str(tmp_path / "o2")]) == 1
+    assert "--cluster" in (err := capsys.readouterr().err) and "host h4 is not in cluster" in err
     afile = tmp_path / "afile"
     afile.write_text("")
     assert main(["export", "nccl", str(RING_PLANS[0]), "-o", str(afile)]) == 1

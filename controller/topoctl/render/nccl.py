@@ -164,8 +164,13 @@ def _host_facts(cluster: Any, host: str, ifnames: list[str], nprocs: int
     plan's ranks and 0 Mbit/s (NCCL then detects the speed)."""
     if cluster is None:
         return nprocs, "", [(n, 0) for n in ifnames]
-    spec = next(h for h in cluster.hosts if h.name == host)
-    gpus = spec.gpus or cluster.defaults.gpus
+    try:
+        spec = cluster.host(host)
+    except KeyError:
+        raise ExportError([("--cluster", f"the plan's host {host} is not in cluster "
+                                         f"{cluster.name}: the plan is for another cluster")]
+                          ) from None
+    gpus = cluster.gpus(host)
     speeds = {n.name: (n.speed or cluster.defaults.nic_speed or 0) for n in spec.nics}
     return gpus.count, gpus.type, [(n, int(speeds.get(n, 0)) // 1_000_000) for n in ifnames]
 
