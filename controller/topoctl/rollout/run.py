@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from topoagent.protocol import EXIT_INTERRUPTED, STOP_AFTER_FAILURE, STOP_BY_OPERATOR
 from topoagent.state.host import StateError
 from topoagent.state.wire import parse_launch_spec
-from topoctl.catalog.registry import ENTRIES
+from topoctl.catalog.registry import ENTRIES, resolve_params
 from topoctl.rollout.links import cable_at, watched_interfaces
 from topoctl.rollout.transports import UNREACHABLE, Transport
 
@@ -284,8 +284,6 @@ def catalog_model(model: dict) -> dict:
     """A plan's ``job.model`` naming a catalog model (`catalog` + `params`) as the runtime
     takes it (`factory` + `kwargs` + `inputs`); StateError at ``job.model.catalog`` or
     ``job.model.params`` when the catalog has no such model or parameter."""
-    from topoctl.catalog.registry import ENTRIES, resolve_params  # torch: only here
-
     name = model["catalog"]
     if not isinstance(name, str) or name not in ENTRIES:
         raise StateError([("job.model.catalog", f"unknown model {name!r} (catalog: "
