@@ -442,10 +442,12 @@ def tails(buckets: int) -> list[int]:
 
 def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost]],
            budget: int = BUDGET, seed: int = SEED, progress: bool = True,
-           forward: bool = True) -> dict:
+           forward: bool = True, slicing: bool = True) -> dict:
     """Anchors and DisCo's search on `base`'s network: a dict with the units, the scorer, the
-    anchors' (partition, seconds), the search result, the lower bound's parts and seconds.
-    `forward`: the search may choose forward overlap (`bucket_overlap: forward`) too."""
+    anchors' (partition, seconds), the sliced anchors' (candidate, seconds), the search
+    result, the lower bound's parts and seconds. `forward`: the search may choose forward
+    overlap (`bucket_overlap: forward`) too; `slicing` (with `forward`): and sliced buckets
+    (`sliced_anchors`; off: the search of whole buckets, as before slicing)."""
     t0 = time.perf_counter()
     units = grad_units(ctx.graph)
     if not units.size:
@@ -456,7 +458,7 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
     anchor = {k: (p, score(Candidate("none", p))) for k, p in
               anchors(ctx, units, score, model).items()}
     sliced = {k: (c, score(c)) for k, c in sliced_anchors(ctx, units, model).items()
-              } if forward else {}
+              } if forward and slicing else {}
     ranked = [p for p, _ in sorted(anchor.values(), key=lambda x: x[1])]
     initial = [Candidate(f, p) for p in ranked for f in sorted(options)]
     if forward:  # forward overlap: one bucket per parameter and the best three anchors'
