@@ -56,7 +56,7 @@ from topoctl.disco.priority import (
     search_slicing,
     sliced_iteration,
 )
-from topoctl.disco.search import Candidate, best_first, issue_order
+from topoctl.disco.search import Candidate, SearchResult, best_first, issue_order
 from topoctl.disco.timeline import (
     cap_partition,
     mgwfbp_partition,
@@ -85,6 +85,9 @@ STEP_CALL_S = 25e-6
 # 15.9 MB and 4.0 ms for BERT's 16.8 MB (quiet, docs/results.md), against 1.2 ms at the runtime
 # calibration's copy rate (13.5 GB/s, buffers in cache)
 FLATTEN_BYTES_PER_S = 4.2e9
+# the grid `slice_the_pick` scores on the search's pick (MiB per slice, slices of credit)
+PICK_SLICE_MB = (1, 2, 4, 8, 16)
+PICK_CREDIT_SLICES = (1, 2, 4)
 OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
@@ -430,6 +433,27 @@ def sliced_anchors(ctx: PlanContext, units: Units, model: dict) -> dict[str, Can
                                       grid.credit)}
 
 
+def slice_the_pick(result: SearchResult, score: Callable[[Candidate], float]
+                   ) -> SearchResult:
+    """`result` with its pick's partition and fusion sliced, when that is faster: every slice
+    size of `PICK_SLICE_MB` MiB x credits of `PICK_CREDIT_SLICES` slices, forward overlap,
+    priority first-read-first, scored by `score` (the simulator; counted: len(grid)
+    evaluations more, ties to the unsliced pick, then the grid's order). The grid in the
+    latency-bandwidth model (`sliced_anchors`) ranks candidates without the lab's
+    per-message CPU; scoring the pick's own buckets in the simulator is what finds slices
+    that pay there. O(grid) simulations."""
+    c0 = replace(result.best, overlap="forward", tail=1)
+    best, cost = result.best, result.cost
+    for mb in PICK_SLICE_MB:
+        for n in PICK_CREDIT_SLICES:
+            c = replace(c0, slice_bytes=mb * MB, credit=n * mb * MB)
+            t = score(c)
+            if t < cost - 1e-12:
+                best, cost = c, t
+    grid = len(PICK_SLICE_MB) * len(PICK_CREDIT_SLICES)
+    return replace(result, best=best, cost=cost, evaluations=result.evaluations + grid)
+
+
 def tails(buckets: int) -> list[int]:
     """Held-back tails tried first for `buckets` buckets: 1, 2, 3, 4, 6, 8, 12, ... (each
     power of two and 1.5 times it) up to `buckets`, and `buckets`. O(log buckets)."""
@@ -476,6 +500,8 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
     result = best_first(initial, len(units.size), sorted(options), score, seed=seed,
                         budget=max(budget, len(initial)), progress=report if progress else None,
                         overlaps=OVERLAPS if forward else OVERLAPS[:1])
+    if sliced:  # the pick's own buckets sliced: a counted grid scored by the simulator
+        result = slice_the_pick(result, score)
     if progress:
         print(f"disco: searched {result.evaluations} candidates in "
               f"{time.perf_counter() - t0:.1f} s (anchors included)", file=sys.stderr)
