@@ -34,8 +34,9 @@ a quarter core takes ~80 ms each time rather than alternately 20 and 95 ms.
 Enforcement: cgroup v1's ``cpu`` controller (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, this
 machine), else cgroup v2's ``cpu.max`` where the unified hierarchy has the ``cpu`` controller.
 A process joins its host's group by writing its pid into the group's ``cgroup.procs`` before it
-execs (`join_argv`); its children inherit the group, so everything started through the host's
-sshd or through ``ip netns exec`` for the host (the agent, the ranks) is throttled with it.
+execs (`join_argv`: what the lab runs as the host, `Lab.netns_argv`); its children inherit the
+group. The ranks join it through the agent that launches them ($TOPO_RANK_CGROUP,
+`Lab.rank_env`); the host's sshd and the agent, the management plane, run beside the quota.
 `remove_groups` finds groups by prefix, so `lab down` cleans up after a crash too.
 
 The pure part (`quotas`, `check_quotas`) does no I/O; the rest reads and writes /sys/fs/cgroup.
