@@ -158,3 +158,20 @@ def test_the_lab_network_shapes_cables_not_a_hosts_loopback():
     assert len(inside) == 8 and all(ln.credit == 0 for ln in inside)
     assert cables and all(ln.credit > 0 for ln in cables)
     assert lab.cpu_pool.devices == frozenset(devs)
+
+
+def test_a_device_computes_at_its_hosts_speed():
+    """`hosts[].speed` of a cpu host (per device) applies to each of its devices' stage
+    compute in the simulator, as the bound counts it: a slow h0 slows the pipeline and the
+    bound holds (before, device nodes ran at speed 1 and the plan could undercut its
+    bound)."""
+    times = {}
+    for speed in (1.0, 0.25):
+        doc = _cluster(type="cpu")
+        doc["hosts"][0]["speed"] = speed
+        ctx = _ctx(parse_cluster(doc))
+        s = search(ctx, "partition", "pipeline", split=True, stage=(1, 1))
+        times[speed] = score(ctx, s).iteration_time
+        assert s.network.speed.get("h0/g0") == speed
+        assert lower_bound(ctx, s)[0] <= times[speed] * (1 + 1e-9)
+    assert times[0.25] > times[1.0] * 1.5
