@@ -264,6 +264,10 @@ def score(ctx: PlanContext, s: Strategy) -> SimResult:
     what the simulator raises (`evaluate` turns it into the files' errors)."""
     speeds = host_speeds(ctx)
     if speeds:  # hosts that differ in compute (`hosts[].speed`); none: as before
+        # a device node that computes on its own (a pipeline stage's) runs at its host's
+        # speed, which is per device (`host_speeds`), as `lower_bound` counts it
+        speeds |= {t.device: speeds[h] for t in s.tasks if isinstance(t, Compute)
+                   for h in (split_device(t.device)[0],) if h in speeds and h != t.device}
         s.network = replace(s.network, speed=speeds, _cache={})
     res = simulate(s.tasks, s.network, record=False)
     if overlaps_iterations(s.tasks):

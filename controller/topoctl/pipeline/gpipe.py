@@ -35,6 +35,7 @@ from topoctl.placement.runtime import (
     stage_costs,
 )
 from topoctl.placement.stagesync import sync_schedule, tree_cpu
+from topoctl.sim.devices import split_device
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.network import CpuPool, Network
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer, sent
@@ -125,8 +126,9 @@ def trees_cpu_model(ctx: PlanContext, measured: Measured | None):
 def lab_network(network: Network, hosts: list[str], measured: Measured | None,
                 mtu: int) -> Network:
     """`network` as the lab runs it when `measured` says every rank runs on this machine:
-    the hosts' compute on the lab machine's shared cores (processor sharing,
-    `Network.cpu_pool`), and every link with the token credit the lab shapes a cable of its
+    the compute of `hosts` (the simulator nodes the ranks run on: hosts, or devices) on the
+    lab machine's shared cores (processor sharing, `Network.cpu_pool`), and every cable's
+    link (not a device's intra-host link) with the token credit the lab shapes a cable of its
     line rate with (`Link.credit`, ``LabProfile.cable_credit_s`` at frames of `mtu` bytes;
     the links' capacities are goodput, `sim.fabric.tcp_efficiency`): a message that starts
     on a cable that idled passes its first bytes at once (measured,
@@ -134,10 +136,17 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None,
     if not measured or measured.lab is None:
         return network
     lab, eff = measured.lab, tcp_efficiency(mtu)
-    links = {k: replace(ln, credit=lab.cable_credit_s(ln.capacity * 8.0 / eff, mtu)
-                        * ln.capacity) for k, ln in network.links.items()}
+    # a lab host's devices talk over its loopback, which the lab does not shape: no credit
+    links = {k: ln if _intra_host(ln.src, ln.dst) else
+             replace(ln, credit=lab.cable_credit_s(ln.capacity * 8.0 / eff, mtu) * ln.capacity)
+             for k, ln in network.links.items()}
     return replace(network, links=links, _cache={},
                    cpu_pool=CpuPool(frozenset(hosts), lab.cores, None, measured.crowding))
+
+
+def _intra_host(a: str, b: str) -> bool:
+    """Whether a link joins a device node (``h0/g1``) to its host (`sim.devices`)."""
+    return split_device(a)[1] is not None or split_device(b)[1] is not None
 
 
 def measured_stage_costs(ctx: PlanContext, micro_batch: int) -> Measured | None:
@@ -215,7 +224,7 @@ class GPipeIteration:
         rows, h = self.shares[s][j], self.groups[s][j]
         if self.per_stage:
             return self.per_stage[rows][s][part]
-        c = self.ctx.host_costs(h)
+        c = self.ctx.host_costs(split_device(h)[0])  # a device runs its host's type
         return self.scale * rows * sum((c[o].fwd, c[o].bwd)[part] for o in self.stages[s])
 
     def message_cpu(self, b: int, rows: int) -> float:
@@ -322,7 +331,7 @@ class GPipeIteration:
         roofline over its gradients."""
         if self.per_stage:
             return self.per_stage[self.shares[s][j]][s][2]
-        d = self.ctx.device[self.groups[s][j]]
+        d = self.ctx.device[split_device(self.groups[s][j])[0]]
         return self.ctx.job.cost.scale * (d.launch + 4 * self.grads[s]
                                           / (d.mem_bw * d.efficiency))
 

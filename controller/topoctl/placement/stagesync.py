@@ -158,12 +158,16 @@ def sync_tasks(tid: str, members: Sequence[str], sync: dict, size: float,
     return tasks, done
 
 
-def sync_options(members: Sequence[str], trees: TreeSchedule | None = None) -> list[dict]:
+def sync_options(members: Sequence[str], trees: TreeSchedule | None = None,
+                 servers: Sequence[str] | None = None) -> list[dict]:
     """What a stage of `members` may state, in tie-breaking order: ring, then a parameter
-    server on each member in order, then `trees` when given; `none` alone for one member."""
+    server on each member in order (`servers`: only on those, e.g. one device per host, the
+    one the plan can name), then `trees` when given; `none` alone for one member."""
     if len(members) < 2:
         return [{"kind": "none"}]
-    return ([{"kind": "ring"}] + [{"kind": "ps", "server": h} for h in members]
+    allowed = set(members if servers is None else servers)
+    return ([{"kind": "ring"}] + [{"kind": "ps", "server": h} for h in members
+                                  if h in allowed]
             + ([{"kind": "trees", "schedule": trees.dump()}] if trees is not None else []))
 
 
@@ -173,11 +177,13 @@ def _key(opt: dict) -> str:
 
 def choose_sync(network: Network, members: Sequence[str], size: float,
                 cpu: CpuCost | None = None, trees: TreeSchedule | None = None,
-                trees_cpu: TreeCpu | None = None) -> tuple[dict, dict[str, float]]:
+                trees_cpu: TreeCpu | None = None, servers: Sequence[str] | None = None
+                ) -> tuple[dict, dict[str, float]]:
     """The fastest sync of a stage (module docstring) and every option's simulated seconds
     (keys ``ring``, ``ps@<host>``, ``trees``; `trees`: a schedule over the members to offer,
-    `trees_cpu` its CPU model). A stage without gradients keeps the ring (nothing moves)."""
-    options = sync_options(members, trees)
+    `trees_cpu` its CPU model; `servers`: the members a server may run on, default all).
+    A stage without gradients keeps the ring (nothing moves)."""
+    options = sync_options(members, trees, servers)
     if len(options) == 1 or size <= 0:
         return options[0], {}
     times: dict[str, float] = {}

@@ -20,7 +20,7 @@ from topoctl.collective.hierarchical import (
     hierarchical_allreduce,
     hierarchical_bound,
 )
-from topoctl.sim.devices import HostDevices, rail_hops, with_devices
+from topoctl.sim.devices import HostDevices, rail_hops, split_device, with_devices
 from topoctl.sim.fabric import tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.schedules import CollectiveAlgorithm, Schedule, ring_allgather
@@ -117,9 +117,13 @@ def host_goodput(ctx: PlanContext) -> dict[str, float]:
 
 def rank_count_refusal(ctx: PlanContext, what: str) -> str:
     """A refusal's reason on hosts of several ranks, naming the cluster file's YAML path of
-    the first host whose rank count stops it: ``what (cluster hosts[i].gpus.count: N)``."""
+    the first host whose rank count stops it: ``what (cluster hosts[i].gpus.count: N)``,
+    the first whose count differs from the first host's when they differ, else the first
+    of several ranks."""
     names = [h.name for h in ctx.cluster.hosts]
-    first = next((h for h in ctx.hosts if len(ctx.ranks[h]) > 1), ctx.hosts[0])
+    k0 = len(ctx.ranks[ctx.hosts[0]])
+    first = next((h for h in ctx.hosts if len(ctx.ranks[h]) != k0),
+                 next((h for h in ctx.hosts if len(ctx.ranks[h]) > 1), ctx.hosts[0]))
     i = names.index(first)
     where = (f"hosts[{i}].gpus.count" if ctx.cluster.hosts[i].gpus is not None
              else "defaults.gpus.count")
@@ -143,6 +147,51 @@ def gather_algorithm(ctx: PlanContext, order: Sequence[str]
         return hierarchical_allgather(groups, size)
 
     return algorithm, [d for g in groups for d in g]
+
+
+def stage_device_groups(devices: Sequence[Sequence[str]], hosts_per_stage: int,
+                        devices_per_stage: int) -> list[list[str]]:
+    """The device sets of a pipeline's stages over a grid of hosts x local devices
+    (`devices`: each host's device nodes, the hosts in rank order, every host the same
+    count k): stage (a, b) takes the `hosts_per_stage` (g) hosts of block a and, on each of
+    them, the `devices_per_stage` (q) local devices of block b; stages in the order (a, b),
+    the local blocks of a host block before the next host block. A stage's members are
+    host-major, which is ascending rank order (replica j = host j // q of the block, local
+    device b q + j mod q).
+
+    Replica j of consecutive stages: within a host block they share a host (the activations
+    take the intra-host link); from one host block to the next, replica j moves to the same
+    position of the next block's hosts, on the same local device when q = k (the rails of a
+    rail-optimised fabric). With one device per host (q = k = 1) the stages are blocks of g
+    hosts, as before devices were modelled. g must divide the hosts and q the devices;
+    (H / g) (k / q) stages of g q replicas. O(H k)."""
+    k = len(devices[0]) if devices else 0
+    if (not devices or hosts_per_stage < 1 or devices_per_stage < 1
+            or len(devices) % hosts_per_stage or k % devices_per_stage
+            or any(len(d) != k for d in devices)):
+        raise ValueError(f"{len(devices)} hosts of {k} devices do not split into stages of "
+                         f"{hosts_per_stage} hosts x {devices_per_stage} devices")
+    return [[d[i] for d in devices[a:a + hosts_per_stage]
+             for i in range(b, b + devices_per_stage)]
+            for a in range(0, len(devices), hosts_per_stage)
+            for b in range(0, k, devices_per_stage)]
+
+
+def stage_shapes(hosts: int, local: int) -> list[tuple[int, int]]:
+    """The (hosts, devices) per stage a pipeline over `hosts` hosts of `local` devices tries
+    (`stage_device_groups`): g dividing the hosts and q dividing the devices with at least
+    two stages, g ascending, then q descending (whole hosts first: fewer stages, fewer
+    replicas on a tie). One device per host: the g with H / g >= 2. O(divisors)."""
+    gs = [g for g in range(1, hosts + 1) if hosts % g == 0]
+    qs = [q for q in range(local, 0, -1) if local % q == 0]
+    return [(g, q) for g in gs for q in qs if (hosts // g) * (local // q) >= 2]
+
+
+def rank_of(ctx: PlanContext, node: str) -> int:
+    """The global rank of a simulator node: a device node's (``h0/g1``: local rank 1 of h0),
+    or a one-rank host's."""
+    host, i = split_device(node)
+    return ctx.ranks[host][i or 0]
 
 
 def host_members(ctx: PlanContext, host: str) -> list[str]:

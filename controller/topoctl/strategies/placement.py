@@ -12,20 +12,23 @@ GPipe/PipeDream-style tools split a model.
 
 Candidates: every g dividing the host count with H/g >= 2 stage groups of g consecutive hosts
 (g = 1: a pure pipeline; g > 1: hybrid, replica r of stage s talks to replica r of stage
-s + 1). Each is scored by the simulator on the GPipe iteration model
+s + 1). Hosts of k > 1 ranks each: a stage is a set of devices, g hosts x q local devices for every
+g dividing the hosts and q dividing k (`strategies.devices.stage_device_groups`: replicas along
+local rank; stages of part of a host pass their activations over the intra-host link),
+simulated on the network with every device a node (`strategies.devices.device_network`); hosts
+of different counts are refused. Each is scored by the simulator on the GPipe iteration model
 (`topoctl.pipeline.gpipe`): per replica, a GPipe iteration of `microbatches` micro-batches
-(every forward, then every backward in reverse, one compute stream per host), activations
-and their gradients crossing consecutive stages as flows on the fabric, then the stage's
-gradient sync over its group and the optimiser step. Each replicated stage's sync
-(gloo's ring, a parameter server on one of its hosts, or packed trees over the stage's own
-cables with the tree runtime's per-member CPU; `none` for one replica) is chosen by
-simulating every option alone on the plan's network (`placement.stagesync.choose_sync`) and
-stated per stage in the plan (`topocontract.stages`). `search_shape` plans a fixed shape
-whose stages may have unequal replica counts (each replica a share of every micro-batch's
-rows). The fastest candidate is returned.
-Stages are the placement's devices in the order of the acyclic graph between them; values
-produced before a boundary and read after it cross it (the runtime, `topotrain.pipeline`,
-forwards them stage by stage), which is what the simulator charges.
+(every forward, then every backward in reverse, one compute stream per host), activations and
+their gradients crossing consecutive stages as flows on the fabric, then the stage's gradient
+sync over its group and the optimiser step. Each replicated stage's sync (gloo's ring, a
+parameter server on one of its hosts, or packed trees over the stage's own cables with the tree
+runtime's per-member CPU; `none` for one replica) is chosen by simulating every option alone on
+the plan's network (`placement.stagesync.choose_sync`) and stated per stage in the plan
+(`topocontract.stages`). `search_shape` plans a fixed shape whose stages may have unequal
+replica counts (each replica a share of every micro-batch's rows). The fastest candidate is
+returned. Stages are the placement's devices in the order of the acyclic graph between them;
+values produced before a boundary and read after it cross it (the runtime,
+`topotrain.pipeline`, forwards them stage by stage), which is what the simulator charges.
 
 Bad input: a model that fits on no device, fewer hosts than the memory needs, a batch that
 does not split into micro-batches: `JobError` naming the cause; nothing is written.
@@ -57,13 +60,22 @@ from topoctl.placement.build import build_problem, node_memory, route_matrix
 from topoctl.placement.problem import Placement, PlacementError, PlacementProblem, serial
 from topoctl.placement.search import candidates
 from topoctl.placement.stagesync import choose_sync, stage_trees, tree_cpu
+from topoctl.sim.devices import split_device
 from topoctl.sim.engine import simulate
 from topoctl.sim.fabric import network_from_fabric, tcp_efficiency
 from topoctl.sim.network import Network
 from topoctl.sim.routing import shortest_next_hops
 from topoctl.spec.job import JobError
 from topoctl.strategies import PlanContext, Strategy, StrategyError
-from topoctl.strategies.devices import rank_count_refusal
+from topoctl.strategies.devices import (
+    device_groups,
+    device_network,
+    local_size,
+    rank_count_refusal,
+    rank_of,
+    stage_device_groups,
+    stage_shapes,
+)
 
 MILP_NODE_LIMIT = 10  # deterministic; the gap is reported in the plan
 
@@ -76,11 +88,12 @@ class Candidate:
     groups: list[list[str]]
     placement: Placement
     stages: list[list[str]]  # fx op names per stage, in stage order
-    stage_groups: list[list[str]]  # hosts per stage
+    stage_groups: list[list[str]]  # simulator nodes per stage (hosts, or devices h0/g1)
     strategy: Strategy
     iteration_time: float
-    syncs: list[dict]  # per stage (topocontract.stages)
+    syncs: list[dict]  # per stage (topocontract.stages; a server named by its node)
     sync_times: list[dict[str, float]]  # per stage: each sync option's simulated seconds
+    label: str = ""  # the shape in the plan's notes (`_shape_label`)
 
 
 def stage_order(p: PlacementProblem, assign: list[int]) -> list[int] | None:
@@ -99,8 +112,10 @@ def choose_syncs(ctx: PlanContext, stages: list[list[str]], groups: list[list[st
                  network: Network, measured: Measured | None
                  ) -> tuple[list[dict], list[dict[str, float]]]:
     """Per stage the fastest sync of its replicas by simulation on `network`
-    (`placement.stagesync.choose_sync`: ring, a server on each member, and packed trees over
-    the stage's own cables, `stage_trees`, with their CPU model) and every option's seconds."""
+    (`placement.stagesync.choose_sync`: ring, a server on each member (on hosts of several
+    devices the stage's first device of each host, the one the plan's host names), and
+    packed trees over the stage's own cables, `stage_trees`, with their CPU model; a stage of
+    devices has no cables of its own, so no trees) and every option's seconds."""
     cpu = sync_cpu(measured)
     costs, lab = trees_cpu_model(ctx, measured)
     links = [(ln.a, ln.b, ln.capacity / 8.0) for ln in connection_links(ctx.fabric)]
@@ -108,7 +123,10 @@ def choose_syncs(ctx: PlanContext, stages: list[list[str]], groups: list[list[st
     picked = []
     for grp, b in zip(groups, grad_bytes(ctx, stages), strict=True):
         trees = stage_trees(links, grp, float(b), costs, lab, eff)
-        picked.append(choose_sync(network, grp, float(b), cpu, trees, tree_cpu(costs, lab)))
+        # a server is named by its host in the plan: one device per host may be it
+        servers = list({split_device(d)[0]: d for d in reversed(grp)}.values())
+        picked.append(choose_sync(network, grp, float(b), cpu, trees, tree_cpu(costs, lab),
+                                  servers))
     return [p[0] for p in picked], [p[1] for p in picked]
 
 
@@ -140,87 +158,150 @@ def _coarse(ctx: PlanContext) -> tuple[CoarseGraph, dict]:
     return coarse, stats.to_dict()
 
 
+def _device_grid(ctx: PlanContext, name: str) -> tuple[list[list[str]], int]:
+    """(each training host's simulator nodes in rank order, ranks per host) for the stage
+    shapes (`strategies.devices.stage_device_groups`); StrategyError when the hosts run
+    different rank counts, JobError when there are fewer than 2 devices."""
+    k = local_size(ctx)
+    if k == 0:  # the grid of stages needs the same devices on every host
+        raise StrategyError(rank_count_refusal(
+            ctx, f"pipeline stages over devices need the same rank count on every host; the "
+                 f"job has {ctx.world_size} ranks on {len(ctx.hosts)} hosts"))
+    if len(ctx.hosts) * k < 2:
+        raise JobError([("hosts", f"strategy {name}: a pipeline needs at least 2 hosts, the "
+                                  f"job has {len(ctx.hosts)}")])
+    return device_groups(ctx), k
+
+
+def _shape_label(nstages: int, g: int, q: int, k: int) -> str:
+    """A candidate's name in the plan's notes: ``stages x replicas``, with several devices per
+    host also the hosts x devices of a stage."""
+    return f"{nstages}x{g * q}" + (f" ({g} hosts x {q} devices)" if k > 1 else "")
+
+
+def _node_tables(ctx: PlanContext, members: list[str]
+                 ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Per simulator node (a device, or a one-rank host): its host's per-op seconds
+    (forward + backward) and its device's memory."""
+    host = {m: split_device(m)[0] for m in members}
+    cost = {h: {o: c.fwd + c.bwd for o, c in ctx.host_costs(h).items()}
+            for h in dict.fromkeys(host.values())}
+    return ({m: cost[host[m]] for m in members},
+            {m: ctx.device[host[m]].memory for m in members})
+
+
 def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None,
-           split: bool = False, sync: str | None = None) -> Strategy:
+           split: bool = False, sync: str | None = None,
+           stage: tuple[int, int] | None = None) -> Strategy:
     """All candidates (module docstring), the fastest as a Strategy. For lab checks of one
     shape (`bench/placement/hybrid_lab_check.py`): `replicas` keeps only that group size,
-    `split` drops the no-split candidate, `sync="ring"` states today's ring on every
-    replicated stage instead of choosing by simulation; the planner's strategies use none of
-    them."""
-    hosts = list(ctx.hosts)
-    if ctx.world_size != len(hosts):
-        # stages over devices (issue 51, item 3) are not planned yet: a stage is a host
-        raise StrategyError(rank_count_refusal(
-            ctx, f"pipeline stages are whole hosts of one rank; the job has {ctx.world_size} "
-                 f"ranks on {len(hosts)} hosts"))
-    if len(hosts) < 2:
-        raise JobError([("hosts", f"strategy {name}: a pipeline needs at least 2 hosts, the "
-                                  f"job has {len(hosts)}")])
+    `stage` only stages of so many (hosts, devices) (`stage_device_groups`), `split` drops
+    the no-split candidate, `sync="ring"` states today's ring on every replicated stage
+    instead of choosing by simulation; the planner's strategies use none of them."""
+    devs, k = _device_grid(ctx, name)
+    members = [d for grp in devs for d in grp]
     micro = ctx.job.parallelism.microbatches
     coarse, cstats = _coarse(ctx)
     hops = shortest_next_hops(ctx.fabric, required=ctx.hosts)
-    network = network_from_fabric(ctx.fabric, hops)
-    op_cost = {h: {o: c.fwd + c.bwd for o, c in ctx.host_costs(h).items()} for h in hosts}
-    cap = _capacity(ctx)
+    network = device_network(ctx, network_from_fabric(ctx.fabric, hops))
+    op_cost, cap = _node_tables(ctx, members)
     global_batch = ctx.job.batch.global_
     cands: list[Candidate] = []
     errors: list[str] = []
-    for g in [d for d in range(1, len(hosts) // 2 + 1) if len(hosts) % d == 0
-              and replicas in (None, d)]:
-        if global_batch % (g * micro):
-            errors.append(f"{len(hosts) // g} stages x {g} replicas: batch.global "
-                          f"{global_batch} does not split into {g} x {micro} micro-batches")
+    for g, q in stage_shapes(len(devs), k):
+        r = g * q  # replicas of every stage
+        if replicas not in (None, r) or stage not in (None, (g, q)):
             continue
-        groups = [hosts[i:i + g] for i in range(0, len(hosts), g)]
-        scale = global_batch / (g * micro) / ctx.local_batch
-        meas = measured_stage_costs(ctx, global_batch // (g * micro))
-        if meas:  # timed at this candidate's micro-batch: no scaling
-            mc = {o: c.fwd + c.bwd_inputs for o, c in meas.ops.items()}
-            p = build_problem(coarse, groups, dict.fromkeys(hosts, mc), cap, network, micro,
-                              scale, cost_scale=ctx.job.cost.scale)
-        else:
-            p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
-        try:
-            tries = _search(p, method)
-        except PlacementError as e:
-            errors.append(str(e))
+        if global_batch % (r * micro):
+            errors.append(f"{len(devs) * k // r} stages x {r} replicas: batch.global "
+                          f"{global_batch} does not split into {r} x {micro} micro-batches")
             continue
-        one = serial(p)  # no split at all: the simulator decides whether the split pays
-        if not split and one is not None and all(t.assign != one.assign for t in tries):
-            tries.append(one)
-        found: list[Candidate] = []
-        for pl in tries:
-            order = stage_order(p, pl.assign)
-            if order is None:  # stages must form a chain for the runtime: fall back to contiguous
-                pl = partition.place(p)
-                order = stage_order(p, pl.assign)
-            stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
-                              for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
-                      for d in order]
-            sgroups = [groups[d] for d in order]
-            net = lab_network(network, hosts, meas, ctx.fabric.mtu)
-            syncs, sync_times = (([default_sync(grp) for grp in sgroups], [{}] * len(sgroups))
-                                 if sync == "ring" else
-                                 choose_syncs(ctx, stages, sgroups, net, meas))
-            strat, t = _scored(ctx, name, stages, sgroups, syncs, micro, scale, meas, net, hops)
-            found.append(Candidate(groups, pl, stages, sgroups, strat, t, syncs, sync_times))
-        # the fastest; on ties a split before no split, then the better objective
-        cands.append(min(found, key=lambda c: (c.iteration_time, len(c.stages) == 1)))
+        groups = stage_device_groups(devs, g, q)
+        found = _shape_candidates(ctx, method, name, coarse, groups, op_cost, cap, network,
+                                  hops, members, split, sync, errors)
+        if found is not None:
+            found.label = _shape_label(len(groups), g, q, k)
+            cands.append(found)
     if not cands:
         raise JobError([("model", f"strategy {name}: no pipeline fits: " + "; ".join(
             dict.fromkeys(errors)) + _min_devices_hint(ctx, coarse, cap, micro))]) from None
     best = min(cands, key=lambda c: (c.iteration_time, len(c.groups[0])))
+    return _finish(ctx, best, cands, cstats)
+
+
+def _shape_candidates(ctx: PlanContext, method: str, name: str, coarse: CoarseGraph,
+                      groups: list[list[str]], op_cost: dict[str, dict[str, float]],
+                      cap: dict[str, float], network: Network, hops, members: list[str],
+                      split: bool, sync: str | None, errors: list[str]) -> Candidate | None:
+    """The placements of the coarse graph on the stage groups `groups` (`_search`, and the
+    no-split one unless `split`), each simulated; the fastest (None when none places: the
+    reason appended to `errors`)."""
+    micro, global_batch = ctx.job.parallelism.microbatches, ctx.job.batch.global_
+    r = len(groups[0])
+    scale = global_batch / (r * micro) / ctx.local_batch
+    meas = measured_stage_costs(ctx, global_batch // (r * micro))
+    if meas:  # timed at this candidate's micro-batch: no scaling
+        mc = {o: c.fwd + c.bwd_inputs for o, c in meas.ops.items()}
+        p = build_problem(coarse, groups, dict.fromkeys(members, mc), cap, network, micro,
+                          scale, cost_scale=ctx.job.cost.scale)
+    else:
+        p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
+    try:
+        tries = _search(p, method)
+    except PlacementError as e:
+        errors.append(str(e))
+        return None
+    one = serial(p)  # no split at all: the simulator decides whether the split pays
+    if not split and one is not None and all(t.assign != one.assign for t in tries):
+        tries.append(one)
+    net = lab_network(network, members, meas, ctx.fabric.mtu)
+    found: list[Candidate] = []
+    for pl in tries:
+        order = stage_order(p, pl.assign)
+        if order is None:  # stages must form a chain for the runtime: fall back to contiguous
+            pl = partition.place(p)
+            order = stage_order(p, pl.assign)
+        stages = [sorted((o for i, a in enumerate(pl.assign) if a == d
+                          for o in coarse.nodes[p.nodes[i]].ops), key=_fx_pos(ctx))
+                  for d in order]
+        sgroups = [groups[d] for d in order]
+        syncs, sync_times = (([default_sync(grp) for grp in sgroups], [{}] * len(sgroups))
+                             if sync == "ring" else
+                             choose_syncs(ctx, stages, sgroups, net, meas))
+        strat, t = _scored(ctx, name, stages, sgroups, syncs, micro, scale, meas, net, hops)
+        found.append(Candidate(groups, pl, stages, sgroups, strat, t, syncs, sync_times))
+    # the fastest; on ties a split before no split, then the better objective
+    return min(found, key=lambda c: (c.iteration_time, len(c.stages) == 1))
+
+
+def _contract_sync(sync: dict) -> dict:
+    """A stage's sync as the plan states it (`topocontract.stages`): a parameter server is
+    named by its host (the simulator's by its device node; `choose_syncs` offers only the
+    first device of each host in the stage, the one the runtime takes for that host)."""
+    if sync.get("kind") == "ps":
+        return sync | {"server": split_device(sync["server"])[0]}
+    return sync
+
+
+def _finish(ctx: PlanContext, best: Candidate, cands: list[Candidate], cstats: dict
+            ) -> Strategy:
+    """The best candidate's Strategy with the plan's collective (`topocontract.stages`: per
+    stage its hosts, one per replica, repeated for several devices of a host, and the
+    replicas' ranks) and the notes `explain` prints."""
     s = best.strategy
+    micro, global_batch = ctx.job.parallelism.microbatches, ctx.job.batch.global_
     stage_of = {op: i for i, ops in enumerate(best.stages) for op in ops}
     g = len(best.stage_groups[0])
     scale = global_batch / (g * micro) / ctx.local_batch
     cut = cut_bytes(ctx, stage_of, len(best.stages), scale)
+    syncs = [_contract_sync(sy) for sy in best.syncs]
     s.collective = {
         "algorithm": "pipeline", "schedule": "gpipe", "microbatches": micro,
         "micro_batch": global_batch // (g * micro), "replicas": g,
-        "stages": [{"hosts": list(grp), "ranks": [ctx.ranks[h][0] for h in grp],
+        "stages": [{"hosts": [split_device(d)[0] for d in grp],
+                    "ranks": [rank_of(ctx, d) for d in grp],
                     "ops": list(ops), "send_bytes": int(cut[i]) if i < len(cut) else 0,
-                    "sync": best.syncs[i]}
+                    "sync": syncs[i]}
                    for i, (grp, ops) in enumerate(zip(best.stage_groups, best.stages,
                                                        strict=True))]}
     s.notes = {"search": best.placement.algorithm, "gap": best.placement.gap,
@@ -229,9 +310,10 @@ def search(ctx: PlanContext, method: str, name: str, replicas: int | None = None
                "coarsening": cstats,
                "sync": [{"kind": sy["kind"], **({"server": sy["server"]} if "server" in sy
                                                  else {}), "options_s": t}
-                        for sy, t in zip(best.syncs, best.sync_times, strict=True)],
-               "candidates": {
-                   f"{len(c.groups)}x{len(c.groups[0])}": c.iteration_time for c in cands}}
+                        for sy, t in zip(syncs, best.sync_times, strict=True)],
+               "candidates": {c.label: c.iteration_time for c in cands}}
+    if local_size(ctx) > 1:  # which devices each stage runs on (the ranks say the same)
+        s.notes["devices"] = [list(grp) for grp in best.stage_groups]
     meas = measured_stage_costs(ctx, global_batch // (g * micro))
     if meas is not None:  # what the lab prediction rests on (docs/placement.md)
         s.notes["compute"] = {"cost": "measured on this CPU at the micro-batch",
@@ -331,7 +413,7 @@ def _min_devices_hint(ctx: PlanContext, coarse: CoarseGraph, cap: dict[str, floa
     k = -(-int(need) // int(biggest))
     return (f" (the model needs {need / 1e9:.3g} GB with {micro} micro-batches in flight; "
             f"devices hold {biggest / 1e9:.3g} GB: at least {k} devices, the job has "
-            f"{len(ctx.hosts)})")
+            f"{len(cap)})")
 
 
 def plan_placement(ctx: PlanContext) -> Strategy:
