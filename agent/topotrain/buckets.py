@@ -42,6 +42,12 @@ Parameters read by a module that runs before their owner (a weight tied the othe
 would be read stale: the catalog's models do not. The events of a bucket then also say where
 it was applied (`take_events`). Cost per iteration: O(parameters x buckets) for the steps.
 
+With ``bucket_slicing`` (`topocontract.slicing`) a bucket is flattened as soon as its
+gradients are ready, whatever its place in the list, and handed to the slice scheduler
+(`topotrain.priority`): its slices are all-reduced by priority within the plan's credit, on a
+thread of their own, ring or trees, in either overlap mode; a bucket is waited for (and, with
+forward overlap, applied) once its own slices are done (`take_slice_events`).
+
 Times in the events are seconds since the first gradient of the iteration was ready.
 """
 
@@ -56,6 +62,8 @@ import torch
 import torch.distributed as dist
 
 from topocontract.buckets import bucket_overlap_of, bucket_plan_of
+from topocontract.slicing import slice_counts, slicing_of
+from topotrain.priority import SliceScheduler
 
 __all__ = ["PlannedBuckets", "attach_buckets"]
 
@@ -115,16 +123,22 @@ class PlannedBuckets:
     optimizer: Any = None  # forward overlap: stepped per bucket by the runtime
     in_flight: set[int] = field(default_factory=set)  # forward overlap: started, not applied
     f0: float = 0.0  # when the current forward started (forward overlap's events)
+    slices: SliceScheduler | None = None  # `bucket_slicing`: sliced, by priority, a credit
 
     def _ready(self, p: torch.nn.Parameter) -> None:
         """A gradient is accumulated: count it down; start every bucket now startable."""
         now = time.perf_counter()
         if self.t0 is None:
             self.t0 = now
-        b = self.buckets[self.owner[id(p)]]
+        k = self.owner[id(p)]
+        b = self.buckets[k]
         b.pending -= 1
         if b.pending == 0:
             b.ready = now
+        if self.slices is not None:  # the scheduler orders the slices: start when ready
+            if b.pending == 0:
+                self._start(k)
+            return
         while self.next < len(self.buckets) and self.buckets[self.next].pending == 0:
             self._start(self.next)
             self.next += 1
@@ -140,7 +154,9 @@ class PlannedBuckets:
             for p in b.params:
                 p.grad = None
             self.in_flight.add(k)
-        if self.executor is not None:  # trees, or forward overlap: one bucket after another
+        if self.slices is not None:
+            self.slices.ready(k, b.buf)
+        elif self.executor is not None:  # trees, or forward overlap: one bucket after another
             b.work = self.executor.submit(self._reduce, b)
         else:
             b.work = dist.all_reduce(b.buf, group=self.group, async_op=True)
@@ -160,6 +176,12 @@ class PlannedBuckets:
         """Start what has not started (parameters without a gradient this iteration)."""
         if self.t0 is None:
             self.t0 = time.perf_counter()
+        if self.slices is not None:  # every bucket not started yet, whatever its place
+            for k, b in enumerate(self.buckets):
+                if b.pending:
+                    b.ready, b.pending = time.perf_counter(), 0
+                    self._start(k)
+            return
         for b in self.buckets[self.next:]:
             if b.pending:
                 b.ready = time.perf_counter()
@@ -171,7 +193,9 @@ class PlannedBuckets:
     def _wait(self, k: int) -> None:
         """Wait for bucket `k`'s AllReduce; its averages viewed as the parameters' gradients."""
         b = self.buckets[k]
-        if isinstance(b.work, Future):
+        if self.slices is not None:
+            b.end = self.slices.wait(k)
+        elif isinstance(b.work, Future):
             b.work.result()
         else:
             b.work.wait()
@@ -190,6 +214,8 @@ class PlannedBuckets:
     def _reset(self, k: int) -> None:
         b = self.buckets[k]
         b.pending, b.work, b.buf, b.end = len(b.params), None, None, 0.0
+        if self.slices is not None:
+            self.slices.reset(k)
 
     def finish(self) -> None:
         """After the backward: start what has not started (unused parameters); then wait for
@@ -225,6 +251,11 @@ class PlannedBuckets:
         checkpoint or any read of the weights). Nothing to do in the default mode."""
         self.f0 = time.perf_counter()
         self.apply(sorted(self.in_flight), "flush")
+
+    def take_slice_events(self) -> list[list]:
+        """With ``bucket_slicing``: the slices' events since the last call, in the order sent
+        (`topotrain.priority`); [] otherwise."""
+        return self.slices.take_events() if self.slices is not None else []
 
     def take_events(self) -> list[list]:
         """[bucket index, bytes, ready s, start s, end s] per bucket since the last call, in the
@@ -283,7 +314,14 @@ def attach_buckets(model: torch.nn.Module, collective: dict, group: Any = None,
     run = PlannedBuckets([_Bucket([named[n] for n in names], len(names)) for names in plan],
                          algorithm, schedule, group, dist.get_world_size(group),
                          overlap=overlap, optimizer=optimizer)
-    if algorithm == "trees" or overlap == "forward":
+    slicing = slicing_of(collective)
+    if slicing is not None:  # one thread of its own schedules the slices
+        run.slices = SliceScheduler(
+            [slice_counts(slicing, k, sum(p.numel() for p in b.params),
+                          b.params[0].element_size()) for k, b in enumerate(run.buckets)],
+            [b.params[0].element_size() for b in run.buckets], slicing, group, algorithm,
+            schedule)
+    elif algorithm == "trees" or overlap == "forward":
         # one thread: buckets reduced one after another in the plan's order on every rank
         run.executor = ThreadPoolExecutor(1, thread_name_prefix="bucket-comm")
     for k, b in enumerate(run.buckets):

@@ -313,6 +313,8 @@ def _timed_iteration(run: _Run, inputs: list[torch.Tensor], last: bool = False
                             run.tree_hook.take_timings()]} if run.tree_hook is not None else {})
     if run.buckets is not None:  # per bucket, in the order started (the plan's)
         extra["buckets"] = run.buckets.take_events()
+        if run.buckets.slices is not None:  # per slice, in the order sent (by priority)
+            extra["slices"] = run.buckets.take_slice_events()
         if last and run.buckets.overlap == "forward":
             extra["flush_seconds"] = round(flush, 6)
     if run.sfb is not None:  # seconds of the SFB gathers and products (inside `backward`)

@@ -97,9 +97,11 @@ def balanced_speed(model: str) -> int:
     return int(max(20, min(4000, round(mbit / digits) * digits)))
 
 
-def with_partition(plan: dict, units, c, predicted: float) -> dict:
+def with_partition(plan: dict, units, c, predicted: float, slicing: dict | None = None
+                   ) -> dict:
     """`plan` with its bucket plan replaced by the candidate `c`'s (a partition of `units`,
-    its overlap and held-back tail: `topoctl.disco.search.Candidate`)."""
+    its overlap and held-back tail: `topoctl.disco.search.Candidate`; a sliced candidate's
+    `slicing`, the plan's ``bucket_slicing``)."""
     from topoctl.disco.search import issue_order
     from topoctl.strategies.disco import bucket_plan
 
@@ -109,8 +111,11 @@ def with_partition(plan: dict, units, c, predicted: float) -> dict:
     collective["bucket_plan"] = buckets
     collective["buckets"] = [b["bytes"] for b in buckets]
     collective.pop("bucket_overlap", None)
+    collective.pop("bucket_slicing", None)
     if c.overlap == "forward":
         collective["bucket_overlap"] = "forward"
+    if slicing is not None:
+        collective["bucket_slicing"] = slicing
     out["metadata"]["prediction"]["iteration_time"] = predicted
     return out
 
@@ -119,7 +124,7 @@ def simulate_model(model: str) -> dict:
     """The model's plans and simulated figures: variants (partition plans), anchors, metric."""
     from topoctl.disco.search import Candidate
     from topoctl.strategies import baseline
-    from topoctl.strategies.disco import ideal, search
+    from topoctl.strategies.disco import ideal, search, slice_plan
 
     mbit = balanced_speed(model)
     cluster, doc, ctx, ev = _plan(model, mbit)
@@ -127,6 +132,9 @@ def simulate_model(model: str) -> dict:
     found = search(ctx, baseline.plan(ctx), {"none": ctx.host_costs(ctx.hosts[0])},
                    progress=False)
     search_s = time.perf_counter() - t0
+    # the search of whole buckets (before slicing): what the sliced schedule is compared with
+    unsliced = search(ctx, baseline.plan(ctx), {"none": ctx.host_costs(ctx.hosts[0])},
+                      progress=False, slicing=False)["result"]
     units, anchors, res = found["units"], found["anchors"], found["result"]
     t_compute, t_comm = ideal(ctx, units, found["score"])
     best_anchor = min(ISSUE_ANCHORS, key=lambda k: (anchors[k][1], k))
@@ -140,7 +148,12 @@ def simulate_model(model: str) -> dict:
                 "disco": (res.best, res.cost),
                 "one-bucket": (Candidate("none", anchors["one-bucket"][0]),
                                anchors["one-bucket"][1])}
-    plans = {k: with_partition(doc, units, c, t) for k, (c, t) in variants.items()}
+    slicing = None
+    if res.best.slice_bytes:
+        slicing = {"slice_bytes": res.best.slice_bytes, "credit": res.best.credit,
+                   "priority": slice_plan(ctx, units, res.best, found["model"])[1]}
+    plans = {k: with_partition(doc, units, c, t, slicing if k == "disco" else None)
+             for k, (c, t) in variants.items()}
     t_def = anchors["ddp-default"][1]
     ideal_t = max(t_compute, t_comm)
     bound = forward_bound(units, found["model"], t_compute)
@@ -151,6 +164,7 @@ def simulate_model(model: str) -> dict:
             "candidates": {k: [list(c.cuts), c.overlap, c.tail, t]
                            for k, (c, t) in variants.items()},
             "disco_overlap": res.best.overlap, "disco_tail": res.best.tail,
+            "disco_slicing": slicing,
             # DisCo's partition is the best anchor's: the two lab figures then differ by noise
             "disco_is_best_anchor": res.best == Candidate("none", anchors[best_anchor][0]),
             "sim": {"t_compute": t_compute, "t_comm": t_comm,
@@ -158,6 +172,9 @@ def simulate_model(model: str) -> dict:
                     "disco": res.cost, "best_anchor": anchors[best_anchor][1],
                     "disco_backward": backward[0],
                     "gap_closed": _gap(t_def, res.cost, ideal_t),
+                    "disco_unsliced": unsliced.cost,
+                    "unsliced_gap_closed": _gap(t_def, unsliced.cost, ideal_t),
+                    "sliced_anchors": {k: t for k, (_, t) in found["sliced"].items()},
                     "backward_gap_closed": _gap(t_def, backward[0], ideal_t),
                     "forward_bound": bound, "forward_bound_gap": _gap(t_def, bound, ideal_t),
                     "best_anchor_gap_closed": _gap(t_def, anchors[best_anchor][1], ideal_t)},

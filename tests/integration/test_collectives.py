@@ -15,9 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from tests.loopback import free_port  # noqa: E402
+from tests.loopback import free_port, spawn_ranks  # noqa: E402
 from tests.treegen import random_trees  # noqa: E402
 from topotrain.collectives import (  # noqa: E402
     ScheduleMismatch,
@@ -161,7 +160,7 @@ def _ddp_case(rank: int, groups, fails: list[str]) -> None:
 @pytest.mark.timeout(300)
 def test_tree_allreduce_matches_all_reduce_world_2_to_8(tmp_path):
     planned = planned_schedule()
-    mp.spawn(_worker, args=(free_port(), str(tmp_path), planned), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (free_port(), str(tmp_path), planned), WORLD)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
     assert not fails, "\n".join(fails[:20])

@@ -19,9 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from tests.loopback import free_port  # noqa: E402
+from tests.loopback import free_port, spawn_ranks  # noqa: E402
 from topocontract.hierarchy import HierarchyError, parse_hierarchy  # noqa: E402
 from topocontract.schedule import TreeSchedule  # noqa: E402
 from topotrain.collectives.hierarchy import (  # noqa: E402
@@ -171,7 +170,7 @@ def _worker(rank: int, port: int, outdir: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_hierarchical_allreduce_equals_a_flat_allreduce(tmp_path):
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (free_port(), str(tmp_path)), WORLD)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
     assert not fails, "\n".join(fails[:20])

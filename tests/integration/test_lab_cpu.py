@@ -1,7 +1,8 @@
 """Per-host compute in the lab on the real kernel: `lab up` of a cluster whose hosts differ in
-speed puts every host's processes in its own CPU group with the quota the formula gives; a
-process started over real ssh, through `lab exec`, and by the lab transport's agent prefix lands
-in its host's group (read from /proc/PID/cgroup); a busy loop is held to its quota (the
+speed gives every host its own CPU group with the quota the formula gives; a process started
+through `lab exec` lands in its host's group, the host's sshd, its sessions and the lab
+transport's agent do not but are told the group their ranks join (read from /proc/PID/cgroup;
+tests/e2e/test_multirank_lab.py checks that launched ranks are in it); a busy loop is held to its quota (the
 kernel's cpu.stat counts the throttling); `down` removes the groups, also after a crash; a
 speed the machine cannot give is refused before anything is created. Every check reads the
 kernel's files, not the lab's bookkeeping."""
@@ -105,22 +106,24 @@ def test_quota_files_hold_the_formulas_values(hetero4):
 
 
 @needs_cpu
-def test_sshd_and_its_sessions_run_in_the_hosts_group(hetero4):
+def test_sshd_and_its_sessions_run_outside_the_group_and_name_it_for_the_ranks(hetero4):
     for h in hetero4.layout.hosts:
         group = f"/tp-{hetero4.name}-h-{h.name}"
         pid = (hetero4.state_dir / "run" / f"sshd-{h.name}.pid").read_text().split()[0]
-        assert _cpu_cgroup(pid) == group
-        # a session's command (what the agent and the ranks are, over the ssh transport)
+        assert _cpu_cgroup(pid) != group
+        # a session's command (what the agent is, over the ssh transport): outside the group,
+        # told the group its ranks join (topoagent.process.launch, $TOPO_RANK_CGROUP)
         out = subprocess.run(["ssh", "-F", str(hetero4.ssh_config), h.name,
-                              "cat /proc/self/cgroup; echo pid $$"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout
-        lines = [ln for ln in out.splitlines() if ":" in ln]
+                              "cat /proc/self/cgroup; echo cg=$TOPO_RANK_CGROUP"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        lines = [ln for ln in out.splitlines() if ln.count(":") >= 2]
         want = (f":cpu:{group}" if BACKEND.kind == "v1" else f"0::{group}")
-        assert any(ln.endswith(want) for ln in lines), out
+        assert not any(ln.endswith(want) for ln in lines), out
+        assert f"cg={BACKEND.procs(group.lstrip('/'))}" in out.splitlines(), out
 
 
 @needs_cpu
-def test_exec_and_the_lab_transports_agent_join_the_group(hetero4):
+def test_exec_joins_the_group_and_the_lab_transports_agent_names_it(hetero4):
     for h in ("h0", "h3"):
         group = f"/tp-{hetero4.name}-h-{h}"
         # `topoctl lab exec` / Lab.exec: a child of the program still in the group
@@ -128,14 +131,15 @@ def test_exec_and_the_lab_transports_agent_join_the_group(hetero4):
         assert any(ln.split(":", 2)[2] == group and
                    ("cpu" in ln.split(":")[1].split(",") or BACKEND.kind == "v2")
                    for ln in r.stdout.splitlines())
-        # the lab transport starts the agent (which starts the ranks) under the same prefix
+        # the lab transport starts the agent outside the group, naming it for the ranks
         t = lab_transport(hetero4)
-        argv = t.prefix[h] + ["sh", "-c", "echo $$; sleep 5"]
+        argv = t.prefix[h] + ["sh", "-c", "echo $$ $TOPO_RANK_CGROUP; sleep 5"]
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         try:
-            pid = p.stdout.readline().strip()
-            assert _cpu_cgroup(pid) == group
-            assert int(pid) in BACKEND.members(f"tp-{hetero4.name}-h-{h}")
+            pid, procs = p.stdout.readline().split()
+            assert _cpu_cgroup(pid) != group
+            assert int(pid) not in BACKEND.members(f"tp-{hetero4.name}-h-{h}")
+            assert procs == str(BACKEND.procs(group.lstrip("/")))
         finally:
             p.kill()
             p.wait()
@@ -168,7 +172,7 @@ def test_status_shows_each_hosts_speed_and_share(hetero4, capsys):
     assert by["h3"]["speed"] == 0.25 and by["h0"]["speed"] == 1.0
     for h in by.values():
         assert h["cpu_quota_us"] / h["cpu_period_us"] == pytest.approx(h["cpu_share"], abs=1e-4)
-        assert h["cpu_procs"] >= 1  # its sshd at least
+        assert h["cpu_procs"] == 0  # no rank runs: sshd and the agent are outside the group
     assert st["cpu"]["backend"] == BACKEND.kind and st["cpu"]["period_us"] == cpu.PERIOD_US
     assert cli.main(["lab", "status", "--lab", hetero4.name, "--state-dir",
                      str(hetero4.state_dir.parent)]) == 0

@@ -94,6 +94,44 @@ def test_ranks_run_unprivileged_with_a_private_job_spec(agent):
     assert json.loads(r.stdout.splitlines()[0])["event"] == "warning"
 
 
+@pytest.fixture
+def cpu_group():
+    """A throwaway cgroup v1 `cpu` group (tp- prefix), removed afterwards."""
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cgroup.procs").is_file():
+        pytest.skip("no cgroup v1 cpu hierarchy on this machine")
+    g = root / f"tp-launch-{uuid.uuid4().hex[:8]}"
+    g.mkdir()
+    yield g
+    for _ in range(100):  # the ranks are gone once the launch returned; their exit may lag
+        with contextlib.suppress(OSError):
+            g.rmdir()
+            return
+        time.sleep(0.05)
+
+
+def test_ranks_join_the_group_named_by_the_environment_and_the_agent_stays_out(agent,
+                                                                                 cpu_group):
+    """$TOPO_RANK_CGROUP (the lab's per-host CPU quota): the ranks join the group before they
+    run, the launching agent does not; a value that is not a cgroup.procs file under
+    /sys/fs/cgroup is refused before any rank starts."""
+    argv, _ = agent
+    job = spec(["sh", "-c", "cat /proc/self/cgroup; cat /proc/$PPID/cgroup | sed s/^/agent:/"])
+    env = {**os.environ, "TOPO_RANK_CGROUP": str(cpu_group / "cgroup.procs")}
+    r = subprocess.run([*argv, "launch", "--host", "h0", "-"], input=json.dumps(job), env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    mine = [ln for ln in r.stdout.splitlines() if ":cpu" in ln]
+    assert any(ln.startswith("[rank 0] ") and ln.endswith(f":/{cpu_group.name}") for ln in mine)
+    assert not any("agent:" in ln and cpu_group.name in ln for ln in mine), r.stdout
+    for bad in ("/tmp/cgroup.procs", str(cpu_group / "cpu.shares"), "relative/cgroup.procs"):
+        r = subprocess.run([*argv, "launch", "--host", "h0", "-"], input=json.dumps(job),
+                           env={**env, "TOPO_RANK_CGROUP": bad}, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and "TOPO_RANK_CGROUP" in r.stdout + r.stderr, r
+        assert "[rank 0]" not in r.stdout
+
+
 def test_events_travel_apart_from_what_a_rank_prints(agent):
     """Only the event channel carries events; a forged event on stdout, a carriage return or a
     line-separator character stays behind `[rank N]`."""

@@ -21,13 +21,12 @@ import yaml
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from tests.integration.test_collectives import (  # noqa: E402
     planned_schedule,
     random_schedule,
 )
-from tests.loopback import free_port  # noqa: E402
+from tests.loopback import free_port, spawn_ranks  # noqa: E402
 from topocontract.msccl import check, from_xml, to_xml  # noqa: E402
 from topoctl.msccl.hierarchical import hierarchical_allreduce  # noqa: E402
 from topoctl.msccl.ring import ring_allreduce  # noqa: E402
@@ -141,7 +140,7 @@ def test_programs_compute_the_allreduce_world_2_to_8(tmp_path):
         for name, xml in cases.items():
             (tmp_path / f"{w}-{name}.xml").write_text(xml)
     names = {w: sorted(cases) for w, cases in progs.items()}
-    mp.spawn(_worker, args=(free_port(), str(tmp_path), names), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (free_port(), str(tmp_path), names), WORLD)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     fails = [f for rep in reports for f in rep["fails"]]
     assert not fails, "\n".join(fails[:20])

@@ -19,11 +19,10 @@ import pytest
 
 from tests.integration.test_collectives import random_schedule
 from tests.integration.test_pipeline_runtime import run_local
-from tests.loopback import free_port
+from tests.loopback import free_port, spawn_ranks
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from topoctl.catalog.dense import MLP  # noqa: E402
 from topotrain.buckets import attach_buckets  # noqa: E402
@@ -135,7 +134,7 @@ def _forward_overlap_problems(rank: int) -> list[str]:
 
 def test_bucket_gradients_equal_ddps(tmp_path):
     out = str(tmp_path / "grads")
-    mp.start_processes(_grads, args=(free_port(), out), nprocs=WORLD, start_method="spawn")
+    spawn_ranks(_grads, (free_port(), out), WORLD)
     for r in range(WORLD):
         assert json.loads(open(f"{out}.{r}").read()) == [], f"rank {r}"
 

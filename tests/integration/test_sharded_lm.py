@@ -18,9 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from tests.loopback import free_port  # noqa: E402
+from tests.loopback import free_port, spawn_ranks  # noqa: E402
 from topoctl.catalog.lm import DecoderLM  # noqa: E402
 from topotrain.sharded import (  # noqa: E402
     average_gradients,
@@ -130,7 +129,7 @@ def test_split_sizes_follow_the_weights_in_whole_units():
 def test_every_layout_trains_to_the_losses_of_one_process(tmp_path):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     want = reference()
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (free_port(), str(tmp_path)), WORLD)
     reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     crashes = [r["crash"] for r in reports if "crash" in r]
     assert not crashes, crashes[0]

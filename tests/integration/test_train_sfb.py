@@ -14,11 +14,10 @@ import traceback
 import pytest
 
 from tests.integration.test_pipeline_runtime import run_local, run_ranks
-from tests.loopback import free_port
+from tests.loopback import free_port, spawn_ranks
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from topoctl.catalog.dense import MLP  # noqa: E402
 from topotrain.sfb import attach_sfb  # noqa: E402
@@ -61,7 +60,7 @@ def _grads(rank: int, port: int, out: str) -> None:
 
 def test_sfb_gradients_equal_the_allreduce(tmp_path):
     out = str(tmp_path / "grads")
-    mp.start_processes(_grads, args=(free_port(), out), nprocs=WORLD, start_method="spawn")
+    spawn_ranks(_grads, (free_port(), out), WORLD)
     for r in range(WORLD):
         assert json.loads(open(f"{out}.{r}").read()) == [], f"rank {r}"
 

@@ -76,7 +76,7 @@ def test_the_demo_rows_are_one_per_strategy_without_the_post_passes_with_nothing
 
     rows = default_strategies(available())
     assert rows == ["baseline", "baseline+bandwidth", "pipeline", "placement", "topoopt",
-                    "trees", "trees+bandwidth"]
+                    "trees"]
     assert "bandwidth" not in rows and not [r for r in rows if "shares" in r or "sfb" in r]
 
 
@@ -85,7 +85,8 @@ def test_all_rows_add_the_post_passes_once_each():
     from topoctl.strategies import available
 
     rows = default_strategies(available(), every=True)
-    assert {"baseline+shares", "baseline+sfb", "baseline+disco", "tag"} <= set(rows)
+    assert {"baseline+shares", "baseline+sfb", "baseline+disco", "tag", "trees+bandwidth",
+            "trees+shares"} <= set(rows)
     assert len(rows) == len(set(rows)) and "bandwidth" not in rows and "disco" not in rows
 
 

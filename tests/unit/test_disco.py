@@ -14,8 +14,10 @@ import yaml
 
 from topoagent.state.wire import plan_problems
 from topocontract.fusion import parse_fusion
+from topocontract.slicing import slicing_of
 from topoctl.catalog.transformer import BertEncoder
 from topoctl.disco.autotune import autotune_cap
+from topoctl.disco.priority import cut
 from topoctl.disco.search import Candidate, best_first, issue_order, neighbours
 from topoctl.disco.timeline import (
     cap_partition,
@@ -153,6 +155,16 @@ def test_the_strategy_plans_named_buckets_no_slower_than_the_anchors():
     assert sum(disco.strategy.buckets) == sum(s for _, s in buckets(ctx.graph, 4 << 20))
     assert doc["metadata"]["strategy"] == "baseline+disco" and plan_problems(doc) == []
     assert doc["job"]["collective"]["bucket_plan"] == plan
+    # ByteScheduler's default and the counted grid are anchors; the pick here is sliced:
+    # slices all-reduced first-layer-first (an MLP reads its buckets in reverse ready order)
+    # within the credit, one simulated AllReduce per slice
+    assert {"bytescheduler", "slicing-grid"} <= set(notes["anchors"])
+    slicing = slicing_of(doc["job"]["collective"])
+    assert notes["slicing"] == {"slice_bytes": slicing.slice_bytes, "credit": slicing.credit}
+    assert list(slicing.priority) == list(range(len(plan)))[::-1]
+    assert notes["overlap"] == "forward" and notes["tail"] == 1
+    slices = [t.id for t in disco.strategy.tasks if t.id.startswith("ar")]
+    assert len(slices) == sum(len(cut(b["bytes"], slicing.slice_bytes)) for b in plan)
     again, _, _ = make_plan(cluster, parse_job(JOB), use_cache=False)
     assert yaml.safe_dump(again) == yaml.safe_dump(doc)  # the same bytes
 
@@ -165,7 +177,9 @@ def test_a_fusion_that_pays_is_planned_as_regions_the_runtime_compiles():
                      "model": {"catalog": "bert", "params": {"layers": 4, "hidden": 256,
                                                             "heads": 4, "seq": 64,
                                                             "vocab": 1000}},
-                     "batch": {"global": 4096}, "strategies": ["disco"],
+                     # compute-bound (16384: at 4096 the sliced schedule hides the compute
+                     # under the AllReduces, and fusing it no longer pays)
+                     "batch": {"global": 16384}, "strategies": ["disco"],
                      "cost": {"method": "roofline", "device": "A100"}})
     doc, ctx, (ev,) = make_plan(load_cluster(PLANS / "fast4-cluster.yaml"), job,
                                 use_cache=False)

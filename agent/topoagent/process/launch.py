@@ -25,7 +25,12 @@ their carrier is polled (`topoagent.process.linkwatch`): a lost one stops this h
 at once and the launcher exits 1 after a `link-down` event naming the interface, instead of the
 ranks waiting for gloo's timeout. Checkpoints (`checkpoint`) live in the ranks' directory
 (`ranks.rank_dir`), passed to the ranks as $TOPOCTL_RUN_DIR; a launch that does not resume
-empties it first."""
+empties it first.
+
+$TOPO_RANK_CGROUP (set by the namespace lab, `topoctl.lab`) names a control group's
+`cgroup.procs` file: each rank joins that group before it execs, so a lab host's CPU quota (the
+compute of the devices the lab host stands for) holds the ranks, and only them; the agent and
+the host's sshd, the management plane a real host runs on cores of its own, are not held to it."""
 
 from __future__ import annotations
 
@@ -154,8 +159,26 @@ def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
     ranks_dir = prepare_rank_dir(run_dir, user, fresh=not job.checkpoint.resume)
     job_file = write_job_spec(ranks_dir, json.dumps(job.to_dict()), user)
     launch_env = {"TOPOCTL_JOB": str(job_file), **_launch_files(job, ranks_dir, user)}
+    rank_cgroup()  # a wrong $TOPO_RANK_CGROUP is refused before any rank starts
     with _stop_on_signals():
         return _run(job, host, target, pidfile, ranks_dir, launch_env, user, out, timeout)
+
+
+RANK_CGROUP_ENV = "TOPO_RANK_CGROUP"
+
+
+def rank_cgroup() -> Path | None:
+    """The `cgroup.procs` file every rank joins ($TOPO_RANK_CGROUP), None when unset.
+    LaunchError unless it is an existing `cgroup.procs` file under /sys/fs/cgroup."""
+    value = os.environ.get(RANK_CGROUP_ENV)
+    if not value:
+        return None
+    path = Path(value)
+    if (not path.is_absolute() or path.name != "cgroup.procs" or ".." in path.parts
+            or path.parts[:4] != ("/", "sys", "fs", "cgroup") or not path.is_file()):
+        raise LaunchError(f"${RANK_CGROUP_ENV}={value} is not the cgroup.procs file of a "
+                          "control group under /sys/fs/cgroup", RANK_CGROUP_ENV)
+    return path
 
 
 def _launch_files(job: LaunchSpec, ranks_dir: Path, user: RankUser) -> dict[str, str]:
@@ -248,7 +271,8 @@ def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, launch_env: d
         p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, cwd=ranks_dir, start_new_session=True,
                              pass_fds=(write_end,),
-                             preexec_fn=_child_setup(target, bind, user, os.getpid()))
+                             preexec_fn=_child_setup(target, bind, user, os.getpid(),
+                                                     rank_cgroup()))
     finally:
         os.close(write_end)
     started = _Rank(spec.rank, p)
@@ -280,14 +304,18 @@ def _watch(interfaces: list[str], target: Target, out: _Output,
     return watch
 
 
-def _child_setup(target: Target, bind: str | None, user: RankUser, parent: int):
-    """In the child, before exec: enter the host's namespace, and give the rank its own UTS
+def _child_setup(target: Target, bind: str | None, user: RankUser, parent: int,
+                 cgroup: Path | None = None):
+    """In the child, before exec: join the control group `cgroup` (its `cgroup.procs` file;
+    None: stay in the launcher's), enter the host's namespace, and give the rank its own UTS
     namespace whose hostname is its training address. Gloo's default device binds the address
     the hostname resolves to (and silently falls back to 127.0.0.1 when that is not local), and
     torch ignores pg_options for gloo, so this is how a rank binds its training address, which
     lives on lo next to 127.0.0.1 (GLOO_SOCKET_IFNAME=lo would pick 127.0.0.1). Then become
     the rank's user, and die with the launcher (set after the user change, which clears it)."""
     def setup() -> None:
+        if cgroup is not None:
+            cgroup.write_text(str(os.getpid()))
         target.enter()
         libc = ctypes.CDLL(None, use_errno=True)
         if bind:

@@ -25,6 +25,7 @@ from topoagent.state.schema import Model, validation_problems
 from topocontract.buckets import BUCKET_PLAN_KEY, overlap_problems, shape_problems
 from topocontract.collective import collective_problems
 from topocontract.fusion import parse_fusion
+from topocontract.slicing import slicing_problems
 
 
 class Master(Model):
@@ -209,6 +210,9 @@ def parse_launch_spec(data: Any, prefix: str = "job") -> LaunchSpec:
             raise StateError(problems)
     problems = overlap_problems(spec.collective, f"{prefix}.collective")
     if problems:  # `bucket_overlap`: a known mode, next to a bucket plan
+        raise StateError(problems)
+    problems = slicing_problems(spec.collective, f"{prefix}.collective")
+    if problems:  # `bucket_slicing`: slices, priority and credit of the plan's buckets
         raise StateError(problems)
     # what the runtime would otherwise refuse in every rank, or run some other way than
     # written: checked wherever a plan is read (apply, run, launch), one path

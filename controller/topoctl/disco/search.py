@@ -42,12 +42,16 @@ ATTEMPTS = 8  # random draws per move `neighbours` may spend looking for a new c
 @dataclass(frozen=True, order=True)
 class Candidate:
     """A joint decision: the fusion option's name, the bucket partition (cut indices), the
-    overlap (``backward`` or ``forward``) and, for ``forward``, the held-back tail (>= 1)."""
+    overlap (``backward`` or ``forward``) and, for ``forward``, the held-back tail (>= 1);
+    sliced (`topocontract.slicing`, forward overlap only) when `slice_bytes` > 0: buckets
+    cut into slices of that size, all-reduced first-read-first within `credit` bytes."""
 
     fusion: str
     cuts: tuple[int, ...]
     overlap: str = "backward"
     tail: int = 1
+    slice_bytes: int = 0
+    credit: int = 0
 
 
 def issue_order(buckets: int, tail: int) -> list[int]:
@@ -119,7 +123,10 @@ def _cuts_move(cuts: list[int], kind: int, n: int, rng: random.Random) -> list[i
 def _overlap_move(c: Candidate, kind: int, overlaps: Sequence[str], rng: random.Random
                   ) -> Candidate:
     """Kind 4: another overlap (tail 1 again); kind 5 (forward only): the tail 1..3 longer
-    or shorter, within 1..buckets."""
+    or shorter, within 1..buckets. A sliced candidate stays as it is (its priority is not a
+    tail, and slicing is planned with forward overlap only)."""
+    if c.slice_bytes:
+        return c
     if kind == 4 or c.overlap == "backward":
         others = [o for o in overlaps if o != c.overlap]
         return replace(c, overlap=others[rng.randrange(len(others))], tail=1)

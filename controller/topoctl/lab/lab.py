@@ -20,6 +20,7 @@ from typing import Any
 
 from topoagent.congestion import set_congestion_control
 from topoagent.machinelock import machine_lock
+from topoagent.process.launch import RANK_CGROUP_ENV
 from topoagent.target import DEFAULT_STATE_ROOT as AGENT_STATE_ROOT
 from topoagent.target import Target, drop_netns_etc, give_files_only_names
 from topoctl.lab import cabling, commands, cpu, names, netops, ovs, owners, ssh
@@ -89,6 +90,14 @@ class Lab:
         (`cpu.join_argv`; [] when the lab has no groups). Its children inherit the group."""
         b = self.cpu_backend()
         return cpu.join_argv(b.procs(self.cpu_group(host)), []) if b else []
+
+    def rank_env(self, host: str) -> dict[str, str]:
+        """What the agent of `host` is started with so that the ranks it launches, and only
+        they, join `host`'s CPU group ($TOPO_RANK_CGROUP, `topoagent.process.launch`): the
+        quota stands for the compute of the host's devices; the management plane (sshd, the
+        agent: a real host's own cores) runs beside it. {} when the lab has no groups."""
+        b = self.cpu_backend()
+        return {RANK_CGROUP_ENV: str(b.procs(self.cpu_group(host)))} if b else {}
 
     def netns_argv(self, host: str, argv: list[str]) -> list[str]:
         """`argv` as a process of `host`: in its CPU group and, through `ip netns exec`, in its
@@ -272,7 +281,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         netops.batch("ip", commands.root_batch(layout))
         for h in layout.hosts:
             netops.batch("ip", commands.host_batch(layout, h.name, ipv6), ns=h.ns)
-        # before any host process starts: sshd and OVS join their host's group
+        # before any host process starts: OVS joins its host's group, sshd passes the group on
+        # to the agent, whose ranks join it (`Lab.rank_env`)
         lab.cpu = make_cpu_groups(cluster, name, backend, cores)
         # before sshd starts: `ip netns exec` binds the files when it starts a program
         for h in layout.hosts:  # names resolve in files only (files_only_nsswitch says why)
@@ -286,9 +296,8 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         netops.batch("tc", commands.wire_tc_batch(layout, lab.netem), ns=layout.wire_ns)
         lab.save()
         if with_ssh:
-            ssh.write_ssh_files(layout, d)
-            ssh.start_sshd(layout, d, prefix={h.name: lab.join_prefix(h.name)
-                                              for h in layout.hosts})
+            ssh.write_ssh_files(layout, d, {h.name: lab.rank_env(h.name) for h in layout.hosts})
+            ssh.start_sshd(layout, d)
         with ThreadPoolExecutor(4) as ex:  # ovs-vswitchd takes ~1 s to detach
             list(ex.map(lab.ovs_start, [h.name for h in cluster.hosts
                                         if cluster.runs_ovs(h.name)]))

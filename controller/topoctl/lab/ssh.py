@@ -47,10 +47,12 @@ def _keypair(path: Path, comment: str) -> str:
     return line
 
 
-def sshd_config(layout: Layout, host: str, ssh_dir: Path, run_dir: Path) -> str:
+def sshd_config(layout: Layout, host: str, ssh_dir: Path, run_dir: Path,
+                env: dict[str, str] | None = None) -> str:
     """The sshd_config of `host`: listening on its management address only, its own host key and
-    authorized keys."""
+    authorized keys; every session gets the lab's and host's names and `env`."""
     h = layout.host(host)
+    session_env = {"TOPOCTL_LAB": layout.lab, "TOPOCTL_HOST": host, **(env or {})}
     return "\n".join([
         f"# topoctl lab {layout.lab}: host {host} (namespace {h.ns})",
         f"ListenAddress {h.mgmt_ip}:22",
@@ -69,15 +71,17 @@ def sshd_config(layout: Layout, host: str, ssh_dir: Path, run_dir: Path) -> str:
         "MaxStartups 200:30:400",
         "MaxSessions 100",
         "LogLevel ERROR",
-        f"SetEnv TOPOCTL_LAB={layout.lab} TOPOCTL_HOST={host}",
+        "SetEnv " + " ".join(f"{k}={v}" for k, v in session_env.items()),
         "Subsystem sftp internal-sftp",
         "",
     ])
 
 
-def write_ssh_files(layout: Layout, state_dir: Path) -> None:
+def write_ssh_files(layout: Layout, state_dir: Path,
+                    env: dict[str, dict[str, str]] | None = None) -> None:
     """Keys, sshd configs, known_hosts, ssh_config and inventory under `state_dir`, every one
-    0600 in 0700 directories."""
+    0600 in 0700 directories; `env`: host -> what its sessions get besides the lab's and host's
+    names (`Lab.rank_env`)."""
     ssh_dir, run_dir = state_dir / "ssh", state_dir / "run"
     for d in (ssh_dir, run_dir):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -90,7 +94,7 @@ def write_ssh_files(layout: Layout, state_dir: Path) -> None:
         known += [f"{ip} {' '.join(pub.split()[:2])}" for ip in sorted({h.mgmt_ip,
                                                                         layout.ssh_ip(h.name)})]
         write_private(ssh_dir / f"sshd_config.{h.name}",
-                      sshd_config(layout, h.name, ssh_dir, run_dir))
+                      sshd_config(layout, h.name, ssh_dir, run_dir, (env or {}).get(h.name)))
         ip = layout.ssh_ip(h.name)  # an IPv6-only lab: its IPv6 management address
         cfg += [f"Host {h.name} {ip}", f"    HostName {ip}", "    User root",
                 f"    IdentityFile {ssh_dir / 'id_ed25519'}", "    IdentitiesOnly yes",
@@ -108,8 +112,8 @@ def write_ssh_files(layout: Layout, state_dir: Path) -> None:
 def start_sshd(layout: Layout, state_dir: Path, timeout: float = 20.0,
                prefix: dict[str, list[str]] | None = None) -> None:
     """Start one sshd per host namespace and wait until each accepts TCP connections.
-    `prefix`: host -> argv that puts its sshd into the host's CPU group first
-    (`Lab.join_prefix`), so every session and what it starts (agent, ranks) inherits it."""
+    `prefix`: host -> argv its sshd is started under (none by default: the lab's sshd runs
+    outside its host's CPU group, which only the ranks join, `Lab.rank_env`)."""
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     ssh_dir = state_dir / "ssh"
     prefix = prefix or {}

@@ -161,8 +161,9 @@ def sfb_lines(sfb: dict) -> list[str]:
 
 
 def disco_lines(doc: dict) -> list[str]:
-    """DisCo's gradient buckets (``job.collective.bucket_plan``, in AllReduce order) with what
-    its search chose (`metadata.collective.disco`): overlap, fusion, the gap it closed."""
+    """DisCo's gradient buckets (``job.collective.bucket_plan``, in AllReduce order, or sliced
+    and by priority: ``bucket_slicing``) with what its search chose
+    (`metadata.collective.disco`): overlap, fusion, the gap it closed."""
     coll = doc.get("job", {}).get("collective", {})
     plan = coll.get("bucket_plan") if isinstance(coll, dict) else None
     if not isinstance(plan, list) or not plan:
@@ -170,8 +171,13 @@ def disco_lines(doc: dict) -> list[str]:
     c = doc.get("metadata", {}).get("collective")
     d = c.get("disco") if isinstance(c, dict) else None
     d = d if isinstance(d, dict) else {}
-    head = (f"DisCo: {len(plan)} gradient bucket(s) named by the plan, AllReduced in this "
-            f"order, overlap {coll.get('bucket_overlap', 'backward')}")
+    sl = coll.get("bucket_slicing")
+    order = "AllReduced in this order" if not isinstance(sl, dict) else (
+        f"cut into {_mb(sl.get('slice_bytes'))} slices (or the plan's own sizes), "
+        f"AllReduced by priority {sl.get('priority')} within a credit of "
+        f"{_mb(sl.get('credit'))} in flight")
+    head = (f"DisCo: {len(plan)} gradient bucket(s) named by the plan, {order}, overlap "
+            f"{coll.get('bucket_overlap', 'backward')}")
     if d:
         head += (f", operator fusion {d.get('fusion')}; gap to the ideal closed "
                  f"{_num(d.get('gap_closed'))} (of 1); anchors: " + ", ".join(

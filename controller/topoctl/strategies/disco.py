@@ -49,7 +49,14 @@ from dataclasses import dataclass, replace
 
 from topoctl.disco.autotune import autotune_cap
 from topoctl.disco.fusion.costs import fusion_options, fusion_plan
-from topoctl.disco.search import Candidate, best_first, issue_order
+from topoctl.disco.priority import (
+    BS_CREDIT_ELEMENTS,
+    BS_PARTITION_ELEMENTS,
+    cut,
+    search_slicing,
+    sliced_iteration,
+)
+from topoctl.disco.search import Candidate, SearchResult, best_first, issue_order
 from topoctl.disco.timeline import (
     cap_partition,
     mgwfbp_partition,
@@ -78,6 +85,9 @@ STEP_CALL_S = 25e-6
 # 15.9 MB and 4.0 ms for BERT's 16.8 MB (quiet, docs/results.md), against 1.2 ms at the runtime
 # calibration's copy rate (13.5 GB/s, buffers in cache)
 FLATTEN_BYTES_PER_S = 4.2e9
+# the grid `slice_the_pick` scores on the search's pick (MiB per slice, slices of credit)
+PICK_SLICE_MB = (1, 2, 4, 8, 16)
+PICK_CREDIT_SLICES = (1, 2, 4)
 OVERLAPS = ("backward", "forward")  # `bucket_overlap` (topocontract.buckets), default first
 SEED = 0
 
@@ -182,10 +192,7 @@ def forward_chunks(ctx: PlanContext, units: Units, cuts: tuple[int, ...]
     """The forward pass split where a bucket is first needed: (index of the chunk's first op
     in forward order, the buckets its first op needs first), ascending; the first chunk starts
     at op 0 (needing none when the first ops own no parameters). O(units + buckets)."""
-    n_ops, first, need = len(ctx.graph.ops), 0, {}
-    for k, last in enumerate(cuts):
-        need[k] = min(n_ops - 1 - units.pos[u] for u in range(first, last + 1))
-        first = last + 1
+    need = dict(enumerate(bucket_reads(ctx, units, cuts)))
     starts = sorted(set(need.values()) | {0})
     return [(a, [k for k, f in need.items() if f == a]) for a in starts]
 
@@ -210,7 +217,7 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
     for last in cuts:
         ready_sizes.append(sum(units.size[first:last + 1]))
         first = last + 1
-    ar = (lambda k: f"ar{k}") if cycle else (lambda k: previous(f"ar{k}"))  # noqa: E731
+    ar = (lambda k: (f"ar{k}",)) if cycle else (lambda k: (previous(f"ar{k}"),))  # noqa: E731
     tasks: list[Task] = []
     for h in ctx.hosts:
         fwd, bwd = _overlap_compute(ctx, units, cuts, ready_sizes, costs, h, ar)
@@ -228,10 +235,102 @@ def overlap_tasks(ctx: PlanContext, units: Units, cuts: tuple[int, ...], tail: i
     return tasks, [ready_sizes[k] for k in order], order
 
 
+def bucket_reads(ctx: PlanContext, units: Units, cuts: tuple[int, ...]) -> list[int]:
+    """Per bucket of the partition `cuts` (ready order): the index, in forward order, of the
+    first op that reads one of its parameters. O(units)."""
+    n_ops, first, out = len(ctx.graph.ops), 0, []
+    for last in cuts:
+        out.append(min(n_ops - 1 - units.pos[u] for u in range(first, last + 1)))
+        first = last + 1
+    return out
+
+
+def slice_plan(ctx: PlanContext, units: Units, c: Candidate, model: dict
+               ) -> tuple[list[list[int]], list[int], list[tuple[int, int]]]:
+    """A sliced candidate's (slices' bytes per bucket, priority first-read-first, slices in
+    the order the latency-bandwidth model sends them: `topoctl.disco.priority`) on the first
+    host's costs. The runtime's parameters are float32: slices of whole 4-byte elements.
+    O(S log S) for S slices."""
+    sizes = _bucket_sizes(units, c.cuts)
+    reads = bucket_reads(ctx, units, c.cuts)
+    prio = sorted(range(len(sizes)), key=lambda k: (reads[k], -k))
+    slices = [cut(s, c.slice_bytes) for s in sizes]
+    costs = ctx.host_costs(ctx.hosts[0])
+    fwd = [costs[o.name].fwd for o in ctx.graph.ops]
+    need = [sum(fwd[:r]) for r in reads]
+    ready = [model["ready"][last] for last in c.cuts]
+    t = sliced_iteration(ready, need, slices, prio, c.credit, model["alpha"], model["beta"],
+                         sum(fwd), model["bwd"])
+    return slices, prio, list(t.sent)
+
+
+def _bucket_sizes(units: Units, cuts: tuple[int, ...]) -> list[int]:
+    out, first = [], 0
+    for last in cuts:
+        out.append(int(sum(units.size[first:last + 1])))
+        first = last + 1
+    return out
+
+
+def sliced_tasks(ctx: PlanContext, units: Units, c: Candidate, model: dict,
+                 costs: Callable[[str], dict[str, OpCost]], cycle: bool = False
+                 ) -> tuple[list[Task], list[int], list[int]]:
+    """One iteration's tasks of a sliced candidate (forward overlap, `slice_plan`): the
+    forward and backward chunks of `overlap_tasks`, a forward chunk waiting for every slice
+    of the buckets it reads first; one ring AllReduce ``ar<k>.<i>`` per slice in the model's
+    sent order, each issued once its bucket is flattened on every host and the slices sent
+    before it that the credit cannot also hold are done (gloo's asynchronous AllReduces
+    queue on the group's connections, `baseline.bucket_allreduces`). (tasks, bucket bytes
+    and bucket indices in ready order.) `cycle` as in `overlap_tasks`. O(ops + slices x
+    hosts)."""
+    slices, _, sent = slice_plan(ctx, units, c, model)
+    sizes = _bucket_sizes(units, c.cuts)
+    ring, members, _ = _baseline.ring_collective(ctx, ctx.hosts)
+    ids = {k: tuple(f"ar{k}.{i}" for i in range(len(s))) for k, s in enumerate(slices)}
+    ar = (lambda k: ids[k]) if cycle else (  # noqa: E731
+        lambda k: tuple(previous(d) for d in ids[k]))
+    tasks: list[Task] = []
+    for h in ctx.hosts:
+        fwd, bwd = _overlap_compute(ctx, units, c.cuts, sizes, costs, h, ar)
+        if cycle:
+            bwd[0] = replace(bwd[0], deps=())
+            fwd[0] = replace(fwd[0], deps=fwd[0].deps + (bwd[-1].id,))
+            tasks += bwd + fwd
+        else:
+            tasks += fwd + bwd
+    tasks += _slice_collectives(ctx, slices, sent, c.credit, ring, members, cycle)
+    return tasks, sizes, list(range(len(sizes)))
+
+
+def _slice_collectives(ctx: PlanContext, slices: list[list[int]], sent: list[tuple[int, int]],
+                       credit: int, ring, members, cycle: bool) -> list[Collective]:
+    """The slices' AllReduces in sent order, each after its bucket's backward chunk on every
+    host and after the latest earlier slice that, with those between, exceeds the credit."""
+    out: list[Collective] = []
+    held, lo = 0, 0
+    for j, (k, i) in enumerate(sent):
+        nbytes = slices[k][i]
+        held += nbytes
+        while lo < j and held > credit:  # slices lo..j do not fit in the credit together
+            held -= slices[sent[lo][0]][sent[lo][1]]
+            lo += 1
+        deps = tuple(_baseline.backward_task(k, h) for h in ctx.hosts)
+        if lo:  # slice lo-1 must be done before this one is issued
+            deps += (f"ar{sent[lo - 1][0]}.{sent[lo - 1][1]}",)
+        elif j == 0 and not cycle:  # after the previous iteration's last slice
+            deps += (previous(f"ar{sent[-1][0]}.{sent[-1][1]}"),)
+        out.append(Collective(f"ar{k}.{i}", ring(members, float(nbytes)), deps,
+                              group=_baseline.GLOO_GROUP if ring is _baseline.ring_allreduce
+                              else None))
+    return out
+
+
 def _overlap_compute(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
                      ready_sizes: list[int], costs: Callable[[str], dict[str, OpCost]],
-                     h: str, ar: Callable[[int], str]) -> tuple[list[Compute], list[Compute]]:
-    """Host `h`'s forward chunks (each waiting for `ar(k)` of the buckets it needs first) and
+                     h: str, ar: Callable[[int], tuple[str, ...]]
+                     ) -> tuple[list[Compute], list[Compute]]:
+    """Host `h`'s forward chunks (each waiting for the tasks `ar(k)` of the buckets it needs
+    first: the bucket's AllReduce, or its slices') and
     backward chunks (the first after the last forward chunk) of `overlap_tasks`."""
     ops, back = ctx.graph.ops, list(reversed(ctx.graph.ops))
     chunks = forward_chunks(ctx, units, cuts)
@@ -243,7 +342,7 @@ def _overlap_compute(ctx: PlanContext, units: Units, cuts: tuple[int, ...],
     for j, (a, ks) in enumerate(chunks):
         dur = sum(c[o.name].fwd for o in ops[a:bounds[j + 1]]) + step * sum(
             ready_sizes[k] for k in ks) / total + call * len(ks)
-        fwd.append(Compute(f"fwd{j}@{h}", h, dur, prev + tuple(ar(k) for k in ks)))
+        fwd.append(Compute(f"fwd{j}@{h}", h, dur, prev + tuple(d for k in ks for d in ar(k))))
         prev = (fwd[-1].id,)
     times, first, out = [c[o.name].bwd for o in back], 0, []
     for k, (end, (u0, u1)) in enumerate(_chunk_bounds(units, cuts, len(back))):
@@ -266,12 +365,15 @@ class _Scorer:
                  options: dict[str, dict[str, OpCost]]):
         self.ctx, self.units, self.network, self.options = ctx, units, network, options
         self.memo: dict[Candidate, float] = {}
+        self.model = model_inputs(ctx, units, network)  # sliced candidates' send order
 
     def tasks(self, c: Candidate, cycle: bool = False
               ) -> tuple[list[Task], list[int], list[int]]:
         """(tasks, bucket bytes, bucket indices), the last two in AllReduce order; `cycle`:
         forward overlap's renewal cycle (`overlap_tasks`)."""
         costs = lambda h: host_costs(self.ctx, self.options, c.fusion, h)  # noqa: E731
+        if c.slice_bytes:
+            return sliced_tasks(self.ctx, self.units, c, self.model, costs, cycle)
         if c.overlap == "forward":
             return overlap_tasks(self.ctx, self.units, c.cuts, c.tail, costs, cycle)
         tasks, sizes = partition_tasks(self.ctx, self.units, c.cuts, costs)
@@ -292,8 +394,8 @@ def model_inputs(ctx: PlanContext, units: Units, network: Network) -> dict:
     (alpha, beta), _ = plan_rates(ctx, network)
     c = ctx.host_costs(ctx.hosts[0])
     back = list(reversed(ctx.graph.ops))
-    op_ready, _ = ready_times([c[o.name].bwd for o in back], [True] * len(back))
-    return {"alpha": alpha, "beta": beta, "ready": [op_ready[p] for p in units.pos]}
+    op_ready, bwd = ready_times([c[o.name].bwd for o in back], [True] * len(back))
+    return {"alpha": alpha, "beta": beta, "ready": [op_ready[p] for p in units.pos], "bwd": bwd}
 
 
 def anchors(ctx: PlanContext, units: Units, score: _Scorer, model: dict
@@ -312,6 +414,46 @@ def anchors(ctx: PlanContext, units: Units, score: _Scorer, model: dict
     return out
 
 
+def sliced_anchors(ctx: PlanContext, units: Units, model: dict) -> dict[str, Candidate]:
+    """The sliced anchors (forward overlap, one bucket per parameter as ByteScheduler
+    schedules tensors, priority first-read-first): ``bytescheduler``, its default partition
+    and credit (`BS_PARTITION_ELEMENTS`, `BS_CREDIT_ELEMENTS` of 4 bytes), and
+    ``slicing-grid``, the best slice size and credit of the counted grid
+    (`topoctl.disco.priority.search_slicing`) under the latency-bandwidth model. O(grid x
+    S log S)."""
+    per_unit = tuple(range(len(units.size)))
+    costs = ctx.host_costs(ctx.hosts[0])
+    fwd = [costs[o.name].fwd for o in ctx.graph.ops]
+    need = [sum(fwd[:r]) for r in bucket_reads(ctx, units, per_unit)]
+    grid = search_slicing(model["ready"], need, list(units.size), model["alpha"],
+                          model["beta"], sum(fwd), model["bwd"])
+    return {"bytescheduler": Candidate("none", per_unit, "forward", 1,
+                                       BS_PARTITION_ELEMENTS * 4, BS_CREDIT_ELEMENTS * 4),
+            "slicing-grid": Candidate("none", per_unit, "forward", 1, grid.slice_bytes,
+                                      grid.credit)}
+
+
+def slice_the_pick(result: SearchResult, score: Callable[[Candidate], float]
+                   ) -> SearchResult:
+    """`result` with its pick's partition and fusion sliced, when that is faster: every slice
+    size of `PICK_SLICE_MB` MiB x credits of `PICK_CREDIT_SLICES` slices, forward overlap,
+    priority first-read-first, scored by `score` (the simulator; counted: len(grid)
+    evaluations more, ties to the unsliced pick, then the grid's order). The grid in the
+    latency-bandwidth model (`sliced_anchors`) ranks candidates without the lab's
+    per-message CPU; scoring the pick's own buckets in the simulator is what finds slices
+    that pay there. O(grid) simulations."""
+    c0 = replace(result.best, overlap="forward", tail=1)
+    best, cost = result.best, result.cost
+    for mb in PICK_SLICE_MB:
+        for n in PICK_CREDIT_SLICES:
+            c = replace(c0, slice_bytes=mb * MB, credit=n * mb * MB)
+            t = score(c)
+            if t < cost - 1e-12:
+                best, cost = c, t
+    grid = len(PICK_SLICE_MB) * len(PICK_CREDIT_SLICES)
+    return replace(result, best=best, cost=cost, evaluations=result.evaluations + grid)
+
+
 def tails(buckets: int) -> list[int]:
     """Held-back tails tried first for `buckets` buckets: 1, 2, 3, 4, 6, 8, 12, ... (each
     power of two and 1.5 times it) up to `buckets`, and `buckets`. O(log buckets)."""
@@ -324,19 +466,23 @@ def tails(buckets: int) -> list[int]:
 
 def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost]],
            budget: int = BUDGET, seed: int = SEED, progress: bool = True,
-           forward: bool = True) -> dict:
+           forward: bool = True, slicing: bool = True) -> dict:
     """Anchors and DisCo's search on `base`'s network: a dict with the units, the scorer, the
-    anchors' (partition, seconds), the search result, the lower bound's parts and seconds.
-    `forward`: the search may choose forward overlap (`bucket_overlap: forward`) too."""
+    anchors' (partition, seconds), the sliced anchors' (candidate, seconds), the search
+    result, the lower bound's parts and seconds. `forward`: the search may choose forward
+    overlap (`bucket_overlap: forward`) too; `slicing` (with `forward`): and sliced buckets
+    (`sliced_anchors`; off: the search of whole buckets, as before slicing)."""
     t0 = time.perf_counter()
     units = grad_units(ctx.graph)
     if not units.size:
         raise StrategyError("the model has no parameters to all-reduce")
     network = _network(ctx, base)
     score = _Scorer(ctx, units, network, options)
-    model = model_inputs(ctx, units, network)
+    model = score.model
     anchor = {k: (p, score(Candidate("none", p))) for k, p in
               anchors(ctx, units, score, model).items()}
+    sliced = {k: (c, score(c)) for k, c in sliced_anchors(ctx, units, model).items()
+              } if forward and slicing else {}
     ranked = [p for p, _ in sorted(anchor.values(), key=lambda x: x[1])]
     initial = [Candidate(f, p) for p in ranked for f in sorted(options)]
     if forward:  # forward overlap: one bucket per parameter and the best three anchors'
@@ -344,6 +490,8 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
         per_unit = tuple(range(len(units.size)))
         initial += [Candidate("none", p, "forward", t)
                     for p in dict.fromkeys([per_unit, *ranked[:3]]) for t in tails(len(p))]
+        # the sliced anchors under every fusion option: slicing and fusion chosen jointly
+        initial += [replace(c, fusion=f) for c, _ in sliced.values() for f in sorted(options)]
 
     def report(evals: int, best: float) -> None:  # progress, and the search's wall time
         print(f"disco: {evals}/{budget} simulations, best {best:.6f} s/it, "
@@ -352,11 +500,14 @@ def search(ctx: PlanContext, base: Strategy, options: dict[str, dict[str, OpCost
     result = best_first(initial, len(units.size), sorted(options), score, seed=seed,
                         budget=max(budget, len(initial)), progress=report if progress else None,
                         overlaps=OVERLAPS if forward else OVERLAPS[:1])
+    if sliced:  # the pick's own buckets sliced: a counted grid scored by the simulator
+        result = slice_the_pick(result, score)
     if progress:
         print(f"disco: searched {result.evaluations} candidates in "
               f"{time.perf_counter() - t0:.1f} s (anchors included)", file=sys.stderr)
     return {"units": units, "score": score, "model": model, "anchors": anchor,
-            "result": result, "seconds": time.perf_counter() - t0}
+            "sliced": sliced, "result": result,
+            "seconds": time.perf_counter() - t0}
 
 
 def ideal(ctx: PlanContext, units: Units, score: _Scorer) -> tuple[float, float]:
@@ -397,10 +548,18 @@ def with_disco(ctx: PlanContext, base: Strategy,
     collective = base.collective | {"bucket_plan": plan}
     if res.best.overlap == "forward":  # the default (backward) is not written: same bytes
         collective |= {"bucket_overlap": "forward"}
+    slicing = {}
+    if res.best.slice_bytes:  # ByteScheduler's schedule: slices, priority, credit
+        _, prio, _ = slice_plan(ctx, units, res.best, found["model"])
+        slicing = {"slice_bytes": res.best.slice_bytes, "priority": prio,
+                   "credit": res.best.credit}
+        collective |= {"bucket_slicing": slicing}
     notes = dict(base.notes) | {"disco": {
         "fusion": res.best.fusion, "buckets": len(sizes), "overlap": res.best.overlap,
         "tail": res.best.tail,
-        "anchors": {k: _r(t) for k, (_, t) in found["anchors"].items()},
+        **({"slicing": {k: slicing[k] for k in ("slice_bytes", "credit")}} if slicing else {}),
+        "anchors": {k: _r(t) for k, (_, t) in found["anchors"].items()} | {
+            k: _r(t) for k, (_, t) in found["sliced"].items()},
         "t_compute": _r(t_compute), "t_comm": _r(t_comm),
         "gap_closed": _r((t_default - res.cost) / gap) if gap > 0 else None,
         "search": {"simulations": res.evaluations, "expansions": res.expansions,

@@ -23,8 +23,8 @@ class LocalTransport:
                  agent: list[str] | None = None, ovsdb: dict[str, str] | None = None,
                  prefix: dict[str, list[str]] | None = None):
         self.netns = netns
-        # host -> argv the agent is started under (a lab host's CPU group, `Lab.join_prefix`):
-        # the ranks it launches inherit it
+        # host -> argv the agent is started under (a lab host's `env TOPO_RANK_CGROUP=...`,
+        # `Lab.rank_env`: the ranks it launches join the host's CPU group, the agent does not)
         self.prefix = prefix or {}
         self.state_dirs = state_dirs or {}
         self.cmd = agent or AGENT
@@ -100,7 +100,8 @@ def lab_transport(lab) -> LocalTransport:
     hosts = [h.name for h in lab.cluster.hosts]
     ovsdb = {h: db for h in hosts if (db := lab.ovsdb(h))}
     t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab), ovsdb=ovsdb,
-                       prefix={h: lab.join_prefix(h) for h in hosts})
+                       prefix={h: ["env", *(f"{k}={v}" for k, v in lab.rank_env(h).items())]
+                               for h in hosts if lab.rank_env(h)})
     t.name = "lab"
     return t
 
