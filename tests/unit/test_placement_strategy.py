@@ -9,6 +9,7 @@ import yaml
 
 from topoctl import cli
 from topoctl.planner import make_plan
+from topoctl.sim.memory import format_gb
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import JobError, parse_job
 
@@ -93,7 +94,7 @@ def test_data_parallel_that_does_not_fit_is_refused_beside_the_pipelines():
     assert {e.strategy.name for e in evals} == {"placement", "pipeline"}
     refused = doc["metadata"]["refused"]["baseline"]
     assert refused.startswith("baseline: does not fit in device memory: h0..h3 (4 x small, "
-                              f"{0.4 * 4 * PARAMS / 1e9:.3g} GB each): needs ")
+                              f"{format_gb(0.4 * 4 * PARAMS)} each): needs ")
     for g in doc["metadata"]["layout"]["groups"]:  # the plan chosen fits
         assert g["memory"]["total"] <= g["memory"]["capacity"]
 
