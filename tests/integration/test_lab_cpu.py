@@ -2,10 +2,10 @@
 speed gives every host its own CPU group with the quota the formula gives; a process started
 through `lab exec` lands in its host's group, the host's sshd, its sessions and the lab
 transport's agent do not but are told the group their ranks join (read from /proc/PID/cgroup;
-tests/e2e/test_multirank_lab.py checks that launched ranks are in it); a busy loop is held to its quota (the
-kernel's cpu.stat counts the throttling); `down` removes the groups, also after a crash; a
-speed the machine cannot give is refused before anything is created. Every check reads the
-kernel's files, not the lab's bookkeeping."""
+tests/e2e/test_multirank_lab.py checks that launched ranks are in it); a busy loop is held to
+its quota (the kernel's cpu.stat counts the throttling); `down` removes the groups, also after
+a crash; a speed the machine cannot give is refused before anything is created. Every check
+reads the kernel's files, not the lab's bookkeeping."""
 
 from __future__ import annotations
 
@@ -114,12 +114,14 @@ def test_sshd_and_its_sessions_run_outside_the_group_and_name_it_for_the_ranks(h
         # a session's command (what the agent is, over the ssh transport): outside the group,
         # told the group its ranks join (topoagent.process.launch, $TOPO_RANK_CGROUP)
         out = subprocess.run(["ssh", "-F", str(hetero4.ssh_config), h.name,
-                              "cat /proc/self/cgroup; echo cg=$TOPO_RANK_CGROUP"],
+                              "cat /proc/self/cgroup; echo cg=$TOPO_RANK_CGROUP; "
+                              'test -f "$TOPO_RANK_CGROUP" && echo visible'],
                              capture_output=True, text=True, timeout=30, check=True).stdout
         lines = [ln for ln in out.splitlines() if ln.count(":") >= 2]
         want = (f":cpu:{group}" if BACKEND.kind == "v1" else f"0::{group}")
         assert not any(ln.endswith(want) for ln in lines), out
         assert f"cg={BACKEND.procs(group.lstrip('/'))}" in out.splitlines(), out
+        assert "visible" in out.splitlines(), out  # in sshd's own /sys (lab.show_cpu_groups...)
 
 
 @needs_cpu

@@ -34,8 +34,9 @@ a quarter core takes ~80 ms each time rather than alternately 20 and 95 ms.
 Enforcement: cgroup v1's ``cpu`` controller (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, this
 machine), else cgroup v2's ``cpu.max`` where the unified hierarchy has the ``cpu`` controller.
 A process joins its host's group by writing its pid into the group's ``cgroup.procs`` before it
-execs (`join_argv`); its children inherit the group, so everything started through the host's
-sshd or through ``ip netns exec`` for the host (the agent, the ranks) is throttled with it.
+execs (`join_argv`: what the lab runs as the host, `Lab.netns_argv`); its children inherit the
+group. The ranks join it through the agent that launches them ($TOPO_RANK_CGROUP,
+`Lab.rank_env`); the host's sshd and the agent, the management plane, run beside the quota.
 `remove_groups` finds groups by prefix, so `lab down` cleans up after a crash too.
 
 The pure part (`quotas`, `check_quotas`) does no I/O; the rest reads and writes /sys/fs/cgroup.
@@ -51,7 +52,8 @@ from pathlib import Path
 from topoctl.lab.netops import LabError
 
 __all__ = ["CpuBackend", "PERIOD_US", "MIN_QUOTA_US", "check_quotas", "detect",
-           "device_quotas", "join_argv", "machine_cores", "quotas", "remove_groups"]
+           "device_quotas", "join_argv", "machine_cores", "mount_in_argv", "quotas",
+           "remove_groups"]
 
 PERIOD_US = 20_000  # bandwidth period of every lab host's group (module docstring)
 MIN_QUOTA_US = 1_000  # the kernel's smallest cfs quota (v1 refuses less, v2 too)
@@ -238,6 +240,23 @@ def join_argv(procs: Path | str, argv: list[str]) -> list[str]:
     runs: a shell writes its own pid there, then execs `argv` (same pid). Its children inherit
     the group."""
     return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
+
+
+def mount_in_argv(pid: int, backend: CpuBackend) -> list[str]:
+    """Argv that mounts `backend`'s hierarchy at its usual place inside the mount namespace of
+    process `pid`. `ip netns exec` gives what it starts (a lab host's sshd, and so every
+    session: the agent) a fresh /sys without the cgroup mounts; mounting the same hierarchy
+    again there (same type and options) shows the same groups, so the agent can put the ranks
+    it launches into their host's group ($TOPO_RANK_CGROUP)."""
+    opts = next((o for point, fs, o in _mounts() if Path(point) == backend.root),
+                "cpu" if backend.kind == "v1" else "")
+    if backend.kind == "v2":
+        script = f'mount -t cgroup2 cgroup2 "{backend.root}"'
+    else:
+        script = (f'mountpoint -q "{backend.root.parent}" || mount -t tmpfs -o mode=755 '
+                  f'tp-cgroup "{backend.root.parent}"; mkdir -p "{backend.root}" && '
+                  f'mount -t cgroup -o {opts} cgroup "{backend.root}"')
+    return ["nsenter", "-t", str(pid), "-m", "--", "/bin/sh", "-c", script]
 
 
 def _candidate_roots() -> list[Path]:

@@ -298,6 +298,7 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         if with_ssh:
             ssh.write_ssh_files(layout, d, {h.name: lab.rank_env(h.name) for h in layout.hosts})
             ssh.start_sshd(layout, d)
+            show_cpu_groups_to_sshd(lab)
         with ThreadPoolExecutor(4) as ex:  # ovs-vswitchd takes ~1 s to detach
             list(ex.map(lab.ovs_start, [h.name for h in cluster.hosts
                                         if cluster.runs_ovs(h.name)]))
@@ -305,6 +306,22 @@ def _up(cluster: Cluster, name: str | None, root: str | Path | None, mgmt_net: s
         down(name, root)
         raise
     return lab
+
+
+def show_cpu_groups_to_sshd(lab: Lab) -> None:
+    """Mount the CPU groups' hierarchy in each host sshd's mount namespace (which `ip netns
+    exec` gave a fresh /sys without it), so that the agent a session starts can put its ranks
+    into the host's group (`cpu.mount_in_argv`, `Lab.rank_env`)."""
+    b = lab.cpu_backend()
+    if b is None:
+        return
+    for h in lab.layout.hosts:
+        pid = int((lab.state_dir / "run" / f"sshd-{h.name}.pid").read_text().split()[0])
+        r = subprocess.run(cpu.mount_in_argv(pid, b), capture_output=True, text=True,
+                           timeout=30)
+        if r.returncode != 0:
+            raise LabError(f"{h.name}: cannot show its CPU group to its sshd: "
+                           f"{r.stderr.strip() or r.returncode}")
 
 
 def enable_ipv6(layout: Layout, family: str) -> None:
