@@ -15,11 +15,10 @@ import traceback
 import pytest
 
 from tests.integration.test_collectives import random_schedule
-from tests.loopback import free_port
+from tests.loopback import free_port, spawn_ranks
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from topoctl.catalog.dense import MLP  # noqa: E402
 from topotrain.buckets import attach_buckets  # noqa: E402
@@ -143,6 +142,6 @@ def _ranks(rank: int, port: int, out: str) -> None:
 
 def test_sliced_buckets_by_priority_equal_ddp(tmp_path):
     out = str(tmp_path / "slices")
-    mp.start_processes(_ranks, args=(free_port(), out), nprocs=WORLD, start_method="spawn")
+    spawn_ranks(_ranks, (free_port(), out), WORLD)
     for r in range(WORLD):
         assert json.loads(open(f"{out}.{r}").read()) == [], f"rank {r}"

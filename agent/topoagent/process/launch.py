@@ -159,9 +159,10 @@ def launch(job: LaunchSpec, host: str, target: Target, run_dir: Path,
     ranks_dir = prepare_rank_dir(run_dir, user, fresh=not job.checkpoint.resume)
     job_file = write_job_spec(ranks_dir, json.dumps(job.to_dict()), user)
     launch_env = {"TOPOCTL_JOB": str(job_file), **_launch_files(job, ranks_dir, user)}
-    rank_cgroup()  # a wrong $TOPO_RANK_CGROUP is refused before any rank starts
+    cgroup = rank_cgroup()  # a wrong $TOPO_RANK_CGROUP is refused before any rank starts
     with _stop_on_signals():
-        return _run(job, host, target, pidfile, ranks_dir, launch_env, user, out, timeout)
+        return _run(job, host, target, pidfile, ranks_dir, launch_env, user, out, timeout,
+                    cgroup)
 
 
 RANK_CGROUP_ENV = "TOPO_RANK_CGROUP"
@@ -193,7 +194,8 @@ def _launch_files(job: LaunchSpec, ranks_dir: Path, user: RankUser) -> dict[str,
 
 
 def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: Path,
-         launch_env: dict[str, str], user: RankUser, out: _Output, timeout: float | None) -> int:
+         launch_env: dict[str, str], user: RankUser, out: _Output, timeout: float | None,
+         cgroup: Path | None = None) -> int:
     """Start the ranks and supervise them; whatever happens, stop every rank left and drop
     the pid file and the ranks' directory (unless it holds checkpoints)."""
     tripped = threading.Event()
@@ -205,7 +207,8 @@ def _run(job: LaunchSpec, host: str, target: Target, pidfile: Path, ranks_dir: P
         if tripped.is_set():  # a watched interface is down already: starting ranks cannot help
             return 1
         for spec in job.processes[host]:
-            children.append(_start(job, spec, target, ranks_dir, launch_env, user, out))
+            children.append(_start(job, spec, target, ranks_dir, launch_env, user, out,
+                                   cgroup))
         write_pids(pidfile, [c.process.pid for c in children])
         return _supervise(children, out, timeout, tripped, target, pidfile.parent / STOP_NOTE)
     except _Stopped:
@@ -255,9 +258,10 @@ class _Rank:
 
 
 def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, launch_env: dict[str, str],
-           user: RankUser, out: _Output) -> _Rank:
+           user: RankUser, out: _Output, cgroup: Path | None = None) -> _Rank:
     """Start one rank with its event pipe, and the threads that forward its output and its
-    events; `launch_env` names the launch's files (the job spec, the tree schedule)."""
+    events; `launch_env` names the launch's files (the job spec, the tree schedule); the rank
+    joins the control group whose `cgroup.procs` is `cgroup` (None: the launcher's)."""
     argv, extra = _argv(job.command, user, job.model.factory)
     read_end, write_end = os.pipe()
     env = {**os.environ, **extra, **spec.env, **launch_env, "HOME": str(ranks_dir),
@@ -272,7 +276,7 @@ def _start(job: LaunchSpec, spec, target: Target, ranks_dir: Path, launch_env: d
                              stderr=subprocess.STDOUT, cwd=ranks_dir, start_new_session=True,
                              pass_fds=(write_end,),
                              preexec_fn=_child_setup(target, bind, user, os.getpid(),
-                                                     rank_cgroup()))
+                                                     cgroup))
     finally:
         os.close(write_end)
     started = _Rank(spec.rank, p)

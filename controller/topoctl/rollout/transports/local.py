@@ -100,8 +100,8 @@ def lab_transport(lab) -> LocalTransport:
     hosts = [h.name for h in lab.cluster.hosts]
     ovsdb = {h: db for h in hosts if (db := lab.ovsdb(h))}
     t = LocalTransport({h: lab.netns(h) for h in hosts}, agent_state_dirs(lab), ovsdb=ovsdb,
-                       prefix={h: ["env", *(f"{k}={v}" for k, v in lab.rank_env(h).items())]
-                               for h in hosts if lab.rank_env(h)})
+                       prefix={h: ["env", *(f"{k}={v}" for k, v in env.items())]
+                               for h in hosts if (env := lab.rank_env(h))})
     t.name = "lab"
     return t
 
