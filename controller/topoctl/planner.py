@@ -226,14 +226,16 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
 
 def lab_pool(ctx: PlanContext, messages: MessageCost | None) -> CpuPool:
     """The lab machine's cores as the simulator shares them (`CpuPool`): every rank's node
-    (a host of one rank, else the host's device nodes ``h0/g1``, `sim.devices`) on
+    (a host of one rank, else the host's device nodes ``h0/g1``, `sim.devices`, and the host
+    node, where a data-parallel strategy computes for all its ranks at once) on
     `ctx.lab.cores` cores, gloo's `messages` charged to every step between two ranks (a
     host's own steps over loopback too). A host of several ranks is one CPU group in the
     lab (`topoctl.lab.cpu.quotas`, its fixed share over all the cluster's hosts): its ranks
     share its quota (`CpuPool.hosts`), each at most one core. A host of one rank is capped
     by its own quota as before (`strategies.host_speeds` gives it). Pure; O(ranks)."""
-    nodes = [device_node(h, i) if len(ctx.ranks[h]) > 1 else h
-             for h in ctx.hosts for i in range(len(ctx.ranks[h]))]
+    # a multi-rank host's node too: data-parallel strategies compute there for all its ranks
+    nodes = [h for h in ctx.hosts] + [device_node(h, i) for h in ctx.hosts
+                                      if len(ctx.ranks[h]) > 1 for i in range(len(ctx.ranks[h]))]
     shared = [h for h in ctx.hosts if len(ctx.ranks[h]) > 1]
     if not shared:
         return CpuPool(frozenset(nodes), ctx.lab.cores, messages)
@@ -241,7 +243,7 @@ def lab_pool(ctx: PlanContext, messages: MessageCost | None) -> CpuPool:
     devices = {h.name: ctx.cluster.gpus(h.name).count for h in ctx.cluster.hosts}
     q = lab_quotas(stated, ctx.lab.cores, devices)
     return CpuPool(frozenset(nodes), ctx.lab.cores, messages, 0.0,
-                   tuple((h, q[h]) for h in shared))
+                   tuple((h, q[h], len(ctx.ranks[h])) for h in shared))
 
 
 def lab_messages(ctx: PlanContext, cal: dict | None):
@@ -341,7 +343,9 @@ def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
     """(busiest device's compute seconds, all pooled compute over the pool's cores, or over
     a shared host quota's cores (`CpuPool.hosts`) when that is more). A device of a host
     whose ranks share one quota computes at most one core or that quota, whichever is less
-    (it takes what its idle host-mates leave), not at its per-rank share."""
+    (it takes what its idle host-mates leave), not at its per-rank share; a compute task on
+    such a host's node stands for its k ranks at once (k times its CPU, at the per-rank
+    share)."""
     speeds = host_speeds(ctx)
     pooled = frozenset(s.network.cpu_pool[0]) if s.network.cpu_pool is not None else None
     quotas = pool_host_quotas(s.network.cpu_pool)
@@ -353,14 +357,20 @@ def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
             host, _ = split_device(t.device)
             sp = speeds.get(host, speeds.get(t.device, 1.0))
             pooled_dev = pooled is not None and t.device in pooled
-            if pooled_dev and host in quotas and host != t.device:
-                sp = min(1.0, quotas[host])
-                per_quota[host] += t.duration
+            cpu = t.duration
+            if pooled_dev and host in quotas:
+                q, k = quotas[host]
+                if host != t.device:  # one rank: it may use its idle host-mates' share
+                    sp = min(1.0, q)
+                else:  # all k ranks at once, each at its share (`speeds`)
+                    cpu = k * t.duration
+                per_quota[host] += cpu
             busy[t.device] = busy.get(t.device, 0.0) + t.duration / sp
             if pooled_dev:
-                pool += t.duration
+                pool += cpu
     cores = s.network.cpu_pool[1] if s.network.cpu_pool is not None else 1
-    hosts = max((w / quotas[h] for h, w in per_quota.items() if quotas[h] > 0), default=0.0)
+    hosts = max((w / quotas[h][0] for h, w in per_quota.items() if quotas[h][0] > 0),
+                default=0.0)
     return max(busy.values(), default=0.0), max(pool / max(1, cores), hosts)
 
 

@@ -26,7 +26,8 @@ QUOTA = 0.5  # a host's cores
 
 def _pool(messages: MessageCost | None = None) -> Network:
     """h0's two ranks under one quota of QUOTA cores, h1 one rank, on 2 cores."""
-    pool = CpuPool(frozenset({"h0/g0", "h0/g1", "h1"}), 2, messages, 0.0, (("h0", QUOTA),))
+    pool = CpuPool(frozenset({"h0", "h0/g0", "h0/g1", "h1"}), 2, messages, 0.0,
+                   (("h0", QUOTA, 2),))
     return Network({}, static_router({}), cpu_pool=pool, speed={"h1": QUOTA})
 
 
@@ -39,6 +40,9 @@ def test_ranks_of_one_host_share_its_quota():
     assert alone.iteration_time == pytest.approx(0.1 / QUOTA)
     single = simulate([Compute("c", "h1", 0.1)], _pool())
     assert single.iteration_time == pytest.approx(0.1 / QUOTA)
+    # a task on the host node is both ranks' step at once (a data-parallel strategy's)
+    host = simulate([Compute("h", "h0", 0.1)], _pool())
+    assert host.iteration_time == pytest.approx(2 * 0.1 / QUOTA)
 
 
 def test_loopback_steps_cost_message_cpu_within_the_host_quota():
@@ -83,8 +87,10 @@ def test_two_ranks_per_host_are_timed_and_pooled_per_host(monkeypatch, tmp_path)
     assert calls[0] == (384 // 8, planner.lab_corun(8, 2))
     pool = ctx.cpu_pool
     assert pool is not None
-    assert pool.devices == frozenset(f"h{i}/g{j}" for i in range(4) for j in range(2))
-    assert dict(pool.hosts) == pytest.approx({f"h{i}": 0.5 for i in range(4)})
+    assert pool.devices >= frozenset(f"h{i}/g{j}" for i in range(4) for j in range(2))
+    assert {h: q for h, q, _ in pool.hosts} == pytest.approx({f"h{i}": 0.5 for i in range(4)})
+    assert {k for _, _, k in pool.hosts} == {2}
+    assert pool.devices >= frozenset(f"h{i}" for i in range(4))  # data-parallel compute
     assert pool.messages is not None
     ops = len(ctx.graph.ops)
     assert ctx.step_s == pytest.approx(ops * 1e-4)

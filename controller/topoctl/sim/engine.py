@@ -312,13 +312,14 @@ def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
         pooled = network.cpu_pool[0]
         capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
         quotas = pool_host_quotas(network.cpu_pool)
-        for h, q in quotas.items():
-            capacity[("quota", h)] = float(q)
+        for h, (q, _) in quotas.items():
+            capacity[("quota", h)] = q
         for dev in pooled:  # one core, or the device's CPU quota (`Network.speed`)
             capacity[("core", dev)] = network.speed.get(dev, 1.0)
-            host = split_device(dev)[0]
-            if host != dev and host in quotas:  # a rank: one core within its host's quota
-                capacity[("core", dev)] = min(1.0, float(quotas[host]))
+            host, index = split_device(dev)
+            if host in quotas:  # a rank: one core within its host's quota (all its ranks: k)
+                q, k = quotas[host]
+                capacity[("core", dev)] = min(1.0 if index is not None else float(k), q)
             if _messages(network) is not None:
                 capacity[("comm", dev)] = 1.0
     return capacity, pooled
@@ -347,7 +348,9 @@ class _Run:
         quotas = pool_host_quotas(network.cpu_pool)
         self.host_quota: dict[str, tuple] = {
             d: (("quota", split_device(d)[0]),) for d in self.pooled
-            if split_device(d)[1] is not None and split_device(d)[0] in quotas}
+            if split_device(d)[0] in quotas}
+        # a host node's compute task stands for all its ranks computing at once
+        self.host_ranks = {h: k for h, (_, k) in quotas.items() if h in self.pooled}
         self.model_cpu: set[int] = set()  # flows of pooled model compute (`crowded_cost`)
         self.link_bytes = dict.fromkeys(network.links, 0.0)
         self.busy: dict[str, float] = {}
@@ -568,8 +571,9 @@ class _Run:
         if node not in g.communication:
             self.compute_busy[dev] = self.compute_busy.get(dev, 0.0) + wall
         if dev in self.pooled and d > 0:  # CPU-seconds on the shared cores
-            fid = self._add_flow(node, d, (("core", dev), *self.host_quota.get(dev, ()),
-                                           ("cores",)), 0.0)
+            cpu = d * self.host_ranks.get(dev, 1)
+            fid = self._add_flow(node, cpu, (("core", dev), *self.host_quota.get(dev, ()),
+                                             ("cores",)), 0.0)
             if node not in g.communication:
                 self.model_cpu.add(fid)
             self.subflows_left[node] = 1

@@ -57,18 +57,21 @@ class CpuPool(NamedTuple):
     runs beside it (compute timed beside co-running copies already carries it). Calibrated
     by timing a stage alone and beside copies (`topoctl.pipeline.gpipe`).
 
-    `hosts`: (host, cores) for hosts of several pooled devices (``h0/g1``,
-    `topoctl.sim.devices`) that share one CPU quota, as the lab's ranks of one host share
+    `hosts`: (host, cores, ranks) for hosts of several pooled devices (``h0/g1``,
+    `topoctl.sim.devices`) that share one CPU quota, as the lab's `ranks` of one host share
     its group's (`topoctl.lab.cpu.quotas`): their compute and message CPU together get at
     most `cores` (a pseudo link ``("quota", host)``), each device at most one core or the
-    quota, whichever is less, so a rank whose host-mates idle uses their share. Empty: every
-    pooled device is capped on its own (its `Network.speed`), as for one rank per host."""
+    quota, whichever is less, so a rank whose host-mates idle uses their share. A compute
+    task on the host node itself (pooled too: a data-parallel strategy's one task for all its
+    ranks computing the same batch at once) costs `ranks` times its CPU-seconds, at most one
+    core a rank. Empty: every pooled device is capped on its own (its `Network.speed`), as
+    for one rank per host."""
 
     devices: frozenset[str]
     cores: int
     messages: MessageCost | None = None
     crowding: float = 0.0
-    hosts: tuple[tuple[str, float], ...] = ()
+    hosts: tuple[tuple[str, float, int], ...] = ()
 
 
 def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
@@ -79,10 +82,13 @@ def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
     return 1.0 + max(0.0, crowding) * max(0.0, runnable / max(1, cores) - 1.0)
 
 
-def pool_host_quotas(pool: CpuPool | tuple | None) -> dict[str, float]:
-    """host -> its CPU quota in cores for the hosts whose pooled devices share one
-    (`CpuPool.hosts`); {} without a pool, on a plain (devices, cores) pair or without any."""
-    return dict(pool[4]) if pool is not None and len(pool) > 4 else {}
+def pool_host_quotas(pool: CpuPool | tuple | None) -> dict[str, tuple[float, int]]:
+    """host -> (its CPU quota in cores, its ranks) for the hosts whose pooled devices share
+    one (`CpuPool.hosts`); {} without a pool, on a plain (devices, cores) pair or without
+    any."""
+    if pool is None or len(pool) <= 4:
+        return {}
+    return {h: (float(q), int(k)) for h, q, k in pool[4]}
 
 
 class NoRoute(TopoError, LookupError):
