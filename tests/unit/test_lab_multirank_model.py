@@ -14,7 +14,14 @@ from topoctl import planner
 from topoctl.graph.cost import TrainCost
 from topoctl.labprofile import LabProfile
 from topoctl.sim.engine import simulate
-from topoctl.sim.network import CpuPool, Link, MessageCost, Network, static_router
+from topoctl.sim.network import (
+    CpuPool,
+    Link,
+    MessageCost,
+    Network,
+    pool_host_quotas,
+    static_router,
+)
 from topoctl.sim.schedules import Schedule, Step
 from topoctl.sim.tasks import Collective, Compute
 from topoctl.spec.cluster_load import parse_cluster
@@ -104,10 +111,14 @@ def test_two_ranks_per_host_predictions_pay_the_quota_and_hold_their_bound(monke
     `explain` prints holds, the pipelines' too (a stage's rank may use its host-mate's share)."""
     ctx, _ = _fast4x2(monkeypatch, tmp_path)
     rank_cpu = sum(c.fwd + c.bwd for c in ctx.costs["CPU"].values()) + ctx.step_s
-    for name in ("baseline", "pipeline"):
+    for name in ("baseline", "pipeline", "placement"):
         e = planner.evaluate(ctx, name)
         bound, _ = planner.lower_bound(ctx, e.strategy)
         assert bound <= e.result.iteration_time * (1 + 1e-9), name
+        # the stages' lab network too: a host's ranks share its quota
+        shared = pool_host_quotas(e.strategy.network.cpu_pool)
+        assert sorted(shared) == [f"h{i}" for i in range(4)], name
+        assert all(q == pytest.approx(0.5) and k == 2 for q, k in shared.values()), name
         if name == "baseline":
             assert e.result.iteration_time >= rank_cpu / 0.25 * 0.999
             assert bound >= rank_cpu / 0.25 * 0.999
