@@ -115,7 +115,8 @@ def parse_hierarchy(collective: Mapping, processes: Mapping[str, Sequence],
     ranks = []
     for h in order:
         pairs = sorted(_pairs(processes[h]), key=lambda p: p[1])
-        if [lr for _, lr in pairs] != list(range(k)):
+        # lengths first: `local_size` is the plan's word (maybe 2**70), never a range of it
+        if len(pairs) != k or any(lr != i for i, (_, lr) in enumerate(pairs)):
             raise HierarchyError([(f"job.processes.{h}", f"{h} runs local ranks "
                                    f"{[lr for _, lr in pairs]}; {where}.{HIERARCHY_KEY}."
                                    f"local_size {k} needs exactly 0..{k - 1}")])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from topoctl.collective.hierarchical import device_node
 from topoctl.collective.trees.pipeline import runtime_costs
@@ -23,7 +23,7 @@ from topoctl.graph.cost import (
     timing_grid,
     totals,
 )
-from topoctl.graph.devices import Device
+from topoctl.graph.devices import DEVICES, Device
 from topoctl.graph.profile import (
     device_table,
     job_costs,
@@ -44,6 +44,14 @@ from topoctl.render.plan import fabric_wiring, launch_spec, plan_document
 from topoctl.sim.devices import split_device
 from topoctl.sim.engine import SimError, SimResult, simulate
 from topoctl.sim.fabric import tcp_efficiency
+from topoctl.sim.layout import (
+    DeviceGroup,
+    OpBytes,
+    collectives,
+    layout,
+    layout_doc,
+    overflows,
+)
 from topoctl.sim.network import CpuPool, MessageCost, pool_host_quotas
 from topoctl.sim.routing import RoutingError
 from topoctl.sim.steady import overlaps_iterations, steady_period
@@ -61,6 +69,10 @@ from topoctl.strategies import (
 from topotrain.timing import load_calibration
 
 PIPELINE_STRATEGIES = frozenset({"placement", "pipeline"})  # need no data parallelism
+# bases whose plans keep the whole model on every device at the even per-rank batch, as do the
+# post-passes but +shares (it moves samples between hosts): their memory is known before they
+# plan (`early_memory_check`)
+WHOLE_MODEL_BASES = frozenset({"baseline", "trees", "topoopt"})
 LAB_TIMED_MAX_S = 2.0  # a rank's roofline forward + backward up to which lab ranks are timed
 
 
@@ -71,6 +83,9 @@ class Evaluated:
     strategy: Strategy
     result: SimResult
     seconds: float  # planner time spent on it
+    # what each device holds and does (`sim.layout`): the memory check's figures, which the
+    # plan carries for `explain`
+    layout: list[DeviceGroup] = field(default_factory=list)
 
 
 def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
@@ -267,7 +282,9 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
     FabricError, SimError -> ClusterError (the fabric cannot carry the job)."""
     t0 = time.perf_counter()
     try:
+        early_memory_check(ctx, name)
         s = resolve(name)(ctx)
+        groups = check_memory(ctx, s)
         res = score(ctx, s)
     except StrategyError as e:
         i = ctx.job.strategies.index(name) if name in ctx.job.strategies else 0
@@ -276,7 +293,80 @@ def evaluate(ctx: PlanContext, name: str) -> Evaluated:
         raise ClusterError(e.problems) from None
     except (FabricError, SimError) as e:
         raise ClusterError([("fabric", m) for _, m in e.problems]) from None
-    return Evaluated(s, res, time.perf_counter() - t0)
+    return Evaluated(s, res, time.perf_counter() - t0, groups)
+
+
+def device_capacity(ctx: PlanContext, host: str) -> float | None:
+    """Bytes each of `host`'s devices holds, when known: the cluster's `gpu_types` memory,
+    else the built-in device type's datasheet figure; None for a lab `cpu` host (the roofline's
+    generic CPU has no memory figure of this machine) or a `gpu_types` entry without one."""
+    name = ctx.device[host].name
+    declared = ctx.cluster.gpu_types.get(name)
+    if declared is not None and declared.memory:
+        return float(declared.memory)
+    if name == "CPU" or name not in DEVICES:
+        return None
+    return DEVICES[name].memory
+
+
+def plan_layout(ctx: PlanContext, s: Strategy) -> list[DeviceGroup]:
+    """What each device of strategy `s` holds and does (`layout_of` its collective)."""
+    return layout_of(ctx, s.collective)
+
+
+def layout_of(ctx: PlanContext, collective: dict) -> list[DeviceGroup]:
+    """What each device of a plan with `collective` holds (`sim.layout.layout`): the job's ops
+    with their bytes at the captured batch, the hosts' devices and their capacities."""
+    g = ctx.graph
+    ops = [OpBytes(o.name, o.param_bytes, 0 if o.is_view else o.out_bytes) for o in g.ops]
+    devices = {h: [h] if len(rs) == 1 else [device_node(h, i) for i in range(len(rs))]
+               for h, rs in ctx.ranks.items()}
+    return layout(ops, g.batch, g.dtype_bytes, collective, devices, ctx.ranks,
+                  {h: ctx.device[h].name for h in ctx.hosts},
+                  {h: device_capacity(ctx, h) for h in ctx.hosts})
+
+
+def check_memory(ctx: PlanContext, s: Strategy) -> list[DeviceGroup]:
+    """The layout of strategy `s` (`plan_layout`); StrategyError naming every group of
+    devices that cannot hold its part, what each needs by kind and what it has. Every
+    strategy's plan passes here (`evaluate`), post-passes included."""
+    return check_memory_of(ctx, s.collective)
+
+
+def early_memory_check(ctx: PlanContext, name: str) -> None:
+    """`check_memory` before strategy `name` plans, when its memory is already known: a
+    whole-model base (`WHOLE_MODEL_BASES`) without +shares holds the model and its per-rank
+    batch's activations on every device whatever it decides, so a model that cannot fit is
+    refused in milliseconds instead of after its search (DisCo searched 13B-parameter buckets
+    for minutes on a cluster that cannot hold them). The check after planning stays the
+    authority for every strategy."""
+    base, passes = composition(name)
+    if base in WHOLE_MODEL_BASES and "shares" not in passes:
+        check_memory_of(ctx, {"algorithm": "data-parallel"})
+
+
+def check_memory_of(ctx: PlanContext, collective: dict) -> list[DeviceGroup]:
+    """The layout of a plan whose collective is `collective` (`plan_layout`); StrategyError
+    naming every group of devices that cannot hold its part, what each needs by kind and what
+    it has."""
+    groups = layout_of(ctx, collective)
+    over = overflows(groups)
+    if over:
+        raise StrategyError("does not fit in device memory: " + "; ".join(over))
+    return groups
+
+
+def iteration_collectives(s: Strategy) -> list[dict]:
+    """The collectives and activation transfers of one iteration of `s` with their bytes
+    (`sim.layout.collectives` over its tasks)."""
+    steps = []
+    for t in s.tasks:
+        if isinstance(t, Collective):
+            sc = t.schedule
+            steps.append((sc.name, len(sc.members), sum(st.size for st in sc.steps) * sc.scale))
+        elif isinstance(t, Transfer):
+            steps.append(("transfer", 2, float(t.size)))
+    return collectives(steps)
 
 
 def score(ctx: PlanContext, s: Strategy) -> SimResult:
@@ -501,6 +591,9 @@ def render(ctx: PlanContext, best: Evaluated, evals: list[Evaluated]) -> dict:
                   "ratio": _r(it / bound) if bound > 0 else None},
         "model": {"name": ctx.graph.model, "parameters_bytes": ctx.graph.param_bytes,
                   "flops_per_rank_fwd": ctx.graph.flops, "ops": len(ctx.graph.ops)},
+        # per device group: degrees, memory against capacity (the figures the check used),
+        # and the iteration's collectives
+        "layout": layout_doc(best.layout or plan_layout(ctx, s), iteration_collectives(s)),
         "addressing": addr.summary(),
     }
     job = launch_spec(ctx.job, ctx.hosts, ctx.ranks, addr, ctx.local_batch, s.collective,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,34 @@ def test_found_a_key_with_a_newline_stays_on_its_error_line(tmp_path):
     rc, out, err = topoctl(["explain", str(path)])
     assert rc == 1 and "routes[0].\\n: unknown key" in err, err
     assert_clean(["explain", str(path)], rc, err, out=out)
+
+
+@pytest.mark.parametrize("world", [2**62, 2**70])
+def test_found_a_huge_world_size_is_a_clean_error_in_bounded_memory(tmp_path, world):
+    """Found by the fuzzer: `job.world_size` replaced by a huge integer made the plan check
+    build `list(range(world_size))` (`topoagent.state.wire.rank_problems`): 2**70 raised
+    OverflowError, 2**62 MemoryError (tracebacks), and while hypothesis shrank such a case
+    it tried values near 2**32, whose list of ints grew a pytest worker to 22 GB before the
+    kernel killed it. The check is O(ranks) now: `explain` and `apply --dry-run` exit 1 naming
+    the file and job.world_size, and reading the plan allocates little."""
+    doc = yaml.safe_load(PLAN_FILE.read_text())
+    doc["job"]["world_size"] = world
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    says = f"topoctl: {path}: job.world_size: {world}, but job.processes has 8 rank(s)"
+    for argv in (["explain", str(path)], ["apply", "--dry-run", "--lab", "tpxnosuch",
+                                           str(path)]):
+        rc, out, err = topoctl(argv)
+        assert rc == 1 and says in err, (argv, rc, err)
+        assert_clean(argv, rc, err, names=str(path), out=out)
+    tracemalloc.start()
+    try:
+        problems = validate_plan(doc)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ("job.world_size", f"{world}, but job.processes has 8 rank(s)") in problems
+    assert peak < 20e6, f"validating the plan took {peak / 1e6:.0f} MB"
 
 
 def _ring(n: int, links: bool = True) -> dict:

@@ -52,6 +52,18 @@ def test_refusals_name_the_yaml_path(coll, processes, path):
     assert e.value.problems[0][0] == path
 
 
+@pytest.mark.parametrize("local_size", [2**62, 2**70])
+def test_a_huge_local_size_is_refused_without_a_range_of_it(local_size):
+    """`hierarchical.local_size` is the plan's word: 2**62 (MemoryError) or 2**70
+    (OverflowError) made the local-rank check build `list(range(local_size))`; now it compares
+    the count first and refuses naming the host, in O(ranks)."""
+    with pytest.raises(HierarchyError) as e:
+        parse_hierarchy({"hierarchical": {"local_size": local_size}}, procs(2, 2))
+    assert e.value.problems[0][0] == "job.processes.h0"
+    assert f"local_size {local_size} needs exactly 0..{local_size - 1}" in \
+        e.value.problems[0][1]
+
+
 @pytest.mark.parametrize("order,same", [
     ([0, 1, 2, 3], True), ([2, 3, 0, 1], True), ([3, 2, 1, 0], True), ([1, 0, 3, 2], True),
     ([0, 2, 1, 3], False), ([0, 1, 3, 2], False), ([2, 0, 1], True), ([5], True),

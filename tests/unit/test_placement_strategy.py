@@ -9,6 +9,7 @@ import yaml
 
 from topoctl import cli
 from topoctl.planner import make_plan
+from topoctl.sim.memory import format_gb
 from topoctl.spec.cluster_load import parse_cluster
 from topoctl.spec.job import JobError, parse_job
 
@@ -75,13 +76,27 @@ def test_hybrid_stages_are_data_parallel_over_host_groups():
 
 
 def test_placement_is_compared_with_data_parallel_by_the_planner():
-    doc, _, evals = plan(4, 0.4 * 4 * PARAMS, "placement",
+    # devices that hold the whole model (its state is 4 x PARAMS) and its activations
+    doc, _, evals = plan(4, 2 * 4 * PARAMS, "placement",
                          strategies=["baseline", "placement", "pipeline"])
     names = {e.strategy.name for e in evals}
     assert names == {"baseline", "placement", "pipeline"}
     assert set(doc["metadata"]["strategies"]) == names
     best = min(evals, key=lambda e: e.result.iteration_time).strategy.name
     assert doc["metadata"]["strategy"] == best
+
+
+def test_data_parallel_that_does_not_fit_is_refused_beside_the_pipelines():
+    # devices of 0.4 x the model's state: the pipelines split it, a replica cannot hold it
+    # (the planner used to plan baseline here all the same)
+    doc, _, evals = plan(4, 0.4 * 4 * PARAMS, "placement",
+                         strategies=["baseline", "placement", "pipeline"])
+    assert {e.strategy.name for e in evals} == {"placement", "pipeline"}
+    refused = doc["metadata"]["refused"]["baseline"]
+    assert refused.startswith("baseline: does not fit in device memory: h0..h3 (4 x small, "
+                              f"{format_gb(0.4 * 4 * PARAMS)} each): needs ")
+    for g in doc["metadata"]["layout"]["groups"]:  # the plan chosen fits
+        assert g["memory"]["total"] <= g["memory"]["capacity"]
 
 
 def test_a_model_that_fits_nowhere_is_a_clear_error(tmp_path, capsys):

@@ -15,6 +15,7 @@ them; errors name the YAML path (`job.processes.h3[0].rank: ...`).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -227,14 +228,15 @@ def parse_launch_spec(data: Any, prefix: str = "job") -> LaunchSpec:
 def rank_problems(spec: LaunchSpec, prefix: str = "job") -> list[tuple[str, str]]:
     """The processes' global ranks must be 0 .. world_size-1, each once: a rank missing or
     given twice would wait for the others until gloo's timeout, a job.world_size that is not
-    the processes' count trains some other job than the plan's."""
+    the processes' count trains some other job than the plan's. O(ranks log ranks), whatever
+    job.world_size says (it is the plan's word, maybe 2**70: never a range of it)."""
     ranks = sorted(p.rank for procs in spec.processes.values() for p in procs)
-    if ranks == list(range(spec.world_size)):
-        return []
     if len(ranks) != spec.world_size:
         return [(f"{prefix}.world_size", f"{spec.world_size}, but job.processes has "
                                           f"{len(ranks)} rank(s)")]
-    twice = sorted({r for r in ranks if ranks.count(r) > 1})
+    if all(r == i for i, r in enumerate(ranks)):  # sorted and as many: 0 .. world_size-1
+        return []
+    twice = sorted(r for r, n in Counter(ranks).items() if n > 1)
     return [(f"{prefix}.processes", f"the ranks must be 0 to {spec.world_size - 1}, each once "
                                     f"(given twice: {twice or 'none'}; out of range: "
                                     f"{[r for r in ranks if r >= spec.world_size] or 'none'})")]

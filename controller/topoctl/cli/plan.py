@@ -24,7 +24,7 @@ from topoctl.lab.emulated import lab_emulation
 from topoctl.lab.netops import LabError
 from topoctl.limits import MAX_PLAN_HOSTS
 from topoctl.render.drawing import draw_png  # matplotlib itself loads only when drawing
-from topoctl.render.explain import explain_text
+from topoctl.render.explain import explain_text, layout_lines
 from topoctl.render.validate import validate_plan
 from topoctl.render.yamlout import dump
 from topoctl.rollout.twophase import load_plan
@@ -124,6 +124,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "seconds": round(time.perf_counter() - t0, 3),
             "output": args.output if to_file else None,
             **({"refused": refused} if refused else {}),
+            "layout": m.get("layout"),
             **({} if to_file else {"plan": yaml.safe_load(text)})}))
         return EXIT_OK
     for msg in refused.values():  # the strategies that could not plan, each with its reason
@@ -132,6 +133,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{m['prediction']['iteration_time'] * 1e3:.3f} ms/iteration (bound "
           f"{m['bound']['iteration_time'] * 1e3:.3f} ms), {len(doc['hosts'])} hosts, "
           f"{time.perf_counter() - t0:.2f} s", file=sys.stderr)
+    for line in layout_lines(doc):  # degrees, memory per device, collectives
+        print(line, file=sys.stderr)
     return EXIT_OK
 
 
@@ -174,7 +177,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         m = doc.get("metadata") or {}
         print(json.dumps({"ok": True, "plan": args.plan, "hosts": wanted or sorted(doc["hosts"]),
                           "strategy": m.get("strategy"), "prediction": m.get("prediction"),
-                          "explain": text, "png": args.png}, default=str))
+                          "layout": m.get("layout"), "explain": text, "png": args.png},
+                         default=str))
         return EXIT_OK
     print(text)
     if args.png:

@@ -4,9 +4,9 @@ Devices are groups of hosts (a pipeline stage's data-parallel replicas; one host
 a pure pipeline). A group runs a node at the pace of its slowest member; between two groups,
 replica r of one talks to replica r of the other, so the bandwidth is the worst of those
 routes' bottlenecks and the latency the worst route's. Memory a node keeps on its device
-(`node_memory`, the device memory model of `sim.memory` for fp32 Adam): 4 x its parameter
-bytes (weights, gradients, two optimiser moments) plus its activations for every micro-batch
-in flight (GPipe keeps all of them until the backward pass).
+(`node_memory`, the device memory model of `sim.memory` for Adam): 16 bytes per parameter
+(weights, gradients, two fp32 moments; in fp16/bf16 also an fp32 master copy) plus its
+activations for every micro-batch in flight (GPipe keeps all of them until the backward pass).
 O(n * members + groups^2 * replicas * path length)."""
 
 from __future__ import annotations
@@ -22,10 +22,14 @@ from topoctl.sim.network import Network
 FP32 = 4  # bytes per parameter: the graph's parameter bytes are fp32
 
 
-def node_memory(param_bytes: float, act_bytes: float, microbatches: int) -> float:
+def node_memory(param_bytes: float, act_bytes: float, microbatches: int,
+                dtype_bytes: int = FP32) -> float:
     """Bytes a node keeps on its device: parameters with optimizer state plus activations of every
-    micro-batch in flight."""
-    return footprint(param_bytes / FP32, FP32, act_bytes, microbatches=microbatches).total
+    micro-batch in flight. `dtype_bytes`: the width of `param_bytes`' parameters (fp16/bf16:
+    mixed precision, an fp32 master copy beside Adam's moments: 16 bytes per parameter, as
+    `topoctl.sim.layout` checks every plan)."""
+    return footprint(param_bytes / dtype_bytes, dtype_bytes, act_bytes,
+                     mixed_precision=dtype_bytes < FP32, microbatches=microbatches).total
 
 
 def route_matrix(network: Network, hosts: Sequence[str]
@@ -50,11 +54,11 @@ def route_matrix(network: Network, hosts: Sequence[str]
 def build_problem(g: CoarseGraph, groups: Sequence[Sequence[str]],
                   op_cost: dict[str, dict[str, float]], capacity: dict[str, float],
                   network: Network, microbatches: int, scale: float = 1.0,
-                  cost_scale: float | None = None) -> PlacementProblem:
+                  cost_scale: float | None = None, dtype_bytes: int = FP32) -> PlacementProblem:
     """`op_cost[host][op]`: seconds (forward + backward) of one op on that host at the graph's
     batch; `scale` multiplies costs and bytes (e.g. micro-batch / captured batch);
     `cost_scale`, when given, multiplies the costs instead (1: `op_cost` was measured at the
-    micro-batch)."""
+    micro-batch); `dtype_bytes`: the width of the graph's parameters (`node_memory`)."""
     cscale = scale if cost_scale is None else cost_scale
     order = g.topological()
     pos = {n: i for i, n in enumerate(order)}
@@ -63,8 +67,8 @@ def build_problem(g: CoarseGraph, groups: Sequence[Sequence[str]],
     dv = len(groups)
     cost = [[cscale * max(sum(op_cost[h][o] for o in g.nodes[n].ops) for h in grp)
              for grp in groups] for n in order]
-    memory = [node_memory(g.nodes[n].param_bytes, scale * g.nodes[n].act_bytes, microbatches)
-              for n in order]
+    memory = [node_memory(g.nodes[n].param_bytes, scale * g.nodes[n].act_bytes, microbatches,
+                          dtype_bytes) for n in order]
     cap = [min(capacity[h] for h in grp) for grp in groups]
     bwm = [[math.inf] * dv for _ in range(dv)]
     latm = [[0.0] * dv for _ in range(dv)]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from topoctl.sim.memory import Footprint, format_gb
+
 
 def _ms(x) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -58,7 +60,7 @@ def headline(doc: dict) -> list[str]:
         out.append("busiest links: " + ", ".join(f"{k} {100 * u:.0f}%" for k, u in busy.items()))
     for name, s in m.get("strategies", {}).items():
         out.append(f"  strategy {name}: {_ms(s.get('iteration_time'))}")
-    out += collective_lines(doc) + stage_lines(doc)
+    out += layout_lines(doc) + collective_lines(doc) + stage_lines(doc)
     bw = m.get("collective", {}).get("bandwidth") if isinstance(m.get("collective"), dict) \
         else None
     if isinstance(bw, dict):  # the +bandwidth post-pass (docs/bandwidth.md)
@@ -68,6 +70,37 @@ def headline(doc: dict) -> list[str]:
                    f"({bw.get('multipath_pairs')} pair(s) split), LP communication time "
                    f"{_ms(bw.get('lp_comm_time'))}, HTB ceiling = {_num(bw.get('ceil'))}")
     return out + post_pass_lines(doc) + tag_lines(doc)
+
+
+def layout_lines(doc: dict) -> list[str]:
+    """Per device group (`metadata.layout`, `topoctl.sim.layout`): the parallelism degrees,
+    the memory per device by kind against its capacity (the planner's memory check's own
+    figures), then the collectives of one iteration with their bytes."""
+    lay = doc.get("metadata", {}).get("layout")
+    if not isinstance(lay, dict):
+        return []
+    out = [f"device groups (memory: {lay.get('memory_model')}):"]
+    for g in lay.get("groups", []):
+        stage = f", stage {g['stage']}" if g.get("stage") is not None else ""
+        deg = g.get("degrees", {})
+        out.append(f"  {g.get('devices')}: {g.get('count')} x {g.get('device')}{stage}, "
+                   + ", ".join(f"{k} {v}" for k, v in deg.items()))
+        out.append(f"    memory per device: {memory_line(g.get('memory', {}))}")
+    for c in lay.get("collectives", []):
+        out.append(f"  per iteration: {c.get('count')} x {c.get('kind')} (up to "
+                   f"{c.get('members')} members), {format_gb(c.get('bytes', 0))} sent")
+    return out
+
+
+def memory_line(mem: dict) -> str:
+    """'212 GB (parameters 26 GB, ...) of 80 GB (265%)': a group's footprint by kind (as
+    `Footprint.describe` words the planner's refusals) against its capacity."""
+    fp = Footprint(**{k: float(mem.get(k, 0)) for k in ("parameters", "gradients", "optimiser",
+                                                        "activations", "gathered")})
+    cap = mem.get("capacity")
+    if not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0:
+        return f"{fp.describe()} of an unknown capacity (not checked)"
+    return f"{fp.describe()} of {format_gb(cap)} ({100 * fp.total / cap:.0f}%)"
 
 
 def tag_lines(doc: dict) -> list[str]:

@@ -48,8 +48,12 @@ class Footprint:
 
 
 def format_gb(nbytes: float) -> str:
-    """Bytes as GB with 3 significant figures (1 GB = 1e9 bytes, as datasheets count)."""
-    return f"{nbytes / 1e9:.3g} GB"
+    """Bytes with 3 significant figures in GB (1 GB = 1e9 bytes, as datasheets count), in MB
+    below a GB and kB below a MB (1.57 MB, not 0.00157 GB)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= 0.9995 * scale:  # 999.96 MB reads 1 GB, not 1e+03 MB
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.3g} B"
 
 
 def footprint(parameters: float, dtype_bytes: int, activation_bytes: float, *,

@@ -244,9 +244,11 @@ def _shape_candidates(ctx: PlanContext, method: str, name: str, coarse: CoarseGr
     if meas:  # timed at this candidate's micro-batch: no scaling
         mc = {o: c.fwd + c.bwd_inputs for o, c in meas.ops.items()}
         p = build_problem(coarse, groups, dict.fromkeys(members, mc), cap, network, micro,
-                          scale, cost_scale=ctx.job.cost.scale)
+                          scale, cost_scale=ctx.job.cost.scale,
+                          dtype_bytes=ctx.graph.dtype_bytes)
     else:
-        p = build_problem(coarse, groups, op_cost, cap, network, micro, scale)
+        p = build_problem(coarse, groups, op_cost, cap, network, micro, scale,
+                          dtype_bytes=ctx.graph.dtype_bytes)
     try:
         tries = _search(p, method)
     except PlacementError as e:
@@ -353,7 +355,7 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
     op_cost = {h: {o: (c.fwd + c.bwd) / len(grp) for o, c in ctx.host_costs(h).items()}
                for grp in groups for h in grp}
     p = build_problem(coarse, [grp[:1] for grp in groups], op_cost, _capacity(ctx), network,
-                      micro, total / ctx.local_batch)
+                      micro, total / ctx.local_batch, dtype_bytes=ctx.graph.dtype_bytes)
     try:
         pl = partition.place_exactly(p, len(shape))
     except PlacementError as e:
@@ -409,7 +411,7 @@ def _fx_pos(ctx: PlanContext):
 def _min_devices_hint(ctx: PlanContext, coarse: CoarseGraph, cap: dict[str, float],
                       micro: int) -> str:
     scale = ctx.job.batch.global_ / micro / ctx.local_batch  # micro-batch of a pure pipeline
-    need = sum(node_memory(n.param_bytes, scale * n.act_bytes, micro)
+    need = sum(node_memory(n.param_bytes, scale * n.act_bytes, micro, ctx.graph.dtype_bytes)
                for n in coarse.nodes.values())
     biggest = max(cap.values())
     k = -(-int(need) // int(biggest))

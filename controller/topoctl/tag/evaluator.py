@@ -114,7 +114,7 @@ class Evaluator:
 
     def _dp_time(self, plan: Plan) -> float:
         need = node_memory(sum(g.param_bytes for g in self.groups),
-                           sum(g.act_bytes for g in self.groups), 1)
+                           sum(g.act_bytes for g in self.groups), 1, self.ctx.graph.dtype_bytes)
         if any(need > m for m in self.memory.values()):
             return math.inf
         s = self.dp_plan(plan)
@@ -189,7 +189,8 @@ class Evaluator:
             gs = self.groups[st.first: st.last + 1]
             for j, h in enumerate(st.hosts):
                 sc = scale if shares is None else scale * shares[s][j]
-                need = sum(node_memory(g.param_bytes, sc * g.act_bytes, micro) for g in gs)
+                need = sum(node_memory(g.param_bytes, sc * g.act_bytes, micro,
+                                       self.ctx.graph.dtype_bytes) for g in gs)
                 if need > self.memory[h]:
                     return False
         return True
