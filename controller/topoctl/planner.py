@@ -34,6 +34,7 @@ from topoctl.graph.profile import (
     reporting,
     retime_runtime_calibration,
 )
+from topoctl.lab.cpu import quotas as lab_quotas
 from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.placement.runtime import message_cost, rank_op_costs, shared_message_s
 from topoctl.render.addressing import AddressingError, assign_cluster
@@ -51,7 +52,7 @@ from topoctl.sim.layout import (
     layout_doc,
     overflows,
 )
-from topoctl.sim.network import CpuPool
+from topoctl.sim.network import CpuPool, MessageCost, pool_host_quotas
 from topoctl.sim.routing import RoutingError
 from topoctl.sim.steady import overlaps_iterations, steady_period
 from topoctl.sim.tasks import Collective, Compute, Transfer
@@ -217,13 +218,12 @@ def lab_corun(ranks: int, cores: int) -> int:
 
 def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     """`ctx` with the ranks costed as the lab runs them: every training host a `cpu` on this
-    machine, one single-threaded rank each, all sharing its `ctx.lab.cores` cores. A rank's
-    ops are timed on this CPU at its batch (whatever `cost.method` says: the roofline's
-    generic CPU is not this one) and the simulator shares the cores among the ranks' compute
-    (`Network.cpu_pool`). Models whose roofline step exceeds `LAB_TIMED_MAX_S` keep the
-    context's costs (the lab does not train them, and timing them would take minutes)."""
-    if ctx.world_size != len(ctx.hosts):
-        return ctx
+    machine, its ranks single-threaded, all sharing its `ctx.lab.cores` cores. A rank's
+    ops are timed on this CPU at its batch beside the lab's other ranks (whatever
+    `cost.method` says: the roofline's generic CPU is not this one) and the simulator shares
+    the cores among the ranks' compute (`Network.cpu_pool`, `lab_pool`). Models whose
+    roofline step exceeds `LAB_TIMED_MAX_S` keep the context's costs (the lab does not train
+    them, and timing them would take minutes)."""
     dev = ctx.device[ctx.hosts[0]]
     fwd, bwd = totals(roofline_costs(ctx.graph, dev))
     if fwd + bwd > LAB_TIMED_MAX_S:
@@ -235,9 +235,30 @@ def _on_lab_cpu(ctx: PlanContext) -> PlanContext:
     cal = load_calibration() if ctx.use_cache else None
     rt = runtime_costs(cal)
     return replace(ctx, costs={**ctx.costs, dev.name: ops}, step_s=step,
-                   cpu_pool=CpuPool(frozenset(ctx.hosts), ctx.lab.cores,
-                                    lab_messages(ctx, cal)),
+                   cpu_pool=lab_pool(ctx, lab_messages(ctx, cal)),
                    bucket_copy=(rt.per_piece_s, rt.copy_bytes_per_s))
+
+
+def lab_pool(ctx: PlanContext, messages: MessageCost | None) -> CpuPool:
+    """The lab machine's cores as the simulator shares them (`CpuPool`): every rank's node
+    (a host of one rank, else the host's device nodes ``h0/g1``, `sim.devices`, and the host
+    node, where a data-parallel strategy computes for all its ranks at once) on
+    `ctx.lab.cores` cores, gloo's `messages` charged to every step between two ranks (a
+    host's own steps over loopback too). A host of several ranks is one CPU group in the
+    lab (`topoctl.lab.cpu.quotas`, its fixed share over all the cluster's hosts): its ranks
+    share its quota (`CpuPool.hosts`), each at most one core. A host of one rank is capped
+    by its own quota as before (`strategies.host_speeds` gives it). Pure; O(ranks)."""
+    # a multi-rank host's node too: data-parallel strategies compute there for all its ranks
+    nodes = [h for h in ctx.hosts] + [device_node(h, i) for h in ctx.hosts
+                                      if len(ctx.ranks[h]) > 1 for i in range(len(ctx.ranks[h]))]
+    shared = [h for h in ctx.hosts if len(ctx.ranks[h]) > 1]
+    if not shared:
+        return CpuPool(frozenset(nodes), ctx.lab.cores, messages)
+    stated = {h.name: h.speed for h in ctx.cluster.hosts}
+    devices = {h.name: ctx.cluster.gpus(h.name).count for h in ctx.cluster.hosts}
+    q = lab_quotas(stated, ctx.lab.cores, devices)
+    return CpuPool(frozenset(nodes), ctx.lab.cores, messages, 0.0,
+                   tuple((h, q[h], len(ctx.ranks[h])) for h in shared))
 
 
 def lab_messages(ctx: PlanContext, cal: dict | None):
@@ -409,20 +430,38 @@ def _allreduces_gradient(s: Strategy) -> bool:
 
 
 def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
-    """(busiest device's compute seconds, all pooled compute over the pool's cores)."""
+    """(busiest device's compute seconds, all pooled compute over the pool's cores, or over
+    a shared host quota's cores (`CpuPool.hosts`) when that is more). A device of a host
+    whose ranks share one quota computes at most one core or that quota, whichever is less
+    (it takes what its idle host-mates leave), not at its per-rank share; a compute task on
+    such a host's node stands for its k ranks at once (k times its CPU, at the per-rank
+    share)."""
     speeds = host_speeds(ctx)
     pooled = frozenset(s.network.cpu_pool[0]) if s.network.cpu_pool is not None else None
+    quotas = pool_host_quotas(s.network.cpu_pool)
     busy: dict[str, float] = {}
+    per_quota = dict.fromkeys(quotas, 0.0)
     pool = 0.0
     for t in s.tasks:
         if isinstance(t, Compute) and not t.communication:
             host, _ = split_device(t.device)
             sp = speeds.get(host, speeds.get(t.device, 1.0))
+            pooled_dev = pooled is not None and t.device in pooled
+            cpu = t.duration
+            if pooled_dev and host in quotas:
+                q, k = quotas[host]
+                if host != t.device:  # one rank: it may use its idle host-mates' share
+                    sp = min(1.0, q)
+                else:  # all k ranks at once, each at its share (`speeds`)
+                    cpu = k * t.duration
+                per_quota[host] += cpu
             busy[t.device] = busy.get(t.device, 0.0) + t.duration / sp
-            if pooled is not None and t.device in pooled:
-                pool += t.duration
+            if pooled_dev:
+                pool += cpu
     cores = s.network.cpu_pool[1] if s.network.cpu_pool is not None else 1
-    return max(busy.values(), default=0.0), pool / max(1, cores)
+    hosts = max((w / quotas[h][0] for h, w in per_quota.items() if quotas[h][0] > 0),
+                default=0.0)
+    return max(busy.values(), default=0.0), max(pool / max(1, cores), hosts)
 
 
 def _host_egress(fabric: FabricGraph) -> dict[str, float]:

@@ -124,7 +124,7 @@ def trees_cpu_model(ctx: PlanContext, measured: Measured | None):
 
 
 def lab_network(network: Network, hosts: list[str], measured: Measured | None,
-                mtu: int) -> Network:
+                mtu: int, shared: tuple = ()) -> Network:
     """`network` as the lab runs it when `measured` says every rank runs on this machine:
     the compute of `hosts` (the simulator nodes the ranks run on: hosts, or devices) on the
     lab machine's shared cores (processor sharing, `Network.cpu_pool`), and every cable's
@@ -132,7 +132,9 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None,
     line rate with (`Link.credit`, ``LabProfile.cable_credit_s`` at frames of `mtu` bytes;
     the links' capacities are goodput, `sim.fabric.tcp_efficiency`): a message that starts
     on a cable that idled passes its first bytes at once (measured,
-    bench/results/lab-cable-credit-2026-11-28.txt)."""
+    bench/results/lab-cable-credit-2026-11-28.txt). `shared`: the quotas that the ranks of a
+    host of several share (`CpuPool.hosts`, `shared_quotas`): a stage's rank uses what its
+    idle host-mates leave of their host's group, as in the lab."""
     if not measured or measured.lab is None:
         return network
     lab, eff = measured.lab, tcp_efficiency(mtu)
@@ -141,7 +143,15 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None,
              replace(ln, credit=lab.cable_credit_s(ln.capacity * 8.0 / eff, mtu) * ln.capacity)
              for k, ln in network.links.items()}
     return replace(network, links=links, _cache={},
-                   cpu_pool=CpuPool(frozenset(hosts), lab.cores, None, measured.crowding))
+                   cpu_pool=CpuPool(frozenset(hosts), lab.cores, None, measured.crowding,
+                                    tuple(shared)))
+
+
+def shared_quotas(ctx: PlanContext) -> tuple:
+    """The lab's hosts of several ranks and their quotas as the planner pooled them
+    (`CpuPool.hosts`, `planner.lab_pool`); () for one rank per host or off the lab."""
+    pool = ctx.cpu_pool
+    return tuple(pool[4]) if pool is not None and len(pool) > 4 else ()
 
 
 def _intra_host(a: str, b: str) -> bool:

@@ -48,7 +48,9 @@ Model (the level of TopoOpt's and TAG's simulators, with fair sharing instead of
   byte (the transfer itself);
 - `network.speed` gives a device its compute rate (a host's `speed`): its tasks take
   duration / speed, and on a CPU pool its flows are capped at `speed` cores (the lab host's
-  CPU quota) instead of one;
+  CPU quota) instead of one; a device of a host in `CpuPool.hosts` (several ranks under one
+  quota) is instead capped at one core, and its host's devices together (compute and message
+  CPU) at the host's quota, so a rank uses the share its idle host-mates leave;
 - a task starts when all its dependencies are done (a collective's steps when their own step
   dependencies are delivered);
 - a collective with ``member_done`` also completes each member's part (`tasks.member_done`)
@@ -75,7 +77,7 @@ from topoagent.protocol import TopoError
 from topoctl.sim.connections import GroupConnections, connection_steps
 from topoctl.sim.devices import split_device
 from topoctl.sim.maxmin import maxmin_rates
-from topoctl.sim.network import Network, crowded_cost
+from topoctl.sim.network import Network, crowded_cost, pool_host_quotas
 from topoctl.sim.tasks import PREVIOUS, Collective, Compute, Task, Transfer, member_done, sent
 
 _COMPUTE, _FLOW, _JOIN = 0, 1, 2
@@ -299,8 +301,9 @@ def _crowding(network: Network) -> float:
 def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
     """The capacity of everything flows share: the links, the (src, dst) rate caps (pseudo
     links ``("cap", src, dst)``) and, with a CPU pool, its cores (``("cores",)``), each
-    pooled device's one core (``("core", dev)``) and, when it prices messages, its
-    communication thread's (``("comm", dev)``); and the pooled devices."""
+    pooled device's one core (``("core", dev)``), each shared host CPU quota
+    (``("quota", host)``, `CpuPool.hosts`) and, when it prices messages, each pooled
+    device's communication thread's (``("comm", dev)``); and the pooled devices."""
     capacity: dict = {k: ln.capacity for k, ln in network.links.items()}
     for k, v in network.rate_caps.items():
         capacity[("cap",) + k] = v
@@ -308,8 +311,15 @@ def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
     if network.cpu_pool is not None:
         pooled = network.cpu_pool[0]
         capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
+        quotas = pool_host_quotas(network.cpu_pool)
+        for h, (q, _) in quotas.items():
+            capacity[("quota", h)] = q
         for dev in pooled:  # one core, or the device's CPU quota (`Network.speed`)
             capacity[("core", dev)] = network.speed.get(dev, 1.0)
+            host, index = split_device(dev)
+            if host in quotas:  # a rank: one core within its host's quota (all its ranks: k)
+                q, k = quotas[host]
+                capacity[("core", dev)] = min(1.0 if index is not None else float(k), q)
             if _messages(network) is not None:
                 capacity[("comm", dev)] = 1.0
     return capacity, pooled
@@ -334,6 +344,13 @@ class _Run:
         self.messages = _messages(network)
         self.crowding = _crowding(network)
         self.cores = network.cpu_pool[1] if network.cpu_pool is not None else 0
+        # pooled devices sharing their host's CPU quota -> its pseudo link (`CpuPool.hosts`)
+        quotas = pool_host_quotas(network.cpu_pool)
+        self.host_quota: dict[str, tuple] = {
+            d: (("quota", split_device(d)[0]),) for d in self.pooled
+            if split_device(d)[0] in quotas}
+        # a host node's compute task stands for all its ranks computing at once
+        self.host_ranks = {h: k for h, (_, k) in quotas.items() if h in self.pooled}
         self.model_cpu: set[int] = set()  # flows of pooled model compute (`crowded_cost`)
         self.link_bytes = dict.fromkeys(network.links, 0.0)
         self.busy: dict[str, float] = {}
@@ -554,7 +571,9 @@ class _Run:
         if node not in g.communication:
             self.compute_busy[dev] = self.compute_busy.get(dev, 0.0) + wall
         if dev in self.pooled and d > 0:  # CPU-seconds on the shared cores
-            fid = self._add_flow(node, d, (("core", dev), ("cores",)), 0.0)
+            cpu = d * self.host_ranks.get(dev, 1)
+            fid = self._add_flow(node, cpu, (("core", dev), *self.host_quota.get(dev, ()),
+                                             ("cores",)), 0.0)
             if node not in g.communication:
                 self.model_cpu.add(fid)
             self.subflows_left[node] = 1
@@ -650,7 +669,9 @@ class _Run:
         """Two flows of `seconds` CPU-seconds for step `node`: its sender's and its receiver's,
         each on that device's communication thread (and CPU quota) and the shared cores."""
         for end in (self.g.src[node], self.g.dst[node]):
-            quota = (("core", end),) if end in self.network.speed else ()
+            # the rank's own CPU quota, or its host's that its host-mates share
+            quota = self.host_quota.get(end) or (
+                (("core", end),) if end in self.network.speed else ())
             self._add_flow(node, seconds, (("comm", end), *quota, ("cores",)), latency)
         self.cpu_flows += 2
         self.dirty = True

@@ -55,12 +55,23 @@ class CpuPool(NamedTuple):
     more of the pool's CPU flows run than it has cores (`crowded_cost`: time-slicing, each
     task's caches refilled after the others ran); 0: a CPU-second of work is one whatever
     runs beside it (compute timed beside co-running copies already carries it). Calibrated
-    by timing a stage alone and beside copies (`topoctl.pipeline.gpipe`)."""
+    by timing a stage alone and beside copies (`topoctl.pipeline.gpipe`).
+
+    `hosts`: (host, cores, ranks) for hosts of several pooled devices (``h0/g1``,
+    `topoctl.sim.devices`) that share one CPU quota, as the lab's `ranks` of one host share
+    its group's (`topoctl.lab.cpu.quotas`): their compute and message CPU together get at
+    most `cores` (a pseudo link ``("quota", host)``), each device at most one core or the
+    quota, whichever is less, so a rank whose host-mates idle uses their share. A compute
+    task on the host node itself (pooled too: a data-parallel strategy's one task for all its
+    ranks computing the same batch at once) costs `ranks` times its CPU-seconds, at most one
+    core a rank. Empty: every pooled device is capped on its own (its `Network.speed`), as
+    for one rank per host."""
 
     devices: frozenset[str]
     cores: int
     messages: MessageCost | None = None
     crowding: float = 0.0
+    hosts: tuple[tuple[str, float, int], ...] = ()
 
 
 def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
@@ -69,6 +80,15 @@ def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
     oversubscription (measured on the 2-core Xeon VM, a pipeline stage of the lab MLP beside
     1, 3 and 5 co-running copies: +0%, +10%, +19% of CPU time: docs/results.md). O(1)."""
     return 1.0 + max(0.0, crowding) * max(0.0, runnable / max(1, cores) - 1.0)
+
+
+def pool_host_quotas(pool: CpuPool | tuple | None) -> dict[str, tuple[float, int]]:
+    """host -> (its CPU quota in cores, its ranks) for the hosts whose pooled devices share
+    one (`CpuPool.hosts`); {} without a pool, on a plain (devices, cores) pair or without
+    any."""
+    if pool is None or len(pool) <= 4:
+        return {}
+    return {h: (float(q), int(k)) for h, q, k in pool[4]}
 
 
 class NoRoute(TopoError, LookupError):

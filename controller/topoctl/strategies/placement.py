@@ -52,6 +52,7 @@ from topoctl.pipeline.gpipe import (
     lab_network,
     measured_stage_costs,
     pipeline_tasks,
+    shared_quotas,
     sync_cpu,
     trees_cpu_model,
 )
@@ -256,7 +257,7 @@ def _shape_candidates(ctx: PlanContext, method: str, name: str, coarse: CoarseGr
     one = serial(p)  # no split at all: the simulator decides whether the split pays
     if not split and one is not None and all(t.assign != one.assign for t in tries):
         tries.append(one)
-    net = lab_network(network, members, meas, ctx.fabric.mtu)
+    net = lab_network(network, members, meas, ctx.fabric.mtu, shared_quotas(ctx))
     found: list[Candidate] = []
     for pl in tries:
         order = stage_order(p, pl.assign)
@@ -365,7 +366,8 @@ def search_shape(ctx: PlanContext, shape: list[int], name: str, sync: str | None
     rows = sorted({x for sh in shares for x in sh})
     measured_at = {r: measured_stage_costs(ctx, r) for r in rows}
     meas = None if any(m is None for m in measured_at.values()) else measured_at[rows[0]]
-    net = lab_network(network, [h for grp in groups for h in grp], meas, ctx.fabric.mtu)
+    net = lab_network(network, [h for grp in groups for h in grp], meas, ctx.fabric.mtu,
+                      shared_quotas(ctx))
     syncs, sync_times = (([default_sync(grp) for grp in groups], [{}] * len(groups))
                          if sync == "ring" else choose_syncs(ctx, stages, groups, net, meas))
     tasks, grads = pipeline_tasks(ctx, stages, groups, micro, 1.0 / ctx.local_batch, meas,
