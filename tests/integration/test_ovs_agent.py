@@ -12,6 +12,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,6 +139,15 @@ CLASSES = [{"dst": "10.231.9.2/32", "rate": "20mbit", "ceil": "20mbit"},
            {"dst": "10.231.9.3/32", "rate": "40mbit", "ceil": "40mbit"}]
 
 
+def _htb_credit(ns: str, dev: str) -> dict[str, int]:
+    """HTB class -> its burst in bytes, as `tc class show` prints it (iproute2 has no JSON for
+    HTB's options)."""
+    unit = {"": 1, "K": 1024, "M": 1024 * 1024}
+    out = sh(["tc", "-n", ns, "class", "show", "dev", dev]).stdout
+    return {m[1]: round(float(m[2]) * unit[m[3]])
+            for m in re.finditer(r"class htb (\S+) .*? burst ([\d.]+)([KM]?)b", out)}
+
+
 def test_apply_reapply_show_and_foreign_rows_untouched(host: OvsHost):
     host.vsctl("add-br", "tpfor", "--", "set", "bridge", "tpfor", "datapath_type=netdev")
     host.ofctl("add-flow", f"unix:{host.rundir}/tpfor.mgmt", "priority=5,ip,actions=drop")
@@ -157,6 +167,10 @@ def test_apply_reapply_show_and_foreign_rows_untouched(host: OvsHost):
     tc = sh(["tc", "-n", host.ns, "-j", "filter", "show", "dev", "tpa0", "parent", "1:"]).stdout
     assert {f["options"]["flowid"] for f in json.loads(tc) if "flowid" in f.get("options", {})} \
         == {"1:3", "1:4"}
+    # each class holds 4 ms of its rate as token credit (OVS's default, one frame, lets a
+    # class fall below its rate whenever the kernel's timer fires late)
+    credit = _htb_credit(host.ns, "tpa0")
+    assert credit["1:3"] >= 20e6 / 8 * 0.004 and credit["1:4"] >= 40e6 / 8 * 0.004, credit
     assert any(a["local"] == "10.231.9.1" for ln in ip_json(host.ns, "addr", "show", "tpin0")
                for a in ln["addr_info"])
     assert ns_exec(host.ns, "ping", "-c1", "-W3", "10.231.9.2", check=False).returncode == 0

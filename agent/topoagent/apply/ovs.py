@@ -5,7 +5,9 @@ Desired state = the `ovs` section plus every `qos` entry with `driver: ovs`:
 - OVSDB (`drivers.ovsdb`): the agent's bridges (datapath type), ports (NICs as protected
   ports: the host routes, its bridge never switches between two NICs), internal ports, and per
   QoS port a linux-htb QoS (max-rate = link rate) with queue `id` per class (min-rate = rate,
-  max-rate = ceil); HTB class 1:(id+1) carries queue `id`. One operation writes it all in one
+  max-rate = ceil, burst = the agent's HTB token credit at the ceil, as the tc driver gives its
+  classes: OVS's default of one frame starves a class of its rate whenever the kernel's timer
+  runs late); HTB class 1:(id+1) carries queue `id`. One operation writes it all in one
   OVSDB transaction; its inverse writes the observed configuration back the same way.
 - OpenFlow (`drivers.ofctl`): per bridge, the flows of the section (destination -> set_queue +
   output, or a select group over weighted next hops) plus, for each OVS class no flow names,
@@ -35,6 +37,7 @@ from topoagent.drivers.ovsdb import (
     rundir,
 )
 from topoagent.observe.ovs import ObsOvs, tc_command
+from topoagent.state.host import htb_credit
 from topoagent.state.ovs import OVS_FILTER_PRIO, OVS_GROUP_BASE, OVS_HTB
 
 
@@ -54,13 +57,17 @@ def desired_db(state) -> DbConfig:
     if state.ovs is None:
         return cfg
     queues = _queues(state)
+    mtus = {i.name: i.mtu for i in state.interfaces}
     for b in state.ovs.bridges:
         ports = []
         for p in b.ports:
             qos = None
             if p in queues:
                 q, classes = queues[p]
-                qos = PortQos(q.rate, tuple(sorted((c.id, c.rate, c.ceil) for c in classes)))
+                mtu = mtus.get(p) or 1500
+                qos = PortQos(q.rate, tuple(sorted((c.id, c.rate, c.ceil,
+                                                    8 * htb_credit(c.ceil, mtu))
+                                                   for c in classes)))
             # protected: the bridge never switches frames between two NICs (the host routes;
             # on a direct fabric NORMAL would otherwise join all hosts' bridges into one
             # looping L2 domain and flood without end)

@@ -34,10 +34,12 @@ class OvsDbError(TopoError, RuntimeError):
 
 @dataclass(frozen=True)
 class PortQos:
-    """A port's linux-htb QoS: link rate and (queue id, min-rate, max-rate) per queue."""
+    """A port's linux-htb QoS: link rate and (queue id, min-rate, max-rate, burst) per queue.
+
+    A burst of 0 leaves OVS's default, one frame of token credit (rows of earlier releases)."""
 
     max_rate: int  # bit/s
-    queues: tuple[tuple[int, int, int], ...]  # (queue id, min-rate, max-rate) bit/s
+    queues: tuple[tuple[int, int, int, int], ...]  # (queue id, min-rate, max-rate, burst) bits
 
 
 @dataclass(frozen=True)
@@ -303,9 +305,10 @@ class OvsDb:
         q.other_config = {"max-rate": str(int(want.max_rate))}  # integers: floats are ignored
         q.external_ids = {OWNER_KEY: OVS_OWNER}
         qmap = {}
-        for qid, lo, hi in want.queues:
+        for qid, lo, hi, *burst in want.queues:  # journals of earlier releases: no burst
             qu = txn.insert(self.idl.tables["Queue"])
-            qu.other_config = {"min-rate": str(int(lo)), "max-rate": str(int(hi))}
+            qu.other_config = {"min-rate": str(int(lo)), "max-rate": str(int(hi)),
+                               **({"burst": str(int(burst[0]))} if burst and burst[0] else {})}
             qu.external_ids = {OWNER_KEY: OVS_OWNER}
             qmap[qid] = qu
         q.queues = qmap
@@ -328,7 +331,8 @@ def _qos_of(q) -> PortQos | None:
     try:
         mx = int(q.other_config.get("max-rate", "0"))
         queues = tuple(sorted((int(k), int(v.other_config.get("min-rate", "0")),
-                               int(v.other_config.get("max-rate", "0")))
+                               int(v.other_config.get("max-rate", "0")),
+                               int(v.other_config.get("burst", "0")))
                               for k, v in q.queues.items()))
     except ValueError:
         return None

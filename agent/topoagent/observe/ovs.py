@@ -172,7 +172,7 @@ def observed_sections(ovs_obs: ObsOvs | None) -> tuple[dict | None, list[dict]]:
                 continue
             by_class = {cls: d for d, cls in ovs_obs.filters.get(pname, ())}
             classes = []
-            for q, lo, hi in pc.qos.queues:
+            for q, lo, hi, _burst in pc.qos.queues:
                 dst = (by_class.get(f"1:{q + 1:x}") or dst_of.get((pname, q))
                        or (normal[q][0] if len(normal.get(q, [])) == 1 else None))
                 if dst is not None:
@@ -196,7 +196,7 @@ def show_ovs(ovs_obs: ObsOvs | None) -> dict | None:
             if pc.qos:
                 p["qos"] = {"type": "linux-htb", "max_rate": pc.qos.max_rate,
                             "queues": [{"id": q, "min_rate": lo, "max_rate": hi}
-                                       for q, lo, hi in pc.qos.queues]}
+                                       for q, lo, hi, _burst in pc.qos.queues]}
                 p["classification"] = (
                     "tc u32 dst filters on the OVS htb (netdev datapath ignores set_queue)"
                     if bc.datapath_type == "netdev" else "openflow set_queue")
