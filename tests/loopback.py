@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import runpy
 import socket
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 # What every spawned rank imports before it runs a line of its test: loaded once, by the fork
-# server, instead of once per rank (torch alone is ~2.2 CPU-s of each rank's ~5 on this VM)
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "pytest"]
+# server, instead of once per rank (torch alone is ~2.2 CPU-s of each rank's ~5 on this VM;
+# torch._dynamo, which DDP's constructor and the first backward import, ~1.3 more)
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "pytest",
+           "topotrain.train"]
 
 
 def free_port() -> int:
@@ -28,3 +34,46 @@ def spawn_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
 
     multiprocessing.set_forkserver_preload(PRELOAD)
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def run_module_ranks(module: str, envs: list[dict[str, str]], outs: list[Path],
+                     timeout: float) -> list[int | None]:
+    """`python -m module` once per environment in `envs`, side by side: process i runs with
+    exactly the environment ``envs[i]`` and its stdout and stderr both go to the file
+    ``outs[i]``; their exit codes (None: killed after `timeout` seconds, as every process
+    still running then is). The processes are forked from the fork server with
+    :data:`PRELOAD` imported, and run the module's own ``__main__`` code (`runpy`), so a rank
+    starts without importing torch again (~3.5 CPU-s a rank on this VM); the agent's launches
+    in the lab tests exec the real command."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    procs = [ctx.Process(target=_run_module, args=(module, env, str(out)))
+             for env, out in zip(envs, outs, strict=True)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+            if p.exitcode is None:  # the deadline passed: no rank is waited for any longer
+                timeout = 0
+        return [p.exitcode for p in procs]
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+
+def _run_module(module: str, env: dict[str, str], out: str) -> None:
+    """The child of `run_module_ranks`: its output into `out`, `env` as its whole environment,
+    then `module` run as ``__main__`` (its exit code is the process's)."""
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [module]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.loopback import free_port
+from tests.loopback import free_port, run_module_ranks
 from topoctl.planner import make_plan
 from topoctl.rollout.run import job_payload
 from topoctl.spec.cluster_load import parse_cluster
@@ -61,29 +59,19 @@ def reference_losses(job: dict, global_batch: int) -> list[float]:
 
 
 def run_ranks(job: dict, tmp_path, timeout: float = 300) -> list[tuple[int, str]]:
-    """`python -m topotrain.train` for every rank of the launch spec `job` on loopback:
-    (exit code, stdout and stderr) per rank, in the spec's order; every rank killed if one
-    outlives `timeout`."""
+    """Every rank of the launch spec `job` on loopback, as `python -m topotrain.train`
+    (`tests.loopback.run_module_ranks`): (exit code, stdout and stderr) per rank, in the
+    spec's order; every rank killed if one outlives `timeout`."""
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     port = free_port()
-    procs = []
-    try:
-        for specs in job["processes"].values():
-            for spec in specs:
-                env = {**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port), "TOPOCTL_JOB": str(path),
-                       "GLOO_SOCKET_IFNAME": "lo", "TOPOCTL_BIND_ADDRESS": "127.0.0.1"}
-                procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"],
-                                              env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True))
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
-        return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    envs = [{**os.environ, **spec["env"], "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "TOPOCTL_JOB": str(path), "GLOO_SOCKET_IFNAME": "lo",
+             "TOPOCTL_BIND_ADDRESS": "127.0.0.1"}
+            for specs in job["processes"].values() for spec in specs]
+    outs = [tmp_path / f"rank-out-{i}.txt" for i in range(len(envs))]
+    codes = run_module_ranks("topotrain.train", envs, outs, timeout)
+    return [(-1 if c is None else c, o.read_text()) for c, o in zip(codes, outs, strict=True)]
 
 
 def run_local(job: dict, tmp_path) -> list[dict]:

@@ -8,45 +8,37 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 from tests.integration.test_train_ddp import JOB
-from tests.loopback import free_port
+from tests.loopback import free_port, run_module_ranks
 
 ITERS = 6
 
 
 def run_ranks(job: dict, tmp_path, extra_env: dict | None = None,
               expect: int = 0) -> list[dict]:
-    """Start both ranks of `job`, rank r with run directory tmp_path/h<r>; their events."""
+    """Both ranks of `job` as `python -m topotrain.train` (`tests.loopback.run_module_ranks`),
+    rank r with run directory tmp_path/h<r>; their events (each rank must exit `expect`)."""
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     port = free_port()
-    procs = []
-    try:
-        for r in range(2):
-            run_dir = tmp_path / f"h{r}"
-            run_dir.mkdir(exist_ok=True)
-            env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "TOPOCTL_JOB": str(path), "TOPOCTL_RUN_DIR": str(run_dir),
-                   "GLOO_SOCKET_IFNAME": "lo", "TOPOCTL_BIND_ADDRESS": "127.0.0.1",
-                   **(extra_env or {})}
-            procs.append(subprocess.Popen([sys.executable, "-m", "topotrain.train"], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))
-        events = []
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            assert p.returncode == expect, out[-3000:]
-            events += [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-        return events
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    envs = []
+    for r in range(2):
+        run_dir = tmp_path / f"h{r}"
+        run_dir.mkdir(exist_ok=True)
+        envs.append({**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                     "TOPOCTL_JOB": str(path), "TOPOCTL_RUN_DIR": str(run_dir),
+                     "GLOO_SOCKET_IFNAME": "lo", "TOPOCTL_BIND_ADDRESS": "127.0.0.1",
+                     **(extra_env or {})})
+    outs = [tmp_path / f"rank-out-{r}.txt" for r in range(2)]
+    codes = run_module_ranks("topotrain.train", envs, outs, timeout=300)
+    events = []
+    for code, out in zip(codes, outs, strict=True):
+        text = out.read_text()
+        assert code == expect, text[-3000:]
+        events += [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+    return events
 
 
 def checkpoints(tmp_path, r: int) -> list[str]:
