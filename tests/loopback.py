@@ -7,6 +7,7 @@ import os
 import runpy
 import socket
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,14 +60,17 @@ def run_module_ranks(module: str, envs: list[dict[str, str]], outs: list[Path],
         return [p.exitcode for p in procs]
     finally:
         for p in procs:
-            if p.exitcode is None:
+            if p.pid is not None and p.exitcode is None:  # started, still running
                 p.kill()
                 p.join()
 
 
 def _run_module(module: str, env: dict[str, str], out: str) -> None:
     """The child of `run_module_ranks`: its output into `out`, `env` as its whole environment,
-    then `module` run as ``__main__`` (its exit code is the process's)."""
+    then `module` run as ``__main__``; the process ends as `python -m module` would (exit code
+    of its SystemExit, 1 and the traceback on an exception) but through `os._exit`, so
+    nothing the fork server or multiprocessing registered (finalizers, the join of non-daemon
+    threads) runs in it. `topotrain.train` leaves by `os._exit` itself (`topotrain.lifetime`)."""
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -76,4 +80,25 @@ def _run_module(module: str, env: dict[str, str], out: str) -> None:
     os.environ.clear()
     os.environ.update(env)
     sys.argv = [module]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except BaseException:  # noqa: BLE001 (reported as the interpreter would, exit 1)
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_code(arg: object) -> int:
+    """The exit code of ``SystemExit(arg)``, as the interpreter maps it (a message: printed
+    to stderr, code 1)."""
+    if arg is None:
+        return 0
+    if isinstance(arg, int):
+        return arg & 0xFF
+    print(arg, file=sys.stderr)
+    return 1

@@ -46,6 +46,7 @@ from torch import fx
 
 from topocontract.stages import pieces, stage_shares, sync_of, sync_problems, tree_schedule
 from topotrain.events import emit
+from topotrain.lifetime import hold
 from topotrain.stagesync import sync_grads
 from topotrain.workload import checksum, load_factory, random_inputs
 
@@ -209,6 +210,7 @@ def main(job: LaunchSpec) -> int:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     groups = [dist.new_group(st["ranks"]) for st in stages]  # every rank creates every group
+    hold(dist.group.WORLD, groups)  # alive until the rank leaves (topotrain.lifetime)
     s, r = where[0]
     rows, lo = shares[s][r], sum(shares[s][:r])
     spec = job.model

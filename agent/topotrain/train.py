@@ -68,6 +68,7 @@ from topotrain.buckets import PlannedBuckets, attach_buckets
 from topotrain.collectives import load_schedule, register_hierarchy_hook, register_tree_hook
 from topotrain.events import emit
 from topotrain.fusion import apply_fusion
+from topotrain.lifetime import hold, leave
 from topotrain.pipeline import main as pipeline_main
 from topotrain.sfb import SfbError, SfbLayers, attach_sfb
 from topotrain.shares import loss_weight
@@ -98,6 +99,7 @@ def main() -> int:
     rank, world = _join_process_group(job)
     try:
         run = _prepare(job, rank, world)
+        hold(run)  # its DDP reducer and hooks own process groups: never destroyed (lifetime)
     except (SfbError, BucketPlanError, HierarchyError) as e:  # the plan names what this
         # model or job does not have:
         # every rank builds the same model, so all of them stop here
@@ -140,6 +142,9 @@ def _join_process_group(job: LaunchSpec) -> tuple[int, int]:
     # gloo binds the address the hostname resolves to: the launcher set it to `bind`
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
+    # destroy_process_group unregisters the group; this reference keeps its threads alive
+    # until the rank leaves (topotrain.lifetime: joining them under the GIL can deadlock)
+    hold(dist.group.WORLD)
     return rank, world
 
 
@@ -349,10 +354,8 @@ if __name__ == "__main__":
     # longer walks torch's objects over and over: 0.2 s and 0.13 s less.
     gc.freeze()
     gc.enable()
-    code = main()
-    # leave without the interpreter's teardown: gloo's threads can outlive
-    # destroy_process_group and abort a rank that has finished cleanly ("terminate called
-    # without an active exception", SIGABRT after `done`)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # leave without the interpreter's teardown or any process group's destructor (gloo's
+    # threads can outlive destroy_process_group and abort a rank that has finished cleanly,
+    # "terminate called without an active exception"; joining them under the GIL deadlocks:
+    # topotrain.lifetime)
+    leave(main())

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.integration.test_pipeline_runtime import run_local, run_ranks
+from tests.loopback import free_port, run_module_ranks
 
 JOB = {
     "name": "tiny", "command": [sys.executable, "-m", "topotrain.train"], "world_size": 2,
@@ -101,3 +102,25 @@ def test_ranks_that_build_other_weights_are_refused_before_training(tmp_path):
     assert all(code != 0 for code, _ in ranks)
     assert all("built other initial weights" in out for out in outs), outs
     assert not any('"event": "iter"' in out for out in outs)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root (CAP_SYS_NICE)")
+def test_ranks_leave_while_gloo_workers_still_hold_the_last_allreduce(tmp_path):
+    """The ranks' main threads outrank their gloo workers on one CPU each
+    (`tests.integration.gloo_starved_rank`), so each worker still holds the backward's last
+    AllReduce when its main thread ends: the ranks exit 0 all the same, and promptly. Before
+    `topotrain.lifetime`, DDP's reducer destroyed the process group at the end of `main()`
+    with the GIL held, and every rank hung there after `done`."""
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(JOB))
+    port = free_port()
+    cpus = sorted(os.sched_getaffinity(0))
+    envs = [{**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port), "TOPOCTL_JOB": str(path), "GLOO_SOCKET_IFNAME": "lo",
+             "TOPOCTL_BIND_ADDRESS": "127.0.0.1", "STARVE_CPU": str(cpus[r % len(cpus)])}
+            for r in range(2)]
+    outs = [tmp_path / f"rank-out-{r}.txt" for r in range(2)]
+    codes = run_module_ranks("tests.integration.gloo_starved_rank", envs, outs, timeout=120)
+    texts = [o.read_text() for o in outs]
+    assert all('"event": "done"' in t for t in texts), texts  # they trained to the end
+    assert codes == [0, 0], [t[-2000:] for t in texts]
