@@ -10,7 +10,9 @@ once and then forks one child per call. Each child is a real process of its own 
 `topoagent.cli.main(argv)`, the function `python -m topoagent.cli` runs, with the caller's
 argv, environment, working directory, stdin, stdout and stderr (the caller's own file
 descriptors, passed over a Unix socket with SCM_RIGHTS: output arrives as it is written), and
-ends as that interpreter would (atexit, threads joined, streams flushed). The caller gets its
+ends as that interpreter would (atexit, threads joined, streams flushed; the teardown of
+every object it inherited skipped: it would copy the whole heap); /proc/PID/cmdline
+and `ps` show it as `python -m topoagent.cli ARGS`. The caller gets its
 pid and a pidfd to signal it (a timeout's SIGKILL, a `close`'s SIGTERM: race-free, the pid
 cannot be reused while the zygote has not reaped it) and its exit code as `subprocess` reports
 it (negative for a signal).
@@ -27,6 +29,7 @@ from a worker thread), after reaping the children it still has.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -43,10 +46,13 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
 
 MAX_REQUEST = 1 << 20  # argv + environment of one call, as JSON
 READY_TIMEOUT = 60.0  # the imports on a loaded 2-core machine take 2 s; far beyond that: broken
 REPLY_TIMEOUT = 30.0  # a fork's answer (its pid) on a loaded machine
+TITLE_ROOM = 4096  # bytes of the server's command line a child rewrites as the agent's own
 
 
 class ZygoteError(OSError):
@@ -68,18 +74,11 @@ class Request:
 
 
 def _preload() -> None:
-    """Import what any verb imports, also late (what a child imports itself costs each time)."""
+    """Import what the verbs import, also late (what a child imports costs it each time). Not
+    pyroute2 nor the OVS library, which few calls use: a larger server costs every fork more
+    (show and apply in a namespace: 0.04-0.05 CPU-s a call without them, 0.05-0.065 with)."""
     import topoagent.cli  # noqa: F401  # the server's purpose: imported once, before any fork
     import topoagent.drivers.netlink  # noqa: F401  # apply and recovery import it late
-    with contextlib.suppress(ImportError):
-        import pyroute2  # noqa: F401
-        import pyroute2.netlink.exceptions  # noqa: F401
-    with contextlib.suppress(ImportError):  # the OVS driver's late imports (python3-openvswitch)
-        import ovs.db.idl  # noqa: F401
-        import ovs.db.schema  # noqa: F401
-        import ovs.jsonrpc  # noqa: F401
-        import ovs.poller  # noqa: F401
-        import ovs.stream  # noqa: F401
 
 
 class _Server:
@@ -191,11 +190,16 @@ def _stdio(fd: int, mode: str, env: dict[str, str]) -> io.TextIOWrapper:
                             write_through=unbuffered)
 
 
-def _name(comm: bytes) -> None:
-    """The process name `ps` and `top` show (prctl PR_SET_NAME; the command line stays the
-    server's)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(15, comm, 0, 0, 0)
+def _retitle(argv: list[str]) -> None:
+    """Show `argv` as this process's command line (/proc/PID/cmdline, `ps`), written over the
+    server's own argv, which its last argument pads (TITLE_ROOM); what does not fit is cut.
+    setproctitle's way: prctl(PR_SET_MM_ARG_START) would need CAP_SYS_RESOURCE. The C argv is
+    the kernel's copy only: Python copied it at start-up."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # (48) arg_start, (49) arg_end
+        data = b"".join(a.encode() + b"\0" for a in argv)[:end - start - 1]
+        ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
 
 
 def child(req: Request) -> int:
@@ -203,7 +207,7 @@ def child(req: Request) -> int:
     default SIGINT; run the agent's main; its exit code (SystemExit passes through)."""
     import topoagent.cli as cli  # noqa: PLC0415  # loaded by _preload before the fork
 
-    _name(b"topo-agent")
+    _retitle([sys.executable, "-m", "topoagent.cli", *req.argv])  # as a process of its own
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for target, fd in enumerate(req.fds):
         os.dup2(fd, target)
@@ -221,9 +225,9 @@ def child(req: Request) -> int:
 
 
 def serve(control_fd: int, parent: int) -> int:
-    """The zygote's main: import, report ready, serve; in each forked child the agent."""
+    """The zygote's main: import, report ready, serve; its exit code. Each forked child runs
+    the agent and never returns."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C is for the calls
-    _name(b"topo-zygote")
     control = socket.socket(fileno=control_fd)
     _preload()
     gc.freeze()  # as the agent's own __main__: the imports' objects are never walked again
@@ -233,7 +237,40 @@ def serve(control_fd: int, parent: int) -> int:
     req = _Server(control, parent).loop()
     if req is None:
         return 0
-    return child(req)
+    _exit_as_python(req)
+
+
+def _exit_as_python(req: Request) -> NoReturn:
+    """Run the child and end it as the interpreter ends, but for the teardown of every module
+    and object: that frees each object of the server's heap, so the child copies every page of
+    it first (0.02-0.03 CPU-s a call, a third of a forked call). An exception leaves as the
+    interpreter reports it; non-daemon threads are joined, atexit functions run, the standard
+    streams flushed."""
+    try:
+        code = child(req)
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:  # as the interpreter does: die of SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    except BaseException:  # noqa: BLE001 - an uncaught exception: traceback, exit 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    main = threading.main_thread()
+    for t in threading.enumerate():
+        if t is not main and not t.daemon:
+            t.join()
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if run_exitfuncs is not None:
+        run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit((code or 0) & 0xFF)
 
 
 # --- the client ----------------------------------------------------------------------------
@@ -318,15 +355,15 @@ def _text(data: bytes) -> str:
     return s.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _read_all(fds: list[int], deadline: float) -> tuple[list[bytes], bool]:
+def _read_all(fds: list[int], deadline: float | None) -> tuple[list[bytes], bool]:
     """Everything written to each pipe until all reach EOF (True) or the deadline (False)."""
     chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
     with selectors.DefaultSelector() as sel:
         for fd in fds:
             sel.register(fd, selectors.EVENT_READ)
         while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 return [b"".join(chunks[fd]) for fd in fds], False
             for key, _ in sel.select(left):
                 data = os.read(key.fd, 1 << 16)
@@ -368,7 +405,8 @@ class Zygote:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen([self.python, "-m", "topoagent.zygote", str(theirs.fileno()),
-                                     str(os.getpid())], pass_fds=[theirs.fileno()],
+                                     str(os.getpid()), " " * TITLE_ROOM],
+                                    pass_fds=[theirs.fileno()],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -432,11 +470,12 @@ class Zygote:
             finally:
                 os.close(out_w)
                 os.close(err_w)
-            deadline = time.monotonic() + (1e9 if timeout is None else timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 (out, err), done = _read_all([out_r, err_r], deadline)
                 if done:
-                    rc = proc.wait(max(0.0, deadline - time.monotonic()))
+                    rc = proc.wait(None if deadline is None
+                                   else max(0.0, deadline - time.monotonic()))
                 else:
                     raise subprocess.TimeoutExpired(argv, timeout or 0)
             except BaseException:  # a timeout, ^C: the child does not outlive the call

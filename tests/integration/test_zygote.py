@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,11 +50,12 @@ def _comparable(out: str) -> dict:
 
 
 def _proc_cmdlines() -> dict[int, str]:
+    """pid -> its command line, arguments apart by NUL."""
     out = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                out[int(d.name)] = (d / "cmdline").read_bytes().rstrip(b"\0").decode()
             except OSError:
                 pass
     return out
@@ -133,9 +135,10 @@ def _launch(marker: str) -> str:
     return json.dumps(job_payload(plan, 1, watch=False))
 
 
-def _stream_and_close(t: LocalTransport, marker: str) -> tuple[int, list[tuple[float, str]]]:
+def _stream_and_close(t: LocalTransport, marker: str
+                      ) -> tuple[int, list[tuple[float, str]], list[list[str]]]:
     """Stream a launch until the rank printed the probe, then `close`: (exit code, lines with
-    their arrival times)."""
+    their arrival times, the launchers' command lines)."""
     lines: list[tuple[float, str]] = []
     seen = threading.Event()
     codes: list[int] = []
@@ -149,10 +152,13 @@ def _stream_and_close(t: LocalTransport, marker: str) -> tuple[int, list[tuple[f
         t.stream("h0", ["launch", "--host", "h0", "-"], _launch(marker), on_line)))
     runner.start()
     assert seen.wait(60), lines
+    state = str(t.state_dirs["h0"])
+    launchers = [c.split("\0") for c in _proc_cmdlines().values()
+                 if "\0launch\0" in c and state in c]
     t.close(grace=10)
     runner.join(30)
     assert not runner.is_alive() and codes, lines
-    return codes[0], lines
+    return codes[0], lines, launchers
 
 
 def test_a_launch_streams_live_and_close_ends_it_leaving_nothing(transports):
@@ -160,14 +166,18 @@ def test_a_launch_streams_live_and_close_ends_it_leaving_nothing(transports):
     for forked in (False, True):
         marker = f"tpz-zygote-{os.getpid()}-{int(forked)}"
         t = transports(forked, {"TPZ_PROBE": f"seen-{int(forked)}"})
-        code, lines = _stream_and_close(t, marker)
+        code, lines, launchers = _stream_and_close(t, marker)
+        # `ps` shows a forked agent as the process it stands for
+        assert [c[:3] + c[-4:] for c in launchers] == [
+            [sys.executable, "-m", "topoagent.cli", "launch", "--host", "h0", "-"]], launchers
         text = [line for _, line in lines]
         first = next(at for at, line in lines if line.endswith("first"))
         probe = next(at for at, line in lines if line.endswith(f"probe=seen-{int(forked)}"))
         assert probe - first > 0.4, text  # the first line came before the rank printed more
         results[forked] = code
         assert t.zygote is None or t.zygote.pid is None  # closed
-        left = [c for c in _proc_cmdlines().values() if marker in c or "topoagent.zygote" in c
-                and str(os.getpid()) in c.split()]
+        state = str(t.state_dirs["h0"])
+        left = [c for c in _proc_cmdlines().values() if marker in c or state in c
+                or ("topoagent.zygote" in c and str(os.getpid()) in c.split("\0"))]
         assert not left, left
     assert results[True] == results[False] != 0
