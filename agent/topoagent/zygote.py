@@ -393,13 +393,17 @@ class Zygote:
 
     def available(self) -> bool:
         """Start the server unless it runs already; False when it cannot (or is closed)."""
+        return self._running() is not None
+
+    def _running(self) -> socket.socket | None:
+        """The control socket of the running server, started now if need be."""
         with self._start:
             if self._control is None and not self._closed and self.error is None:
                 try:
                     self._launch()
                 except (OSError, ValueError) as e:
                     self.error = str(e)
-            return self._control is not None and self.error is None
+            return self._control if self.error is None else None
 
     def _launch(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -429,15 +433,15 @@ class Zygote:
               stdout: int, stderr: int, cwd: str | None = None) -> Child:
         """Fork `topoagent.cli.main(argv)` with this environment and these descriptors (the
         caller keeps and closes its own); ZygoteError when the server cannot."""
-        if not self.available():
+        control = self._running()  # held here: a `close` in another thread drops the field
+        if control is None:
             raise ZygoteError(self.error or "the agent fork server is closed")
-        assert self._control is not None
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         memfd = _write_memfd(stdin)
         try:
             msg = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
             with self._send:
-                socket.send_fds(self._control, [msg], [theirs.fileno(), memfd, stdout, stderr])
+                socket.send_fds(control, [msg], [theirs.fileno(), memfd, stdout, stderr])
         except OSError as e:
             mine.close()
             self.error = f"the agent fork server is gone: {e}"

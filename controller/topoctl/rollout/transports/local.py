@@ -100,18 +100,22 @@ class LocalTransport:
             on_line(host, f"cannot run the agent: {e}")
             return UNREACHABLE
         assert p.stdin is not None and p.stdout is not None
-        with self._lock:
-            self._running.add(p)  # before the write: `close` ends one that does not read
-        p.stdin.write(stdin or "")
-        p.stdin.close()
-        return self._follow(host, p, p.stdout, on_line, timeout)
+        pipe = p.stdin
+
+        def feed() -> None:  # after `close` can see it: it ends one that does not read
+            pipe.write(stdin or "")
+            pipe.close()
+        return self._follow(host, p, p.stdout, on_line, timeout, feed)
 
     def _follow(self, host: str, p: subprocess.Popen | Child, out,
-                on_line: Callable[[str, str], None], timeout: float | None) -> int:
+                on_line: Callable[[str, str], None], timeout: float | None,
+                feed: Callable[[], None] | None = None) -> int:
         """Each line of a running agent's output to on_line until it ends; its exit code."""
         with self._lock:
             self._running.add(p)
         try:
+            if feed is not None:
+                feed()
             with out:
                 for line in out:
                     on_line(host, line.rstrip("\n"))
