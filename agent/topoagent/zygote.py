@@ -333,9 +333,11 @@ class Child:
                     signal.pidfd_send_signal(self._pidfd, sig)
 
     def terminate(self) -> None:
+        """SIGTERM (the launcher then stops its ranks)."""
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
+        """SIGKILL."""
         self.send_signal(signal.SIGKILL)
 
 
