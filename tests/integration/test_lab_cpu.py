@@ -135,8 +135,9 @@ def test_exec_joins_the_group_and_the_lab_transports_agent_names_it(hetero4):
                    for ln in r.stdout.splitlines())
         # the lab transport starts the agent outside the group, naming it for the ranks
         t = lab_transport(hetero4)
-        argv = t.prefix[h] + ["sh", "-c", "echo $$ $TOPO_RANK_CGROUP; sleep 5"]
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        argv = ["sh", "-c", "echo $$ $TOPO_RANK_CGROUP; sleep 5"]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, **t.env[h]})
         try:
             pid, procs = p.stdout.readline().split()
             assert _cpu_cgroup(pid) != group
@@ -145,7 +146,11 @@ def test_exec_joins_the_group_and_the_lab_transports_agent_names_it(hetero4):
         finally:
             p.kill()
             p.wait()
-        assert t._argv(h)[:len(t.prefix[h])] == t.prefix[h]
+        if h == "h3":  # the agent's fork server (topoagent.zygote) too: a child of this process
+            assert t.agent(h, ["show"]).rc == 0
+            assert t.zygote is not None and t.zygote.pid is not None
+            assert _cpu_cgroup(str(t.zygote.pid)) != group
+        t.close()
 
 
 @needs_cpu

@@ -29,7 +29,8 @@ SOURCES = ((ROOT / "controller", ROOT / "controller"), (ROOT / "agent", ROOT / "
 
 # The agent's public contract: what the controller (and the runtime) may import of it.
 PUBLIC_AGENT = ("topoagent", "topoagent.protocol", "topoagent.cliutil", "topoagent.target",
-                "topoagent.congestion", "topoagent.machinelock", "topoagent.state")
+                "topoagent.congestion", "topoagent.machinelock", "topoagent.state",
+                "topoagent.zygote")
 
 
 @dataclass(frozen=True)
