@@ -1,12 +1,17 @@
 """The child side of model capture for `model.factory` jobs (topoctl.graph.sandbox): runs the
 job's factory, which is arbitrary code, in a process of its own as an unprivileged user.
 
-Reads one JSON request on stdin: {"op": "graph" | "measure" | "train", "factory", "kwargs",
-"inputs": [[shape, dtype, high]], "batch", "dtype", "threads"}, or {"op": "check", "factory",
-"kwargs", "names": {yaml path: [module path, kind]}} (`check_names`); writes one JSON document on
-its original stdout: {"ok": true, ...result} or {"ok": false, "problems": [[path, message]]}.
-The factory's own prints go to stderr (stdout is the result channel). Only plain JSON crosses
-back: the parent never unpickles what this process produced.
+Reads JSON requests on stdin, one a line, until end of input: {"op": "graph" | "measure" |
+"train", "factory", "kwargs", "inputs": [[shape, dtype, high]], "batch", "dtype", "threads"}, or
+{"op": "check", "factory", "kwargs", "names": {yaml path: [module path, kind]}} (`check_names`);
+answers each with one JSON line on its original stdout: {"ok": true, ...result, "files": ...}
+or {"ok": false, "problems": [[path, message]]}. One process serves every request of one
+planning call for one factory module (`sandbox.session`): torch is imported once, not once
+per request. "files" lists the job's own source files the factory's import loaded, as [path,
+size, sha256] (`source_files`): the parent's memo of answers is valid while they are
+unchanged. The factory's own prints go to stderr and it reads an empty stdin (stdin and
+stdout are the request and result channels). Only plain JSON crosses back: the parent never
+unpickles what this process produced.
 
 Everything this process imports (torch, the catalog, capture and cost) is imported at the top,
 while it still runs as root: the interpreter's libraries may live where the unprivileged user
@@ -14,6 +19,7 @@ cannot read (`drop_privileges`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -148,23 +154,81 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise SystemExit("capture_worker: could not drop privileges")
 
 
+def answer(line: str) -> dict:
+    """The answer document to one request line: the result, or the problems the factory or
+    the request caused (the factory is the user's code: reported, never a crash of this
+    process)."""
+    try:
+        return {"ok": True} | handle(json.loads(line))
+    except TopoError as e:
+        return {"ok": False, "problems": [list(p) for p in e.problems]}
+    except Exception as e:  # noqa: BLE001 - the factory is the user's code: report, not crash
+        return {"ok": False, "problems": [["factory", f"the factory failed: "
+                                                      f"{type(e).__name__}: {e}"]]}
+
+
+# the directories of the interpreter, its installed packages and topoctl's own packages: what
+# is not the job's code (`source_files`)
+_NOT_JOB_CODE = tuple(os.path.join(os.path.realpath(p), "") for p in (
+    sys.prefix, sys.base_prefix, *(os.path.dirname(m.__file__ or "/")
+                                   for m in (sys.modules.get(n) for n in
+                                             ("topoctl", "topoagent", "topotrain")) if m)))
+
+
+def source_files(modules: list[str]) -> list[list]:
+    """[path, size, sha256] of the source files of `modules` (names in sys.modules) that are
+    the job's code: not under the interpreter's prefixes or site-packages, not topoctl's own.
+    What a memoised answer depends on besides the request (`sandbox.run_worker`). Sorted."""
+    out = []
+    for name in modules:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not path or not os.path.isfile(path):
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(_NOT_JOB_CODE) or "-packages" + os.sep in real:
+            continue
+        with open(real, "rb") as f:
+            data = f.read()
+        out.append([real, len(data), hashlib.sha256(data).hexdigest()])
+    return sorted(out)
+
+
+def serve(inp, out) -> None:
+    """Answer each request line of `inp` on `out` until end of input. The job's source files
+    are those its factory module's first import loaded (the modules new in sys.modules after
+    the request that first imported it), reported with every answer for that module."""
+    files: dict[str, list[list]] = {}
+    for line in inp:
+        if not line.strip():
+            continue
+        before = set(sys.modules)
+        doc = answer(line)
+        try:
+            module = str(json.loads(line).get("factory", "")).partition(":")[0]
+        except (ValueError, AttributeError):  # answered above as a failed request
+            module = ""
+        if module in sys.modules and module not in files:
+            new = [m for m in sys.modules if m not in before]
+            files[module] = source_files(new if module in new else [module])
+        if doc["ok"]:
+            doc["files"] = files.get(module, [])
+        out.write(json.dumps(doc) + "\n")
+        out.flush()
+
+
 def main() -> int:
-    """Read the request, drop to the user given as UID:GID (argv), answer on the original
-    stdout; exit 0 (errors are in the answer)."""
+    """Drop to the user given as UID:GID (argv), then answer the requests on stdin, one a
+    line, on the original stdout; exit 0 at end of input (errors are in the answers)."""
     out = os.fdopen(os.dup(1), "w")
+    inp = os.fdopen(os.dup(0), "r")
     os.dup2(2, 1)  # whatever the factory prints must not corrupt the answer
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # nor may it read the requests that follow
+    os.close(null)
     if len(sys.argv) > 1:
         uid, gid = (int(x) for x in sys.argv[1].split(":"))
         drop_privileges(uid, gid)
-
-    try:
-        doc = {"ok": True} | handle(json.loads(sys.stdin.read()))
-    except TopoError as e:
-        doc = {"ok": False, "problems": [list(p) for p in e.problems]}
-    except Exception as e:  # noqa: BLE001 - the factory is the user's code: report, not crash
-        doc = {"ok": False, "problems": [["factory", f"the factory failed: "
-                                                     f"{type(e).__name__}: {e}"]]}
-    out.write(json.dumps(doc))
+    serve(inp, out)
     out.close()
     return 0
 
