@@ -7,8 +7,8 @@ Reads JSON requests on stdin, one a line, until end of input: {"op": "graph" | "
 answers each with one JSON line on its original stdout: {"ok": true, ...result, "files": ...}
 or {"ok": false, "problems": [[path, message]]}. One process serves every request of one
 planning call for one factory module (`sandbox.session`): torch is imported once, not once
-per request. "files" lists the job's own source files the factory's import loaded, as [path,
-size, sha256] (`source_files`): the parent's memo of answers is valid while they are
+per request. "files" lists the job's own source files the factory's import loaded, with
+their status when read (`source_files`): the parent's memo of answers is valid while they are
 unchanged. The factory's own prints go to stderr and it reads an empty stdin (stdin and
 stdout are the request and result channels). Only plain JSON crosses back: the parent never
 unpickles what this process produced.
@@ -19,7 +19,6 @@ cannot read (`drop_privileges`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -175,10 +174,39 @@ _NOT_JOB_CODE = tuple(os.path.join(os.path.realpath(p), "") for p in (
                                              ("topoctl", "topoagent", "topotrain")) if m)))
 
 
+# the status of each source file as the import system opened it (`_note_open`)
+_OPENED: dict[str, list[int]] = {}
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    """What tells a file's contents changed without reading it: device, inode, size,
+    modification and change times (ns; a rename over it changes the inode, any write the
+    change time)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _note_open(event: str, args: tuple) -> None:
+    """Audit hook: the status of each .py file the first time the import system opens it
+    (before reading it) or executes code compiled from it (a cached .pyc, checked against
+    the source's size and time an instant before), so an edit after the import is seen."""
+    if event == "open":
+        path = args[0]
+    elif event == "exec":
+        path = getattr(args[0], "co_filename", None)
+    else:
+        return
+    if isinstance(path, str) and path.endswith(".py") and path not in _OPENED:
+        try:
+            _OPENED[path] = _identity(os.stat(path))
+        except OSError:
+            pass
+
+
 def source_files(modules: list[str]) -> list[list]:
-    """[path, size, sha256] of the source files of `modules` (names in sys.modules) that are
-    the job's code: not under the interpreter's prefixes or site-packages, not topoctl's own.
-    What a memoised answer depends on besides the request (`sandbox.run_worker`). Sorted."""
+    """[path, device, inode, size, mtime_ns, ctime_ns] of the source files of `modules`
+    (names in sys.modules) that are the job's code: not under the interpreter's prefixes or
+    site-packages, not topoctl's own; as they were when imported (`_note_open`). What a
+    memoised answer depends on besides the request (`sandbox.run_worker`). Sorted."""
     out = []
     for name in modules:
         path = getattr(sys.modules.get(name), "__file__", None)
@@ -187,9 +215,8 @@ def source_files(modules: list[str]) -> list[list]:
         real = os.path.realpath(path)
         if real.startswith(_NOT_JOB_CODE) or "-packages" + os.sep in real:
             continue
-        with open(real, "rb") as f:
-            data = f.read()
-        out.append([real, len(data), hashlib.sha256(data).hexdigest()])
+        seen = _OPENED.get(path) or _identity(os.stat(path))
+        out.append([real, *seen])
     return sorted(out)
 
 
@@ -219,6 +246,7 @@ def serve(inp, out) -> None:
 def main() -> int:
     """Drop to the user given as UID:GID (argv), then answer the requests on stdin, one a
     line, on the original stdout; exit 0 at end of input (errors are in the answers)."""
+    sys.addaudithook(_note_open)
     out = os.fdopen(os.dup(1), "w")
     inp = os.fdopen(os.dup(0), "r")
     os.dup2(2, 1)  # whatever the factory prints must not corrupt the answer

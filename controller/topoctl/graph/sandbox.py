@@ -9,13 +9,14 @@ that user. The child sees the parent's
 Python path, so the factory must be readable by that user (a module under /root is not: the
 error says so); when this interpreter is not (a pyenv under /root), the child runs the
 system's python of the same version (`worker_python`). Results come back as plain JSON;
-built-in catalog models are our own code and are captured in process."""
+built-in catalog models are our own code and are captured in process. Within a `session` (a
+planning call) one child per factory module answers every request, one JSON line each;
+answers are memoised per process while the job's source files are unchanged (`run_worker`)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import os
 import pwd
@@ -231,14 +232,15 @@ def _ask(w: _Worker, req: dict, user: str | None) -> dict:
 
 
 def _fresh(files: list) -> bool:
-    """Whether the job's source files ([path, size, sha256], `capture_worker.source_files`)
-    still hold what they held when they were loaded."""
-    for path, size, digest in files:
+    """Whether the job's source files ([path, device, inode, size, mtime_ns, ctime_ns],
+    `capture_worker.source_files`) are unchanged since the child imported them. Their status
+    only: this process (root) never reads a file the child names."""
+    for path, *seen in files:
         try:
-            data = Path(path).read_bytes()
+            st = os.stat(path)
         except OSError:
             return False
-        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != seen:
             return False
     return True
 
