@@ -42,6 +42,12 @@ def slow(record):
     with open(record, "a") as f:
         f.write(f"{os.getpid()}\\n")
     time.sleep(120)
+
+def crash(record):
+    with open(record, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    print("the last words of the factory", file=sys.stderr, flush=True)
+    os._exit(3)
 '''
 CLUSTER = {"apiVersion": "topoctl/v1", "kind": "Cluster", "name": "fzses",
            "defaults": {"nic_speed": "100mbit", "gpus": {"count": 1, "type": "A100"}},
@@ -112,10 +118,12 @@ def test_an_edited_factory_is_captured_again(factory_dir):
     assert [first.ops[1].out_shape, again.ops[1].out_shape] == [(2, 4), (2, 8)], again
 
 
-def test_a_capture_that_times_out_kills_its_child(factory_dir, monkeypatch):
+def test_a_child_that_hangs_or_dies_is_a_clean_error(factory_dir, monkeypatch):
     """A factory that hangs, asked after another of its module's requests (its child has
     started, torch imported): after TIMEOUT_S the clean error, and the child the session
-    kept for the module is gone (killed, not left running)."""
+    kept for the module is gone (killed, not left running). The next request starts a new
+    child; a factory that kills it is the clean error with the exit status and its last
+    words on stderr."""
     d, module = factory_dir
     record = d / "out" / "record"
     with sandbox.session():
@@ -128,3 +136,8 @@ def test_a_capture_that_times_out_kills_its_child(factory_dir, monkeypatch):
         assert len(pids) == 1, pids  # the same child served both
         with pytest.raises(ProcessLookupError):
             os.kill(pids.pop(), 0)
+        monkeypatch.setattr(sandbox, "TIMEOUT_S", 600.0)
+        with pytest.raises(CaptureError, match="failed [(]exit 3[)]: the last words"):
+            sandbox.factory_graph(parse_job(_job(module, "crash", "roofline",
+                                                 record=str(record))), 2)
+        assert len({int(r[0]) for r in _records(record)}) == 2

@@ -221,10 +221,11 @@ def source_files(modules: list[str]) -> list[list]:
 
 
 def serve(inp, out) -> None:
-    """Answer each request line of `inp` on `out` until end of input. The job's source files
-    are those its factory module's first import loaded (the modules new in sys.modules after
-    the request that first imported it), reported with every answer for that module."""
-    files: dict[str, list[list]] = {}
+    """Answer each request line of `inp` on `out` until end of input. With each answer, the
+    job's source files loaded so far: the factory's module and whatever the requests
+    imported (`source_files`; the parent keeps one process per factory module, so they are
+    that module's doing)."""
+    files: set[tuple] = set()
     for line in inp:
         if not line.strip():
             continue
@@ -234,11 +235,10 @@ def serve(inp, out) -> None:
             module = str(json.loads(line).get("factory", "")).partition(":")[0]
         except (ValueError, AttributeError):  # answered above as a failed request
             module = ""
-        if module in sys.modules and module not in files:
-            new = [m for m in sys.modules if m not in before]
-            files[module] = source_files(new if module in new else [module])
+        new = [m for m in sys.modules if m not in before or m == module]
+        files.update(tuple(f) for f in source_files(new))
         if doc["ok"]:
-            doc["files"] = files.get(module, [])
+            doc["files"] = sorted(list(f) for f in files)
         out.write(json.dumps(doc) + "\n")
         out.flush()
 
