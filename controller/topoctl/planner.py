@@ -446,7 +446,7 @@ def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
     such a host's node stands for its k ranks at once (k times its CPU, at the per-rank
     share)."""
     speeds = host_speeds(ctx)
-    pooled = frozenset(s.network.cpu_pool[0]) if s.network.cpu_pool is not None else None
+    pooled = s.network.cpu_pool.devices if s.network.cpu_pool is not None else None
     quotas = pool_host_quotas(s.network.cpu_pool)
     busy: dict[str, float] = {}
     per_quota = dict.fromkeys(quotas, 0.0)
@@ -467,7 +467,7 @@ def _compute_bound(ctx: PlanContext, s: Strategy) -> tuple[float, float]:
             busy[t.device] = busy.get(t.device, 0.0) + t.duration / sp
             if pooled_dev:
                 pool += cpu
-    cores = s.network.cpu_pool[1] if s.network.cpu_pool is not None else 1
+    cores = s.network.cpu_pool.cores if s.network.cpu_pool is not None else 1
     hosts = max((w / quotas[h][0] for h, w in per_quota.items() if quotas[h][0] > 0),
                 default=0.0)
     return max(busy.values(), default=0.0), max(pool / max(1, cores), hosts)

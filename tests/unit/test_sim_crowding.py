@@ -7,6 +7,7 @@ sharing as before."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -71,8 +72,7 @@ def test_the_runtimes_own_cpu_is_not_slowed_but_takes_its_share():
 
 def test_a_pool_without_crowding_is_unchanged():
     tasks = [Compute(f"f{h}", h, 0.010 * (i + 1)) for i, h in enumerate(HOSTS)]
-    old = star(list(HOSTS), 1e9)
-    old.cpu_pool = (frozenset(HOSTS), 2)  # the plain (devices, cores) pair
+    old = replace(star(list(HOSTS), 1e9), cpu_pool=(frozenset(HOSTS), 2))  # a plain pair
     assert simulate(tasks, _net(2, 0.0)).iteration_time == \
         simulate(tasks, old).iteration_time
 

@@ -6,6 +6,7 @@ data-parallel ring strategy pays it; DisCo's search no longer has a cost of its 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -59,8 +60,8 @@ def test_without_messages_or_pool_nothing_changes():
     t0 = simulate(tasks, bare).iteration_time
     assert t0 == pytest.approx(2 * 1e6 / B)
     assert simulate(tasks, _net(None)).iteration_time == t0  # a pool that prices nothing
-    bare.cpu_pool = (frozenset("ab"), 2)  # the plain (devices, cores) pair of before
-    assert simulate(tasks, bare).iteration_time == t0
+    pair = replace(bare, cpu_pool=(frozenset("ab"), 2))  # a plain (devices, cores) pair
+    assert simulate(tasks, pair).iteration_time == t0
     # a collective whose runtime's CPU the strategy models itself (the tree runtime's)
     own = [Collective("ar", ring_allreduce(["a", "b"], 2e6), own_cpu=True)]
     assert simulate(own, _net()).iteration_time == t0

@@ -37,7 +37,7 @@ from topoctl.placement.runtime import (
 from topoctl.placement.stagesync import sync_schedule, tree_cpu
 from topoctl.sim.devices import split_device
 from topoctl.sim.fabric import tcp_efficiency
-from topoctl.sim.network import CpuPool, Network
+from topoctl.sim.network import CpuPool, Network, as_cpu_pool
 from topoctl.sim.tasks import Collective, Compute, Task, Transfer, sent
 from topoctl.strategies import PlanContext
 from topotrain.timing import load_calibration
@@ -150,8 +150,8 @@ def lab_network(network: Network, hosts: list[str], measured: Measured | None,
 def shared_quotas(ctx: PlanContext) -> tuple:
     """The lab's hosts of several ranks and their quotas as the planner pooled them
     (`CpuPool.hosts`, `planner.lab_pool`); () for one rank per host or off the lab."""
-    pool = ctx.cpu_pool
-    return tuple(pool[4]) if pool is not None and len(pool) > 4 else ()
+    pool = as_cpu_pool(ctx.cpu_pool)
+    return pool.hosts if pool is not None else ()
 
 
 def _intra_host(a: str, b: str) -> bool:

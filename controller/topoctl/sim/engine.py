@@ -287,15 +287,13 @@ def simulate(tasks: Sequence[Task], network: Network, record: bool = True,
 
 
 def _messages(network: Network):
-    """The pool's `MessageCost`, or None (no pool, a plain (devices, cores) pair, or none)."""
-    pool = network.cpu_pool
-    return pool[2] if pool is not None and len(pool) > 2 else None
+    """The pool's `MessageCost`, or None (no pool, or none)."""
+    return network.cpu_pool.messages if network.cpu_pool is not None else None
 
 
 def _crowding(network: Network) -> float:
-    """The pool's `CpuPool.crowding` (0 without a pool or on a plain (devices, cores) pair)."""
-    pool = network.cpu_pool
-    return float(pool[3]) if pool is not None and len(pool) > 3 else 0.0
+    """The pool's `CpuPool.crowding` (0 without a pool)."""
+    return float(network.cpu_pool.crowding) if network.cpu_pool is not None else 0.0
 
 
 def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
@@ -309,8 +307,8 @@ def _capacities(network: Network) -> tuple[dict, frozenset[str]]:
         capacity[("cap",) + k] = v
     pooled: frozenset[str] = frozenset()
     if network.cpu_pool is not None:
-        pooled = network.cpu_pool[0]
-        capacity[("cores",)] = float(max(1, network.cpu_pool[1]))
+        pooled = network.cpu_pool.devices
+        capacity[("cores",)] = float(max(1, network.cpu_pool.cores))
         quotas = pool_host_quotas(network.cpu_pool)
         for h, (q, _) in quotas.items():
             capacity[("quota", h)] = q
@@ -343,7 +341,7 @@ class _Run:
         self.capacity, self.pooled = _capacities(network)
         self.messages = _messages(network)
         self.crowding = _crowding(network)
-        self.cores = network.cpu_pool[1] if network.cpu_pool is not None else 0
+        self.cores = network.cpu_pool.cores if network.cpu_pool is not None else 0
         # pooled devices sharing their host's CPU quota -> its pseudo link (`CpuPool.hosts`)
         quotas = pool_host_quotas(network.cpu_pool)
         self.host_quota: dict[str, tuple] = {

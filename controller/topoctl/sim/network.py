@@ -82,13 +82,19 @@ def crowded_cost(crowding: float, runnable: int, cores: int) -> float:
     return 1.0 + max(0.0, crowding) * max(0.0, runnable / max(1, cores) - 1.0)
 
 
+def as_cpu_pool(pool: CpuPool | tuple | None) -> CpuPool | None:
+    """`pool` as a `CpuPool`: a plain (devices, cores[, messages, ...]) tuple gets the
+    defaults of the fields it leaves out; None stays None. O(1)."""
+    if pool is None or isinstance(pool, CpuPool):
+        return pool
+    return CpuPool(frozenset(pool[0]), *pool[1:])
+
+
 def pool_host_quotas(pool: CpuPool | tuple | None) -> dict[str, tuple[float, int]]:
     """host -> (its CPU quota in cores, its ranks) for the hosts whose pooled devices share
-    one (`CpuPool.hosts`); {} without a pool, on a plain (devices, cores) pair or without
-    any."""
-    if pool is None or len(pool) <= 4:
-        return {}
-    return {h: (float(q), int(k)) for h, q, k in pool[4]}
+    one (`CpuPool.hosts`); {} without a pool or without any."""
+    pool = as_cpu_pool(pool)
+    return {} if pool is None else {h: (float(q), int(k)) for h, q, k in pool.hosts}
 
 
 class NoRoute(TopoError, LookupError):
@@ -107,15 +113,19 @@ class Network:
     links: dict[str, Link]
     router: Callable[[str, str], Routes]
     rate_caps: dict[tuple[str, str], float] = field(default_factory=dict)
-    # (devices, cores[, messages]) (`CpuPool`): these devices' compute tasks share `cores`
-    # cores (processor sharing, at most one core per task), e.g. the lab's single-threaded
-    # ranks on one machine; with `messages`, so does their collectives' per-message CPU
-    cpu_pool: CpuPool | tuple[frozenset[str], int] | None = None
+    # `CpuPool` (a plain (devices, cores[, ...]) tuple is made one): these devices' compute
+    # tasks share `cores` cores (processor sharing, at most one core per task), e.g. the
+    # lab's single-threaded ranks on one machine; with `messages`, so does their
+    # collectives' per-message CPU
+    cpu_pool: CpuPool | None = None
     # device -> its compute rate (a host's `speed`): a compute task of d seconds (timed at
     # speed 1) takes d / speed; on a CPU pool, the device's compute flows at most `speed`
     # cores (the lab host's CPU quota) instead of one. Devices not listed: 1
     speed: dict[str, float] = field(default_factory=dict)
     _cache: dict[tuple[str, str], Routes] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.cpu_pool = as_cpu_pool(self.cpu_pool)
 
     def routes(self, src: str, dst: str) -> Routes:
         """The weighted paths from `src` to `dst` (cached)."""

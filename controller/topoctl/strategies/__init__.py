@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # annotations only: importing topoctl.strategies.<algorithm> 
     from topoctl.graph.cost import OpCost, TrainCost
     from topoctl.graph.devices import Device
     from topoctl.graph.ops import OpGraph
-    from topoctl.sim.network import Network
+    from topoctl.sim.network import CpuPool, Network
     from topoctl.sim.routing import NextHops
     from topoctl.sim.tasks import Task
     from topoctl.spec.cluster import Cluster
@@ -78,7 +78,7 @@ class PlanContext:
     # lab hosts whose ranks' compute was timed on this CPU (`planner.prepare`): the ranks share
     # this machine's cores (processor sharing in the simulator, `Network.cpu_pool`); every
     # strategy builds its network with it (`network_from_fabric(..., cpu_pool=...)`)
-    cpu_pool: tuple[frozenset[str], int] | None = None
+    cpu_pool: CpuPool | tuple[frozenset[str], int] | None = None
     step_s: float | None = None  # a rank's optimiser step timed on this CPU (lab), else roofline
     # lab ranks timed on this CPU: what the runtime's copy of gradients into a bucket's buffer
     # costs the rank's main thread, (seconds per parameter, bytes per second) from the runtime
