@@ -34,6 +34,7 @@ from topoctl.graph.profile import (
     reporting,
     retime_runtime_calibration,
 )
+from topoctl.graph.sandbox import session as capture_session
 from topoctl.lab.cpu import quotas as lab_quotas
 from topoctl.labprofile import LabProfile, machine_profile
 from topoctl.placement.runtime import message_cost, rank_op_costs, shared_message_s
@@ -94,7 +95,15 @@ def prepare(cluster: Cluster, job: Job, use_cache: bool = True,
     op times and the tree runtime's CPU costs measured again once per process,
     `graph.profile.measure_train_job`, `graph.profile.retime_runtime_calibration`). `lab`:
     the lab machine's facts the strategies use (`PlanContext.lab`); None: this machine's,
-    read once here (`labprofile.machine_profile`, after any retiming)."""
+    read once here (`labprofile.machine_profile`, after any retiming). A factory model's
+    captures share one child process (`graph.sandbox.session`)."""
+    with capture_session():
+        return _prepare(cluster, job, use_cache, retime, lab)
+
+
+def _prepare(cluster: Cluster, job: Job, use_cache: bool, retime: bool,
+             lab: LabProfile | None) -> PlanContext:
+    """`prepare`, inside its capture session."""
     names = {h.name: i for i, h in enumerate(cluster.hosts)}
     if job.hosts is not None:
         probs = []
@@ -503,7 +512,8 @@ def make_plan(cluster: Cluster, job: Job, use_cache: bool = True, retime: bool =
     as `prepare`. `progress`: told of each step as it starts (the model's capture, every
     timing on this CPU, each strategy), for a caller that shows progress."""
     say = progress or (lambda msg: None)
-    with reporting(progress):
+    # one capture child serves the whole call: graph, op times, every strategy's timings
+    with reporting(progress), capture_session():
         say(f"capturing {job.model.catalog or job.model.factory}")
         ctx = prepare(cluster, job, use_cache, retime, lab)
         evals, refused = evaluate_all(ctx, say)

@@ -1,12 +1,17 @@
 """The child side of model capture for `model.factory` jobs (topoctl.graph.sandbox): runs the
 job's factory, which is arbitrary code, in a process of its own as an unprivileged user.
 
-Reads one JSON request on stdin: {"op": "graph" | "measure" | "train", "factory", "kwargs",
-"inputs": [[shape, dtype, high]], "batch", "dtype", "threads"}, or {"op": "check", "factory",
-"kwargs", "names": {yaml path: [module path, kind]}} (`check_names`); writes one JSON document on
-its original stdout: {"ok": true, ...result} or {"ok": false, "problems": [[path, message]]}.
-The factory's own prints go to stderr (stdout is the result channel). Only plain JSON crosses
-back: the parent never unpickles what this process produced.
+Reads JSON requests on stdin, one a line, until end of input: {"op": "graph" | "measure" |
+"train", "factory", "kwargs", "inputs": [[shape, dtype, high]], "batch", "dtype", "threads"}, or
+{"op": "check", "factory", "kwargs", "names": {yaml path: [module path, kind]}} (`check_names`);
+answers each with one JSON line on its original stdout: {"ok": true, ...result, "files": ...}
+or {"ok": false, "problems": [[path, message]]}. One process serves every request of one
+planning call for one factory module (`sandbox.session`): torch is imported once, not once
+per request. "files" lists the job's own source files the factory's import loaded, with
+their status when read (`source_files`): the parent's memo of answers is valid while they are
+unchanged. The factory's own prints go to stderr and it reads an empty stdin (stdin and
+stdout are the request and result channels). Only plain JSON crosses back: the parent never
+unpickles what this process produced.
 
 Everything this process imports (torch, the catalog, capture and cost) is imported at the top,
 while it still runs as root: the interpreter's libraries may live where the unprivileged user
@@ -148,23 +153,110 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise SystemExit("capture_worker: could not drop privileges")
 
 
+def answer(line: str) -> dict:
+    """The answer document to one request line: the result, or the problems the factory or
+    the request caused (the factory is the user's code: reported, never a crash of this
+    process)."""
+    try:
+        return {"ok": True} | handle(json.loads(line))
+    except TopoError as e:
+        return {"ok": False, "problems": [list(p) for p in e.problems]}
+    except Exception as e:  # noqa: BLE001 - the factory is the user's code: report, not crash
+        return {"ok": False, "problems": [["factory", f"the factory failed: "
+                                                      f"{type(e).__name__}: {e}"]]}
+
+
+# the directories of the interpreter, its installed packages and topoctl's own packages: what
+# is not the job's code (`source_files`)
+_NOT_JOB_CODE = tuple(os.path.join(os.path.realpath(p), "") for p in (
+    sys.prefix, sys.base_prefix, *(os.path.dirname(m.__file__ or "/")
+                                   for m in (sys.modules.get(n) for n in
+                                             ("topoctl", "topoagent", "topotrain")) if m)))
+
+
+# the status of each source file as the import system opened it (`_note_open`)
+_OPENED: dict[str, list[int]] = {}
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    """What tells a file's contents changed without reading it: device, inode, size,
+    modification and change times (ns; a rename over it changes the inode, any write the
+    change time)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _note_open(event: str, args: tuple) -> None:
+    """Audit hook: the status of each .py file the first time the import system opens it
+    (before reading it) or executes code compiled from it (a cached .pyc, checked against
+    the source's size and time an instant before), so an edit after the import is seen."""
+    if event == "open":
+        path = args[0]
+    elif event == "exec":
+        path = getattr(args[0], "co_filename", None)
+    else:
+        return
+    if isinstance(path, str) and path.endswith(".py") and path not in _OPENED:
+        try:
+            _OPENED[path] = _identity(os.stat(path))
+        except OSError:
+            pass
+
+
+def source_files(modules: list[str]) -> list[list]:
+    """[path, device, inode, size, mtime_ns, ctime_ns] of the source files of `modules`
+    (names in sys.modules) that are the job's code: not under the interpreter's prefixes or
+    site-packages, not topoctl's own; as they were when imported (`_note_open`). What a
+    memoised answer depends on besides the request (`sandbox.run_worker`). Sorted."""
+    out = []
+    for name in modules:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not path or not os.path.isfile(path):
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(_NOT_JOB_CODE) or "-packages" + os.sep in real:
+            continue
+        seen = _OPENED.get(path) or _identity(os.stat(path))
+        out.append([real, *seen])
+    return sorted(out)
+
+
+def serve(inp, out) -> None:
+    """Answer each request line of `inp` on `out` until end of input. With each answer, the
+    job's source files loaded so far: the factory's module and whatever the requests
+    imported (`source_files`; the parent keeps one process per factory module, so they are
+    that module's doing)."""
+    files: set[tuple] = set()
+    for line in inp:
+        if not line.strip():
+            continue
+        before = set(sys.modules)
+        doc = answer(line)
+        try:
+            module = str(json.loads(line).get("factory", "")).partition(":")[0]
+        except (ValueError, AttributeError):  # answered above as a failed request
+            module = ""
+        new = [m for m in sys.modules if m not in before or m == module]
+        files.update(tuple(f) for f in source_files(new))
+        if doc["ok"]:
+            doc["files"] = sorted(list(f) for f in files)
+        out.write(json.dumps(doc) + "\n")
+        out.flush()
+
+
 def main() -> int:
-    """Read the request, drop to the user given as UID:GID (argv), answer on the original
-    stdout; exit 0 (errors are in the answer)."""
+    """Drop to the user given as UID:GID (argv), then answer the requests on stdin, one a
+    line, on the original stdout; exit 0 at end of input (errors are in the answers)."""
+    sys.addaudithook(_note_open)
     out = os.fdopen(os.dup(1), "w")
+    inp = os.fdopen(os.dup(0), "r")
     os.dup2(2, 1)  # whatever the factory prints must not corrupt the answer
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # nor may it read the requests that follow
+    os.close(null)
     if len(sys.argv) > 1:
         uid, gid = (int(x) for x in sys.argv[1].split(":"))
         drop_privileges(uid, gid)
-
-    try:
-        doc = {"ok": True} | handle(json.loads(sys.stdin.read()))
-    except TopoError as e:
-        doc = {"ok": False, "problems": [list(p) for p in e.problems]}
-    except Exception as e:  # noqa: BLE001 - the factory is the user's code: report, not crash
-        doc = {"ok": False, "problems": [["factory", f"the factory failed: "
-                                                     f"{type(e).__name__}: {e}"]]}
-    out.write(json.dumps(doc))
+    serve(inp, out)
     out.close()
     return 0
 

@@ -9,18 +9,28 @@ that user. The child sees the parent's
 Python path, so the factory must be readable by that user (a module under /root is not: the
 error says so); when this interpreter is not (a pyenv under /root), the child runs the
 system's python of the same version (`worker_python`). Results come back as plain JSON;
-built-in catalog models are our own code and are captured in process."""
+built-in catalog models are our own code and are captured in process. Within a `session` (a
+planning call) one child per factory module answers every request, one JSON line each;
+answers are memoised per process while the job's source files are unchanged (`run_worker`)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import pwd
+import selectors
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import topoagent
 import topoctl
@@ -68,16 +78,55 @@ def _request(job, op: str, batch: int, dtype: str = "float32") -> dict:
             "inputs": [[list(i.shape), i.dtype, i.high] for i in m.inputs]}
 
 
-def run_worker(req: dict, user: str | None = None) -> dict:
-    """Run one capture request in a child process as `user` (None: as this process); the
-    result document. CaptureError (path under `model`) for the factory's errors, an unknown
-    user, a crash or a timeout."""
-    key = json.dumps(req, sort_keys=True) + f"|{user}"
-    if key in _memo:
-        return _memo[key]
-    home = tempfile.mkdtemp(prefix="topoctl-capture-")
-    drop: list[str] = []
+@dataclass
+class _Worker:
+    """One capture child serving requests over its stdin/stdout (`capture_worker.serve`)."""
+    proc: subprocess.Popen
+    home: str  # its empty home directory and working directory, removed with it
+    err: IO[bytes]  # its stderr (the factory's prints), read back when it fails
+    files: list = field(default_factory=list)  # the job's source files it loaded (`_fresh`)
+
+
+@dataclass
+class _Session:
+    """The capture children of one planning call (`session`), one per user, interpreter,
+    import path and factory module; usable only by the process that opened it."""
+    pid: int = field(default_factory=os.getpid)
+    workers: dict[tuple, _Worker] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar(
+    "topoctl_capture_session", default=None)
+
+
+@contextlib.contextmanager
+def session() -> Iterator[None]:
+    """While inside, the capture requests of this process share one child per factory module
+    (and user, interpreter, import path): it imports torch once and answers every graph,
+    timing and check request of the call, instead of one child of ~3 CPU-s per request (a
+    factory job's plan asks for its graph, its op times and its training steps). The
+    children end when the outermost `session` exits; nested ones join it. Outside any
+    session each request has a child of its own, as `session` would for one request."""
+    if _SESSION.get() is not None:
+        yield
+        return
+    token = _SESSION.set(_Session())
     try:
+        yield
+    finally:
+        ses = _SESSION.get()
+        _SESSION.reset(token)
+        for w in ses.workers.values():
+            _close(w)
+
+
+def _start(user: str | None, python: str, path: list[str]) -> _Worker:
+    """A new capture child as `user` (None: this process's user) running `python` with
+    `path`, in an empty home directory; CaptureError for an unknown user or interpreter."""
+    home = tempfile.mkdtemp(prefix="topoctl-capture-")
+    try:
+        drop: list[str] = []
         if user is not None:
             try:
                 pw = pwd.getpwnam(user)
@@ -88,36 +137,161 @@ def run_worker(req: dict, user: str | None = None) -> dict:
             # the child drops to the user itself, after loading the interpreter's libraries
             # (they may live where that user cannot read) and before the factory runs
             drop = [f"{pw.pw_uid}:{pw.pw_gid}"]
-        python, path = worker_python(user)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
                "PYTHONPATH": os.pathsep.join(path), "PYTHONDONTWRITEBYTECODE": "1",
                "LANG": os.environ.get("LANG", "C.UTF-8")}
+        err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty factory never blocks
         try:
-            p = subprocess.run([python, "-m", "topoctl.graph.capture_worker", *drop],
-                               input=json.dumps(req), capture_output=True, text=True,
-                               cwd=home, env=env, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise CaptureError(f"capturing {req['factory']} took over {TIMEOUT_S:.0f} s",
-                               "factory") from None
+            proc = subprocess.Popen([python, "-m", "topoctl.graph.capture_worker", *drop],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, cwd=home, env=env)
         except OSError as e:  # no such interpreter: say which and how to choose another
+            err.close()
             raise CaptureError(f"cannot start the capture interpreter {python}: "
                                f"{e.strerror or e} (set $TOPOCTL_CAPTURE_PYTHON)",
                                "factory") from None
-        try:
-            doc = json.loads(p.stdout)
-            ok = doc["ok"] is True
-        except (ValueError, TypeError, KeyError):
-            tail = " | ".join(p.stderr.strip().splitlines()[-3:])
-            raise CaptureError(f"capturing {req['factory']} as user {user or 'self'} "
-                               f"failed (exit {p.returncode}): {tail}", "factory") from None
-        if not ok:
-            hint = (f"; the module must be readable by user {user}"
-                    if user and "cannot import" in str(doc.get("problems")) else "")
-            raise CaptureError([(f"{pth}" if pth else "factory",
-                                 f"{msg} (captured as user {user or 'self'}{hint})")
-                                for pth, msg in doc.get("problems") or [["", "failed"]]])
-    finally:
+    except BaseException:
         shutil.rmtree(home, ignore_errors=True)
+        raise
+    return _Worker(proc, home, err)
+
+
+def _close(w: _Worker, kill: bool = False) -> None:
+    """End the child (end of input, then killed if it does not exit within 30 s, or at once
+    with `kill`) and remove its home directory."""
+    try:
+        if not kill:
+            with contextlib.suppress(OSError):
+                w.proc.stdin.close()
+            try:
+                w.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill = True
+        if kill:
+            w.proc.kill()
+            w.proc.wait()
+    finally:
+        for f in (w.proc.stdin, w.proc.stdout, w.err):
+            with contextlib.suppress(OSError):
+                f.close()
+        shutil.rmtree(w.home, ignore_errors=True)
+
+
+def _stderr_tail(w: _Worker) -> str:
+    """The last three lines the child wrote on stderr, joined by ` | `."""
+    w.err.seek(max(0, w.err.seek(0, os.SEEK_END) - 8192))
+    lines = w.err.read().decode(errors="replace").strip().splitlines()
+    return " | ".join(lines[-3:])
+
+
+def _read_line(w: _Worker, deadline: float) -> bytes | None:
+    """The child's next answer line, b"" when it closed its stdout (exited), None when
+    `deadline` (time.monotonic) passed first."""
+    fd = w.proc.stdout.fileno()
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b""
+            buf += chunk
+    return buf
+
+
+def _ask(w: _Worker, req: dict, user: str | None) -> dict:
+    """Send `req` to the child, its answer document (ok or not). CaptureError when it
+    crashed, answered no JSON or took over TIMEOUT_S; the child is then killed."""
+    try:
+        w.proc.stdin.write(json.dumps(req).encode() + b"\n")
+        w.proc.stdin.flush()
+        line = _read_line(w, time.monotonic() + TIMEOUT_S)
+    except OSError:  # it exited before reading the request: its stderr says why
+        line = b""
+    if line is None:
+        _close(w, kill=True)
+        raise CaptureError(f"capturing {req['factory']} took over {TIMEOUT_S:.0f} s",
+                           "factory")
+    try:
+        doc = json.loads(line)
+        if doc["ok"] is not True and doc["ok"] is not False:
+            raise ValueError(doc["ok"])
+        return doc
+    except (ValueError, TypeError, KeyError):
+        try:
+            code = w.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        tail = _stderr_tail(w)
+        _close(w, kill=True)
+        raise CaptureError(f"capturing {req['factory']} as user {user or 'self'} "
+                           f"failed (exit {code}): {tail}", "factory") from None
+
+
+def _fresh(files: list) -> bool:
+    """Whether the job's source files ([path, device, inode, size, mtime_ns, ctime_ns],
+    `capture_worker.source_files`) are unchanged since the child imported them. Their status
+    only: this process (root) never reads a file the child names."""
+    for path, *seen in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != seen:
+            return False
+    return True
+
+
+def _answer(req: dict, user: str | None, python: str, path: list[str]) -> dict:
+    """The child's answer to `req`: from this call's `session` child for the factory's module
+    (a new one if there is none, or if the job's files it loaded changed since), else from a
+    child of its own."""
+    ses = _SESSION.get()
+    if ses is None or ses.pid != os.getpid():  # a fork must not talk over its parent's pipes
+        w = _start(user, python, path)
+        try:
+            return _ask(w, req, user)
+        finally:
+            _close(w)
+    key = (user, python, tuple(path), str(req["factory"]).partition(":")[0])
+    with ses.lock:
+        w = ses.workers.get(key)
+        if w is not None and (w.proc.poll() is not None or not _fresh(w.files)):
+            _close(w, kill=True)  # edited since it imported them: a fresh import
+            w = None
+        if w is None:
+            w = ses.workers[key] = _start(user, python, path)
+        try:
+            doc = _ask(w, req, user)
+        except CaptureError:
+            del ses.workers[key]  # killed by _ask
+            raise
+        w.files = doc.get("files") or w.files
+        return doc
+
+
+def run_worker(req: dict, user: str | None = None) -> dict:
+    """Run one capture request in a child process as `user` (None: as this process); the
+    result document. Answers are memoised for the life of this process, keyed on the
+    request, the user, the interpreter and its import path, and valid while the job's
+    source files the factory loaded are unchanged (`_fresh`): the same capture is not run
+    twice. CaptureError (path under `model`) for the factory's errors, an unknown user, a
+    crash or a timeout."""
+    python, path = worker_python(user)
+    key = json.dumps([req, user, python, path], sort_keys=True)
+    hit = _memo.get(key)
+    if hit is not None and _fresh(hit.get("files") or []):
+        return hit
+    doc = _answer(req, user, python, path)
+    if doc["ok"] is not True:
+        hint = (f"; the module must be readable by user {user}"
+                if user and "cannot import" in str(doc.get("problems")) else "")
+        raise CaptureError([(f"{pth}" if pth else "factory",
+                             f"{msg} (captured as user {user or 'self'}{hint})")
+                            for pth, msg in doc.get("problems") or [["", "failed"]]])
     _memo[key] = doc
     return doc
 
